@@ -1,0 +1,201 @@
+/* step_bench.c - the local trainer's speed against the machine's GEMM limit.
+ * For each configuration (PTB small and medium by default) it times full training
+ * steps (forward, backward, clip, SGD step) of ferry's LM on PTB-sized random
+ * windows, and, in the same run, OpenBLAS sgemm alone on exactly the GEMM shapes
+ * one step performs. It reports tokens/s, the step's achieved GFLOP/s (FLOPs
+ * counted analytically) and that as a fraction of the sgemm rate on those shapes.
+ * Usage: step_bench [--threads N] [--steps N] [--config small|medium|all] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "backend/cpu/cpu.h"
+#include "bench_util.h"
+#include "log.h"
+#include "optim/clip.h"
+#include "optim/optim.h"
+#include "worker/model.h"
+
+typedef struct bench_config {
+    const char *name;
+    int64_t V, E, H;
+    int L;
+    int64_t T, B;
+} bench_config;
+
+typedef struct gemm_shape {
+    int ta, tb;
+    int64_t M, N, K;
+    int reps; /* times per step */
+} gemm_shape;
+
+/* The GEMMs of one training step, as common/nn/{lstm,linear}.c issue them. */
+static int step_gemms(const bench_config *c, gemm_shape *g) {
+    int n = 0;
+    int64_t N = c->T * c->B, H = c->H;
+    for (int l = 0; l < c->L; l++) {
+        int64_t C = l == 0 ? c->E : H;
+        g[n++] = (gemm_shape){0, 1, N, 4 * H, C, 1};          /* x W_ih^T, all steps */
+        g[n++] = (gemm_shape){0, 1, c->B, 4 * H, H, (int)c->T}; /* h W_hh^T per step */
+        g[n++] = (gemm_shape){0, 0, c->B, H, 4 * H, (int)c->T}; /* dgates W_hh per step */
+        g[n++] = (gemm_shape){1, 0, 4 * H, C, N, 1};          /* dW_ih = dG^T X */
+        g[n++] = (gemm_shape){1, 0, 4 * H, H, N, 1};          /* dW_hh = dG^T H_prev */
+        g[n++] = (gemm_shape){0, 0, N, C, 4 * H, 1};          /* dX = dG W_ih */
+    }
+    g[n++] = (gemm_shape){0, 1, N, c->V, H, 1}; /* logits = y W^T */
+    g[n++] = (gemm_shape){1, 0, c->V, H, N, 1}; /* dW = dz^T y */
+    g[n++] = (gemm_shape){0, 0, N, H, c->V, 1}; /* dy = dz W */
+    return n;
+}
+
+static float *rand_buf(int64_t n) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = ferry_rand_uniform(7, (uint64_t)i) - 0.5f;
+    return p;
+}
+
+/* Seconds for one step's worth of sgemm calls, median over `trials`. */
+static double time_gemms(const gemm_shape *g, int n, int trials, double *flops) {
+    int64_t maxa = 0, maxb = 0, maxc = 0;
+    *flops = 0.0;
+    for (int i = 0; i < n; i++) {
+        int64_t a = g[i].M * g[i].K, b = g[i].K * g[i].N, c = g[i].M * g[i].N;
+        maxa = a > maxa ? a : maxa;
+        maxb = b > maxb ? b : maxb;
+        maxc = c > maxc ? c : maxc;
+        *flops += 2.0 * (double)g[i].M * (double)g[i].N * (double)g[i].K * g[i].reps;
+    }
+    float *A = rand_buf(maxa), *B = rand_buf(maxb), *C = rand_buf(maxc);
+    double *t = malloc((size_t)trials * sizeof *t);
+    for (int r = -2; r < trials; r++) {
+        double t0 = ferry_now();
+        for (int i = 0; i < n; i++) {
+            const gemm_shape *s = &g[i];
+            for (int k = 0; k < s->reps; k++)
+                cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans,
+                            s->tb ? CblasTrans : CblasNoTrans, (blasint)s->M, (blasint)s->N,
+                            (blasint)s->K, 1.0f, A, (blasint)(s->ta ? s->M : s->K), B,
+                            (blasint)(s->tb ? s->K : s->N), 0.0f, C, (blasint)s->N);
+        }
+        if (r >= 0)
+            t[r] = ferry_now() - t0;
+    }
+    double med = bench_median(t, trials);
+    free(t);
+    free(A);
+    free(B);
+    free(C);
+    return med;
+}
+
+/* Median seconds per full training step of the model. */
+static int time_steps(const bench_config *c, int steps, double *sec) {
+    ferry_backend *be = ferry_backend_cpu();
+    ferry_lm_config mc = {c->V, c->E, c->H, c->L, 0.0f, 0.1f, 0.0f, 1};
+    ferry_lm *lm = NULL;
+    ferry_optim *opt = NULL;
+    ferry_ctx *ctx = NULL;
+    ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
+    oc.lr = 0.1;
+    if (ferry_lm_create(be, &mc, &lm) != FERRY_OK || ferry_optim_create(&lm->P, &oc, &opt) ||
+        ferry_ctx_create(be, &ctx) != FERRY_OK) {
+        fprintf(stderr, "step_bench: setup failed: %s\n", ferry_error_last());
+        return 1;
+    }
+    int64_t n = c->T * c->B;
+    int32_t *ids = malloc((size_t)(n + c->B) * sizeof *ids);
+    for (int64_t i = 0; i < n + c->B; i++)
+        ids[i] = (int32_t)(ferry_rand_uniform(11, (uint64_t)i) * (float)c->V) % (int32_t)c->V;
+    ferry_shape s = ferry_shape_2d(c->T, c->B);
+    ferry_tensor in = ferry_tensor_wrap(be, FERRY_DTYPE_I32, s, ids);
+    ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, s, ids + c->B);
+    double *t = malloc((size_t)steps * sizeof *t);
+    int rc = 0;
+    for (int r = -3; r < steps && rc == 0; r++) {
+        double t0 = ferry_now(), sum = 0.0, sumsq = 0.0, norm = 0.0;
+        ferry_tensor *loss;
+        float coef = 1.0f;
+        ferry_ctx_reset(ctx, (uint64_t)(r + 10));
+        ferry_status st = ferry_lm_forward(lm, ctx, &in, &tg, 1.0f / (float)c->B, &loss, &sum);
+        if (st == FERRY_OK)
+            st = ferry_ctx_backward(ctx, loss);
+        ferry_grads *G = ferry_ctx_grads(ctx, &lm->P);
+        if (st == FERRY_OK)
+            st = ferry_grads_sumsq(G, &sumsq);
+        ferry_clip_coef(sumsq, 5.0f, &coef, &norm);
+        if (st == FERRY_OK)
+            st = ferry_optim_step(opt, &lm->P, G, coef);
+        if (st != FERRY_OK) {
+            fprintf(stderr, "step_bench: step failed: %s\n", ferry_error_last());
+            rc = 1;
+        }
+        if (r >= 0)
+            t[r] = ferry_now() - t0;
+    }
+    *sec = rc ? 0.0 : bench_median(t, steps);
+    free(t);
+    free(ids);
+    ferry_ctx_destroy(ctx);
+    ferry_optim_destroy(opt);
+    ferry_lm_destroy(lm);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    ferry_cpu_ensure_blas_kernels(argv);
+    int threads = 1, steps = 20;
+    const char *which = "all";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--threads") == 0)
+            threads = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--steps") == 0)
+            steps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--config") == 0)
+            which = argv[i + 1];
+        else {
+            fprintf(stderr, "usage: step_bench [--threads N] [--steps N] [--config "
+                            "small|medium|all]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || steps < 3) {
+        fprintf(stderr, "step_bench: --threads >= 1 and --steps >= 3\n");
+        return 2;
+    }
+    ferry_log_init("step_bench");
+    ferry_cpu_set_threads(threads);
+    static const bench_config configs[] = {
+        {"small", 10000, 200, 200, 2, 20, 20},
+        {"medium", 10000, 650, 650, 2, 35, 20},
+    };
+    char machine[512];
+    bench_machine(machine, sizeof machine);
+    printf("machine: %s; OpenBLAS %s kernels, %d thread(s); %d timed steps (median)\n",
+           machine, openblas_get_corename(), threads, steps);
+    printf("%-7s %10s %10s %12s %12s %9s\n", "config", "step ms", "tokens/s", "step GF/s",
+           "sgemm GF/s", "fraction");
+    int rc = 0;
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        const bench_config *c = &configs[i];
+        if (strcmp(which, "all") != 0 && strcmp(which, c->name) != 0)
+            continue;
+        gemm_shape g[64];
+        int n = step_gemms(c, g);
+        double gemm_flops, gemm_s, step_s;
+        gemm_s = time_gemms(g, n, steps, &gemm_flops);
+        if (time_steps(c, steps, &step_s) != 0) {
+            rc = 1;
+            continue;
+        }
+        ferry_lm_config mc = {c->V, c->E, c->H, c->L, 0.0f, 0.1f, 0.0f, 1};
+        double flops = ferry_lm_step_flops(&mc, c->T, c->B);
+        double step_gf = flops / step_s * 1e-9, gemm_gf = gemm_flops / gemm_s * 1e-9;
+        printf("%-7s %10.2f %10.0f %12.2f %12.2f %8.1f%%\n", c->name, step_s * 1e3,
+               (double)(c->T * c->B) / step_s, step_gf, gemm_gf, 100.0 * step_gf / gemm_gf);
+    }
+    return rc;
+}

@@ -1,0 +1,8 @@
+# -DFERRY_SANITIZE=address;undefined (ASan+UBSan) or thread. Debug info, no recovery:
+# the first report fails the test.
+if(FERRY_SANITIZE)
+  string(REPLACE ";" "," _san "${FERRY_SANITIZE}")
+  add_compile_options(-fsanitize=${_san} -fno-sanitize-recover=all -fno-omit-frame-pointer -g)
+  add_link_options(-fsanitize=${_san})
+  add_compile_definitions(FERRY_SANITIZE=1)
+endif()

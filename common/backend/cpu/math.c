@@ -1,0 +1,124 @@
+/* math.c - CPU dense math: GEMM through OpenBLAS, and plain loops for the
+ * elementwise ops. The loops run in blocks of FERRY_VLANES with a constant inner
+ * trip count and stage results in a local array (vmath.h's idiom), which is what
+ * lets GCC vectorise them at -O2 without restrict; a scalar tail finishes. */
+#include <cblas.h>
+
+#include "cpu.h"
+#include "vmath.h"
+
+ferry_status ferry__cpu_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                             float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                             float beta, float *C, int64_t ldc) {
+    (void)be;
+    if (K == 0) {
+        /* BLAS leaves C untouched for K=0 only when beta=1; make it explicit. */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return FERRY_OK;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta,
+                C, (blasint)ldc);
+    return FERRY_OK;
+}
+
+ferry_status ferry__cpu_fill(ferry_backend *be, float *x, int64_t n, float v) {
+    (void)be;
+    int64_t i = 0;
+    for (; i + FERRY_VLANES <= n; i += FERRY_VLANES)
+        for (int k = 0; k < FERRY_VLANES; k++)
+            x[i + k] = v;
+    for (; i < n; i++)
+        x[i] = v;
+    return FERRY_OK;
+}
+
+ferry_status ferry__cpu_axpy(ferry_backend *be, int64_t n, float alpha, const float *x, float *y) {
+    (void)be;
+    int64_t i = 0;
+    for (; i + FERRY_VLANES <= n; i += FERRY_VLANES) {
+        float t[FERRY_VLANES];
+        for (int k = 0; k < FERRY_VLANES; k++)
+            t[k] = y[i + k] + alpha * x[i + k];
+        for (int k = 0; k < FERRY_VLANES; k++)
+            y[i + k] = t[k];
+    }
+    for (; i < n; i++)
+        y[i] += alpha * x[i];
+    return FERRY_OK;
+}
+
+ferry_status ferry__cpu_scale(ferry_backend *be, int64_t n, float alpha, float *x) {
+    (void)be;
+    int64_t i = 0;
+    for (; i + FERRY_VLANES <= n; i += FERRY_VLANES)
+        for (int k = 0; k < FERRY_VLANES; k++)
+            x[i + k] *= alpha;
+    for (; i < n; i++)
+        x[i] *= alpha;
+    return FERRY_OK;
+}
+
+ferry_status ferry__cpu_mul(ferry_backend *be, int64_t n, const float *x, const float *y,
+                            float *out) {
+    (void)be;
+    int64_t i = 0;
+    for (; i + FERRY_VLANES <= n; i += FERRY_VLANES) {
+        float t[FERRY_VLANES];
+        for (int k = 0; k < FERRY_VLANES; k++)
+            t[k] = x[i + k] * y[i + k];
+        for (int k = 0; k < FERRY_VLANES; k++)
+            out[i + k] = t[k];
+    }
+    for (; i < n; i++)
+        out[i] = x[i] * y[i];
+    return FERRY_OK;
+}
+
+ferry_status ferry__cpu_sumsq(ferry_backend *be, int64_t n, const float *x, double *out) {
+    (void)be;
+    double lane[FERRY_VLANES] = {0}; /* per-lane partial sums, combined in order */
+    int64_t i = 0;
+    for (; i + FERRY_VLANES <= n; i += FERRY_VLANES)
+        for (int k = 0; k < FERRY_VLANES; k++)
+            lane[k] += (double)x[i + k] * (double)x[i + k];
+    double s = 0.0;
+    for (int k = 0; k < FERRY_VLANES; k++)
+        s += lane[k];
+    for (; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    *out = s;
+    return FERRY_OK;
+}
+
+/* row(D) += v(D), the inner loop of add_bias and sum_rows. */
+static void row_add(int64_t D, const float *v, float *row) {
+    int64_t d = 0;
+    for (; d + FERRY_VLANES <= D; d += FERRY_VLANES) {
+        float t[FERRY_VLANES];
+        for (int k = 0; k < FERRY_VLANES; k++)
+            t[k] = row[d + k] + v[d + k];
+        for (int k = 0; k < FERRY_VLANES; k++)
+            row[d + k] = t[k];
+    }
+    for (; d < D; d++)
+        row[d] += v[d];
+}
+
+ferry_status ferry__cpu_add_bias(ferry_backend *be, int64_t N, int64_t D, const float *b,
+                                 float *y) {
+    (void)be;
+    for (int64_t n = 0; n < N; n++)
+        row_add(D, b, y + n * D); /* y[n, :] += b */
+    return FERRY_OK;
+}
+
+ferry_status ferry__cpu_sum_rows(ferry_backend *be, int64_t N, int64_t D, const float *x,
+                                 float *out) {
+    (void)be;
+    for (int64_t n = 0; n < N; n++)
+        row_add(D, x + n * D, out); /* out += x[n, :] */
+    return FERRY_OK;
+}

@@ -1,0 +1,264 @@
+/* calls.c - Forward and Backward of remote modules, fanned out to their shards
+ * concurrently: the embedding sends each shard only the distinct ids it owns and
+ * sums row gradients here before they travel back; the decoder's sharded softmax
+ * combines per-row partials (max, sum of exp, target logit) into the exact
+ * cross-entropy; the classic logits mode and the linear module move dense tensors. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "ferry.pb-c.h"
+#include "log.h"
+
+/* ---- shared with decoder.c ---- */
+
+ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
+                               const ferry_dist_ctx *dc, int need_ctx) {
+    static const char *const names[] = {"an embedding", "a decoder", "a linear module"};
+    if (m->kind != kind)
+        return ferry_errorf(FERRY_ERR_INVALID, "%s: module '%s' is not %s", what, m->name,
+                            names[kind]);
+    if ((dc != NULL && dc->id == 0) || (need_ctx && dc == NULL))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "%s of '%s': no distributed context is open (ferry_dist_ctx_begin)",
+                            what, m->name);
+    return FERRY_OK;
+}
+
+ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m, uint64_t ctx,
+                                      uint64_t call_id, const char *mode) {
+    Ferry__ForwardRequest q;
+    ferry__forward_request__init(&q);
+    q.ctx_id = ctx;
+    q.call_id = call_id;
+    q.module = (char *)(uintptr_t)m->name;
+    q.mode = (char *)(uintptr_t)mode;
+    return ferry_rpc_msg_set_head(req, &q.base);
+}
+
+ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_call *call,
+                                       uint64_t ctx, const char *mode, double *scale) {
+    Ferry__BackwardRequest q;
+    ferry__backward_request__init(&q);
+    q.ctx_id = ctx;
+    q.call_id = call->call_id;
+    q.module = (char *)(uintptr_t)call->m->name;
+    q.mode = (char *)(uintptr_t)mode;
+    q.n_fparams = scale != NULL ? 1 : 0;
+    q.fparams = scale;
+    return ferry_rpc_msg_set_head(req, &q.base);
+}
+
+/* Initializes (or deinitializes) n messages of each array. */
+static void msgs_init(ferry_rpc_msg *a, ferry_rpc_msg *b, int n) {
+    for (int i = 0; i < n; i++) {
+        ferry_rpc_msg_init(&a[i]);
+        ferry_rpc_msg_init(&b[i]);
+    }
+}
+
+static void msgs_deinit(ferry_rpc_msg *a, ferry_rpc_msg *b, int n) {
+    for (int i = 0; i < n; i++) {
+        ferry_rpc_msg_deinit(&a[i]);
+        ferry_rpc_msg_deinit(&b[i]);
+    }
+}
+
+/* ---- embedding ---- */
+
+static int shard_of(const ferry_remote *m, int64_t row) {
+    int lo = 0, hi = m->nshards - 1;
+    while (lo < hi) { /* last shard whose first row is <= row */
+        int mid = (lo + hi + 1) / 2;
+        if (m->shards[mid].row_begin <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Groups the distinct ids of ids (n) by owning shard, each group in first-seen
+ * order: uniq (nuniq) global ids, count and offset (nshards) per shard, slot (n)
+ * the position of ids[i] in uniq. */
+static ferry_status group_ids(const ferry_remote *m, const int32_t *ids, int64_t n,
+                              ferry__dist_call *rec, int32_t **uniq_out, int64_t *offset) {
+    int64_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    int32_t *key = malloc((size_t)cap * sizeof *key);    /* hash: id, -1 = empty */
+    int32_t *val = malloc((size_t)cap * sizeof *val);    /* hash: first-seen index */
+    int32_t *first = malloc((size_t)(n + 1) * sizeof *first); /* first-seen distinct ids */
+    int32_t *which = malloc((size_t)(n + 1) * sizeof *which); /* ids[i] -> first-seen index */
+    int32_t *pos = malloc((size_t)(n + 1) * sizeof *pos);     /* first-seen -> grouped */
+    int32_t *uniq = malloc((size_t)(n + 1) * sizeof *uniq);
+    rec->shard_count = calloc((size_t)m->nshards, sizeof *rec->shard_count);
+    rec->slot = malloc((size_t)(n + 1) * sizeof *rec->slot);
+    ferry_status st = FERRY_OK;
+    if (!key || !val || !first || !which || !pos || !uniq || !rec->shard_count || !rec->slot) {
+        st = FERRY_ERR_NOMEM;
+        goto done;
+    }
+    memset(key, 0xff, (size_t)cap * sizeof *key);
+    int64_t U = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t h = ((uint64_t)(uint32_t)ids[i] * 0x9E3779B97F4A7C15ull) >> 20;
+        int64_t k = (int64_t)(h & (uint64_t)(cap - 1));
+        while (key[k] != -1 && key[k] != ids[i])
+            k = (k + 1) & (cap - 1);
+        if (key[k] == -1) {
+            key[k] = ids[i];
+            val[k] = (int32_t)U;
+            first[U++] = ids[i];
+        }
+        which[i] = val[k];
+    }
+    for (int64_t u = 0; u < U; u++)
+        rec->shard_count[shard_of(m, first[u])]++;
+    offset[0] = 0;
+    for (int s = 0; s < m->nshards; s++)
+        offset[s + 1] = offset[s] + rec->shard_count[s];
+    int64_t fill[FERRY_DIST_MAX_SERVERS];
+    memcpy(fill, offset, (size_t)m->nshards * sizeof *fill);
+    for (int64_t u = 0; u < U; u++) {
+        pos[u] = (int32_t)fill[shard_of(m, first[u])]++;
+        uniq[pos[u]] = first[u];
+    }
+    for (int64_t i = 0; i < n; i++)
+        rec->slot[i] = pos[which[i]];
+    rec->nuniq = U;
+    rec->n = n;
+    *uniq_out = uniq;
+    uniq = NULL;
+done:
+    free(key);
+    free(val);
+    free(first);
+    free(which);
+    free(pos);
+    free(uniq);
+    return st;
+}
+
+ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                            const int32_t *ids, int64_t n, float *out,
+                                            uint64_t *call_id) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_EMBEDDING, "embedding forward", dc, 0);
+    if (st != FERRY_OK)
+        return st;
+    if (n < 0 || n > INT32_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "embedding '%s': %lld ids", m->name, (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= m->rows)
+            return ferry_errorf(FERRY_ERR_RANGE, "embedding '%s': ids[%lld] = %d outside [0, %lld)",
+                                m->name, (long long)i, ids[i], (long long)m->rows);
+    }
+    ferry__dist_call local, *rec = &local;
+    memset(&local, 0, sizeof local);
+    if (dc != NULL && (rec = ferry__dist_call_new(dc, m, FERRY__DIST_EMBEDDING)) == NULL)
+        return FERRY_ERR_NOMEM;
+    int32_t *uniq = NULL;
+    float *rows = NULL;
+    int64_t offset[FERRY_DIST_MAX_SERVERS + 1];
+    int k = 0, servers[FERRY_DIST_MAX_SERVERS], shard[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
+    if ((st = group_ids(m, ids, n, rec, &uniq, offset)) != FERRY_OK)
+        goto done;
+    if ((rows = malloc((size_t)(rec->nuniq * m->cols + 1) * sizeof *rows)) == NULL) {
+        st = FERRY_ERR_NOMEM;
+        goto done;
+    }
+    /* In a context every shard is called, so that every shard's optimizer steps. */
+    for (int s = 0; s < m->nshards; s++) {
+        if (rec->shard_count[s] == 0 && dc == NULL)
+            continue;
+        shard[k] = s;
+        servers[k] = m->shards[s].server;
+        if (dc != NULL)
+            dc->touched[servers[k]] = 1;
+        k++;
+    }
+    msgs_init(reqs, replies, k);
+    for (int i = 0; i < k && st == FERRY_OK; i++) {
+        int64_t dim[1] = {rec->shard_count[shard[i]]};
+        ferry_rpc_tensor t = ferry__dist_tensor("ids", FERRY_RPC_DTYPE_I32, 1, dim,
+                                                uniq + offset[shard[i]]);
+        st = ferry__dist_forward_head(&reqs[i], m, dc != NULL ? dc->id : 0,
+                                      dc != NULL ? rec->call_id : 0, "rows");
+        if (st == FERRY_OK)
+            st = ferry_rpc_msg_add(&reqs[i], &t);
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, k, servers, reqs, 0, replies);
+    for (int i = 0; i < k && st == FERRY_OK; i++) {
+        int64_t want[2] = {rec->shard_count[shard[i]], m->cols};
+        const ferry_rpc_tensor *t;
+        st = ferry__dist_output(m->c, servers[i], &replies[i], "rows", FERRY_RPC_DTYPE_F32, 2,
+                                want, &t);
+        if (st == FERRY_OK && t->nbytes > 0)
+            memcpy(rows + offset[shard[i]] * m->cols, t->data, t->nbytes);
+    }
+    for (int64_t i = 0; i < n && st == FERRY_OK; i++) /* out (n, E) */
+        memcpy(out + i * m->cols, rows + (int64_t)rec->slot[i] * m->cols,
+               (size_t)m->cols * sizeof *out);
+    msgs_deinit(reqs, replies, k);
+done:
+    free(uniq);
+    free(rows);
+    if (dc == NULL || st != FERRY_OK) {
+        if (dc != NULL)
+            ferry__dist_call_drop(dc, rec);
+        else {
+            free(local.shard_count);
+            free(local.slot);
+        }
+    } else if (call_id != NULL) {
+        *call_id = rec->call_id;
+    }
+    return st;
+}
+
+ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc,
+                                             uint64_t call_id, const float *grad) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_EMBEDDING, "embedding backward", dc, 1);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec = ferry__dist_call_find(dc, m, call_id, FERRY__DIST_EMBEDDING);
+    if (rec == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    int64_t E = m->cols, offset = 0;
+    /* Sum each distinct row's gradient in the order of ids, as a local embedding's
+     * backward accumulates it. acc (nuniq, E) */
+    float *acc = calloc((size_t)(rec->nuniq * E + 1), sizeof *acc);
+    if (acc == NULL)
+        return FERRY_ERR_NOMEM;
+    for (int64_t i = 0; i < rec->n; i++) {
+        float *dst = acc + (int64_t)rec->slot[i] * E;
+        const float *src = grad + i * E;
+        for (int64_t e = 0; e < E; e++)
+            dst[e] += src[e];
+    }
+    int k = 0, servers[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
+    msgs_init(reqs, replies, m->nshards);
+    for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
+        int64_t dim[2] = {rec->shard_count[s], E};
+        const float *g = acc + offset * E;
+        offset += rec->shard_count[s];
+        if (dim[0] == 0)
+            continue; /* nothing to send: the shard keeps no gradient for this call */
+        ferry_rpc_tensor t = ferry__dist_tensor("grad", FERRY_RPC_DTYPE_F32, 2, dim, g);
+        servers[k] = m->shards[s].server;
+        st = ferry__dist_backward_head(&reqs[k], rec, dc->id, "rows", NULL);
+        if (st == FERRY_OK)
+            st = ferry_rpc_msg_add(&reqs[k], &t);
+        k++;
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, k, servers, reqs, 0, replies);
+    msgs_deinit(reqs, replies, m->nshards);
+    free(acc);
+    ferry__dist_call_drop(dc, rec);
+    return st;
+}

@@ -1,0 +1,314 @@
+/* cluster.c - the set of ferry-ps servers a client talks to: one RPC client per
+ * server, Hello (incarnations, to notice restarts), the concurrent fan-out every
+ * other file uses, and the admin calls (Stats, Checkpoint, Shutdown). */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/dist.h"
+#include "ferry.pb-c.h"
+#include "log.h"
+
+void ferry_cluster_config_default(ferry_cluster_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->deadline_ms = FERRY_RPC_DEFAULT_DEADLINE_MS;
+}
+
+/* ---- shared helpers ---- */
+
+ferry_rpc_tensor ferry__dist_tensor(const char *name, int dtype, int ndim, const int64_t *dim,
+                                    const void *data) {
+    ferry_rpc_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dtype;
+    t.ndim = ndim;
+    size_t n = ferry_rpc_dtype_size(dtype);
+    for (int k = 0; k < ndim; k++) {
+        t.dim[k] = dim[k];
+        n *= (size_t)dim[k];
+    }
+    t.nbytes = n;
+    t.data = n > 0 ? (void *)(uintptr_t)data : NULL; /* borrowed: only read while sending */
+    (void)snprintf(t.name, sizeof t.name, "%s", name);
+    return t;
+}
+
+ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
+                                const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                ferry_rpc_msg *replies) {
+    if (n == 0)
+        return FERRY_OK;
+    ferry_rpc_fanout *calls = calloc((size_t)n, sizeof *calls);
+    if (calls == NULL)
+        return FERRY_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        calls[i].client = c->clients[servers[i]];
+        calls[i].method = method;
+        calls[i].req = &reqs[shared ? 0 : i];
+        calls[i].reply = &replies[i];
+    }
+    ferry_status st = ferry_rpc_call_many(calls, n, c->cfg.deadline_ms);
+    free(calls);
+    return st;
+}
+
+ferry_status ferry__dist_output(ferry_cluster *c, int server, const ferry_rpc_msg *reply,
+                                const char *name, int dtype, int ndim, const int64_t *want,
+                                const ferry_rpc_tensor **out) {
+    const ferry_rpc_tensor *t = ferry_rpc_msg_find(reply, name);
+    int ok = t != NULL && t->dtype == dtype && t->ndim == ndim;
+    for (int k = 0; ok && k < ndim; k++)
+        ok = want[k] < 0 || t->dim[k] == want[k];
+    if (!ok)
+        return ferry_errorf(FERRY_ERR_FORMAT,
+                            "%s: the reply %s tensor '%s' of the expected type and shape",
+                            ferry_rpc_client_target(c->clients[server]),
+                            t == NULL ? "lacks" : "has a mismatched", name);
+    *out = t;
+    return FERRY_OK;
+}
+
+/* ---- connect, Hello ---- */
+
+ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
+    Ferry__HelloRequest q;
+    ferry__hello_request__init(&q);
+    q.client_id = c->client_id;
+    q.worker_id = c->cfg.worker_id;
+    q.version = (char *)FERRY_VERSION;
+    ferry_rpc_msg req, *replies = calloc((size_t)c->n, sizeof *replies);
+    int *servers = calloc((size_t)c->n, sizeof *servers);
+    ferry_rpc_msg_init(&req);
+    ferry_status st = replies && servers ? ferry_rpc_msg_set_head(&req, &q.base) : FERRY_ERR_NOMEM;
+    for (int i = 0; i < c->n && replies != NULL && servers != NULL; i++) {
+        ferry_rpc_msg_init(&replies[i]);
+        servers[i] = i;
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(c, FERRY_RPC_HELLO, c->n, servers, &req, 1, replies);
+    int changed = 0;
+    for (int i = 0; st == FERRY_OK && i < c->n; i++) {
+        const Ferry__HelloReply *r = replies[i].head;
+        if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
+            FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx", c->clients[i]
+                           ? ferry_rpc_client_target(c->clients[i]) : "?",
+                           (unsigned long long)r->incarnation,
+                           (unsigned long long)c->incarnation[i]);
+            changed++;
+        }
+        c->incarnation[i] = r->incarnation;
+    }
+    for (int i = 0; replies != NULL && i < c->n; i++)
+        ferry_rpc_msg_deinit(&replies[i]);
+    ferry_rpc_msg_deinit(&req);
+    free(replies);
+    free(servers);
+    if (st == FERRY_OK && restarted != NULL)
+        *restarted = changed;
+    return st;
+}
+
+static void free_list(char **list, int n) {
+    for (int i = 0; list != NULL && i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+/* Splits "a:1, b:2" into trimmed targets; FERRY_ERR_INVALID for an empty entry. */
+static ferry_status parse_targets(const char *targets, char ***out, int *n) {
+    const char *text = targets != NULL ? targets : "";
+    int count = 1;
+    for (const char *p = text; *p != '\0'; p++)
+        count += *p == ',';
+    if (count > FERRY_DIST_MAX_SERVERS)
+        return ferry_errorf(FERRY_ERR_INVALID, "server list has %d entries, at most %d",
+                            count, FERRY_DIST_MAX_SERVERS);
+    char **list = calloc((size_t)count, sizeof *list);
+    if (list == NULL)
+        return FERRY_ERR_NOMEM;
+    const char *p = text;
+    for (int i = 0; i < count; i++) {
+        const char *end = strchr(p, ',');
+        if (end == NULL)
+            end = p + strlen(p);
+        const char *a = p, *b = end;
+        while (a < b && isspace((unsigned char)*a))
+            a++;
+        while (b > a && isspace((unsigned char)b[-1]))
+            b--;
+        if (a == b) {
+            free_list(list, count);
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "server list '%s' has an empty entry (HOST:PORT[,HOST:PORT...])",
+                                text);
+        }
+        if ((list[i] = strndup(a, (size_t)(b - a))) == NULL) {
+            free_list(list, count);
+            return FERRY_ERR_NOMEM;
+        }
+        p = end + 1;
+    }
+    *out = list;
+    *n = count;
+    return FERRY_OK;
+}
+
+ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
+                              ferry_cluster **out) {
+    char **list = NULL;
+    int n = 0;
+    ferry_status st = parse_targets(targets, &list, &n);
+    if (st != FERRY_OK)
+        return st;
+    ferry_cluster *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        st = FERRY_ERR_NOMEM;
+        goto done;
+    }
+    if (cfg != NULL)
+        c->cfg = *cfg;
+    else
+        ferry_cluster_config_default(&c->cfg);
+    if (c->cfg.deadline_ms <= 0)
+        c->cfg.deadline_ms = FERRY_RPC_DEFAULT_DEADLINE_MS;
+    char host[64] = "localhost";
+    (void)gethostname(host, sizeof host - 1);
+    (void)snprintf(c->client_id, sizeof c->client_id, "%s",
+                   cfg != NULL && cfg->client_id != NULL ? cfg->client_id : "");
+    if (c->client_id[0] == '\0')
+        (void)snprintf(c->client_id, sizeof c->client_id, "ferry@%s:%d", host, (int)getpid());
+    c->cfg.client_id = NULL;
+    /* Context ids: the clock in microseconds seeds the counter, so a restarted client
+     * never reuses the id of a context its previous run may have left on a server. */
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_REALTIME, &ts);
+    atomic_init(&c->next_ctx, (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
+    c->clients = calloc((size_t)n, sizeof *c->clients);
+    c->incarnation = calloc((size_t)n, sizeof *c->incarnation);
+    if (c->clients == NULL || c->incarnation == NULL) {
+        st = FERRY_ERR_NOMEM;
+        goto done;
+    }
+    ferry_rpc_client_config rc = {c->cfg.max_message_bytes, c->cfg.deadline_ms,
+                                  c->cfg.wait_for_ready};
+    for (c->n = 0; c->n < n; c->n++) {
+        if ((st = ferry_rpc_client_create(list[c->n], &rc, &c->clients[c->n])) != FERRY_OK)
+            goto done;
+    }
+    if ((st = ferry_cluster_hello(c, NULL)) != FERRY_OK)
+        goto done;
+    FERRY_LOG_DEBUG("connected to %d ferry-ps servers (%s)", n, targets);
+    *out = c;
+    c = NULL;
+done:
+    ferry_cluster_destroy(c);
+    free_list(list, n);
+    return st;
+}
+
+void ferry_cluster_destroy(ferry_cluster *c) {
+    if (c == NULL)
+        return;
+    for (int i = 0; c->clients != NULL && i < c->n; i++)
+        ferry_rpc_client_destroy(c->clients[i]);
+    free(c->clients);
+    free(c->incarnation);
+    free(c);
+}
+
+int ferry_cluster_size(const ferry_cluster *c) {
+    return c->n;
+}
+
+const char *ferry_cluster_target(const ferry_cluster *c, int server) {
+    return server >= 0 && server < c->n ? ferry_rpc_client_target(c->clients[server]) : "?";
+}
+
+uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server) {
+    return server >= 0 && server < c->n ? c->incarnation[server] : 0;
+}
+
+/* ---- admin calls ---- */
+
+ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out) {
+    if (server < 0 || server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
+    Ferry__StatsRequest q;
+    ferry__stats_request__init(&q);
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry_rpc_call(c->clients[server], FERRY_RPC_STATS, &req, &reply, c->cfg.deadline_ms);
+    if (st == FERRY_OK) {
+        const Ferry__StatsReply *r = reply.head;
+        memset(out, 0, sizeof *out);
+        static const struct {
+            const char *name;
+            size_t off;
+        } fields[] = {
+            {"contexts_live", offsetof(ferry_ps_stats, contexts_live)},
+            {"context_bytes", offsetof(ferry_ps_stats, context_bytes)},
+            {"contexts_created", offsetof(ferry_ps_stats, contexts_created)},
+            {"contexts_stepped", offsetof(ferry_ps_stats, contexts_stepped)},
+            {"contexts_released", offsetof(ferry_ps_stats, contexts_released)},
+            {"contexts_swept", offsetof(ferry_ps_stats, contexts_swept)},
+            {"modules", offsetof(ferry_ps_stats, modules)},
+            {"calls", offsetof(ferry_ps_stats, calls)},
+            {"errors", offsetof(ferry_ps_stats, errors)},
+        };
+        for (size_t i = 0; i < r->n_metrics; i++) {
+            for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+                if (strcmp(r->metrics[i]->name, fields[f].name) == 0)
+                    *(int64_t *)((char *)out + fields[f].off) = (int64_t)r->metrics[i]->value;
+            }
+        }
+    }
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+/* One header to the given servers (or all, for server < 0), replies discarded. */
+static ferry_status broadcast(ferry_cluster *c, int server, ferry_rpc_method method,
+                              const ProtobufCMessage *head) {
+    if (server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
+    int n = server < 0 ? c->n : 1;
+    int *servers = calloc((size_t)n, sizeof *servers);
+    ferry_rpc_msg req, *replies = calloc((size_t)n, sizeof *replies);
+    ferry_rpc_msg_init(&req);
+    ferry_status st = servers && replies ? ferry_rpc_msg_set_head(&req, head) : FERRY_ERR_NOMEM;
+    for (int i = 0; servers != NULL && replies != NULL && i < n; i++) {
+        servers[i] = server < 0 ? i : server;
+        ferry_rpc_msg_init(&replies[i]);
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(c, method, n, servers, &req, 1, replies);
+    for (int i = 0; replies != NULL && i < n; i++)
+        ferry_rpc_msg_deinit(&replies[i]);
+    ferry_rpc_msg_deinit(&req);
+    free(servers);
+    free(replies);
+    return st;
+}
+
+ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64_t step) {
+    Ferry__CheckpointRequest q;
+    ferry__checkpoint_request__init(&q);
+    q.path = (char *)(uintptr_t)(name != NULL ? name : "");
+    q.step = step;
+    return broadcast(c, -1, FERRY_RPC_CHECKPOINT, &q.base);
+}
+
+ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) {
+    Ferry__ShutdownRequest q;
+    ferry__shutdown_request__init(&q);
+    q.grace_ms = grace_ms > 0 ? (uint32_t)grace_ms : 0;
+    q.reason = c->client_id;
+    return broadcast(c, server, FERRY_RPC_SHUTDOWN, &q.base);
+}

@@ -1,0 +1,231 @@
+/* context.c - distributed-autograd contexts on the client side: ids (worker id in the
+ * high 16 bits), the servers a context touched, the records of Forward calls
+ * awaiting their Backward, and the distributed step: GradNorm on every touched
+ * server, one global clipping coefficient, then Step everywhere at once. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "ferry.pb-c.h"
+#include "log.h"
+#include "optim/clip.h"
+
+#define CTX_COUNTER_MASK ((UINT64_C(1) << 48) - 1)
+
+/* ---- call records ---- */
+
+ferry__dist_call *ferry__dist_call_new(ferry_dist_ctx *dc, const ferry_remote *m, int op) {
+    ferry__dist_call *call = calloc(1, sizeof *call);
+    if (call == NULL)
+        return NULL;
+    call->call_id = dc->next_call++;
+    call->m = m;
+    call->op = op;
+    call->next = dc->calls;
+    dc->calls = call;
+    return call;
+}
+
+ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m,
+                                        uint64_t call_id, int op) {
+    for (ferry__dist_call *call = dc->calls; call != NULL; call = call->next) {
+        if (call->m == m && call->call_id == call_id && call->op == op)
+            return call;
+    }
+    (void)ferry_errorf(FERRY_ERR_NOT_FOUND,
+                       "module '%s': no pending Forward with call id %llu in context %#llx "
+                       "(already backpropagated, another kind of call, or another context)",
+                       m->name, (unsigned long long)call_id, (unsigned long long)dc->id);
+    return NULL;
+}
+
+static void call_free(ferry__dist_call *call) {
+    free(call->shard_count);
+    free(call->slot);
+    free(call->lse);
+    free(call);
+}
+
+void ferry__dist_call_drop(ferry_dist_ctx *dc, ferry__dist_call *call) {
+    ferry__dist_call **pp = &dc->calls;
+    while (*pp != call)
+        pp = &(*pp)->next;
+    *pp = call->next;
+    call_free(call);
+}
+
+/* Forgets the open context here (the servers are told by the caller). */
+static void ctx_close(ferry_dist_ctx *dc) {
+    while (dc->calls != NULL) {
+        ferry__dist_call *next = dc->calls->next;
+        call_free(dc->calls);
+        dc->calls = next;
+    }
+    memset(dc->touched, 0, (size_t)dc->c->n);
+    dc->id = 0;
+}
+
+/* ---- lifetime ---- */
+
+ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out) {
+    ferry_dist_ctx *dc = calloc(1, sizeof *dc);
+    if (dc == NULL || (dc->touched = calloc((size_t)c->n, 1)) == NULL) {
+        free(dc);
+        return FERRY_ERR_NOMEM;
+    }
+    dc->c = c;
+    *out = dc;
+    return FERRY_OK;
+}
+
+static int touched_any(const ferry_dist_ctx *dc) {
+    for (int i = 0; i < dc->c->n; i++) {
+        if (dc->touched[i])
+            return 1;
+    }
+    return 0;
+}
+
+void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
+    if (dc == NULL)
+        return;
+    if (dc->id != 0 && touched_any(dc) && ferry_dist_ctx_release(dc) != FERRY_OK)
+        FERRY_LOG_WARN("context left to the servers' sweep: %s", ferry_error_last());
+    ctx_close(dc);
+    free(dc->touched);
+    free(dc);
+}
+
+uint64_t ferry_dist_ctx_begin(ferry_dist_ctx *dc) {
+    if (dc->id != 0 && touched_any(dc) && ferry_dist_ctx_release(dc) != FERRY_OK)
+        FERRY_LOG_WARN("context %#llx left to the servers' sweep: %s",
+                       (unsigned long long)dc->id, ferry_error_last());
+    ctx_close(dc);
+    uint64_t low = 0;
+    while (low == 0) /* a zero id means "no context" */
+        low = atomic_fetch_add(&dc->c->next_ctx, 1) & CTX_COUNTER_MASK;
+    dc->id = (uint64_t)dc->c->cfg.worker_id << 48 | low;
+    dc->next_call = 1;
+    return dc->id;
+}
+
+uint64_t ferry_dist_ctx_id(const ferry_dist_ctx *dc) {
+    return dc->id;
+}
+
+/* ---- GradNorm, Step, Release ---- */
+
+/* One header to every touched server; replies[i] answers servers[i]. */
+static ferry_status ctx_fanout(ferry_dist_ctx *dc, ferry_rpc_method method,
+                               const ProtobufCMessage *head, int *servers, ferry_rpc_msg *replies,
+                               int *n) {
+    *n = 0;
+    for (int i = 0; i < dc->c->n; i++) {
+        if (dc->touched[i]) {
+            servers[*n] = i;
+            ferry_rpc_msg_init(&replies[(*n)++]);
+        }
+    }
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_status st = ferry_rpc_msg_set_head(&req, head);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(dc->c, method, *n, servers, &req, 1, replies);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
+static void replies_deinit(ferry_rpc_msg *replies, int n) {
+    for (int i = 0; i < n; i++)
+        ferry_rpc_msg_deinit(&replies[i]);
+}
+
+static ferry_status no_context(void) {
+    return ferry_errorf(FERRY_ERR_INVALID, "no distributed context is open "
+                                           "(call ferry_dist_ctx_begin first)");
+}
+
+ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
+    if (dc->id == 0)
+        return no_context();
+    Ferry__GradNormRequest q;
+    ferry__grad_norm_request__init(&q);
+    q.ctx_id = dc->id;
+    int servers[FERRY_DIST_MAX_SERVERS], n;
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = ctx_fanout(dc, FERRY_RPC_GRAD_NORM, &q.base, servers, replies, &n);
+    double total = 0.0;
+    for (int i = 0; st == FERRY_OK && i < n; i++) /* in server order: deterministic */
+        total += ((const Ferry__GradNormReply *)replies[i].head)->sum_squares;
+    replies_deinit(replies, n);
+    if (st == FERRY_OK)
+        *sumsq = total;
+    return st;
+}
+
+ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr) {
+    if (dc->id == 0)
+        return no_context();
+    if (!(grad_scale > 0.0f) || !isfinite(grad_scale) || !(lr >= 0.0) || !isfinite(lr)) {
+        ctx_close(dc);
+        return ferry_errorf(FERRY_ERR_INVALID, "step: grad_scale %g must be > 0 and lr %g >= 0",
+                            (double)grad_scale, lr);
+    }
+    Ferry__StepRequest q;
+    ferry__step_request__init(&q);
+    q.ctx_id = dc->id;
+    q.scale = (double)grad_scale;
+    q.lr = lr;
+    int servers[FERRY_DIST_MAX_SERVERS], n;
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = ctx_fanout(dc, FERRY_RPC_STEP, &q.base, servers, replies, &n);
+    replies_deinit(replies, n);
+    ctx_close(dc);
+    return st;
+}
+
+ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
+                                      double lr, float *coef, double *norm) {
+    double remote = 0.0, total, nrm;
+    float k = 1.0f;
+    ferry_status st = ferry_dist_ctx_grad_sumsq(dc, &remote);
+    if (st != FERRY_OK)
+        return st;
+    total = local_sumsq + remote;
+    if (max_norm > 0.0f) {
+        st = ferry_clip_coef(total, max_norm, &k, &nrm);
+    } else {
+        nrm = sqrt(total);
+        if (!isfinite(nrm))
+            st = ferry_errorf(FERRY_ERR_NUMERIC, "gradient norm is %g", nrm);
+    }
+    if (norm != NULL)
+        *norm = nrm;
+    if (coef != NULL)
+        *coef = k;
+    if (st != FERRY_OK) {
+        ferry_status err = st;
+        char msg[256];
+        (void)snprintf(msg, sizeof msg, "%s", ferry_error_last());
+        (void)ferry_dist_ctx_release(dc);
+        return ferry_errorf(err, "%s (global norm over local %g + remote %g): context released",
+                            msg, local_sumsq, remote);
+    }
+    return ferry_dist_ctx_step(dc, k, lr);
+}
+
+ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc) {
+    if (dc->id == 0)
+        return FERRY_OK;
+    Ferry__ReleaseContextRequest q;
+    ferry__release_context_request__init(&q);
+    q.ctx_id = dc->id;
+    int servers[FERRY_DIST_MAX_SERVERS], n;
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = ctx_fanout(dc, FERRY_RPC_RELEASE_CONTEXT, &q.base, servers, replies, &n);
+    replies_deinit(replies, n);
+    ctx_close(dc);
+    return st;
+}

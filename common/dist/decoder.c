@@ -1,0 +1,336 @@
+/* decoder.c - calls of the dense remote modules. The decoder's sharded softmax:
+ * every vocabulary shard returns, per row, the max of its logits, the sum of their
+ * exp relative to it and the target's logit when the target is in its slice; the
+ * log-sum-exp over the whole vocabulary follows exactly (in double) as
+ * M + log sum_s sumexp_s exp(max_s - M), so logits never cross the wire. Its
+ * Backward sends the log-sum-exp back and sums the shards' dh. Also the classic
+ * logits mode and the linear module. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "ferry.pb-c.h"
+#include "log.h"
+
+/* The state of one fan-out over a module's shards. */
+typedef struct fan {
+    int k;
+    int servers[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+} fan;
+
+static fan *fan_create(const ferry_remote *m, ferry_dist_ctx *dc) {
+    fan *f = malloc(sizeof *f);
+    if (f == NULL)
+        return NULL;
+    f->k = m->nshards;
+    for (int s = 0; s < f->k; s++) {
+        f->servers[s] = m->shards[s].server;
+        if (dc != NULL)
+            dc->touched[f->servers[s]] = 1;
+        ferry_rpc_msg_init(&f->reqs[s]);
+        ferry_rpc_msg_init(&f->replies[s]);
+    }
+    return f;
+}
+
+static void fan_destroy(fan *f) {
+    if (f == NULL)
+        return;
+    for (int s = 0; s < f->k; s++) {
+        ferry_rpc_msg_deinit(&f->reqs[s]);
+        ferry_rpc_msg_deinit(&f->replies[s]);
+    }
+    free(f);
+}
+
+/* Sums the (N, H) "dh" of every reply into dh in shard order. */
+static ferry_status fan_sum_dh(const ferry_remote *m, const fan *f, int64_t N, float *dh) {
+    int64_t H = m->cols, want[2] = {N, H};
+    for (int s = 0; s < f->k; s++) {
+        const ferry_rpc_tensor *t;
+        ferry_status st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "dh",
+                                             FERRY_RPC_DTYPE_F32, 2, want, &t);
+        if (st != FERRY_OK)
+            return st;
+        const float *src = t->data;
+        if (s == 0) {
+            memcpy(dh, src, (size_t)(N * H) * sizeof *dh);
+            continue;
+        }
+        for (int64_t i = 0; i < N * H; i++)
+            dh[i] += src[i];
+    }
+    return FERRY_OK;
+}
+
+/* A record for a saving call (dc != NULL), or none. */
+static ferry_status record(ferry_dist_ctx *dc, const ferry_remote *m, int op, int64_t N,
+                           ferry__dist_call **out) {
+    *out = NULL;
+    if (dc == NULL)
+        return FERRY_OK;
+    if ((*out = ferry__dist_call_new(dc, m, op)) == NULL)
+        return FERRY_ERR_NOMEM;
+    (*out)->n = N;
+    return FERRY_OK;
+}
+
+/* ---- sharded softmax cross-entropy ---- */
+
+/* Combines the shards' partials into lse and loss per row. */
+static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_t N, float *lse,
+                                     float *loss_rows, double *loss_sum) {
+    const float *mx[FERRY_DIST_MAX_SERVERS], *se[FERRY_DIST_MAX_SERVERS];
+    const float *tl[FERRY_DIST_MAX_SERVERS];
+    const int32_t *has[FERRY_DIST_MAX_SERVERS];
+    int64_t want[1] = {N};
+    for (int s = 0; s < f->k; s++) {
+        const ferry_rpc_tensor *a, *b, *c, *d;
+        ferry_status st;
+        if ((st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "max",
+                                     FERRY_RPC_DTYPE_F32, 1, want, &a)) != FERRY_OK ||
+            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "sumexp",
+                                     FERRY_RPC_DTYPE_F32, 1, want, &b)) != FERRY_OK ||
+            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "target_logit",
+                                     FERRY_RPC_DTYPE_F32, 1, want, &c)) != FERRY_OK ||
+            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "has_target",
+                                     FERRY_RPC_DTYPE_I32, 1, want, &d)) != FERRY_OK)
+            return st;
+        mx[s] = a->data;
+        se[s] = b->data;
+        tl[s] = c->data;
+        has[s] = d->data;
+    }
+    double total = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        double M = -INFINITY, S = 0.0, target = 0.0;
+        int found = 0;
+        for (int s = 0; s < f->k; s++)
+            M = (double)mx[s][n] > M ? (double)mx[s][n] : M;
+        for (int s = 0; s < f->k; s++) {
+            S += (double)se[s][n] * exp((double)mx[s][n] - M);
+            if (has[s][n]) {
+                target = (double)tl[s][n];
+                found++;
+            }
+        }
+        if (found != 1)
+            return ferry_errorf(FERRY_ERR_FORMAT,
+                                "decoder '%s': row %lld's target was found on %d shards, not 1",
+                                m->name, (long long)n, found);
+        double l = M + log(S);
+        lse[n] = (float)l;
+        if (loss_rows != NULL)
+            loss_rows[n] = (float)(l - target);
+        total += l - target;
+    }
+    if (loss_sum != NULL)
+        *loss_sum = total;
+    return FERRY_OK;
+}
+
+ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                       const float *hidden, const int32_t *targets, int64_t N,
+                                       float *loss_rows, double *loss_sum, uint64_t *call_id) {
+    ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "xent forward", dc, 0);
+    if (st != FERRY_OK)
+        return st;
+    if (N < 0 || N > INT32_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "decoder '%s': %lld rows", dec->name, (long long)N);
+    for (int64_t n = 0; n < N; n++) {
+        if (targets[n] < 0 || targets[n] >= dec->rows)
+            return ferry_errorf(FERRY_ERR_RANGE,
+                                "decoder '%s': targets[%lld] = %d outside [0, %lld)", dec->name,
+                                (long long)n, targets[n], (long long)dec->rows);
+    }
+    ferry__dist_call *rec;
+    if ((st = record(dc, dec, FERRY__DIST_XENT, N, &rec)) != FERRY_OK)
+        return st;
+    fan *f = fan_create(dec, dc);
+    float *lse = malloc((size_t)(N + 1) * sizeof *lse);
+    if (f == NULL || lse == NULL)
+        st = FERRY_ERR_NOMEM;
+    int64_t hdim[2] = {N, dec->cols}, tdim[1] = {N};
+    ferry_rpc_tensor h = ferry__dist_tensor("hidden", FERRY_RPC_DTYPE_F32, 2, hdim, hidden);
+    ferry_rpc_tensor t = ferry__dist_tensor("targets", FERRY_RPC_DTYPE_I32, 1, tdim, targets);
+    /* One request for every shard: the same hidden state and targets. */
+    if (st == FERRY_OK)
+        st = ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
+                          rec != NULL ? rec->call_id : 0, "partials");
+    if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
+        st = ferry_rpc_msg_add(&f->reqs[0], &t);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1,
+                                f->replies);
+    if (st == FERRY_OK)
+        st = combine_partials(dec, f, N, lse, loss_rows, loss_sum);
+    fan_destroy(f);
+    if (rec != NULL && st == FERRY_OK) {
+        rec->lse = lse;
+        lse = NULL;
+        if (call_id != NULL)
+            *call_id = rec->call_id;
+    } else if (rec != NULL) {
+        ferry__dist_call_drop(dc, rec);
+    }
+    free(lse);
+    return st;
+}
+
+ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
+                                        const float *row_scale, float scale, float *dh) {
+    ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "xent backward", dc, 1);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec = ferry__dist_call_find(dc, dec, call_id, FERRY__DIST_XENT);
+    if (rec == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    fan *f = fan_create(dec, NULL);
+    if (f == NULL)
+        return FERRY_ERR_NOMEM;
+    int64_t N = rec->n, dim[1] = {N};
+    double s = (double)scale;
+    ferry_rpc_tensor l = ferry__dist_tensor("lse", FERRY_RPC_DTYPE_F32, 1, dim, rec->lse);
+    ferry_rpc_tensor r = ferry__dist_tensor("scale", FERRY_RPC_DTYPE_F32, 1, dim, row_scale);
+    if ((st = ferry__dist_backward_head(&f->reqs[0], rec, dc->id, "partials", &s)) == FERRY_OK &&
+        (st = ferry_rpc_msg_add(&f->reqs[0], &l)) == FERRY_OK && row_scale != NULL)
+        st = ferry_rpc_msg_add(&f->reqs[0], &r);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 1,
+                                f->replies);
+    if (st == FERRY_OK)
+        st = fan_sum_dh(dec, f, N, dh);
+    fan_destroy(f);
+    ferry__dist_call_drop(dc, rec);
+    return st;
+}
+
+/* ---- classic logits ---- */
+
+ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                         const float *hidden, int64_t N, float *logits,
+                                         uint64_t *call_id) {
+    ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "logits forward", dc, 0);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec;
+    if ((st = record(dc, dec, FERRY__DIST_LOGITS, N, &rec)) != FERRY_OK)
+        return st;
+    fan *f = fan_create(dec, dc);
+    int64_t hdim[2] = {N, dec->cols}, V = dec->rows;
+    ferry_rpc_tensor h = ferry__dist_tensor("hidden", FERRY_RPC_DTYPE_F32, 2, hdim, hidden);
+    st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
+                                  rec != NULL ? rec->call_id : 0, "logits")
+                   : FERRY_ERR_NOMEM;
+    if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
+        st = ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1,
+                                f->replies);
+    for (int s = 0; st == FERRY_OK && s < f->k; s++) {
+        const ferry__dist_shard *sh = &dec->shards[s];
+        int64_t want[2] = {N, sh->row_count};
+        const ferry_rpc_tensor *t;
+        st = ferry__dist_output(dec->c, f->servers[s], &f->replies[s], "logits",
+                                FERRY_RPC_DTYPE_F32, 2, want, &t);
+        for (int64_t n = 0; st == FERRY_OK && n < N; n++) /* columns of logits (N, V) */
+            memcpy(logits + n * V + sh->row_begin, (const float *)t->data + n * sh->row_count,
+                   (size_t)sh->row_count * sizeof *logits);
+    }
+    fan_destroy(f);
+    if (rec != NULL && st != FERRY_OK)
+        ferry__dist_call_drop(dc, rec);
+    else if (rec != NULL && call_id != NULL)
+        *call_id = rec->call_id;
+    return st;
+}
+
+ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                          uint64_t call_id, const float *dlogits, float *dh) {
+    ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "logits backward", dc, 1);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec = ferry__dist_call_find(dc, dec, call_id, FERRY__DIST_LOGITS);
+    if (rec == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    int64_t N = rec->n, V = dec->rows;
+    fan *f = fan_create(dec, NULL);
+    float *slices = malloc((size_t)(N * V + 1) * sizeof *slices); /* per shard (N, V_s) */
+    st = f != NULL && slices != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+    for (int s = 0; st == FERRY_OK && s < f->k; s++) {
+        const ferry__dist_shard *sh = &dec->shards[s];
+        float *dst = slices + N * sh->row_begin;
+        for (int64_t n = 0; n < N; n++)
+            memcpy(dst + n * sh->row_count, dlogits + n * V + sh->row_begin,
+                   (size_t)sh->row_count * sizeof *dst);
+        int64_t dim[2] = {N, sh->row_count};
+        ferry_rpc_tensor t = ferry__dist_tensor("dlogits", FERRY_RPC_DTYPE_F32, 2, dim, dst);
+        if ((st = ferry__dist_backward_head(&f->reqs[s], rec, dc->id, "logits", NULL)) == FERRY_OK)
+            st = ferry_rpc_msg_add(&f->reqs[s], &t);
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
+                                f->replies);
+    if (st == FERRY_OK)
+        st = fan_sum_dh(dec, f, N, dh);
+    fan_destroy(f);
+    free(slices);
+    ferry__dist_call_drop(dc, rec);
+    return st;
+}
+
+/* ---- linear ---- */
+
+ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, const float *x,
+                                         int64_t N, float *y, uint64_t *call_id) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_LINEAR, "linear forward", dc, 0);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec;
+    if ((st = record(dc, m, FERRY__DIST_LINEAR, N, &rec)) != FERRY_OK)
+        return st;
+    fan *f = fan_create(m, dc);
+    int64_t dim[2] = {N, m->cols}, want[2] = {N, m->rows};
+    ferry_rpc_tensor t = ferry__dist_tensor("x", FERRY_RPC_DTYPE_F32, 2, dim, x);
+    const ferry_rpc_tensor *out;
+    st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], m, dc != NULL ? dc->id : 0,
+                                  rec != NULL ? rec->call_id : 0, "")
+                   : FERRY_ERR_NOMEM;
+    if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
+        st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, 1, f->servers, f->reqs, 1, f->replies);
+    if (st == FERRY_OK &&
+        (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "y", FERRY_RPC_DTYPE_F32,
+                                 2, want, &out)) == FERRY_OK)
+        memcpy(y, out->data, out->nbytes);
+    fan_destroy(f);
+    if (rec != NULL && st != FERRY_OK)
+        ferry__dist_call_drop(dc, rec);
+    else if (rec != NULL && call_id != NULL)
+        *call_id = rec->call_id;
+    return st;
+}
+
+ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                          const float *dy, float *dx) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_LINEAR, "linear backward", dc, 1);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec = ferry__dist_call_find(dc, m, call_id, FERRY__DIST_LINEAR);
+    if (rec == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    fan *f = fan_create(m, NULL);
+    int64_t N = rec->n, dim[2] = {N, m->rows}, want[2] = {N, m->cols};
+    ferry_rpc_tensor t = ferry__dist_tensor("dy", FERRY_RPC_DTYPE_F32, 2, dim, dy);
+    const ferry_rpc_tensor *out;
+    st = f != NULL ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, "", NULL) : FERRY_ERR_NOMEM;
+    if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
+        st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, 1, f->servers, f->reqs, 1, f->replies);
+    if (st == FERRY_OK &&
+        (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "dx", FERRY_RPC_DTYPE_F32,
+                                 2, want, &out)) == FERRY_OK)
+        memcpy(dx, out->data, out->nbytes);
+    fan_destroy(f);
+    ferry__dist_call_drop(dc, rec);
+    return st;
+}

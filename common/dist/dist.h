@@ -1,0 +1,103 @@
+/* dist.h - internals of the remote-module client (include/ferry/ferry.h) shared by
+ * cluster.c (servers, Hello, admin calls), remote.c (module creation, parameters),
+ * context.c (context ids, GradNorm/Step/Release) and calls.c (Forward/Backward of
+ * each module kind). A context remembers, per Forward, what its Backward needs on
+ * this side: the distinct-id grouping of an embedding call, the log-sum-exp of a
+ * sharded softmax. */
+#ifndef FERRY_DIST_H
+#define FERRY_DIST_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "ferry/ferry.h"
+#include "ferry/rpc.h"
+
+#define FERRY_DIST_MAX_SERVERS 256
+
+struct ferry_cluster {
+    ferry_cluster_config cfg;
+    char client_id[128];
+    int n;                       /* servers */
+    ferry_rpc_client **clients;  /* (n) */
+    uint64_t *incarnation;       /* (n) as of the last Hello; 0 before the first */
+    atomic_uint_fast64_t next_ctx; /* low 48 bits of the next context id */
+};
+
+typedef struct ferry__dist_shard {
+    int server;
+    int64_t row_begin, row_count;
+} ferry__dist_shard;
+
+struct ferry_remote {
+    ferry_cluster *c;
+    char name[FERRY_RPC_NAME_MAX];
+    ferry_remote_kind kind;
+    int64_t dims[2];
+    int bias;
+    int64_t rows;  /* global rows: V (embedding, decoder) or D (linear) */
+    int64_t cols;  /* weight columns: E, H or C */
+    int nshards;
+    ferry__dist_shard *shards; /* (nshards), by ascending rows */
+    int created;   /* shards this create made new */
+};
+
+enum { FERRY__DIST_EMBEDDING = 1, FERRY__DIST_XENT, FERRY__DIST_LOGITS, FERRY__DIST_LINEAR };
+
+/* One Forward inside a context, awaiting its Backward. */
+typedef struct ferry__dist_call {
+    uint64_t call_id;
+    const ferry_remote *m;
+    int op;                /* FERRY__DIST_* */
+    int64_t n;             /* ids (embedding) or rows N */
+    int64_t nuniq;         /* embedding: distinct ids */
+    int64_t *shard_count;  /* embedding: (nshards) distinct ids per shard, grouped by shard */
+    int32_t *slot;         /* embedding: (n) position of ids[i] in the grouped distinct list */
+    float *lse;            /* xent: (N) log-sum-exp per row */
+    struct ferry__dist_call *next;
+} ferry__dist_call;
+
+struct ferry_dist_ctx {
+    ferry_cluster *c;
+    uint64_t id;           /* 0: no context open */
+    uint64_t next_call;
+    uint8_t *touched;      /* (servers) 1 once a saving Forward went there */
+    ferry__dist_call *calls;
+};
+
+/* A new call record in dc (call id assigned, linked); NULL when out of memory. */
+ferry__dist_call *ferry__dist_call_new(ferry_dist_ctx *dc, const ferry_remote *m, int op);
+/* The pending call of m with that id and op, or NULL with FERRY_ERR_NOT_FOUND set. */
+ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m,
+                                        uint64_t call_id, int op);
+void ferry__dist_call_drop(ferry_dist_ctx *dc, ferry__dist_call *call);
+
+/* Runs n calls of one method concurrently with the cluster's deadline: call i goes
+ * to servers[i] with reqs[shared ? 0 : i] and answers into replies[i] (initialized
+ * by the caller, who deinitializes them). Returns the first failure's status with
+ * its detail naming the peer. */
+ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
+                                const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                ferry_rpc_msg *replies);
+
+/* The reply tensor `name` of a call to server, checked to have the dtype and the
+ * shape want (entries < 0 match anything); FERRY_ERR_FORMAT naming the peer. */
+ferry_status ferry__dist_output(ferry_cluster *c, int server, const ferry_rpc_msg *reply,
+                                const char *name, int dtype, int ndim, const int64_t *want,
+                                const ferry_rpc_tensor **out);
+
+/* FERRY_ERR_INVALID unless m is of kind and dc is an open context (or NULL where
+ * need_ctx is 0); what names the operation in the message. */
+ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
+                               const ferry_dist_ctx *dc, int need_ctx);
+/* Request headers of Forward and Backward (scale: fparams[0], or none for NULL). */
+ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m, uint64_t ctx,
+                                      uint64_t call_id, const char *mode);
+ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_call *call,
+                                       uint64_t ctx, const char *mode, double *scale);
+
+/* A borrowed tensor descriptor over host data. */
+ferry_rpc_tensor ferry__dist_tensor(const char *name, int dtype, int ndim, const int64_t *dim,
+                                    const void *data);
+
+#endif /* FERRY_DIST_H */

@@ -1,0 +1,345 @@
+/* remote.c - remote modules: the placement of a module's shards over the cluster
+ * (row ranges for embedding and decoder, one server for linear), CreateModule on
+ * every shard concurrently, and reading or writing parameter rows across shards. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "ferry.pb-c.h"
+#include "log.h"
+#include "optim/optim.h"
+
+static const char *const kind_names[] = {"embedding", "decoder", "linear"};
+
+ferry_status ferry_remote_optim_defaults(const char *name, ferry_remote_optim *out) {
+    ferry_optim_kind kind;
+    ferry_status st = ferry_optim_parse_kind(name != NULL ? name : "", &kind);
+    if (st != FERRY_OK)
+        return st;
+    ferry_optim_config c = ferry_optim_defaults(kind);
+    out->name = ferry_optim_kind_name(kind);
+    out->lr = c.lr;
+    out->momentum = c.momentum;
+    out->dampening = c.dampening;
+    out->nesterov = c.nesterov;
+    out->weight_decay = c.weight_decay;
+    out->lr_decay = c.lr_decay;
+    out->initial_accumulator = c.initial_accumulator;
+    out->rho = c.rho;
+    out->beta1 = c.beta1;
+    out->beta2 = c.beta2;
+    out->eps = c.eps;
+    return FERRY_OK;
+}
+
+void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind,
+                                 const char *name, int64_t dim0, int64_t dim1) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->name = name;
+    cfg->kind = kind;
+    cfg->dims[0] = dim0;
+    cfg->dims[1] = dim1;
+    cfg->bias = 1;
+    cfg->server = -1;
+    cfg->init_scale = 0.1f;
+    cfg->weight_offset = cfg->bias_offset = -1;
+    (void)ferry_remote_optim_defaults("sgd", &cfg->optim);
+}
+
+static ferry_status config_check(const ferry_cluster *c, const ferry_remote_config *cfg) {
+    if (cfg->name == NULL || cfg->name[0] == '\0' || strlen(cfg->name) >= FERRY_RPC_NAME_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "remote module needs a name of 1..%d bytes",
+                            FERRY_RPC_NAME_MAX - 1);
+    if ((int)cfg->kind < 0 || cfg->kind > FERRY_REMOTE_LINEAR)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown kind %d", cfg->name,
+                            (int)cfg->kind);
+    if (cfg->dims[0] < 1 || cfg->dims[1] < 1 || cfg->dims[0] > INT32_MAX ||
+        cfg->dims[1] > INT32_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': dims [%lld, %lld] out of range",
+                            cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
+    if (cfg->kind != FERRY_REMOTE_LINEAR && cfg->dims[0] < c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': %lld rows cannot be split over %d "
+                                               "servers",
+                            cfg->name, (long long)cfg->dims[0], c->n);
+    if (cfg->kind == FERRY_REMOTE_LINEAR && (cfg->server < -1 || cfg->server >= c->n))
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': server %d outside [0, %d)",
+                            cfg->name, cfg->server, c->n);
+    if (!(cfg->init_scale >= 0.0f))
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", cfg->name,
+                            (double)cfg->init_scale);
+    return FERRY_OK;
+}
+
+/* Row ranges: shard s of k owns [s*R/k, (s+1)*R/k). */
+static ferry_status place(ferry_remote *m, const ferry_remote_config *cfg) {
+    ferry_cluster *c = m->c;
+    m->nshards = m->kind == FERRY_REMOTE_LINEAR ? 1 : c->n;
+    m->shards = calloc((size_t)m->nshards, sizeof *m->shards);
+    if (m->shards == NULL)
+        return FERRY_ERR_NOMEM;
+    if (m->kind == FERRY_REMOTE_LINEAR) {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a of the name */
+        for (const char *p = m->name; *p != '\0'; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        m->shards[0].server = cfg->server >= 0 ? cfg->server : (int)(h % (uint64_t)c->n);
+        m->shards[0].row_begin = 0;
+        m->shards[0].row_count = m->rows;
+        return FERRY_OK;
+    }
+    for (int s = 0; s < m->nshards; s++) {
+        m->shards[s].server = s;
+        m->shards[s].row_begin = (int64_t)s * m->rows / m->nshards;
+        m->shards[s].row_count = (int64_t)(s + 1) * m->rows / m->nshards - m->shards[s].row_begin;
+    }
+    return FERRY_OK;
+}
+
+/* Fills the optimizer message: proto fields for readers, and every value again as
+ * an exact "extra" (the server gives 0-valued proto fields the kind's default). */
+static void optim_message(const ferry_remote_optim *o, Ferry__OptimizerConfig *msg,
+                          Ferry__Metric *extra, Ferry__Metric **ptrs) {
+    const struct {
+        const char *name;
+        double value;
+    } v[] = {{"lr", o->lr},
+             {"momentum", o->momentum},
+             {"dampening", o->dampening},
+             {"nesterov", o->nesterov ? 1.0 : 0.0},
+             {"weight_decay", o->weight_decay},
+             {"lr_decay", o->lr_decay},
+             {"initial_accumulator", o->initial_accumulator},
+             {"rho", o->rho},
+             {"beta1", o->beta1},
+             {"beta2", o->beta2},
+             {"eps", o->eps}};
+    ferry__optimizer_config__init(msg);
+    msg->name = (char *)(uintptr_t)(o->name != NULL ? o->name : "sgd");
+    msg->lr = o->lr;
+    msg->momentum = o->momentum;
+    msg->beta1 = o->beta1;
+    msg->beta2 = o->beta2;
+    msg->eps = o->eps;
+    msg->weight_decay = o->weight_decay;
+    msg->rho = o->rho;
+    msg->nesterov = o->nesterov != 0;
+    msg->n_extra = sizeof v / sizeof v[0];
+    for (size_t i = 0; i < msg->n_extra; i++) {
+        ferry__metric__init(&extra[i]);
+        extra[i].name = (char *)(uintptr_t)v[i].name;
+        extra[i].value = v[i].value;
+        ptrs[i] = &extra[i];
+    }
+    msg->extra = ptrs;
+}
+
+/* The CreateModule request of shard s into *req. */
+static ferry_status create_request(const ferry_remote *m, const ferry_remote_config *cfg, int s,
+                                   ferry_rpc_msg *req) {
+    const ferry__dist_shard *sh = &m->shards[s];
+    Ferry__OptimizerConfig opt;
+    Ferry__Metric extra[16], *ptrs[16];
+    optim_message(&cfg->optim, &opt, extra, ptrs);
+    char options[160];
+    int n = snprintf(options, sizeof options, "bias=%d", m->bias);
+    if (cfg->weight_offset >= 0)
+        n += snprintf(options + n, sizeof options - (size_t)n, ",weight_offset=%lld",
+                      (long long)cfg->weight_offset);
+    if (cfg->bias_offset >= 0)
+        (void)snprintf(options + n, sizeof options - (size_t)n, ",bias_offset=%lld",
+                       (long long)cfg->bias_offset);
+    Ferry__ModuleConfig mc;
+    ferry__module_config__init(&mc);
+    mc.kind = (char *)(uintptr_t)kind_names[m->kind];
+    mc.n_dims = 2;
+    mc.dims = (int64_t *)(uintptr_t)cfg->dims;
+    mc.row_begin = m->kind == FERRY_REMOTE_LINEAR ? 0 : sh->row_begin;
+    mc.row_count = m->kind == FERRY_REMOTE_LINEAR ? 0 : sh->row_count;
+    mc.init_seed = cfg->init_seed;
+    mc.init_scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
+    mc.optimizer = &opt;
+    mc.options = options;
+    Ferry__CreateModuleRequest q;
+    ferry__create_module_request__init(&q);
+    q.name = (char *)(uintptr_t)m->name;
+    q.config = &mc;
+    ferry_status st = ferry_rpc_msg_set_head(req, &q.base);
+    if (st == FERRY_OK && cfg->init_weight != NULL) {
+        int64_t dim[2] = {sh->row_count, m->cols};
+        ferry_rpc_tensor t = ferry__dist_tensor("weight", FERRY_RPC_DTYPE_F32, 2, dim,
+                                                cfg->init_weight + sh->row_begin * m->cols);
+        st = ferry_rpc_msg_add(req, &t);
+    }
+    if (st == FERRY_OK && cfg->init_bias != NULL && m->bias) {
+        int64_t dim[1] = {sh->row_count};
+        ferry_rpc_tensor t = ferry__dist_tensor("bias", FERRY_RPC_DTYPE_F32, 1, dim,
+                                                cfg->init_bias + sh->row_begin);
+        st = ferry_rpc_msg_add(req, &t);
+    }
+    return st;
+}
+
+ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
+                                 ferry_remote **out) {
+    ferry_status st = config_check(c, cfg);
+    if (st != FERRY_OK)
+        return st;
+    ferry_remote *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ERR_NOMEM;
+    m->c = c;
+    (void)snprintf(m->name, sizeof m->name, "%s", cfg->name);
+    m->kind = cfg->kind;
+    m->dims[0] = cfg->dims[0];
+    m->dims[1] = cfg->dims[1];
+    m->bias = cfg->kind == FERRY_REMOTE_DECODER ? 1
+              : cfg->kind == FERRY_REMOTE_LINEAR ? cfg->bias != 0
+                                                 : 0;
+    m->rows = cfg->kind == FERRY_REMOTE_LINEAR ? cfg->dims[1] : cfg->dims[0];
+    m->cols = cfg->kind == FERRY_REMOTE_LINEAR ? cfg->dims[0] : cfg->dims[1];
+    if ((st = place(m, cfg)) != FERRY_OK) {
+        ferry_remote_destroy(m);
+        return st;
+    }
+    int k = m->nshards, *servers = calloc((size_t)k, sizeof *servers);
+    ferry_rpc_msg *reqs = calloc((size_t)k, sizeof *reqs), *replies = calloc((size_t)k,
+                                                                              sizeof *replies);
+    st = servers && reqs && replies ? FERRY_OK : FERRY_ERR_NOMEM;
+    for (int s = 0; st == FERRY_OK && s < k; s++) {
+        ferry_rpc_msg_init(&reqs[s]);
+        ferry_rpc_msg_init(&replies[s]);
+        servers[s] = m->shards[s].server;
+    }
+    for (int s = 0; st == FERRY_OK && s < k; s++)
+        st = create_request(m, cfg, s, &reqs[s]);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(c, FERRY_RPC_CREATE_MODULE, k, servers, reqs, 0, replies);
+    for (int s = 0; st == FERRY_OK && s < k; s++)
+        m->created += ((const Ferry__CreateModuleReply *)replies[s].head)->created ? 1 : 0;
+    for (int s = 0; reqs != NULL && replies != NULL && s < k; s++) {
+        ferry_rpc_msg_deinit(&reqs[s]);
+        ferry_rpc_msg_deinit(&replies[s]);
+    }
+    free(servers);
+    free(reqs);
+    free(replies);
+    if (st != FERRY_OK) {
+        ferry_remote_destroy(m);
+        return st;
+    }
+    FERRY_LOG_DEBUG("remote %s '%s' on %d shards (%d new)", kind_names[m->kind], m->name, k,
+                    m->created);
+    *out = m;
+    return FERRY_OK;
+}
+
+void ferry_remote_destroy(ferry_remote *m) {
+    if (m == NULL)
+        return;
+    free(m->shards);
+    free(m);
+}
+
+int ferry_remote_created(const ferry_remote *m) {
+    return m->created;
+}
+
+int ferry_remote_shards(const ferry_remote *m) {
+    return m->nshards;
+}
+
+void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, int64_t *row_count,
+                        int *server) {
+    FERRY_ASSERT(shard >= 0 && shard < m->nshards);
+    if (row_begin != NULL)
+        *row_begin = m->shards[shard].row_begin;
+    if (row_count != NULL)
+        *row_count = m->shards[shard].row_count;
+    if (server != NULL)
+        *server = m->shards[shard].server;
+}
+
+/* ---- parameters ---- */
+
+/* Reads or writes rows [lo, lo + count) of param over the shards they span. */
+static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, int64_t count,
+                              float *dst, const float *src) {
+    int write = src != NULL;
+    if (param == NULL || (strcmp(param, "weight") != 0 &&
+                          (strcmp(param, "bias") != 0 || !m->bias)))
+        return ferry_errorf(FERRY_ERR_NOT_FOUND, "module '%s' has no parameter '%s'", m->name,
+                            param != NULL ? param : "(null)");
+    if (count == 0)
+        count = m->rows - lo;
+    if (lo < 0 || count < 1 || lo + count > m->rows)
+        return ferry_errorf(FERRY_ERR_RANGE, "module '%s': rows [%lld, %lld) outside [0, %lld)",
+                            m->name, (long long)lo, (long long)(lo + count), (long long)m->rows);
+    int is_weight = strcmp(param, "weight") == 0;
+    int64_t width = is_weight ? m->cols : 1;
+    int k = 0, servers[FERRY_DIST_MAX_SERVERS];
+    int64_t first[FERRY_DIST_MAX_SERVERS], rows[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = FERRY_OK;
+    for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
+        const ferry__dist_shard *sh = &m->shards[s];
+        int64_t a = lo > sh->row_begin ? lo : sh->row_begin;
+        int64_t b = lo + count < sh->row_begin + sh->row_count ? lo + count
+                                                               : sh->row_begin + sh->row_count;
+        if (a >= b)
+            continue;
+        servers[k] = sh->server;
+        first[k] = a;
+        rows[k] = b - a;
+        ferry_rpc_msg_init(&reqs[k]);
+        ferry_rpc_msg_init(&replies[k]);
+        if (write) {
+            Ferry__SetParamsRequest q;
+            ferry__set_params_request__init(&q);
+            q.module = m->name;
+            q.row_begin = a;
+            int64_t dim[2] = {b - a, width};
+            ferry_rpc_tensor t = ferry__dist_tensor(param, FERRY_RPC_DTYPE_F32, is_weight ? 2 : 1,
+                                                    dim, src + (a - lo) * width);
+            st = ferry_rpc_msg_set_head(&reqs[k], &q.base);
+            if (st == FERRY_OK)
+                st = ferry_rpc_msg_add(&reqs[k], &t);
+        } else {
+            Ferry__GetParamsRequest q;
+            ferry__get_params_request__init(&q);
+            char *names[1] = {(char *)(uintptr_t)param};
+            q.module = m->name;
+            q.n_names = 1;
+            q.names = names;
+            q.row_begin = a;
+            q.row_count = b - a;
+            st = ferry_rpc_msg_set_head(&reqs[k], &q.base);
+        }
+        k++;
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(m->c, write ? FERRY_RPC_SET_PARAMS : FERRY_RPC_GET_PARAMS, k,
+                                servers, reqs, 0, replies);
+    for (int i = 0; st == FERRY_OK && !write && i < k; i++) {
+        int64_t want[2] = {rows[i], width};
+        const ferry_rpc_tensor *t;
+        st = ferry__dist_output(m->c, servers[i], &replies[i], param, FERRY_RPC_DTYPE_F32,
+                                is_weight ? 2 : 1, want, &t);
+        if (st == FERRY_OK)
+            memcpy(dst + (first[i] - lo) * width, t->data, t->nbytes);
+    }
+    for (int i = 0; i < k; i++) {
+        ferry_rpc_msg_deinit(&reqs[i]);
+        ferry_rpc_msg_deinit(&replies[i]);
+    }
+    return st;
+}
+
+ferry_status ferry_remote_get_params(ferry_remote *m, const char *param, int64_t row_begin,
+                                     int64_t row_count, float *out) {
+    return params_io(m, param, row_begin, row_count, out, NULL);
+}
+
+ferry_status ferry_remote_set_params(ferry_remote *m, const char *param, int64_t row_begin,
+                                     int64_t row_count, const float *src) {
+    return params_io(m, param, row_begin, row_count, NULL, src);
+}

@@ -1,0 +1,87 @@
+/* ctx.h - autograd contexts and the module-granularity tape (ARCHITECTURE.md §3).
+ * A context holds everything one training step creates: activations from an arena,
+ * the tape of module calls in order, and the gradients of every parameter block the
+ * step touched. Modules record a backward closure when they run in a context with
+ * recording on; ferry_ctx_backward walks the tape in reverse. Gradients never go to
+ * a shared .grad: they accumulate in the context, which the optimizer then consumes.
+ *
+ *     ferry_ctx_reset(ctx, id);                         // new step, arena emptied
+ *     ferry_embedding_forward(&emb, ctx, ids, &x);      // records a node
+ *     ...
+ *     ferry_xent_forward(ctx, logits, targets, 1.0f, &loss, &sum);
+ *     ferry_ctx_backward(ctx, loss);                    // grads in ferry_ctx_grads()
+ *
+ * A context is used by one thread at a time. */
+#ifndef FERRY_CTX_H
+#define FERRY_CTX_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "params.h"
+
+#define FERRY_NODE_MAX_IO 4
+
+typedef struct ferry_ctx ferry_ctx;
+
+/* A node's backward: grad_out[k] is the gradient of out[k] (NULL when nothing
+ * reached that output: treat as zero); grad_in[k] is NULL when in[k] needs no
+ * gradient, else a tensor to ACCUMULATE (+=) into (zero-filled on first use). */
+typedef ferry_status (*ferry_backward_fn)(ferry_ctx *ctx, void *saved,
+                                          ferry_tensor *const *grad_out, ferry_tensor **grad_in);
+
+ferry_status ferry_ctx_create(ferry_backend *be, ferry_ctx **out);
+void ferry_ctx_destroy(ferry_ctx *ctx);
+/* Starts a new step: empties the arena and the tape, zeroes gradients (keeps
+ * their storage), and sets the context id. */
+void ferry_ctx_reset(ferry_ctx *ctx, uint64_t id);
+uint64_t ferry_ctx_id(const ferry_ctx *ctx);
+ferry_backend *ferry_ctx_backend(const ferry_ctx *ctx);
+
+/* Training mode: dropout active and nodes recorded. Eval mode records nothing. */
+void ferry_ctx_set_training(ferry_ctx *ctx, int training);
+int ferry_ctx_training(const ferry_ctx *ctx);
+/* Dropout masks come from (seed, a per-context counter) so a step is replayable. */
+void ferry_ctx_set_seed(ferry_ctx *ctx, uint64_t seed);
+/* Reserves n draws of the context's random stream; returns (seed, offset). */
+void ferry_ctx_draw(ferry_ctx *ctx, int64_t n, uint64_t *seed, uint64_t *offset);
+
+/* Arena memory, valid until the next reset. ferry_ctx_tensor's contents are
+ * undefined; ferry_ctx_zeros' are zero. Host scratch is for saved-state structs. */
+ferry_status ferry_ctx_tensor(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape,
+                              ferry_tensor **out);
+ferry_status ferry_ctx_zeros(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape,
+                             ferry_tensor **out);
+void *ferry_ctx_host_alloc(ferry_ctx *ctx, size_t nbytes); /* NULL on OOM; zeroed */
+
+/* The gradients this context accumulates for block P (created on first use). */
+ferry_grads *ferry_ctx_grads(ferry_ctx *ctx, const ferry_params *P);
+/* Every block the context touched, for clipping and stepping. */
+int ferry_ctx_grads_count(const ferry_ctx *ctx);
+ferry_grads *ferry_ctx_grads_at(ferry_ctx *ctx, int i);
+
+/* ---- the tape ---- */
+
+/* Appends a node (no-op in eval mode). in/out are tensors of this context (their
+ * addresses identify them); `saved` is what backward needs, usually host scratch. */
+ferry_status ferry_ctx_record(ferry_ctx *ctx, ferry_backward_fn fn, void *saved, int nin,
+                              ferry_tensor *const *in, int nout, ferry_tensor *const *out);
+/* Asks for the gradient of a leaf input (a test's x or h0); outputs of recorded
+ * nodes need no asking. */
+ferry_status ferry_ctx_require_grad(ferry_ctx *ctx, const ferry_tensor *t);
+int ferry_ctx_tape_length(const ferry_ctx *ctx);
+/* Runs the tape backward from a scalar (numel 1) `loss` seeded with 1. */
+ferry_status ferry_ctx_backward(ferry_ctx *ctx, const ferry_tensor *loss);
+/* Runs it from arbitrary seeds: grads[k] is the gradient of outputs[k]. */
+ferry_status ferry_ctx_backward_from(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,
+                                     const ferry_tensor *const *grads);
+/* After backward: the gradient of t, or NULL if none reached it. */
+ferry_tensor *ferry_ctx_grad_of(ferry_ctx *ctx, const ferry_tensor *t);
+/* For a backward fn that records t as no input: adds g into t's gradient, or, when
+ * t has no gradient yet, makes g itself that gradient (no zero-fill, no copy; g is
+ * handed over and must stay untouched afterwards). A no-op when t needs none.
+ * The softmax loss uses it to turn its (N, V) probabilities into the logits'
+ * gradient in place. */
+ferry_status ferry_ctx_grad_accumulate(ferry_ctx *ctx, const ferry_tensor *t, ferry_tensor *g);
+
+#endif /* FERRY_CTX_H */

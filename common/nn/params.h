@@ -1,0 +1,111 @@
+/* params.h - parameter blocks and per-context gradients.
+ * A block holds all parameters of a model (or of a shard) in one allocation;
+ * each parameter is a named range of it (llm.c's malloc_and_point_parameters).
+ * Gradients and optimizer slots share the layout, so an update is one flat loop
+ * and a push or pull is one contiguous range.
+ *
+ *     ferry_params P;  ferry_params_init(&P, be);
+ *     ferry_params_add(&P, "decoder.weight", ferry_shape_2d(V, H), 0, &w);   // build
+ *     ferry_params_alloc(&P);                                                // then allocate
+ *     float *W = ferry_params_data(&P, w);
+ *
+ * A row-sparse parameter (embedding table) gets its gradient as a set of rows. */
+#ifndef FERRY_PARAMS_H
+#define FERRY_PARAMS_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+#define FERRY_PARAM_NAME_MAX 64
+
+enum {
+    FERRY_PARAM_ROW_SPARSE = 1 << 0, /* gradient arrives as rows; optimizer is lazy */
+};
+
+typedef enum ferry_constraint_kind {
+    FERRY_CONSTRAINT_NONE = 0,
+    FERRY_CONSTRAINT_STIEFEL = 1, /* W^T W = I via cdopt's dissolving map; see optim/stiefel.h */
+} ferry_constraint_kind;
+
+typedef struct ferry_param {
+    char name[FERRY_PARAM_NAME_MAX];
+    ferry_shape shape;
+    int64_t offset; /* first element in the block (multiple of 16: 64-byte aligned) */
+    int64_t numel;
+    int flags;
+    ferry_constraint_kind constraint;
+    float beta; /* Stiefel penalty weight (cdopt penalty_param) */
+} ferry_param;
+
+typedef struct ferry_params {
+    ferry_backend *be;
+    float *data;   /* numel floats on be, NULL until ferry_params_alloc */
+    int64_t numel; /* block size including alignment padding */
+    int count, cap;
+    ferry_param *items;
+} ferry_params;
+
+/* Caller-provided storage; deinit frees what init and alloc took. */
+void ferry_params_init(ferry_params *P, ferry_backend *be);
+void ferry_params_deinit(ferry_params *P);
+/* Declares a parameter before ferry_params_alloc. FERRY_ERR_EXISTS for a
+ * duplicate name, FERRY_ERR_BUSY once allocated. *index receives its index. */
+ferry_status ferry_params_add(ferry_params *P, const char *name, ferry_shape shape, int flags,
+                              int *index);
+/* Allocates the zero-filled block. */
+ferry_status ferry_params_alloc(ferry_params *P);
+/* Index of the named parameter, or -1. */
+int ferry_params_find(const ferry_params *P, const char *name);
+float *ferry_params_data(const ferry_params *P, int index);
+ferry_tensor ferry_params_tensor(const ferry_params *P, int index);
+/* Fills parameter `index` with U(-scale, scale) drawn from (seed, element index in
+ * the block): the same values on every backend and independent of other params. */
+ferry_status ferry_params_init_uniform(ferry_params *P, int index, float scale, uint64_t seed);
+/* Marks a parameter as Stiefel-constrained with penalty weight beta. */
+ferry_status ferry_params_set_constraint(ferry_params *P, int index, ferry_constraint_kind kind,
+                                         float beta);
+
+/* ---- gradients ---- */
+
+/* Row-sparse gradient of one (R, D) parameter: `count` distinct rows, values
+ * (count, D) in slot order. */
+typedef struct ferry_rowgrad {
+    int64_t D;
+    int64_t count, cap;
+    int64_t *rows;    /* host: row id of each slot */
+    float *values;    /* backend: (cap, D) */
+    int64_t *hash;    /* host: open-addressing table row -> slot+1 (0 = empty) */
+    int64_t hash_cap; /* power of two */
+} ferry_rowgrad;
+
+typedef struct ferry_grads {
+    const ferry_params *P;
+    float *dense;       /* backend: P->numel floats; only touched params are valid */
+    uint8_t *touched;   /* host: per parameter, 1 once it has a gradient */
+    ferry_rowgrad *rows; /* host array, one per parameter (used for ROW_SPARSE ones) */
+} ferry_grads;
+
+ferry_status ferry_grads_init(ferry_grads *G, const ferry_params *P);
+void ferry_grads_deinit(ferry_grads *G);
+/* Forgets every gradient (touched flags cleared; storage kept for reuse). */
+void ferry_grads_zero(ferry_grads *G);
+/* Dense gradient of parameter `index` to accumulate into (+=). Zero-filled on the
+ * first call after ferry_grads_zero. NULL (with an error set) for a row-sparse
+ * parameter or an allocation failure. */
+float *ferry_grads_dense(ferry_grads *G, int index);
+/* Maps `count` row ids of a row-sparse parameter to slots, creating zero-filled
+ * slots for new rows; slots[n] receives the slot of ids[n]. Accumulate with
+ * ferry_backend_scatter_add_rows(be, count, D, slots, src, rowgrad->values).
+ * FERRY_ERR_RANGE if an id is outside [0, R). */
+ferry_status ferry_grads_row_slots(ferry_grads *G, int index, int64_t count, const int32_t *ids,
+                                   int32_t *slots);
+ferry_rowgrad *ferry_grads_rows(ferry_grads *G, int index);
+/* Sum of squares of every gradient held (dense and row-sparse), in double. */
+ferry_status ferry_grads_sumsq(const ferry_grads *G, double *out);
+/* Multiplies every gradient held by s. */
+ferry_status ferry_grads_scale(ferry_grads *G, float s);
+/* Adds src's gradients into dst (same block); for tests and multi-trainer sums. */
+ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src);
+
+#endif /* FERRY_PARAMS_H */

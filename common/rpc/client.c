@@ -1,0 +1,371 @@
+/* client.c - ferry.Ferry clients on gRPC's completion-queue API. A client is a
+ * channel with every method registered once. A call (or a fan-out of calls to
+ * several clients) encodes its request with payloads borrowed in place, starts
+ * one 6-op batch per call on a private completion queue, waits for all of them,
+ * decodes the replies and turns gRPC statuses into ferry_status with a
+ * message naming peer, method and code. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/support/alloc.h>
+
+#include "log.h"
+#include "rpc/testing.h"
+#include "rpc/transport-grpc.h"
+
+#define CQ_POOL 4 /* idle completion queues kept per client */
+
+struct ferry_rpc_client {
+    char *target;
+    grpc_channel *channel;
+    void *registered[FERRY_RPC_METHOD_COUNT];
+    ferry__rpc_limits lim;
+    int deadline_ms;
+    int wait_for_ready;
+    pthread_mutex_t mu; /* guards the queue pool */
+    grpc_completion_queue *cq_idle[CQ_POOL];
+    int ncq_idle;
+    atomic_int in_flight;
+};
+
+/* One call's batch state: everything the ops point to, alive until completion. */
+typedef struct client_call {
+    ferry_rpc_client *cl;
+    const char *what; /* method name for messages */
+    const ProtobufCMessageDescriptor *reply_desc;
+    int deadline_ms;
+    grpc_call *call;
+    grpc_byte_buffer *req_bb;
+    grpc_byte_buffer *reply_bb;
+    grpc_metadata_array init_md, trail_md;
+    grpc_status_code code;
+    grpc_slice details;
+    const char *error_string;
+    grpc_op ops[6];
+    int prepared; /* the metadata arrays and details are initialized */
+    int started;  /* the batch is running: one completion will come */
+} client_call;
+
+/* ---- Completion queues ------------------------------------------------------------ */
+
+static void cq_destroy(grpc_completion_queue *cq) {
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+}
+
+/* A queue with no pending events, reused across calls: creating one per call
+ * would cost a pollset each time. */
+static grpc_completion_queue *cq_get(ferry_rpc_client *cl) {
+    grpc_completion_queue *cq = NULL;
+    pthread_mutex_lock(&cl->mu);
+    if (cl->ncq_idle > 0)
+        cq = cl->cq_idle[--cl->ncq_idle];
+    pthread_mutex_unlock(&cl->mu);
+    return cq != NULL ? cq : grpc_completion_queue_create_for_next(NULL);
+}
+
+static void cq_put(ferry_rpc_client *cl, grpc_completion_queue *cq) {
+    pthread_mutex_lock(&cl->mu);
+    if (cl->ncq_idle < CQ_POOL) {
+        cl->cq_idle[cl->ncq_idle++] = cq;
+        cq = NULL;
+    }
+    pthread_mutex_unlock(&cl->mu);
+    if (cq != NULL)
+        cq_destroy(cq);
+}
+
+/* ---- One call ---------------------------------------------------------------------------- */
+
+/* "<target> <method>: <stage>: <current detail>". The detail is copied first,
+ * since it lives in the buffer ferry_errorf writes. */
+static ferry_status errorf_wrap(ferry_status st, const char *target, const char *what,
+                                const char *stage) {
+    char why[384];
+    (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+    return ferry_errorf(st, "%s %s: %s: %s", target, what, stage, why);
+}
+
+/* Starts c's batch on cq; c->req_bb is sent (it may be NULL only for raw calls
+ * that mean an empty message). `reg` is a registered method or NULL with path. */
+static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void *reg,
+                                const char *path) {
+    ferry_rpc_client *cl = c->cl;
+    gpr_timespec deadline = ferry__grpc_deadline_in(c->deadline_ms);
+    grpc_metadata_array_init(&c->init_md);
+    grpc_metadata_array_init(&c->trail_md);
+    c->details = grpc_empty_slice();
+    c->prepared = 1;
+    if (reg != NULL) {
+        c->call = grpc_channel_create_registered_call(cl->channel, NULL, GRPC_PROPAGATE_DEFAULTS,
+                                                      cq, reg, deadline, NULL);
+    } else {
+        c->call =
+            grpc_channel_create_call(cl->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                     grpc_slice_from_static_string(path), NULL, deadline, NULL);
+    }
+    grpc_op *op = c->ops;
+    size_t n = 0;
+    memset(c->ops, 0, sizeof c->ops);
+    op[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    op[n++].flags = cl->wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
+    op[n].op = GRPC_OP_SEND_MESSAGE;
+    op[n++].data.send_message.send_message = c->req_bb;
+    op[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    op[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    op[n++].data.recv_initial_metadata.recv_initial_metadata = &c->init_md;
+    op[n].op = GRPC_OP_RECV_MESSAGE;
+    op[n++].data.recv_message.recv_message = &c->reply_bb;
+    op[n].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op[n].data.recv_status_on_client.trailing_metadata = &c->trail_md;
+    op[n].data.recv_status_on_client.status = &c->code;
+    op[n].data.recv_status_on_client.status_details = &c->details;
+    op[n++].data.recv_status_on_client.error_string = &c->error_string;
+    grpc_call_error e = grpc_call_start_batch(c->call, c->ops, n, c, NULL);
+    if (e != GRPC_CALL_OK)
+        return ferry_errorf(FERRY_ERR_RPC, "%s %s: cannot start the call: %s", cl->target, c->what,
+                            grpc_call_error_to_string(e));
+    c->started = 1;
+    atomic_fetch_add(&cl->in_flight, 1);
+    return FERRY_OK;
+}
+
+/* Encodes req (borrowing its payloads, counted in pend) into c->req_bb. */
+static ferry_status call_encode(client_call *c, const ferry__rpc_method_info *mi,
+                                const ferry_rpc_msg *req, ferry__rpc_pending *pend) {
+    static const ferry_rpc_msg empty;
+    ferry_rpc_client *cl = c->cl;
+    ferry__rpc_wire w;
+    ferry__rpc_wire_init(&w);
+    ferry_status st =
+        ferry__rpc_encode(req != NULL ? req : &empty, mi->request, FERRY_RPC_INLINE_MAX, &w);
+    if (st != FERRY_OK)
+        st = errorf_wrap(st, cl->target, mi->name, "bad request");
+    else if (w.total > cl->lim.max_message_bytes)
+        st = ferry_errorf(FERRY_ERR_RANGE, "%s %s: request of %zu bytes exceeds the %zu-byte limit",
+                          cl->target, mi->name, w.total, cl->lim.max_message_bytes);
+    else
+        c->req_bb = ferry__grpc_bb_borrowed(&w, req != NULL ? req : &empty, pend);
+    ferry__rpc_wire_deinit(&w);
+    return st;
+}
+
+/* Turns a completed call into a status and, on success, a decoded reply. */
+static ferry_status call_result(client_call *c, ferry_rpc_msg *reply) {
+    ferry_rpc_client *cl = c->cl;
+    if (c->code == GRPC_STATUS_OK) {
+        if (c->reply_bb == NULL)
+            return ferry_errorf(FERRY_ERR_FORMAT, "%s %s: OK status without a reply message",
+                                cl->target, c->what);
+        ferry_status st = ferry__grpc_decode(c->reply_bb, c->reply_desc, &cl->lim, reply);
+        if (st != FERRY_OK)
+            return errorf_wrap(st, cl->target, c->what, "bad reply");
+        return FERRY_OK;
+    }
+    ferry_status st = ferry__grpc_status_from_metadata(&c->trail_md);
+    int from_server = st != FERRY_OK;
+    if (!from_server)
+        st = ferry__grpc_status_from_code(c->code);
+    char details[384];
+    size_t n = GRPC_SLICE_LENGTH(c->details);
+    if (n >= sizeof details)
+        n = sizeof details - 1;
+    memcpy(details, GRPC_SLICE_START_PTR(c->details), n);
+    details[n] = '\0';
+    if (c->error_string != NULL)
+        FERRY_LOG_DEBUG("rpc %s %s: %s", cl->target, c->what, c->error_string);
+    if (c->code == GRPC_STATUS_DEADLINE_EXCEEDED && !from_server)
+        return ferry_errorf(st, "%s %s: DEADLINE_EXCEEDED (deadline %d ms)", cl->target, c->what,
+                            c->deadline_ms);
+    return ferry_errorf(st, "%s %s: %s: %s", cl->target, c->what, ferry__grpc_code_name(c->code),
+                        details);
+}
+
+static void call_cleanup(client_call *c) {
+    if (c->req_bb != NULL)
+        grpc_byte_buffer_destroy(c->req_bb);
+    if (c->reply_bb != NULL)
+        grpc_byte_buffer_destroy(c->reply_bb);
+    if (c->prepared) {
+        grpc_metadata_array_destroy(&c->init_md);
+        grpc_metadata_array_destroy(&c->trail_md);
+        grpc_slice_unref(c->details);
+        gpr_free((void *)(uintptr_t)c->error_string);
+    }
+    if (c->call != NULL)
+        grpc_call_unref(c->call);
+    if (c->started)
+        atomic_fetch_sub(&c->cl->in_flight, 1);
+}
+
+/* Waits for `started` completions on cq. Every call has a deadline, so gRPC
+ * completes each batch by then; no timeout is needed here. */
+static void cq_wait_all(grpc_completion_queue *cq, int started) {
+    for (int i = 0; i < started; i++) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        FERRY_ASSERT(ev.type == GRPC_OP_COMPLETE);
+    }
+}
+
+/* ---- Public calls ------------------------------------------------------------------------ */
+
+static void fanout_fail(ferry_rpc_fanout *fo, ferry_status st) {
+    fo->status = st;
+    (void)snprintf(fo->error, sizeof fo->error, "%s", ferry_error_last());
+}
+
+ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms) {
+    if (n < 0 || (n > 0 && calls == NULL))
+        return ferry_errorf(FERRY_ERR_INVALID, "rpc fan-out of %d calls", n);
+    for (int i = 0; i < n; i++) {
+        if (calls[i].client == NULL || calls[i].reply == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "rpc fan-out entry %d without client or reply",
+                                i);
+    }
+    if (n == 0)
+        return FERRY_OK;
+    client_call stack[4];
+    client_call *cc = n <= 4 ? stack : calloc((size_t)n, sizeof *cc);
+    if (cc == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "no memory for a fan-out of %d calls", n);
+    memset(cc, 0, (size_t)n * sizeof *cc);
+    ferry__rpc_pending pend;
+    ferry__rpc_pending_init(&pend);
+    grpc_completion_queue *cq = cq_get(calls[0].client);
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        ferry_rpc_fanout *fo = &calls[i];
+        const ferry__rpc_method_info *mi = ferry__rpc_method(fo->method);
+        fo->status = FERRY_OK;
+        fo->error[0] = '\0';
+        ferry_rpc_msg_deinit(fo->reply);
+        if (mi == NULL) {
+            fanout_fail(fo, ferry_errorf(FERRY_ERR_INVALID, "%s: unknown method %d",
+                                         fo->client->target, (int)fo->method));
+            continue;
+        }
+        client_call *c = &cc[i];
+        c->cl = fo->client;
+        c->what = mi->name;
+        c->reply_desc = mi->reply;
+        c->deadline_ms = deadline_ms > 0 ? deadline_ms : fo->client->deadline_ms;
+        ferry_status st = call_encode(c, mi, fo->req, &pend);
+        if (st == FERRY_OK)
+            st = call_launch(c, cq, fo->client->registered[fo->method], NULL);
+        if (st != FERRY_OK)
+            fanout_fail(fo, st);
+        started += c->started;
+    }
+    cq_wait_all(cq, started);
+    ferry_status first = FERRY_OK;
+    char first_error[sizeof calls[0].error] = "";
+    for (int i = 0; i < n; i++) {
+        ferry_rpc_fanout *fo = &calls[i];
+        if (cc[i].started) {
+            ferry_status st = call_result(&cc[i], fo->reply);
+            if (st != FERRY_OK)
+                fanout_fail(fo, st);
+        }
+        call_cleanup(&cc[i]);
+        if (first == FERRY_OK && fo->status != FERRY_OK) {
+            first = fo->status;
+            memcpy(first_error, fo->error, sizeof first_error);
+        }
+    }
+    /* gRPC drops its references to the payload slices once the calls are gone;
+     * only then are the callers' borrowed tensors theirs again. */
+    ferry__rpc_pending_wait(&pend);
+    cq_put(calls[0].client, cq);
+    if (cc != stack)
+        free(cc);
+    return first == FERRY_OK ? FERRY_OK : ferry_errorf(first, "%s", first_error);
+}
+
+ferry_status ferry_rpc_call(ferry_rpc_client *c, ferry_rpc_method method, const ferry_rpc_msg *req,
+                            ferry_rpc_msg *reply, int deadline_ms) {
+    ferry_rpc_fanout fo = {.client = c, .method = method, .req = req, .reply = reply};
+    return ferry_rpc_call_many(&fo, 1, deadline_ms);
+}
+
+ferry_status ferry__rpc_call_raw(ferry_rpc_client *cl, const char *path, const void *bytes,
+                                 size_t n, ferry_rpc_method reply_method, ferry_rpc_msg *reply,
+                                 int deadline_ms) {
+    const ferry__rpc_method_info *mi = ferry__rpc_method(reply_method);
+    FERRY_ASSERT(mi != NULL);
+    ferry_rpc_msg_deinit(reply);
+    client_call c = {.cl = cl, .what = path, .reply_desc = mi->reply};
+    c.deadline_ms = deadline_ms > 0 ? deadline_ms : cl->deadline_ms;
+    grpc_slice s = grpc_slice_from_copied_buffer(bytes, n);
+    c.req_bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_completion_queue *cq = cq_get(cl);
+    ferry_status st = call_launch(&c, cq, NULL, path);
+    if (st == FERRY_OK) {
+        cq_wait_all(cq, 1);
+        st = call_result(&c, reply);
+    }
+    call_cleanup(&c);
+    cq_put(cl, cq);
+    return st;
+}
+
+/* ---- Lifetime ---------------------------------------------------------------------------- */
+
+ferry_status ferry_rpc_client_create(const char *target, const ferry_rpc_client_config *cfg,
+                                     ferry_rpc_client **out) {
+    static const ferry_rpc_client_config defaults;
+    if (cfg == NULL)
+        cfg = &defaults;
+    if (target == NULL || target[0] == '\0')
+        return ferry_errorf(FERRY_ERR_INVALID, "rpc client: empty target");
+    size_t max_bytes =
+        cfg->max_message_bytes > 0 ? cfg->max_message_bytes : FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES;
+    if (max_bytes > INT32_MAX || cfg->deadline_ms < 0)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "rpc client %s: max message %zu bytes (max 2 GiB)"
+                            " or deadline %d ms out of range",
+                            target, max_bytes, cfg->deadline_ms);
+    ferry_rpc_client *cl = calloc(1, sizeof *cl);
+    if (cl == NULL || (cl->target = strdup(target)) == NULL) {
+        free(cl);
+        return ferry_errorf(FERRY_ERR_NOMEM, "rpc client: out of memory");
+    }
+    FERRY_ASSERT(pthread_mutex_init(&cl->mu, NULL) == 0);
+    cl->lim =
+        (ferry__rpc_limits){.max_message_bytes = max_bytes, .max_tensors = FERRY_RPC_MAX_TENSORS};
+    cl->deadline_ms = cfg->deadline_ms > 0 ? cfg->deadline_ms : FERRY_RPC_DEFAULT_DEADLINE_MS;
+    cl->wait_for_ready = cfg->wait_for_ready != 0;
+    ferry__grpc_init();
+    grpc_arg args[8];
+    grpc_channel_args ca = {ferry__grpc_fill_args(args, max_bytes, 1), args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    cl->channel = grpc_channel_create(target, creds, &ca); /* a bad target gives a lame channel */
+    grpc_channel_credentials_release(creds);
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
+        cl->registered[m] = grpc_channel_register_call(
+            cl->channel, ferry__rpc_method((ferry_rpc_method)m)->path, NULL, NULL);
+    *out = cl;
+    return FERRY_OK;
+}
+
+void ferry_rpc_client_destroy(ferry_rpc_client *c) {
+    if (c == NULL)
+        return;
+    FERRY_ASSERT(atomic_load(&c->in_flight) == 0);
+    for (int i = 0; i < c->ncq_idle; i++)
+        cq_destroy(c->cq_idle[i]);
+    grpc_channel_destroy(c->channel);
+    ferry__grpc_shutdown();
+    pthread_mutex_destroy(&c->mu);
+    free(c->target);
+    free(c);
+}
+
+const char *ferry_rpc_client_target(const ferry_rpc_client *c) {
+    return c->target;
+}

@@ -1,0 +1,361 @@
+/* msg.c - ferry_rpc_msg: a protobuf-c header plus tensors, with the ownership
+ * rules of rpc.h (borrowed or owned payloads), the method table, and the
+ * aligned buffers received tensors live in. */
+#include <malloc.h> /* mallopt (glibc) */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry.pb-c.h" /* ferry__*_descriptor */
+#include "log.h"
+#include "rpc/codec.h"
+
+/* ---- Methods -------------------------------------------------------------- */
+
+/* Generated from FERRY_RPC_METHOD_MAP, so names, paths and protobuf-c types
+ * cannot drift apart from the enum. */
+#define FERRY_RPC_METHOD_INFO_(id, name, snake)                                                    \
+    {#name, "/ferry.Ferry/" #name, &ferry__##snake##_request__descriptor,                          \
+     &ferry__##snake##_reply__descriptor},
+static const ferry__rpc_method_info rpc_methods[] = {FERRY_RPC_METHOD_MAP(FERRY_RPC_METHOD_INFO_)};
+#undef FERRY_RPC_METHOD_INFO_
+_Static_assert(sizeof rpc_methods / sizeof rpc_methods[0] == FERRY_RPC_METHOD_COUNT,
+               "one table entry per method");
+
+const ferry__rpc_method_info *ferry__rpc_method(ferry_rpc_method m) {
+    if ((int)m < 0 || m >= FERRY_RPC_METHOD_COUNT)
+        return NULL;
+    return &rpc_methods[m];
+}
+
+const char *ferry_rpc_method_name(ferry_rpc_method method) {
+    const ferry__rpc_method_info *mi = ferry__rpc_method(method);
+    return mi != NULL ? mi->name : "?";
+}
+
+/* ---- Tensors and buffers ----------------------------------------------------- */
+
+size_t ferry_rpc_dtype_size(int dtype) {
+    switch (dtype) {
+    case FERRY_RPC_DTYPE_F32:
+    case FERRY_RPC_DTYPE_I32:
+        return 4;
+    case FERRY_RPC_DTYPE_I64:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+ferry_status ferry_rpc_tensor_nbytes(int dtype, int ndim, const int64_t *dim, size_t *out) {
+    size_t n = ferry_rpc_dtype_size(dtype);
+    if (n == 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "unknown tensor dtype %d", dtype);
+    if (ndim < 0 || ndim > FERRY_RPC_MAX_DIMS)
+        return ferry_errorf(FERRY_ERR_INVALID, "tensor rank %d outside 0..%d", ndim,
+                            FERRY_RPC_MAX_DIMS);
+    for (int i = 0; i < ndim; i++) {
+        if (dim[i] < 0)
+            return ferry_errorf(FERRY_ERR_INVALID, "negative tensor dimension %lld",
+                                (long long)dim[i]);
+    }
+    /* Overflow is only an error if no dimension is zero: check them all first. */
+    for (int i = 0; i < ndim; i++) {
+        if (dim[i] == 0) {
+            *out = 0;
+            return FERRY_OK;
+        }
+    }
+    for (int i = 0; i < ndim; i++) {
+        if ((uint64_t)dim[i] > SIZE_MAX / n)
+            return ferry_errorf(FERRY_ERR_RANGE, "tensor size overflows");
+        n *= (size_t)dim[i];
+    }
+    *out = n;
+    return FERRY_OK;
+}
+
+/* Receive buffers. A fresh multi-megabyte allocation is a fresh mmap, and
+ * page-faulting it in costs about as much as the copy that fills it
+ * (spec/grpc-core.md §5; perf shows the same here). A parameter server gets
+ * same-sized tensors every step, so a few recycled large buffers remove most
+ * of those faults. Each buffer starts with a 64-byte header holding its
+ * capacity, which keeps the payload 64-byte aligned. Under FERRY_SANITIZE
+ * nothing is recycled, so ASan sees every use after free. */
+#define BUF_HEADER      64
+#define BUF_CACHE_MIN   (1u << 20) /* smaller buffers: malloc's free lists do fine */
+#define BUF_CACHE_SLOTS 8
+#define BUF_CACHE_BYTES (512u << 20) /* at most this much kept idle */
+#ifdef FERRY_SANITIZE
+#define BUF_RECYCLE 0
+#else
+#define BUF_RECYCLE 1
+#endif
+
+static struct {
+    pthread_mutex_t mu;
+    void *buf[BUF_CACHE_SLOTS]; /* oldest first */
+    int n;
+    size_t bytes;
+} buf_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t buf_capacity(void *p) {
+    size_t cap;
+    memcpy(&cap, (char *)p - BUF_HEADER, sizeof cap);
+    return cap;
+}
+
+/* The smallest cached buffer holding n bytes without wasting more than n. */
+static void *buf_cache_get(size_t n) {
+    void *p = NULL;
+    pthread_mutex_lock(&buf_cache.mu);
+    int best = -1;
+    for (int i = 0; i < buf_cache.n; i++) {
+        size_t cap = buf_capacity(buf_cache.buf[i]);
+        if (cap >= n && cap / 2 <= n && (best < 0 || cap < buf_capacity(buf_cache.buf[best])))
+            best = i;
+    }
+    if (best >= 0) {
+        p = buf_cache.buf[best];
+        buf_cache.bytes -= buf_capacity(p);
+        memmove(&buf_cache.buf[best], &buf_cache.buf[best + 1],
+                (size_t)(buf_cache.n - best - 1) * sizeof(void *));
+        buf_cache.n--;
+    }
+    pthread_mutex_unlock(&buf_cache.mu);
+    return p;
+}
+
+/* Keeps p (at most BUF_CACHE_BYTES), evicting the oldest buffers while the
+ * cache would exceed its limits. */
+static void buf_cache_put(void *p) {
+    size_t cap = buf_capacity(p);
+    void *evicted[BUF_CACHE_SLOTS];
+    int ne = 0;
+    pthread_mutex_lock(&buf_cache.mu);
+    while (buf_cache.n > 0 &&
+           (buf_cache.n == BUF_CACHE_SLOTS || buf_cache.bytes + cap > BUF_CACHE_BYTES)) {
+        evicted[ne++] = buf_cache.buf[0];
+        buf_cache.bytes -= buf_capacity(buf_cache.buf[0]);
+        memmove(&buf_cache.buf[0], &buf_cache.buf[1], (size_t)(buf_cache.n - 1) * sizeof(void *));
+        buf_cache.n--;
+    }
+    buf_cache.buf[buf_cache.n++] = p;
+    buf_cache.bytes += cap;
+    pthread_mutex_unlock(&buf_cache.mu);
+    for (int i = 0; i < ne; i++)
+        free((char *)evicted[i] - BUF_HEADER);
+}
+
+void *ferry_rpc_buf_alloc(size_t n) {
+    if (BUF_RECYCLE && n >= BUF_CACHE_MIN) {
+        void *p = buf_cache_get(n);
+        if (p != NULL)
+            return p;
+    }
+    void *raw = NULL;
+    if (n > SIZE_MAX - BUF_HEADER || posix_memalign(&raw, 64, BUF_HEADER + n) != 0)
+        return NULL;
+    memcpy(raw, &n, sizeof n);
+    return (char *)raw + BUF_HEADER;
+}
+
+void ferry_rpc_buf_free(void *p) {
+    if (p == NULL)
+        return;
+    size_t cap = buf_capacity(p);
+    if (BUF_RECYCLE && cap >= BUF_CACHE_MIN && cap <= BUF_CACHE_BYTES) {
+        buf_cache_put(p);
+        return;
+    }
+    free((char *)p - BUF_HEADER);
+}
+
+ferry_status ferry_rpc_tune_malloc(size_t keep_bytes) {
+#if defined(__GLIBC__)
+    if (keep_bytes == 0)
+        keep_bytes = (size_t)1 << 30;
+    if (keep_bytes > INT32_MAX)
+        keep_bytes = INT32_MAX;
+    /* gRPC reads a large message into freshly allocated slices; with glibc's
+     * default trim threshold the freed heap top goes back to the kernel after
+     * every message and is page-faulted in again for the next one. */
+    if (mallopt(M_TRIM_THRESHOLD, (int)keep_bytes) != 1)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "mallopt(M_TRIM_THRESHOLD) failed");
+    return FERRY_OK;
+#else
+    (void)keep_bytes;
+    return ferry_errorf(FERRY_ERR_UNSUPPORTED, "not glibc: malloc tuning unavailable");
+#endif
+}
+
+ferry_status ferry__rpc_tensor_check(const ferry_rpc_tensor *t) {
+    size_t want;
+    ferry_status st = ferry_rpc_tensor_nbytes(t->dtype, t->ndim, t->dim, &want);
+    if (st != FERRY_OK)
+        return st;
+    if (want != t->nbytes)
+        return ferry_errorf(FERRY_ERR_SHAPE, "tensor '%s' has %zu bytes, its shape needs %zu",
+                            t->name, t->nbytes, want);
+    if (t->nbytes > 0 && t->data == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "tensor '%s' has no data", t->name);
+    if (memchr(t->name, '\0', sizeof t->name) == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "tensor name is not NUL-terminated within %d bytes",
+                            FERRY_RPC_NAME_MAX);
+    return FERRY_OK;
+}
+
+/* ---- Messages ------------------------------------------------------------------ */
+
+void ferry_rpc_msg_init(ferry_rpc_msg *m) {
+    memset(m, 0, sizeof *m);
+}
+
+static void msg_clear_head(ferry_rpc_msg *m) {
+    if (m->head != NULL) {
+        /* protobuf-c frees through the non-const pointer it allocated. */
+        ProtobufCMessage *h = (ProtobufCMessage *)(uintptr_t)m->head;
+        protobuf_c_message_free_unpacked(h, NULL);
+    }
+    free(m->head_bytes);
+    m->head = NULL;
+    m->head_bytes = NULL;
+    m->head_len = 0;
+    m->head_desc = NULL;
+}
+
+void ferry_rpc_msg_deinit(ferry_rpc_msg *m) {
+    if (m == NULL)
+        return;
+    for (int i = 0; i < m->ntensors; i++) {
+        ferry_rpc_tensor *t = &m->tensors[i];
+        if (t->release != NULL)
+            t->release(t->release_user);
+    }
+    free(m->tensors);
+    msg_clear_head(m);
+    ferry_rpc_msg_init(m);
+}
+
+void ferry__rpc_msg_disown(ferry_rpc_msg *m) {
+    m->ntensors = 0;
+}
+
+ferry_status ferry__rpc_msg_reserve(ferry_rpc_msg *m, int max_tensors) {
+    if (m->ntensors >= max_tensors)
+        return ferry_errorf(FERRY_ERR_RANGE, "more than %d tensors in one message", max_tensors);
+    if (m->ntensors < m->cap)
+        return FERRY_OK;
+    int cap = m->cap > 0 ? 2 * m->cap : 4;
+    if (cap > max_tensors)
+        cap = max_tensors;
+    ferry_rpc_tensor *t = realloc(m->tensors, (size_t)cap * sizeof *t);
+    if (t == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "no memory for %d tensor descriptors", cap);
+    m->tensors = t;
+    m->cap = cap;
+    return FERRY_OK;
+}
+
+/* The quantifier (n_tensors) of field 15 in a protobuf-c message, found through
+ * its descriptor so that one function serves every message type. */
+static size_t head_tensor_count(const ProtobufCMessage *head) {
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field(head->descriptor, FERRY_RPC_TENSORS_FIELD);
+    if (f == NULL || f->label != PROTOBUF_C_LABEL_REPEATED)
+        return 0;
+    size_t n;
+    memcpy(&n, (const char *)head + f->quantifier_offset, sizeof n);
+    return n;
+}
+
+ferry_status ferry_rpc_msg_set_head(ferry_rpc_msg *m, const struct ProtobufCMessage *head) {
+    if (head == NULL) {
+        msg_clear_head(m);
+        return FERRY_OK;
+    }
+    if (head_tensor_count(head) != 0)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "%s header carries tensors; add them with ferry_rpc_msg_add",
+                            head->descriptor->name);
+    size_t n = protobuf_c_message_get_packed_size(head);
+    uint8_t *bytes = malloc(n > 0 ? n : 1);
+    if (bytes == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "no memory for a %zu-byte header", n);
+    size_t packed = protobuf_c_message_pack(head, bytes);
+    FERRY_ASSERT(packed == n);
+    msg_clear_head(m);
+    m->head_bytes = bytes;
+    m->head_len = n;
+    m->head_desc = head->descriptor;
+    return FERRY_OK;
+}
+
+ferry_status ferry_rpc_msg_add(ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
+    ferry_status st = ferry__rpc_tensor_check(t);
+    if (st != FERRY_OK)
+        return st;
+    if ((st = ferry__rpc_msg_reserve(m, FERRY_RPC_MAX_TENSORS)) != FERRY_OK)
+        return st;
+    m->tensors[m->ntensors++] = *t;
+    return FERRY_OK;
+}
+
+ferry_status ferry_rpc_msg_alloc(ferry_rpc_msg *m, int dtype, int ndim, const int64_t *dim,
+                                 const char *name, void **data) {
+    ferry_rpc_tensor t = {.dtype = dtype, .ndim = ndim};
+    if (ndim < 0 || ndim > FERRY_RPC_MAX_DIMS)
+        return ferry_errorf(FERRY_ERR_INVALID, "tensor rank %d outside 0..%d", ndim,
+                            FERRY_RPC_MAX_DIMS);
+    for (int i = 0; i < ndim; i++)
+        t.dim[i] = dim[i];
+    if (name != NULL) {
+        if (strlen(name) >= sizeof t.name)
+            return ferry_errorf(FERRY_ERR_INVALID, "tensor name '%.16s...' is %zu bytes, max %d",
+                                name, strlen(name), FERRY_RPC_NAME_MAX - 1);
+        memcpy(t.name, name, strlen(name) + 1);
+    }
+    ferry_status st = ferry_rpc_tensor_nbytes(dtype, ndim, t.dim, &t.nbytes);
+    if (st != FERRY_OK)
+        return st;
+    if ((st = ferry__rpc_msg_reserve(m, FERRY_RPC_MAX_TENSORS)) != FERRY_OK)
+        return st;
+    if (t.nbytes > 0) {
+        if ((t.data = ferry_rpc_buf_alloc(t.nbytes)) == NULL)
+            return ferry_errorf(FERRY_ERR_NOMEM, "no memory for a %zu-byte tensor", t.nbytes);
+        t.release = ferry_rpc_buf_free;
+        t.release_user = t.data;
+    }
+    m->tensors[m->ntensors++] = t;
+    *data = t.data;
+    return FERRY_OK;
+}
+
+ferry_status ferry_rpc_msg_add_copy(ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
+    ferry_status st = ferry__rpc_tensor_check(t);
+    if (st != FERRY_OK)
+        return st;
+    void *data;
+    if ((st = ferry_rpc_msg_alloc(m, t->dtype, t->ndim, t->dim, t->name, &data)) != FERRY_OK)
+        return st;
+    if (t->nbytes > 0)
+        memcpy(data, t->data, t->nbytes);
+    return FERRY_OK;
+}
+
+ferry_status ferry_rpc_msg_take(ferry_rpc_msg *m, int i, ferry_rpc_tensor *out) {
+    if (i < 0 || i >= m->ntensors)
+        return ferry_errorf(FERRY_ERR_INVALID, "tensor index %d outside 0..%d", i, m->ntensors - 1);
+    *out = m->tensors[i];
+    m->tensors[i].release = NULL;
+    m->tensors[i].release_user = NULL;
+    return FERRY_OK;
+}
+
+const ferry_rpc_tensor *ferry_rpc_msg_find(const ferry_rpc_msg *m, const char *name) {
+    for (int i = 0; i < m->ntensors; i++) {
+        if (strcmp(m->tensors[i].name, name) == 0)
+            return &m->tensors[i];
+    }
+    return NULL;
+}

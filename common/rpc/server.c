@@ -1,0 +1,495 @@
+/* server.c - the ferry.Ferry gRPC server on the completion-queue API. Methods
+ * with a handler are registered so that the request arrives with the call;
+ * one catch-all slot answers every other path with UNIMPLEMENTED. N threads
+ * poll one queue and run handlers inline. Shutdown is asynchronous: stop
+ * accepting, drain, cancel what is left after the grace period, and let the
+ * threads exit once gRPC reports the queue empty (spec/grpc-core.md §3). */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "rpc/transport-grpc.h"
+
+#define CATCH_ALL       (-1) /* server_call.method of the unregistered slot */
+#define CATCH_ALL_SLOTS 2
+
+struct ferry_rpc_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    void *registered[FERRY_RPC_METHOD_COUNT]; /* NULL: no handler, served by the catch-all */
+    ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT];
+    void *user;
+    ferry__rpc_limits lim;
+    int port;
+    int slots;
+    int grpc_inited, started;
+    char shutdown_tag; /* its address is the tag of grpc_server_shutdown_and_notify */
+
+    pthread_t *threads;
+    int nthreads;       /* threads started */
+    pthread_mutex_t mu; /* guards alive and cancel_at */
+    pthread_cond_t cv;  /* signalled when alive drops to 0 */
+    int alive;
+    gpr_timespec cancel_at; /* when in-flight calls are cancelled; valid once shutting_down */
+    atomic_int shutting_down, cancelled;
+    atomic_int tag_fired; /* gRPC reported the server shut down */
+    atomic_int live;      /* server_call objects in existence (posted or in flight) */
+    atomic_int cq_closed;
+
+    atomic_uint_fast64_t calls, errors, bytes_in, bytes_out;
+    atomic_int_fast64_t in_flight;
+};
+
+typedef enum call_state {
+    CALL_WAIT_NEW, /* posted, waiting for a client */
+    CALL_REPLYING, /* reply batch started */
+} call_state;
+
+/* Everything a call's batches point to lives here until the last one completes. */
+typedef struct server_call {
+    ferry_rpc_server *srv;
+    int method; /* ferry_rpc_method, or CATCH_ALL */
+    call_state state;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array req_md;
+    grpc_call_details details; /* CATCH_ALL only */
+    grpc_byte_buffer *req_bb;
+    grpc_byte_buffer *reply_bb;
+    grpc_status_code code;
+    grpc_slice status_details;
+    grpc_metadata trailer; /* FERRY_RPC_STATUS_KEY on errors */
+    char status_text[16];
+    int cancelled;
+    grpc_op ops[4];
+} server_call;
+
+/* The server whose poll loop runs on this thread, to catch destroy from a handler. */
+static _Thread_local ferry_rpc_server *poll_thread_server;
+
+/* ---- Call slots ---------------------------------------------------------------- */
+
+/* The queue may be shut down only when no call can start another batch on it.
+ * gRPC's shutdown tag is not enough: after grpc_server_cancel_all_calls it
+ * fires while a handler may still be running, and that handler's reply would
+ * then hit a closed queue. So we also wait for every server_call to be freed.
+ * Both conditions are checked by whoever changes one of them last. */
+static void cq_maybe_close(ferry_rpc_server *srv) {
+    if (atomic_load(&srv->tag_fired) && atomic_load(&srv->live) == 0 &&
+        !atomic_exchange(&srv->cq_closed, 1))
+        grpc_completion_queue_shutdown(srv->cq);
+}
+
+static void call_free(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    grpc_metadata_array_destroy(&c->req_md);
+    if (c->method == CATCH_ALL)
+        grpc_call_details_destroy(&c->details);
+    if (c->req_bb != NULL)
+        grpc_byte_buffer_destroy(c->req_bb);
+    if (c->reply_bb != NULL)
+        grpc_byte_buffer_destroy(c->reply_bb);
+    grpc_slice_unref(c->status_details);
+    if (c->call != NULL)
+        grpc_call_unref(c->call);
+    free(c);
+    if (atomic_fetch_sub(&srv->live, 1) == 1)
+        cq_maybe_close(srv);
+}
+
+/* Offers one slot for the next call of `method`. Failure only loses a slot. */
+static void call_post(ferry_rpc_server *srv, int method) {
+    server_call *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        FERRY_LOG_ERROR("rpc server: no memory to post a call slot");
+        return;
+    }
+    atomic_fetch_add(&srv->live, 1);
+    c->srv = srv;
+    c->method = method;
+    c->state = CALL_WAIT_NEW;
+    c->status_details = grpc_empty_slice();
+    grpc_metadata_array_init(&c->req_md);
+    grpc_call_error e;
+    if (method == CATCH_ALL) {
+        grpc_call_details_init(&c->details);
+        e = grpc_server_request_call(srv->server, &c->call, &c->details, &c->req_md, srv->cq,
+                                     srv->cq, c);
+    } else {
+        e = grpc_server_request_registered_call(srv->server, srv->registered[method], &c->call,
+                                                &c->deadline, &c->req_md, &c->req_bb, srv->cq,
+                                                srv->cq, c);
+    }
+    if (e != GRPC_CALL_OK) {
+        FERRY_LOG_ERROR("rpc server: cannot post a call slot: %s", grpc_call_error_to_string(e));
+        call_free(c);
+    }
+}
+
+/* Sends the status (code, detail, and st as trailing metadata) and the reply,
+ * if any, in one batch, always with initial
+ * metadata: a trailers-only answer never reached 1.51 clients (pitfall 1). */
+static void call_reply(server_call *c, ferry_status st, grpc_status_code code, const char *detail) {
+    grpc_op *op = c->ops;
+    size_t n = 0;
+    memset(c->ops, 0, sizeof c->ops);
+    c->code = code;
+    op[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (c->reply_bb != NULL && st == FERRY_OK) {
+        op[n].op = GRPC_OP_SEND_MESSAGE;
+        op[n++].data.send_message.send_message = c->reply_bb;
+    }
+    op[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op[n].data.send_status_from_server.status = c->code;
+    if (st != FERRY_OK) {
+        c->status_details = grpc_slice_from_copied_string(detail);
+        op[n].data.send_status_from_server.status_details = &c->status_details;
+        int len = snprintf(c->status_text, sizeof c->status_text, "%d", (int)st);
+        c->trailer.key = grpc_slice_from_static_string(FERRY_RPC_STATUS_KEY);
+        c->trailer.value = grpc_slice_from_static_buffer(c->status_text, (size_t)len);
+        op[n].data.send_status_from_server.trailing_metadata_count = 1;
+        op[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+    }
+    n++;
+    op[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+    c->state = CALL_REPLYING;
+    /* Counted before sending, so a client that has its answer sees it counted. */
+    atomic_fetch_add(&c->srv->calls, 1);
+    if (code != GRPC_STATUS_OK)
+        atomic_fetch_add(&c->srv->errors, 1);
+    grpc_call_error e = grpc_call_start_batch(c->call, c->ops, n, c, NULL);
+    if (e != GRPC_CALL_OK) {
+        FERRY_LOG_ERROR("rpc server: cannot send a reply: %s", grpc_call_error_to_string(e));
+        atomic_fetch_sub(&c->srv->in_flight, 1);
+        call_free(c);
+    }
+}
+
+/* ---- Serving one call ---------------------------------------------------------------- */
+
+/* Encodes the handler's reply into c->reply_bb, handing its tensors to gRPC. */
+static ferry_status reply_encode(server_call *c, const ferry__rpc_method_info *mi,
+                                 ferry_rpc_msg *reply) {
+    for (int i = 0; i < reply->ntensors; i++) {
+        const ferry_rpc_tensor *t = &reply->tensors[i];
+        if (t->nbytes > 0 && t->release == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "%s handler returned borrowed tensor '%s' (use ferry_rpc_msg_alloc,"
+                                " _add_copy, or a release function)",
+                                mi->name, t->name);
+    }
+    ferry__rpc_wire w;
+    ferry__rpc_wire_init(&w);
+    ferry_status st = ferry__rpc_encode(reply, mi->reply, FERRY_RPC_INLINE_MAX, &w);
+    if (st == FERRY_OK && w.total > c->srv->lim.max_message_bytes)
+        st = ferry_errorf(FERRY_ERR_RANGE, "%s reply of %zu bytes exceeds the %zu-byte limit",
+                          mi->name, w.total, c->srv->lim.max_message_bytes);
+    if (st == FERRY_OK) {
+        c->reply_bb = ferry__grpc_bb_owned(&w, reply);
+        atomic_fetch_add(&c->srv->bytes_out, w.total);
+    }
+    ferry__rpc_wire_deinit(&w);
+    return st;
+}
+
+static void call_serve(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
+    char detail[512];
+    if (c->req_bb == NULL) { /* the client half-closed without a message */
+        (void)snprintf(detail, sizeof detail, "%s call without a request message", mi->name);
+        call_reply(c, FERRY_ERR_FORMAT, GRPC_STATUS_INVALID_ARGUMENT, detail);
+        return;
+    }
+    atomic_fetch_add(&srv->bytes_in, grpc_byte_buffer_length(c->req_bb));
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry__grpc_decode(c->req_bb, mi->request, &srv->lim, &req);
+    grpc_byte_buffer_destroy(c->req_bb); /* the payloads were copied out */
+    c->req_bb = NULL;
+    grpc_status_code code;
+    if (st != FERRY_OK) {
+        (void)snprintf(detail, sizeof detail, "%s %s request: %s",
+                       st == FERRY_ERR_FORMAT ? "malformed" : "rejected", mi->name,
+                       ferry_error_last());
+        code =
+            st == FERRY_ERR_FORMAT ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_RESOURCE_EXHAUSTED;
+    } else {
+        ferry_error_clear();
+        st = srv->handlers[c->method](srv->user, (ferry_rpc_method)c->method, &req, &reply);
+        code = ferry__grpc_code_from_status(st);
+        if (st == FERRY_OK && (st = reply_encode(c, mi, &reply)) != FERRY_OK)
+            code = st == FERRY_ERR_RANGE ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INTERNAL;
+        if (st != FERRY_OK) {
+            const char *msg = ferry_error_last();
+            (void)snprintf(detail, sizeof detail, "%s",
+                           msg[0] != '\0' ? msg : ferry_status_str(st));
+        }
+    }
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    call_reply(c, st, code, st == FERRY_OK ? "" : detail);
+}
+
+/* A path without a handler: answer without reading the request. */
+static void call_unimplemented(server_call *c) {
+    char path[128], detail[256];
+    size_t n = GRPC_SLICE_LENGTH(c->details.method);
+    if (n >= sizeof path)
+        n = sizeof path - 1;
+    memcpy(path, GRPC_SLICE_START_PTR(c->details.method), n);
+    path[n] = '\0';
+    int known = 0;
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
+        known |= strcmp(path, ferry__rpc_method((ferry_rpc_method)m)->path) == 0;
+    (void)snprintf(detail, sizeof detail,
+                   known ? "method %s has no handler on this server" : "unknown method %s", path);
+    call_reply(c, FERRY_ERR_UNSUPPORTED, GRPC_STATUS_UNIMPLEMENTED, detail);
+}
+
+static void call_event(server_call *c, int ok) {
+    ferry_rpc_server *srv = c->srv;
+    if (c->state == CALL_REPLYING) {
+        atomic_fetch_sub(&srv->in_flight, 1);
+        call_free(c);
+        return;
+    }
+    if (!ok) { /* shutting down: the slot was never matched with a call */
+        call_free(c);
+        return;
+    }
+    atomic_fetch_add(&srv->in_flight, 1);
+    /* Re-arm first, so the next call of this method is not kept waiting. While
+     * this call is unanswered the shutdown tag cannot fire, so the queue is
+     * still open. */
+    if (!atomic_load(&srv->shutting_down))
+        call_post(srv, c->method);
+    if (c->method == CATCH_ALL)
+        call_unimplemented(c);
+    else
+        call_serve(c);
+}
+
+/* ---- Poll threads ------------------------------------------------------------------------ */
+
+static void poll_loop(ferry_rpc_server *srv) {
+    for (;;) {
+        gpr_timespec until = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+        if (atomic_load(&srv->shutting_down) && !atomic_load(&srv->cancelled)) {
+            pthread_mutex_lock(&srv->mu);
+            until = srv->cancel_at;
+            pthread_mutex_unlock(&srv->mu);
+        }
+        grpc_event ev = grpc_completion_queue_next(srv->cq, until, NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            return;
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            if (!atomic_exchange(&srv->cancelled, 1)) {
+                long long n = (long long)atomic_load(&srv->in_flight);
+                if (n > 0)
+                    FERRY_LOG_INFO("rpc server: grace period over, cancelling %lld call(s)", n);
+                grpc_server_cancel_all_calls(srv->server);
+            }
+            continue;
+        }
+        if (ev.tag == &srv->shutdown_tag) {
+            atomic_store(&srv->tag_fired, 1);
+            cq_maybe_close(srv);
+            continue;
+        }
+        call_event(ev.tag, ev.success);
+    }
+}
+
+static void *poll_main(void *arg) {
+    ferry_rpc_server *srv = arg;
+    poll_thread_server = srv;
+    poll_loop(srv);
+    pthread_mutex_lock(&srv->mu);
+    if (--srv->alive == 0)
+        pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+/* ---- Lifetime -------------------------------------------------------------------------------- */
+
+static ferry_status config_check(const ferry_rpc_server_config *cfg, int *threads, int *slots,
+                                 size_t *max_bytes) {
+    *threads = cfg->threads > 0 ? cfg->threads : 2;
+    *slots = cfg->slots > 0 ? cfg->slots : 4;
+    *max_bytes =
+        cfg->max_message_bytes > 0 ? cfg->max_message_bytes : FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES;
+    if (cfg->listen == NULL || cfg->listen[0] == '\0')
+        return ferry_errorf(FERRY_ERR_INVALID, "rpc server: no listen address");
+    if (cfg->threads < 0 || *threads > 64 || cfg->slots < 0 || *slots > 64)
+        return ferry_errorf(FERRY_ERR_INVALID, "rpc server: threads %d / slots %d outside 1..64",
+                            cfg->threads, cfg->slots);
+    if (*max_bytes > INT32_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "rpc server: max message of %zu bytes above 2 GiB",
+                            *max_bytes);
+    return FERRY_OK;
+}
+
+/* Creates the gRPC server, registers the queue and methods, and binds. */
+static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_config *cfg) {
+    grpc_arg args[8];
+    grpc_channel_args ca = {ferry__grpc_fill_args(args, srv->lim.max_message_bytes, 0), args};
+    srv->server = grpc_server_create(&ca, NULL);
+    srv->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++) {
+        srv->handlers[m] = cfg->handlers[m];
+        if (cfg->handlers[m] == NULL)
+            continue;
+        srv->registered[m] =
+            grpc_server_register_method(srv->server, ferry__rpc_method((ferry_rpc_method)m)->path,
+                                        NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        if (srv->registered[m] == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "rpc server: cannot register %s",
+                                ferry_rpc_method_name((ferry_rpc_method)m));
+    }
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    srv->port = grpc_server_add_http2_port(srv->server, cfg->listen, creds);
+    grpc_server_credentials_release(creds); /* the server keeps its own reference */
+    if (srv->port == 0)
+        return ferry_errorf(FERRY_ERR_IO, "rpc server: cannot listen on %s (bad address or in use)",
+                            cfg->listen);
+    return FERRY_OK;
+}
+
+ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_rpc_server **out) {
+    int threads, slots;
+    size_t max_bytes;
+    ferry_status st = config_check(cfg, &threads, &slots, &max_bytes);
+    if (st != FERRY_OK)
+        return st;
+    ferry_rpc_server *srv = calloc(1, sizeof *srv);
+    if (srv == NULL || (srv->threads = calloc((size_t)threads, sizeof *srv->threads)) == NULL) {
+        free(srv);
+        return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
+    }
+    FERRY_ASSERT(pthread_mutex_init(&srv->mu, NULL) == 0);
+    FERRY_ASSERT(pthread_cond_init(&srv->cv, NULL) == 0);
+    srv->user = cfg->user;
+    srv->slots = slots;
+    srv->lim =
+        (ferry__rpc_limits){.max_message_bytes = max_bytes, .max_tensors = FERRY_RPC_MAX_TENSORS};
+    ferry__grpc_init();
+    srv->grpc_inited = 1;
+    if ((st = server_bind(srv, cfg)) != FERRY_OK)
+        goto fail;
+    grpc_server_start(srv->server);
+    srv->started = 1;
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++) {
+        for (int i = 0; srv->registered[m] != NULL && i < slots; i++)
+            call_post(srv, m);
+    }
+    for (int i = 0; i < CATCH_ALL_SLOTS; i++)
+        call_post(srv, CATCH_ALL);
+    srv->alive = threads;
+    for (; srv->nthreads < threads; srv->nthreads++) {
+        int e = pthread_create(&srv->threads[srv->nthreads], NULL, poll_main, srv);
+        if (e != 0) {
+            srv->alive -= threads - srv->nthreads;
+            st =
+                ferry_errorf(FERRY_ERR_NOMEM, "rpc server: cannot start a thread: %s", strerror(e));
+            goto fail;
+        }
+    }
+    *out = srv;
+    return FERRY_OK;
+fail:
+    ferry_rpc_server_destroy(srv);
+    return st;
+}
+
+int ferry_rpc_server_port(const ferry_rpc_server *s) {
+    return s->port;
+}
+
+void ferry_rpc_server_shutdown(ferry_rpc_server *s, int grace_ms) {
+    if (!s->started)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (atomic_load(&s->shutting_down)) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    s->cancel_at = ferry__grpc_deadline_in(grace_ms > 0 ? grace_ms : 0);
+    if (grace_ms <= 0)
+        atomic_store(&s->cancelled, 1); /* done below, not by a poll thread */
+    atomic_store(&s->shutting_down, 1);
+    pthread_mutex_unlock(&s->mu);
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+    if (grace_ms <= 0)
+        grpc_server_cancel_all_calls(s->server);
+}
+
+ferry_status ferry_rpc_server_wait(ferry_rpc_server *s, int timeout_ms) {
+    FERRY_ASSERT(poll_thread_server != s);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_ms >= 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    ferry_status st = FERRY_OK;
+    pthread_mutex_lock(&s->mu);
+    while (s->alive > 0 && st == FERRY_OK) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        else if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT && s->alive > 0)
+            st =
+                ferry_errorf(FERRY_ERR_TIMEOUT, "rpc server still running after %d ms", timeout_ms);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void ferry_rpc_server_destroy(ferry_rpc_server *s) {
+    if (s == NULL)
+        return;
+    FERRY_ASSERT(poll_thread_server != s);
+    if (s->started) {
+        ferry_rpc_server_shutdown(s, 0);
+        if (s->nthreads == 0)
+            poll_loop(s); /* no thread ever started: drain here */
+        for (int i = 0; i < s->nthreads; i++)
+            pthread_join(s->threads[i], NULL);
+    } else if (s->cq != NULL) {
+        grpc_completion_queue_shutdown(s->cq);
+        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+    }
+    if (s->server != NULL)
+        grpc_server_destroy(s->server);
+    if (s->cq != NULL)
+        grpc_completion_queue_destroy(s->cq);
+    if (s->grpc_inited)
+        ferry__grpc_shutdown();
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s->threads);
+    free(s);
+}
+
+void ferry_rpc_server_get_stats(const ferry_rpc_server *s, ferry_rpc_server_stats *out) {
+    ferry_rpc_server *m = (ferry_rpc_server *)(uintptr_t)s; /* atomics are read-only here */
+    out->calls = atomic_load(&m->calls);
+    out->errors = atomic_load(&m->errors);
+    out->bytes_in = atomic_load(&m->bytes_in);
+    out->bytes_out = atomic_load(&m->bytes_out);
+    out->in_flight = atomic_load(&m->in_flight);
+}

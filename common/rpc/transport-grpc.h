@@ -1,0 +1,66 @@
+/* transport-grpc.h - the gRPC glue shared by server.c and client.c: library
+ * lifetime, byte buffers built from encoded messages (payloads as zero-copy
+ * slices), decoding by walking a byte buffer's slices, status-code mapping and
+ * channel arguments. Only files in common/rpc/ include this header. */
+#ifndef FERRY_RPC_TRANSPORT_GRPC_H
+#define FERRY_RPC_TRANSPORT_GRPC_H
+
+#include <pthread.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+
+#include "rpc/codec.h"
+
+/* Trailing-metadata key carrying the exact ferry_status of a failed call. */
+#define FERRY_RPC_STATUS_KEY "ferry-status"
+
+/* grpc_init/grpc_shutdown, plus routing gRPC's own log lines into ferry_log. */
+void ferry__grpc_init(void);
+void ferry__grpc_shutdown(void);
+
+/* Counts the payload slices gRPC still references, so that a synchronous call
+ * can promise its caller that borrowed tensor memory is free again. */
+typedef struct ferry__rpc_pending {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;
+} ferry__rpc_pending;
+
+void ferry__rpc_pending_init(ferry__rpc_pending *p);
+void ferry__rpc_pending_wait(ferry__rpc_pending *p); /* until n == 0; then destroys p */
+
+/* A byte buffer for an encoded message whose tensors stay the caller's: each
+ * large payload becomes a slice over the tensor's memory, counted in *pend. */
+grpc_byte_buffer *ferry__grpc_bb_borrowed(const ferry__rpc_wire *w, const ferry_rpc_msg *m,
+                                          ferry__rpc_pending *pend);
+
+/* A byte buffer for an encoded message whose owned tensors pass to gRPC: each
+ * large payload's slice calls the tensor's release when gRPC drops it; inlined
+ * payloads are released at once. The message is deinitialized. */
+grpc_byte_buffer *ferry__grpc_bb_owned(const ferry__rpc_wire *w, ferry_rpc_msg *m);
+
+/* ferry__rpc_decode over the slices of bb, read in place with reader_peek. */
+ferry_status ferry__grpc_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
+                                const ferry__rpc_limits *lim, ferry_rpc_msg *out);
+
+/* Status mapping (see rpc.h, ferry_rpc_handler). */
+grpc_status_code ferry__grpc_code_from_status(ferry_status st);
+ferry_status ferry__grpc_status_from_code(grpc_status_code code);
+const char *ferry__grpc_code_name(grpc_status_code code); /* "DEADLINE_EXCEEDED" */
+
+/* Parses the FERRY_RPC_STATUS_KEY value; FERRY_OK if absent or not a ferry error. */
+ferry_status ferry__grpc_status_from_metadata(const grpc_metadata_array *md);
+
+/* Channel arguments for a message limit; `client` adds the client-only ones.
+ * Writes at most 6 entries into a and returns the count. */
+size_t ferry__grpc_fill_args(grpc_arg *a, size_t max_message_bytes, int client);
+
+/* A deadline ms milliseconds from now (monotonic clock). */
+gpr_timespec ferry__grpc_deadline_in(int ms);
+
+#endif /* FERRY_RPC_TRANSPORT_GRPC_H */

@@ -1,0 +1,312 @@
+/* ferry.h - the remote-module API: connect to ferry-ps servers, create modules they
+ * host (an embedding sharded by rows, a decoder sharded by vocabulary slices, a
+ * linear layer on one server), call them inside a distributed-autograd context,
+ * send the gradients back, and step every owner's optimizer with one global
+ * clipping scale. Plain C; every call has a deadline; ferry-trainer is a client of
+ * exactly this API.
+ *
+ *     ferry_cluster_config cc;
+ *     ferry_cluster_config_default(&cc);
+ *     cc.worker_id = 3;
+ *     ferry_cluster *cl;
+ *     ferry_ps_connect("10.0.0.1:7000,10.0.0.2:7000", &cc, &cl);   // Hello to each
+ *
+ *     ferry_remote_config ec;
+ *     ferry_remote_config_default(&ec, FERRY_REMOTE_EMBEDDING, "encoder", V, E);
+ *     ferry_remote_optim_defaults("sgd", &ec.optim);
+ *     ferry_remote *emb, *dec;
+ *     ferry_remote_create(cl, &ec, &emb);                          // rows split over both
+ *     ... the same with FERRY_REMOTE_DECODER, "decoder", V, H for dec ...
+ *
+ *     ferry_dist_ctx *dc;
+ *     ferry_dist_ctx_create(cl, &dc);
+ *     for (each step) {
+ *         ferry_dist_ctx_begin(dc);                                // new context id
+ *         uint64_t ce, cd;
+ *         ferry_remote_embedding_forward(emb, dc, ids, T * B, x, &ce);       // x (T*B, E)
+ *         ... local model: x -> h (N, H) ...
+ *         ferry_remote_xent_forward(dec, dc, h, targets, N, NULL, &loss_sum, &cd);
+ *         ferry_remote_xent_backward(dec, dc, cd, NULL, 1.0f / N, dh);       // dh (N, H)
+ *         ... local backward: dh -> dx (T*B, E) ...
+ *         ferry_remote_embedding_backward(emb, dc, ce, dx);
+ *         ferry_dist_ctx_clip_step(dc, local_sumsq, 5.0f, lr, &coef, &norm); // GradNorm+Step
+ *         ... local optimizer step with coef ...
+ *     }
+ *
+ * Errors: every function returns a ferry_status and sets a one-line detail
+ * (ferry_error_last) that names the peer for remote failures, e.g.
+ * "127.0.0.1:7001 Forward: UNAVAILABLE (failed to connect)". A dead server gives
+ * FERRY_ERR_UNAVAILABLE (or FERRY_ERR_TIMEOUT once the deadline passes) within the
+ * deadline; the server's own checks arrive as FERRY_ERR_NOT_FOUND (unknown module or
+ * context), FERRY_ERR_SHAPE / FERRY_ERR_INVALID / FERRY_ERR_NUMERIC (bad input),
+ * FERRY_ERR_RANGE (ids or rows out of range, message over the size limit),
+ * FERRY_ERR_EXISTS (a module of that name with another configuration).
+ *
+ * Threads: a cluster and its remote modules may be used from several threads at
+ * once; a distributed context is used by one thread at a time. */
+#ifndef FERRY_FERRY_H
+#define FERRY_FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_VERSION "0.1.0"
+
+/* ---- Cluster: the ferry-ps servers a program talks to ------------------------ */
+
+typedef struct ferry_cluster ferry_cluster;
+
+typedef struct ferry_cluster_config {
+    uint16_t worker_id;       /* high 16 bits of every context id this process makes */
+    int deadline_ms;          /* deadline of every call; 0: 10000 */
+    size_t max_message_bytes; /* both directions; 0: 256 MiB (match the servers') */
+    int wait_for_ready;       /* 1: calls wait (up to their deadline) for a server that is not
+                                 up yet, and fail with FERRY_ERR_TIMEOUT; 0: fail at once with
+                                 FERRY_ERR_UNAVAILABLE */
+    const char *client_id;    /* sent in Hello; NULL: "ferry@<host>:<pid>" */
+} ferry_cluster_config;
+
+/* worker_id 0, deadline 10 s, default message limit, fail fast. */
+void ferry_cluster_config_default(ferry_cluster_config *cfg);
+
+/* Connects to the comma-separated servers in targets ("h1:7000,h2:7000"), in that
+ * order (server index 0, 1, ...), and says Hello to all of them concurrently,
+ * recording each one's incarnation. cfg may be NULL for the defaults. Errors:
+ * FERRY_ERR_INVALID for an empty or malformed list (or more than 256 servers), the
+ * first failed Hello's status (FERRY_ERR_UNAVAILABLE, FERRY_ERR_TIMEOUT, ...) naming
+ * that server, FERRY_ERR_NOMEM; *out is unchanged on failure. */
+ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
+                              ferry_cluster **out);
+
+/* Closes the connections. Remote modules and contexts made from the cluster must
+ * be destroyed first. Server state (modules, open contexts) is left as it is. NULL
+ * is a no-op. */
+void ferry_cluster_destroy(ferry_cluster *c);
+
+int ferry_cluster_size(const ferry_cluster *c);                    /* servers */
+const char *ferry_cluster_target(const ferry_cluster *c, int server); /* "h:p" */
+/* The server's incarnation as of the last Hello (a new random value per start). */
+uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
+
+/* Says Hello to every server again. *restarted (may be NULL) receives how many
+ * servers report a new incarnation since the previous Hello: they restarted and
+ * lost whatever was not checkpointed. Errors as ferry_ps_connect. */
+ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted);
+
+typedef struct ferry_ps_stats {
+    int64_t contexts_live;    /* contexts held now */
+    int64_t context_bytes;    /* memory they hold (gradients, saved activations) */
+    int64_t contexts_created, contexts_stepped, contexts_released, contexts_swept;
+    int64_t modules;
+    int64_t calls, errors;    /* calls answered so far, and those with an error status */
+} ferry_ps_stats;
+
+/* The counters of one server. FERRY_ERR_INVALID for a bad index; call errors. */
+ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out);
+
+/* Asks every server to write a checkpoint (all modules, parameters and optimizer
+ * state) into its --checkpoint-dir, concurrently. name: a file name, or NULL/"" for
+ * the server's default ("ferry-ps-<port>-step<step>.ckpt"). FERRY_ERR_UNSUPPORTED
+ * from a server started without --checkpoint-dir. */
+ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64_t step);
+
+/* Asks server (or every server, for -1) to shut down: it stops accepting calls and
+ * gives those in flight grace_ms. */
+ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms);
+
+/* ---- Remote modules ---------------------------------------------------------- */
+
+typedef struct ferry_remote ferry_remote;
+
+typedef enum ferry_remote_kind {
+    FERRY_REMOTE_EMBEDDING = 0, /* dims [V, E]: rows split over every server */
+    FERRY_REMOTE_DECODER = 1,   /* dims [V, H]: output layer W (V, H), b (V), vocabulary
+                                   slices over every server; sharded softmax */
+    FERRY_REMOTE_LINEAR = 2,    /* dims [C, D]: y = x W^T + b, W (D, C), on one server */
+} ferry_remote_kind;
+
+/* The optimizer each shard runs on its own rows. Every field is sent as is (the
+ * server applies no defaults to a config built here), so remote and local steps
+ * follow the same numbers. */
+typedef struct ferry_remote_optim {
+    const char *name; /* "sgd", "adagrad", "adadelta", "adam", "adamw" */
+    double lr;
+    double momentum, dampening; /* SGD */
+    int nesterov;               /* SGD */
+    double weight_decay;        /* L2 (AdamW: decoupled) */
+    double lr_decay;            /* Adagrad */
+    double initial_accumulator; /* Adagrad */
+    double rho;                 /* Adadelta */
+    double beta1, beta2;        /* Adam(W) */
+    double eps;
+} ferry_remote_optim;
+
+/* PyTorch's defaults for name (SGD: lr 1). FERRY_ERR_INVALID for an unknown name. */
+ferry_status ferry_remote_optim_defaults(const char *name, ferry_remote_optim *out);
+
+typedef struct ferry_remote_config {
+    const char *name;       /* the module's name on every server (1..63 of [A-Za-z0-9_.:/-]) */
+    ferry_remote_kind kind;
+    int64_t dims[2];        /* embedding [V, E]; decoder [V, H]; linear [C, D] */
+    int bias;               /* linear: 1 for a bias (the decoder always has one) */
+    int server;             /* linear: the server hosting it; -1: chosen by a hash of name */
+    /* Initial values: U(-init_scale, init_scale) drawn from (init_seed, element index),
+     * the generator of ferry_params_init_uniform. weight_offset and bias_offset give the
+     * element index of the global weight's (0, 0) and the bias's (0) in the block whose
+     * values are to be reproduced (-1: a block holding only this module: weight at 0,
+     * bias after it, 16-float aligned). See "Parity" below. */
+    uint64_t init_seed;
+    float init_scale;       /* 0: 0.1 */
+    int64_t weight_offset, bias_offset;
+    /* Or explicit initial values in global layout: weight (V, E) | (V, H) | (D, C),
+     * bias (V) | (D); each shard receives its rows. NULL: use the generator. */
+    const float *init_weight, *init_bias;
+    ferry_remote_optim optim;
+} ferry_remote_config;
+
+/* Zeroes *cfg and sets kind, name, dims, bias 1, server -1, init_scale 0.1,
+ * offsets -1 and SGD's defaults. */
+void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind,
+                                 const char *name, int64_t dim0, int64_t dim1);
+
+/* Creates the module on its servers concurrently (CreateModule, idempotent by
+ * name). Shard s of k (k = cluster size) owns global rows [s*R/k, (s+1)*R/k) of
+ * R = V. If a server already hosts the name with the same configuration it is
+ * reused as is: its current parameters and optimizer state are kept and initial
+ * values are not sent again (see ferry_remote_created). Errors: FERRY_ERR_INVALID for
+ * a bad config (or V smaller than the cluster), FERRY_ERR_EXISTS when a server has
+ * the name with another configuration (the message names the differing field), call
+ * errors; shards created on other servers before the failure stay there. */
+ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
+                                 ferry_remote **out);
+/* Frees the handle; the module stays on its servers. NULL is a no-op. */
+void ferry_remote_destroy(ferry_remote *m);
+
+/* How many of the module's shards this create made new (the rest existed). */
+int ferry_remote_created(const ferry_remote *m);
+int ferry_remote_shards(const ferry_remote *m);
+/* Shard i's global rows and its server index. */
+void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, int64_t *row_count,
+                        int *server);
+
+/* Reads (get) or overwrites (set) global rows [row_begin, row_begin + row_count) of
+ * parameter "weight" or "bias" across shards, concurrently. Rows are dim 0 of the
+ * parameter (V for embedding and decoder, D for linear); row_count 0 means every
+ * row from row_begin on. buf holds row_count rows in global layout: (rows, E|H|C) for the weight,
+ * (rows) for the bias. set bumps each touched shard's version. Errors:
+ * FERRY_ERR_RANGE for rows outside [0, R), FERRY_ERR_NOT_FOUND for an unknown
+ * parameter, FERRY_ERR_NUMERIC for a non-finite value (set), call errors. */
+ferry_status ferry_remote_get_params(ferry_remote *m, const char *param, int64_t row_begin,
+                                     int64_t row_count, float *out);
+ferry_status ferry_remote_set_params(ferry_remote *m, const char *param, int64_t row_begin,
+                                     int64_t row_count, const float *src);
+
+/* ---- Distributed-autograd contexts -------------------------------------------- */
+
+typedef struct ferry_dist_ctx ferry_dist_ctx;
+
+ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out);
+/* Releases a context still open (best effort) and frees the object. NULL: no-op. */
+void ferry_dist_ctx_destroy(ferry_dist_ctx *dc);
+
+/* Opens a new context and returns its id: worker_id << 48 | a per-process counter.
+ * A previous context that was neither stepped nor released is released first
+ * (best effort: a failure is logged, and the servers' TTL sweep frees it anyway). */
+uint64_t ferry_dist_ctx_begin(ferry_dist_ctx *dc);
+/* The open context's id, or 0 when none is open. */
+uint64_t ferry_dist_ctx_id(const ferry_dist_ctx *dc);
+
+/* Sum of squares of every gradient the servers hold for this context (GradNorm on
+ * every server the context touched, concurrently). FERRY_ERR_INVALID when no context
+ * is open; call errors (FERRY_ERR_NOT_FOUND if a server swept the context). */
+ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq);
+
+/* Steps every module the context touched, on every server concurrently: gradients
+ * times grad_scale (the clipping coefficient; 1 for none), learning rate lr (0: the
+ * module's current rate; > 0 sets it, for schedules). The servers free the context;
+ * so does this object, whatever the outcome. */
+ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr);
+
+/* The distributed step with global clipping: GradNorm on every touched server, plus
+ * local_sumsq (the caller's own gradients), gives the global norm; the clipping
+ * coefficient is min(1, max_norm / (norm + 1e-6)) exactly as ferry_clip_coef (and
+ * torch.nn.utils.clip_grad_norm_) computes it, max_norm <= 0 meaning no clipping
+ * (coefficient 1). Then Step with it. *coef and *norm (either may be NULL) receive
+ * the coefficient, for the caller's local step, and the global norm. A non-finite
+ * norm gives FERRY_ERR_NUMERIC and releases the context without stepping. */
+ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
+                                      double lr, float *coef, double *norm);
+
+/* Drops the context on every touched server without stepping (evaluation, an
+ * abandoned step). Servers that no longer know it are fine. */
+ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc);
+
+/* ---- Calls -------------------------------------------------------------------- *
+ * dc is the open context, or NULL for evaluation (nothing is saved and there is no
+ * Backward). Each Forward inside a context returns a call id for its Backward; a
+ * Forward has exactly one Backward. Buffers are host memory, row-major float32. */
+
+/* Embedding rows of n global ids (ids in [0, V), else FERRY_ERR_RANGE): out (n, E).
+ * Only the distinct ids cross the wire, each to the shard that owns it; inside a
+ * context every shard is called (so that every shard steps), outside only those
+ * owning some id. */
+ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                            const int32_t *ids, int64_t n, float *out,
+                                            uint64_t *call_id);
+/* grad (n, E): the gradient of out. Summed per distinct id here (in the order of
+ * ids, as a local embedding's backward sums) and sent to the owning shards, which
+ * keep a row-sparse gradient in the context. */
+ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc,
+                                             uint64_t call_id, const float *grad);
+
+/* Softmax cross-entropy of the decoder's logits h W^T + b against targets, without
+ * the (N, V) logits crossing the wire: every shard returns per-row partials of its
+ * slice and they are combined here in double. hidden (N, H), targets (N) in [0, V).
+ * loss_rows (N, may be NULL) receives -log softmax(target) per row; *loss_sum (may
+ * be NULL) their sum in double. */
+ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                       const float *hidden, const int32_t *targets, int64_t N,
+                                       float *loss_rows, double *loss_sum, uint64_t *call_id);
+/* The gradient of L = sum_n scale * row_scale[n] * loss_rows[n] (row_scale NULL: all
+ * 1) with respect to hidden: dh (N, H), summed over the shards; the shards keep dW,
+ * db of their slices in the context. scale = 1/N gives the mean loss. */
+ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
+                                        const float *row_scale, float scale, float *dh);
+
+/* The classic decoder: logits (N, V) = hidden W^T + b gathered from the shards. */
+ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                         const float *hidden, int64_t N, float *logits,
+                                         uint64_t *call_id);
+/* dlogits (N, V) -> dh (N, H). */
+ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                          uint64_t call_id, const float *dlogits, float *dh);
+
+/* Linear: x (N, C) -> y (N, D); dy (N, D) -> dx (N, C). */
+ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, const float *x,
+                                         int64_t N, float *y, uint64_t *call_id);
+ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                          const float *dy, float *dx);
+
+/* ---- Parity with a local model --------------------------------------------------
+ * A local model keeps all parameters in one block and draws parameter element i of
+ * the block from (seed, i) (ferry_params_init_uniform). To give remote shards the
+ * very values the local model would start from, create each module with
+ * init_seed = the model's seed, init_scale = its scale, and weight_offset /
+ * bias_offset = the block offsets (ferry_param.offset) of the local "encoder.weight",
+ * "decoder.weight" and "decoder.bias": shard rows are then drawn from the same
+ * indices. Alternatively send the values (init_weight/init_bias, or
+ * ferry_remote_set_params after creation). With the same optimizer settings and one
+ * Step per local step (every shard is touched in every context, so each shard's
+ * step counter advances with the trainer's), parameters stay equal to the local
+ * run's up to float summation order. */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_FERRY_H */

@@ -1,0 +1,313 @@
+/* rpc.h - ferry's RPC layer: tensor messages, a gRPC server that dispatches the
+ * methods of ferry.Ferry (proto/ferry.proto) to a handler table, and clients with
+ * synchronous and concurrent fan-out calls. Tensors travel without a copy on the
+ * sending side and with exactly one copy, into a 64-byte-aligned buffer, on the
+ * receiving side. Only common/rpc/ sees gRPC; callers see these types.
+ *
+ * A message is a protobuf-c header of the method's type (Ferry__ForwardRequest
+ * for a Forward request, from the generated "ferry.pb-c.h") plus tensors:
+ *
+ *     Ferry__ForwardRequest q;
+ *     ferry__forward_request__init(&q);
+ *     q.ctx_id = ctx;
+ *     q.module = "dec0";
+ *     ferry_rpc_msg req, reply;
+ *     ferry_rpc_msg_init(&req);
+ *     ferry_rpc_msg_init(&reply);
+ *     ferry_rpc_tensor h = {.dtype = FERRY_RPC_DTYPE_F32, .ndim = 2, .dim = {N, H},
+ *                           .data = hidden, .nbytes = N * H * sizeof(float)};
+ *     st = ferry_rpc_msg_set_head(&req, &q.base);          // packs a copy of q
+ *     if (st == FERRY_OK) st = ferry_rpc_msg_add(&req, &h);  // borrows hidden
+ *     if (st == FERRY_OK) st = ferry_rpc_call(client, FERRY_RPC_FORWARD, &req, &reply, 0);
+ *     const Ferry__ForwardReply *r = reply.head;            // decoded on arrival
+ *     ... reply.tensors[i] ...
+ *     ferry_rpc_msg_deinit(&req);
+ *     ferry_rpc_msg_deinit(&reply);
+ *
+ * Handlers run on the server's completion-queue threads, concurrently. */
+#ifndef FERRY_RPC_H
+#define FERRY_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.h */
+
+#define FERRY_RPC_MAX_DIMS                  4
+#define FERRY_RPC_NAME_MAX                  64   /* bytes, with the terminating NUL */
+#define FERRY_RPC_MAX_TENSORS               1024 /* per message */
+#define FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES (256u << 20)
+#define FERRY_RPC_DEFAULT_DEADLINE_MS       10000
+
+/* The methods of service ferry.Ferry, in proto order:
+ * X(ENUM_SUFFIX, ProtoName, snake_name); snake_name names the generated
+ * protobuf-c types (ferry__forward_request__descriptor). */
+#define FERRY_RPC_METHOD_MAP(X)                                                                    \
+    X(HELLO, Hello, hello)                                                                         \
+    X(CREATE_MODULE, CreateModule, create_module)                                                  \
+    X(FORWARD, Forward, forward)                                                                   \
+    X(BACKWARD, Backward, backward)                                                                \
+    X(GRAD_NORM, GradNorm, grad_norm)                                                              \
+    X(STEP, Step, step)                                                                            \
+    X(RELEASE_CONTEXT, ReleaseContext, release_context)                                            \
+    X(GET_PARAMS, GetParams, get_params)                                                           \
+    X(SET_PARAMS, SetParams, set_params)                                                           \
+    X(CHECKPOINT, Checkpoint, checkpoint)                                                          \
+    X(STATS, Stats, stats)                                                                         \
+    X(SHUTDOWN, Shutdown, shutdown)
+
+/* clang-format off */
+typedef enum ferry_rpc_method {
+#define FERRY_RPC_METHOD_ENUM_(id, name, snake) FERRY_RPC_##id,
+    FERRY_RPC_METHOD_MAP(FERRY_RPC_METHOD_ENUM_)
+#undef FERRY_RPC_METHOD_ENUM_
+    FERRY_RPC_METHOD_COUNT
+} ferry_rpc_method;
+/* clang-format on */
+
+/* The proto name of a method ("Forward"), or "?" for a value out of range. */
+const char *ferry_rpc_method_name(ferry_rpc_method method);
+
+/* Element types; the values are those of ferry.DType on the wire. */
+typedef enum ferry_rpc_dtype {
+    FERRY_RPC_DTYPE_F32 = 0,
+    FERRY_RPC_DTYPE_I32 = 1,
+    FERRY_RPC_DTYPE_I64 = 2,
+} ferry_rpc_dtype;
+
+/* Size in bytes of one element, or 0 for an unknown dtype. */
+size_t ferry_rpc_dtype_size(int dtype);
+
+/* Called exactly once, possibly on another thread, when the bytes it guards are
+ * no longer needed. ferry_rpc_buf_free fits this type. */
+typedef void (*ferry_rpc_release_fn)(void *user);
+
+/* One tensor of a message. The descriptor is a plain value; `release` says who
+ * owns `data`:
+ *   - release == NULL: borrowed. The caller keeps the bytes valid and unchanged
+ *     until the message is deinitialized (client requests: until the call that
+ *     sends it returns, which ferry guarantees is after gRPC let go of them).
+ *   - release != NULL: owned by the message; release(release_user) runs once
+ *     when the message and the transport are both done with it.
+ * Received tensors are owned, 64-byte aligned, and released with ferry_rpc_buf_free. */
+typedef struct ferry_rpc_tensor {
+    int dtype; /* FERRY_RPC_DTYPE_* */
+    int ndim;  /* 0 (scalar) .. FERRY_RPC_MAX_DIMS */
+    int64_t dim[FERRY_RPC_MAX_DIMS];
+    void *data;                    /* row-major, little-endian; NULL when nbytes == 0 */
+    size_t nbytes;                 /* == prod(dim[0..ndim)) * ferry_rpc_dtype_size(dtype) */
+    char name[FERRY_RPC_NAME_MAX]; /* "" or a role label such as "ids" */
+    ferry_rpc_release_fn release;
+    void *release_user;
+} ferry_rpc_tensor;
+
+/* Bytes a tensor of this type and shape needs, in *out. FERRY_ERR_INVALID for an
+ * unknown dtype, a rank outside 0..FERRY_RPC_MAX_DIMS or a negative dimension;
+ * FERRY_ERR_RANGE if the size overflows size_t. */
+ferry_status ferry_rpc_tensor_nbytes(int dtype, int ndim, const int64_t *dim, size_t *out);
+
+/* 64-byte-aligned buffers, the kind received tensors live in. alloc returns NULL
+ * when out of memory (n == 0 gives a valid minimal buffer); free(NULL) is a no-op. */
+void *ferry_rpc_buf_alloc(size_t n);
+void ferry_rpc_buf_free(void *p);
+
+/* Process-wide: lets glibc keep up to keep_bytes (0: 1 GiB) of freed heap
+ * instead of returning it to the kernel after every large message, which
+ * otherwise page-faults gRPC's receive buffers in again for each one (+30 to
+ * +60% one-way throughput at 16 MiB on the 2-core dev VM). For daemons' main()
+ * and benchmarks; a library does not change malloc behind its host's back.
+ * FERRY_ERR_UNSUPPORTED without glibc. */
+ferry_status ferry_rpc_tune_malloc(size_t keep_bytes);
+
+/* A header plus tensors. Read the public fields; change them only through the
+ * ferry_rpc_msg_* functions. Not thread-safe per object. */
+typedef struct ferry_rpc_msg {
+    /* Decoded header of a received message, a protobuf-c message of the method's
+     * type (e.g. const Ferry__ForwardReply *); NULL for a message built locally.
+     * Its n_tensors is always 0: the tensors are below. */
+    const void *head;
+    ferry_rpc_tensor *tensors; /* ntensors entries */
+    int ntensors;
+    /* Private to common/rpc. */
+    int cap;
+    const void *head_desc; /* ProtobufCMessageDescriptor of head or head_bytes */
+    uint8_t *head_bytes;   /* header packed by ferry_rpc_msg_set_head */
+    size_t head_len;
+} ferry_rpc_msg;
+
+/* Makes *m an empty message. No allocation; cannot fail. */
+void ferry_rpc_msg_init(ferry_rpc_msg *m);
+
+/* Releases every owned tensor and the header, leaving *m empty and reusable
+ * (deinit twice is fine). */
+void ferry_rpc_msg_deinit(ferry_rpc_msg *m);
+
+/* Sets the header from a protobuf-c message of the method's type. A packed copy
+ * is kept, so `head` and everything it points to may go away on return; m->head
+ * becomes NULL. head == NULL sends an all-defaults header. Returns
+ * FERRY_ERR_INVALID if head carries tensors (n_tensors != 0: add them with
+ * ferry_rpc_msg_add instead), FERRY_ERR_NOMEM; *m is unchanged on failure. The
+ * method is checked when the message is sent. */
+ferry_status ferry_rpc_msg_set_head(ferry_rpc_msg *m, const struct ProtobufCMessage *head);
+
+/* Appends a copy of the descriptor *t (ownership of t->data as documented at
+ * ferry_rpc_tensor). Returns FERRY_ERR_INVALID for a bad dtype, rank,
+ * dimension, a name of FERRY_RPC_NAME_MAX bytes or more, or data == NULL with
+ * nbytes > 0; FERRY_ERR_SHAPE if nbytes does not match dtype and shape;
+ * FERRY_ERR_RANGE past FERRY_RPC_MAX_TENSORS; FERRY_ERR_NOMEM. On failure the
+ * message is unchanged and the caller still owns the data. */
+ferry_status ferry_rpc_msg_add(ferry_rpc_msg *m, const ferry_rpc_tensor *t);
+
+/* Like ferry_rpc_msg_add, but copies t->data into an owned aligned buffer, so
+ * the caller's bytes are free again on return (t->release is not called). */
+ferry_status ferry_rpc_msg_add_copy(ferry_rpc_msg *m, const ferry_rpc_tensor *t);
+
+/* Appends an owned, uninitialized, 64-byte-aligned tensor of the given type and
+ * shape and returns its storage in *data (NULL for 0 bytes), for a handler to
+ * compute its result into without a further copy. name may be NULL. Errors as
+ * ferry_rpc_msg_add; *data is unchanged on failure. */
+ferry_status ferry_rpc_msg_alloc(ferry_rpc_msg *m, int dtype, int ndim, const int64_t *dim,
+                                 const char *name, void **data);
+
+/* Moves tensor i out of the message: *out receives its descriptor, including
+ * release and release_user, and the message keeps only a borrowed view of it.
+ * The caller now owns the data (call out->release(out->release_user) when done,
+ * or hand *out to ferry_rpc_msg_add of another message). FERRY_ERR_INVALID for
+ * an index out of range. */
+ferry_status ferry_rpc_msg_take(ferry_rpc_msg *m, int i, ferry_rpc_tensor *out);
+
+/* The first tensor named `name`, or NULL. */
+const ferry_rpc_tensor *ferry_rpc_msg_find(const ferry_rpc_msg *m, const char *name);
+
+/* ---- Server -------------------------------------------------------------- */
+
+typedef struct ferry_rpc_server ferry_rpc_server;
+
+/* Serves one call. `req` is the decoded request (the handler may take its
+ * tensors); `reply` is empty, and the handler fills it with
+ * ferry_rpc_msg_set_head and owned tensors (ferry_rpc_msg_alloc, _add_copy, or
+ * _add with a release function; a borrowed reply tensor fails the call with
+ * INTERNAL). Return FERRY_OK, or an error with its detail set through
+ * ferry_errorf: the client then receives the matching gRPC status (INVALID,
+ * SHAPE, FORMAT, NUMERIC -> INVALID_ARGUMENT, NOT_FOUND -> NOT_FOUND, RANGE ->
+ * OUT_OF_RANGE, EXISTS -> ALREADY_EXISTS, UNSUPPORTED -> UNIMPLEMENTED, TIMEOUT
+ * -> DEADLINE_EXCEEDED, BUSY -> ABORTED, UNAVAILABLE -> UNAVAILABLE, NOMEM ->
+ * RESOURCE_EXHAUSTED, others -> INTERNAL), the detail as its message, and the
+ * exact ferry_status in trailing metadata, so ferry clients get it back
+ * unchanged. On error the reply is discarded. Handlers run concurrently on the
+ * server's threads and should not block for long. */
+typedef ferry_status (*ferry_rpc_handler)(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                          ferry_rpc_msg *reply);
+
+typedef struct ferry_rpc_server_config {
+    const char *listen;       /* "127.0.0.1:0" (port 0: an ephemeral port), "[::]:7000" */
+    int threads;              /* completion-queue threads running handlers; 0: 2 */
+    size_t max_message_bytes; /* both directions; 0: FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES */
+    int slots;                /* calls kept posted per method; 0: 4 */
+    ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT]; /* NULL: UNIMPLEMENTED */
+    void *user;                                         /* first argument of every handler */
+} ferry_rpc_server_config;
+
+/* Binds, starts the threads and serves until shutdown. Unknown methods and
+ * methods without a handler get UNIMPLEMENTED, requests over max_message_bytes
+ * RESOURCE_EXHAUSTED, undecodable requests INVALID_ARGUMENT; the server goes
+ * on serving. Returns FERRY_ERR_INVALID for a bad config (no listen address,
+ * threads or slots out of 1..64, max_message_bytes above INT_MAX), FERRY_ERR_IO
+ * if the address cannot be bound, FERRY_ERR_NOMEM; *out is unchanged then. */
+ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_rpc_server **out);
+
+/* The bound TCP port (the ephemeral one for ":0"). */
+int ferry_rpc_server_port(const ferry_rpc_server *s);
+
+/* Starts a graceful shutdown and returns at once: stop accepting calls, let
+ * in-flight calls finish, and cancel those still running grace_ms later
+ * (grace_ms <= 0: cancel at once). Idempotent; thread-safe; may be called from
+ * a handler or a libuv callback. */
+void ferry_rpc_server_shutdown(ferry_rpc_server *s, int grace_ms);
+
+/* Waits until a shutdown has drained every call and stopped the threads.
+ * timeout_ms < 0 waits forever. FERRY_ERR_TIMEOUT if still running. Must not be
+ * called from a handler. */
+ferry_status ferry_rpc_server_wait(ferry_rpc_server *s, int timeout_ms);
+
+/* Shuts down (grace 0 if no shutdown was started), waits for the threads and
+ * frees the server. NULL is a no-op. Must not be called from a handler. */
+void ferry_rpc_server_destroy(ferry_rpc_server *s);
+
+typedef struct ferry_rpc_server_stats {
+    uint64_t calls;     /* calls answered (reply sent), any status */
+    uint64_t errors;    /* calls answered with a non-OK status */
+    uint64_t bytes_in;  /* request message bytes */
+    uint64_t bytes_out; /* reply message bytes */
+    int64_t in_flight;  /* calls received but not yet answered */
+} ferry_rpc_server_stats;
+
+/* A snapshot of the counters; thread-safe. */
+void ferry_rpc_server_get_stats(const ferry_rpc_server *s, ferry_rpc_server_stats *out);
+
+/* ---- Client -------------------------------------------------------------- */
+
+typedef struct ferry_rpc_client ferry_rpc_client;
+
+typedef struct ferry_rpc_client_config {
+    size_t max_message_bytes; /* both directions; 0: FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES */
+    int deadline_ms;          /* for calls that pass deadline_ms <= 0; 0: 10000 */
+    int wait_for_ready;       /* 1: calls wait up to their deadline for the server to
+                                 come up; 0: fail fast with FERRY_ERR_UNAVAILABLE */
+} ferry_rpc_client_config;
+
+/* Creates a client for target ("127.0.0.1:7000", "host:port", "unix:/path").
+ * Connecting is lazy: a dead server shows up as FERRY_ERR_UNAVAILABLE on the
+ * first call. cfg may be NULL for defaults. Returns FERRY_ERR_INVALID for an
+ * empty target or bad config, FERRY_ERR_NOMEM; *out is unchanged then. */
+ferry_status ferry_rpc_client_create(const char *target, const ferry_rpc_client_config *cfg,
+                                     ferry_rpc_client **out);
+
+/* Frees the client; no call may be in flight on it. NULL is a no-op. */
+void ferry_rpc_client_destroy(ferry_rpc_client *c);
+
+/* The target string given at creation. */
+const char *ferry_rpc_client_target(const ferry_rpc_client *c);
+
+/* One synchronous call with a deadline (deadline_ms <= 0: the client's default).
+ * req is only read: its borrowed tensors may be reused or freed once this
+ * returns, and the same req may be sent again or to several peers. *reply must
+ * be initialized; its old content is released first, and on success it holds the
+ * decoded reply (caller deinitializes it). On failure the reply is empty and the
+ * detail (ferry_error_last) names peer, method, gRPC code and message, e.g.
+ * "127.0.0.1:5000 Forward: DEADLINE_EXCEEDED (deadline 2000 ms)". Errors: the
+ * server's own ferry_status when it sent one; otherwise FERRY_ERR_TIMEOUT
+ * (deadline), FERRY_ERR_UNAVAILABLE (cannot connect, connection lost),
+ * FERRY_ERR_RANGE (a message over a size limit, either end),
+ * FERRY_ERR_UNSUPPORTED (UNIMPLEMENTED), FERRY_ERR_FORMAT (undecodable reply),
+ * FERRY_ERR_INVALID (bad request: header of another method's type),
+ * FERRY_ERR_RPC (anything else). Thread-safe: many threads may call at once. */
+ferry_status ferry_rpc_call(ferry_rpc_client *c, ferry_rpc_method method, const ferry_rpc_msg *req,
+                            ferry_rpc_msg *reply, int deadline_ms);
+
+/* One call of a fan-out. The caller fills the first four fields. */
+typedef struct ferry_rpc_fanout {
+    ferry_rpc_client *client;
+    ferry_rpc_method method;
+    const ferry_rpc_msg *req; /* may be shared by several entries */
+    ferry_rpc_msg *reply;     /* initialized by the caller, as for ferry_rpc_call */
+    ferry_status status;      /* out: this call's result */
+    char error[256];          /* out: its detail message, "" on success */
+} ferry_rpc_fanout;
+
+/* Starts all n calls at once, each with the deadline (<= 0: its client's
+ * default), and waits for all of them. Each entry gets its own status and error;
+ * the return value is FERRY_OK if every call succeeded, else the status of the
+ * first failed entry (with its detail in ferry_error_last). Thread-safe. */
+ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_RPC_H */

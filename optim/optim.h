@@ -1,0 +1,108 @@
+/* optim.h - the optimizer over a parameter block: SGD (momentum, dampening, Nesterov),
+ * Adagrad, Adadelta, Adam and AdamW, each exactly torch 1.13's single-tensor rule, dense
+ * for ordinary parameters and lazy (touched rows only) for row-sparse ones. State slots
+ * share the block's layout and live on its backend; the update runs there
+ * (ferry_backend_optim_update).
+ *
+ *     ferry_optim_config cfg = ferry_optim_defaults(FERRY_OPTIM_ADAM);
+ *     cfg.lr = 2e-3;
+ *     ferry_optim *opt;
+ *     ferry_optim_create(&P, &cfg, &opt);
+ *     ... accumulate gradients into G (ferry_grads over P) ...
+ *     ferry_optim_step(opt, &P, &G, clip_scale);   // 1.0f when not clipping
+ *     ferry_optim_destroy(opt);
+ *
+ * Differences from torch, all deliberate: the step counter t is global (one per
+ * ferry_optim_step, as torch.optim.SparseAdam counts for an embedding), so Adam's bias
+ * correction and Adagrad's lr_decay use it even for a parameter that had no gradient in
+ * some earlier step; a parameter without a gradient in a step is skipped entirely (no
+ * weight decay, no momentum, state untouched), as torch skips params whose .grad is None;
+ * row-sparse parameters update only the rows present in the gradient (their state
+ * included), and an SGD momentum buffer of a row starts as that row's first gradient.
+ * Not thread-safe per object. */
+#ifndef FERRY_OPTIM_H
+#define FERRY_OPTIM_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "nn/params.h" /* ferry_params, ferry_grads; backend.h: ferry_optim_kind */
+
+/* Hyper-parameters; fields a kind does not use are ignored. Doubles, as torch keeps
+ * them in Python floats; the kernel derives float32 constants the way torch does. */
+typedef struct ferry_optim_config {
+    ferry_optim_kind kind;
+    double lr;
+    double momentum, dampening; /* SGD */
+    int nesterov;               /* SGD: needs momentum > 0 and dampening 0 */
+    double weight_decay;        /* L2 folded into the gradient; AdamW: decoupled */
+    double lr_decay;            /* Adagrad */
+    double initial_accumulator; /* Adagrad: initial value of the squared-gradient sum */
+    double rho;                 /* Adadelta */
+    double beta1, beta2;        /* Adam, AdamW */
+    double eps;                 /* Adagrad, Adadelta, Adam, AdamW */
+} ferry_optim_config;
+
+typedef struct ferry_optim ferry_optim; /* opaque */
+
+/* PyTorch's defaults for kind. SGD has no default lr in torch; ours is 1.0.
+ * sgd: lr 1, no momentum | adagrad: lr 0.01, eps 1e-10 | adadelta: lr 1, rho 0.9,
+ * eps 1e-6 | adam: lr 1e-3, betas (0.9, 0.999), eps 1e-8 | adamw: as adam with
+ * weight_decay 0.01. Every other field is 0. */
+ferry_optim_config ferry_optim_defaults(ferry_optim_kind kind);
+/* "sgd", "adagrad", "adadelta", "adam" or "adamw" (case-sensitive) into *out;
+ * FERRY_ERR_INVALID with the list of valid names otherwise. */
+ferry_status ferry_optim_parse_kind(const char *name, ferry_optim_kind *out);
+/* The name parse_kind accepts; "unknown" for a value outside the enum. */
+const char *ferry_optim_kind_name(ferry_optim_kind kind);
+/* Checks the ranges torch checks (lr, eps, weight_decay, momentum >= 0; betas and rho in
+ * [0, 1); Nesterov needs momentum > 0 and zero dampening; all finite), plus a known
+ * kind. FERRY_ERR_INVALID naming the offending field. */
+ferry_status ferry_optim_config_check(const ferry_optim_config *cfg);
+
+/* Creates an optimizer for the allocated block P: the state slots the kind needs
+ * (sgd: 1 with momentum, else 0; adagrad: 1, filled with initial_accumulator; adadelta,
+ * adam, adamw: 2; zero-filled) are allocated on P->be with P's layout. P itself is not
+ * kept: pass the same block (or one with the same layout) to every step. Errors:
+ * FERRY_ERR_INVALID for a bad config or an unallocated block, FERRY_ERR_NOMEM. */
+ferry_status ferry_optim_create(const ferry_params *P, const ferry_optim_config *cfg,
+                                ferry_optim **out);
+void ferry_optim_destroy(ferry_optim *o); /* NULL is a no-op */
+
+/* The learning rate used by later steps (schedules call this); FERRY_ERR_INVALID for a
+ * negative or non-finite value. */
+ferry_status ferry_optim_set_lr(ferry_optim *o, double lr);
+double ferry_optim_get_lr(const ferry_optim *o);
+/* The configuration (lr as currently set). */
+ferry_optim_config ferry_optim_get_config(const ferry_optim *o);
+/* Steps taken so far (t of the last step; 0 before the first). */
+int64_t ferry_optim_step_count(const ferry_optim *o);
+
+/* One step: t += 1, then every parameter of P with a gradient in G is updated: a dense
+ * one over its range, a row-sparse one over the rows of its ferry_rowgrad (lazily).
+ * Parameters without a gradient are skipped. The gradient is multiplied by grad_scale
+ * first (the clipping scale from ferry_clip_coef; 1.0f for none). G is read only; it may
+ * collect gradients from any number of modules or calls, and may have been built over
+ * another ferry_params with the same layout (a copy of the block). Errors, all before
+ * anything changes: FERRY_ERR_SHAPE if P or G does not have the optimizer's layout or a
+ * row gradient has the wrong width, FERRY_ERR_RANGE for a row id outside its table,
+ * FERRY_ERR_NUMERIC for a non-finite or negative grad_scale. */
+ferry_status ferry_optim_step(ferry_optim *o, ferry_params *P, const ferry_grads *G,
+                              float grad_scale);
+
+/* ---- checkpoints ---- */
+
+/* Bytes ferry_optim_state_save writes. */
+size_t ferry_optim_state_size(const ferry_optim *o);
+/* Writes a header (kind, block size, parameter count, step, lr) and the state: the slots
+ * and the SGD "buffer exists" flags, in host byte order. FERRY_ERR_IO on a write error. */
+ferry_status ferry_optim_state_save(const ferry_optim *o, FILE *f);
+/* Reads what state_save wrote and continues from it: step, lr and state are restored
+ * (set the lr again afterwards to override it). The header must match this optimizer:
+ * FERRY_ERR_EXISTS for another kind or layout, with a message such as "checkpoint
+ * optimizer is adam over 123 floats, this model needs sgd over 456";
+ * FERRY_ERR_FORMAT for a file that is not an optimizer state or is truncated (the state
+ * may then be partly overwritten: do not step it). FERRY_ERR_IO on a read error. */
+ferry_status ferry_optim_state_load(ferry_optim *o, FILE *f);
+
+#endif /* FERRY_OPTIM_H */

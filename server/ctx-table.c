@@ -1,0 +1,261 @@
+/* ctx-table.c - the distributed-autograd contexts a ferry-ps holds: per context, the
+ * gradients of every module it touched and the Forward calls awaiting their
+ * Backward. A context lives from its first saving Forward until Step or
+ * ReleaseContext retires it, or until the sweep frees it after `ttl` seconds without
+ * a call (its trainer died). Contexts are reference-counted so that a sweep or a
+ * retire never frees one a handler is still using. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server/ps-impl.h"
+
+#define CTX_BUCKETS 1024 /* power of two; chains stay short for thousands of contexts */
+
+static uint64_t ctx_hash(uint64_t id) {
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdull;
+    id ^= id >> 33;
+    return id;
+}
+
+ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s) {
+    memset(t, 0, sizeof *t);
+    t->buckets = calloc(CTX_BUCKETS, sizeof *t->buckets);
+    if (t->buckets == NULL)
+        return FERRY_ERR_NOMEM;
+    t->nbuckets = CTX_BUCKETS;
+    t->ttl_s = ttl_s;
+    pthread_mutex_init(&t->mu, NULL);
+    atomic_init(&t->bytes, 0);
+    atomic_init(&t->created, 0);
+    atomic_init(&t->swept, 0);
+    atomic_init(&t->stepped, 0);
+    atomic_init(&t->released, 0);
+    return FERRY_OK;
+}
+
+static void ctx_free(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
+    atomic_fetch_sub(&t->bytes, c->bytes);
+    for (ferry__ps_call *call = c->calls, *next; call != NULL; call = next) {
+        next = call->next;
+        ferry__ps_saved_free(&call->saved);
+        free(call);
+    }
+    for (int i = 0; i < c->nmods; i++)
+        ferry_grads_deinit(&c->mods[i].G);
+    free(c->mods);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t) {
+    if (t->buckets == NULL)
+        return;
+    for (int64_t b = 0; b < t->nbuckets; b++) {
+        for (ferry__ps_ctx *c = t->buckets[b], *next; c != NULL; c = next) {
+            next = c->next;
+            ctx_free(t, c);
+        }
+    }
+    free(t->buckets);
+    pthread_mutex_destroy(&t->mu);
+    memset(t, 0, sizeof *t);
+}
+
+/* Unlinks c from its chain; table lock held. */
+static void unlink_locked(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
+    ferry__ps_ctx **pp = &t->buckets[ctx_hash(c->id) & (uint64_t)(t->nbuckets - 1)];
+    while (*pp != c)
+        pp = &(*pp)->next;
+    *pp = c->next;
+    c->next = NULL;
+    t->count--;
+}
+
+ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int create,
+                                   ferry__ps_ctx **out) {
+    if (id == 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "context id 0 means no context: this call "
+                                               "needs one");
+    pthread_mutex_lock(&t->mu);
+    ferry__ps_ctx **head = &t->buckets[ctx_hash(id) & (uint64_t)(t->nbuckets - 1)];
+    ferry__ps_ctx *c = *head;
+    while (c != NULL && c->id != id)
+        c = c->next;
+    if (c == NULL && create) {
+        if ((c = calloc(1, sizeof *c)) == NULL) {
+            pthread_mutex_unlock(&t->mu);
+            return FERRY_ERR_NOMEM;
+        }
+        c->id = id;
+        pthread_mutex_init(&c->mu, NULL);
+        c->next = *head;
+        *head = c;
+        t->count++;
+        atomic_fetch_add(&t->created, 1);
+    }
+    if (c != NULL) {
+        c->refs++;
+        c->last_used = ferry_now();
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (c == NULL)
+        return ferry_errorf(FERRY_ERR_NOT_FOUND,
+                            "unknown context %#llx: never opened here by a Forward, already "
+                            "stepped or released, or swept after %g s idle",
+                            (unsigned long long)id, t->ttl_s);
+    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&t->mu);
+    int dead = c->dead;
+    pthread_mutex_unlock(&t->mu);
+    if (dead) {
+        ferry__ps_ctx_release(t, c);
+        return ferry_errorf(FERRY_ERR_NOT_FOUND,
+                            "context %#llx was stepped or released while this call waited",
+                            (unsigned long long)id);
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+/* Bytes a gradient table holds: the dense block plus every row-sparse table. */
+static int64_t grads_bytes(const ferry_grads *G) {
+    int64_t n = G->P->numel * (int64_t)sizeof(float) +
+                G->P->count * (int64_t)(1 + sizeof(ferry_rowgrad));
+    for (int i = 0; i < G->P->count; i++) {
+        const ferry_rowgrad *rg = &G->rows[i];
+        n += rg->cap * rg->D * (int64_t)sizeof(float) + rg->cap * (int64_t)sizeof(int64_t) +
+             rg->hash_cap * (int64_t)sizeof(int64_t);
+    }
+    return n;
+}
+
+void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
+    int64_t bytes = (int64_t)sizeof *c + c->cap * (int64_t)sizeof *c->mods;
+    for (int i = 0; i < c->nmods; i++)
+        bytes += grads_bytes(&c->mods[i].G);
+    for (const ferry__ps_call *call = c->calls; call != NULL; call = call->next)
+        bytes += (int64_t)(sizeof *call + call->saved.bytes);
+    atomic_fetch_add(&t->bytes, bytes - c->bytes);
+    c->bytes = bytes;
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&t->mu);
+    c->refs--;
+    c->last_used = ferry_now();
+    int free_it = c->dead && c->refs == 0;
+    pthread_mutex_unlock(&t->mu);
+    if (free_it)
+        ctx_free(t, c);
+}
+
+void ferry__ps_ctx_retire(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int stepped) {
+    pthread_mutex_lock(&t->mu);
+    if (!c->dead) {
+        unlink_locked(t, c);
+        c->dead = 1;
+    }
+    pthread_mutex_unlock(&t->mu);
+    atomic_fetch_add(stepped ? &t->stepped : &t->released, 1);
+}
+
+ferry_status ferry__ps_ctx_grads(ferry__ps_ctx *c, ferry__ps_module *m, ferry_grads **out) {
+    for (int i = 0; i < c->nmods; i++) {
+        if (c->mods[i].mod == m) {
+            *out = &c->mods[i].G;
+            return FERRY_OK;
+        }
+    }
+    if (c->nmods == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 4;
+        ferry__ps_ctx_mod *mods = realloc(c->mods, (size_t)cap * sizeof *mods);
+        if (mods == NULL)
+            return FERRY_ERR_NOMEM;
+        c->mods = mods;
+        c->cap = cap;
+    }
+    ferry__ps_ctx_mod *cm = &c->mods[c->nmods];
+    cm->mod = m;
+    ferry_status st = ferry_grads_init(&cm->G, &m->P);
+    if (st != FERRY_OK)
+        return st;
+    c->nmods++;
+    *out = &cm->G;
+    return FERRY_OK;
+}
+
+ferry__ps_call *ferry__ps_ctx_find_call(ferry__ps_ctx *c, const ferry__ps_module *m,
+                                        uint64_t call_id) {
+    for (ferry__ps_call *call = c->calls; call != NULL; call = call->next) {
+        if (call->mod == m && call->call_id == call_id)
+            return call;
+    }
+    return NULL;
+}
+
+ferry_status ferry__ps_ctx_save(ferry__ps_ctx *c, ferry__ps_module *m, uint64_t call_id,
+                                ferry__ps_saved *sv) {
+    if (ferry__ps_ctx_find_call(c, m, call_id) != NULL)
+        return ferry_errorf(FERRY_ERR_EXISTS,
+                            "%s '%s': context %#llx already has a Forward with call id %llu",
+                            m->kind->name, m->name, (unsigned long long)c->id,
+                            (unsigned long long)call_id);
+    ferry__ps_call *call = calloc(1, sizeof *call);
+    if (call == NULL)
+        return FERRY_ERR_NOMEM;
+    call->call_id = call_id;
+    call->mod = m;
+    call->saved = *sv;
+    memset(sv, 0, sizeof *sv);
+    call->next = c->calls;
+    c->calls = call;
+    return FERRY_OK;
+}
+
+void ferry__ps_ctx_drop_call(ferry__ps_ctx *c, ferry__ps_call *call) {
+    ferry__ps_call **pp = &c->calls;
+    while (*pp != call)
+        pp = &(*pp)->next;
+    *pp = call->next;
+    ferry__ps_saved_free(&call->saved);
+    free(call);
+}
+
+int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t) {
+    double now = ferry_now();
+    ferry__ps_ctx *expired = NULL;
+    pthread_mutex_lock(&t->mu);
+    for (int64_t b = 0; b < t->nbuckets; b++) {
+        for (ferry__ps_ctx *c = t->buckets[b], *next; c != NULL; c = next) {
+            next = c->next;
+            if (c->refs == 0 && now - c->last_used > t->ttl_s) {
+                unlink_locked(t, c);
+                c->dead = 1;
+                c->next = expired;
+                expired = c;
+            }
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    int n = 0;
+    for (ferry__ps_ctx *c = expired, *next; c != NULL; c = next, n++) {
+        next = c->next;
+        int ncalls = 0;
+        for (const ferry__ps_call *call = c->calls; call != NULL; call = call->next)
+            ncalls++;
+        FERRY_LOG_INFO("swept context %#llx: idle %.1f s (ttl %g s), %d modules, %d pending "
+                       "calls, %lld bytes freed",
+                       (unsigned long long)c->id, now - c->last_used, t->ttl_s, c->nmods, ncalls,
+                       (long long)c->bytes);
+        ctx_free(t, c);
+        atomic_fetch_add(&t->swept, 1);
+    }
+    return n;
+}
+
+int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t) {
+    pthread_mutex_lock(&t->mu);
+    int64_t n = t->count;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}

@@ -1,0 +1,261 @@
+/* dense.c - the `linear` module kind (y = x W^T + b) and the helpers every kind
+ * uses to read and check its inputs and to keep what Backward needs. The decoder's
+ * "logits" mode (softmax.c) is this same computation over a vocabulary slice. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "server/ps-impl.h"
+
+/* ---- saved state ---- */
+
+void ferry__ps_saved_free(ferry__ps_saved *sv) {
+    if (sv == NULL)
+        return;
+    for (int i = 0; i < sv->nt; i++) {
+        if (sv->t[i].release != NULL)
+            sv->t[i].release(sv->t[i].release_user);
+    }
+    memset(sv, 0, sizeof *sv);
+}
+
+ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i) {
+    FERRY_ASSERT(sv->nt < 3);
+    ferry_rpc_tensor *t = &sv->t[sv->nt];
+    ferry_status st = ferry_rpc_msg_take(req, i, t);
+    if (st != FERRY_OK)
+        return st;
+    if (t->release == NULL) {
+        /* A borrowed tensor cannot be kept past the call: copy it. */
+        void *copy = ferry_rpc_buf_alloc(t->nbytes);
+        if (copy == NULL)
+            return FERRY_ERR_NOMEM;
+        memcpy(copy, t->data, t->nbytes);
+        t->data = copy;
+        t->release = ferry_rpc_buf_free;
+        t->release_user = copy;
+    }
+    sv->bytes += t->nbytes;
+    sv->nt++;
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, void **data) {
+    FERRY_ASSERT(sv->nt < 3);
+    void *p = ferry_rpc_buf_alloc(n);
+    if (p == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "cannot allocate %zu bytes for a saved activation",
+                            n);
+    ferry_rpc_tensor *t = &sv->t[sv->nt++];
+    memset(t, 0, sizeof *t);
+    t->data = p;
+    t->nbytes = n;
+    t->release = ferry_rpc_buf_free;
+    t->release_user = p;
+    sv->bytes += n;
+    *data = p;
+    return FERRY_OK;
+}
+
+/* ---- input checks ---- */
+
+static const char *shape_str(int ndim, const int64_t *dim, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int k = 0; k < ndim && n < cap; k++) {
+        if (dim[k] < 0)
+            n += (size_t)snprintf(buf + n, cap - n, "%s*", k ? ", " : "");
+        else
+            n += (size_t)snprintf(buf + n, cap - n, "%s%lld", k ? ", " : "", (long long)dim[k]);
+    }
+    if (n < cap)
+        (void)snprintf(buf + n, cap - n, ")");
+    return buf;
+}
+
+static const char *dtype_name(int dtype) {
+    switch (dtype) {
+    case FERRY_RPC_DTYPE_F32:
+        return "f32";
+    case FERRY_RPC_DTYPE_I32:
+        return "i32";
+    case FERRY_RPC_DTYPE_I64:
+        return "i64";
+    default:
+        return "integer";
+    }
+}
+
+ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req,
+                             const char *name, int dtype, int ndim, const int64_t *want,
+                             int *i) {
+    const ferry_rpc_tensor *t = ferry_rpc_msg_find(req, name);
+    if (t == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': missing input tensor '%s'",
+                            m->kind->name, m->name, name);
+    /* dtype < 0 accepts either integer type. */
+    int ok_type = dtype >= 0 ? t->dtype == dtype
+                             : t->dtype == FERRY_RPC_DTYPE_I32 || t->dtype == FERRY_RPC_DTYPE_I64;
+    if (!ok_type)
+        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': tensor '%s' must be %s, got %s",
+                            m->kind->name, m->name, name, dtype_name(dtype),
+                            dtype_name(t->dtype));
+    int ok_shape = t->ndim == ndim;
+    for (int k = 0; ok_shape && k < ndim; k++)
+        ok_shape = want[k] < 0 || t->dim[k] == want[k];
+    if (!ok_shape) {
+        char a[96], b[96];
+        return ferry_errorf(FERRY_ERR_SHAPE, "%s '%s': tensor '%s' must be %s, got %s",
+                            m->kind->name, m->name, name, shape_str(ndim, want, a, sizeof a),
+                            shape_str(t->ndim, t->dim, b, sizeof b));
+    }
+    *i = (int)(t - req->tensors);
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_check_finite(const ferry__ps_module *m, const char *what, const float *x,
+                                    int64_t n) {
+    for (int64_t k = 0; k < n; k++) {
+        if (!isfinite(x[k]))
+            return ferry_errorf(FERRY_ERR_NUMERIC, "%s '%s': %s[%lld] is %g", m->kind->name,
+                                m->name, what, (long long)k, (double)x[k]);
+    }
+    return FERRY_OK;
+}
+
+void ferry__ps_read_ids(const ferry_rpc_tensor *t, int64_t n, int64_t *dst) {
+    if (t->dtype == FERRY_RPC_DTYPE_I64) {
+        memcpy(dst, t->data, (size_t)n * sizeof *dst);
+        return;
+    }
+    const int32_t *src = t->data;
+    for (int64_t k = 0; k < n; k++)
+        dst[k] = src[k];
+}
+
+/* ---- the linear map shared with the decoder's logits mode ---- */
+
+/* y (N, D) = x (N, C) W^T + b, with W (D, C) and b (D) or none. */
+ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const float *x,
+                                   float *y) {
+    ferry_backend *be = m->P.be;
+    int64_t D = m->rows, C = m->cols;
+    if (N == 0)
+        return FERRY_OK;
+    ferry_status st = ferry_backend_gemm(be, 0, 1, N, D, C, 1.0f, x, C,
+                                         ferry_params_data(&m->P, m->w), C, 0.0f, y, D);
+    if (st == FERRY_OK && m->b >= 0)
+        st = ferry_backend_add_bias(be, N, D, ferry_params_data(&m->P, m->b), y);
+    return st;
+}
+
+/* dW (D, C) += dy^T x; db (D) += column sums of dy; dx (N, C) = dy W. */
+ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const float *x,
+                                  const float *dy, ferry_grads *G, float *dx) {
+    ferry_backend *be = m->P.be;
+    int64_t D = m->rows, C = m->cols;
+    float *dW = ferry_grads_dense(G, m->w);
+    float *db = m->b >= 0 ? ferry_grads_dense(G, m->b) : NULL;
+    if (dW == NULL || (m->b >= 0 && db == NULL))
+        return FERRY_ERR_NOMEM;
+    if (N == 0)
+        return FERRY_OK;
+    ferry_status st = ferry_backend_gemm(be, 1, 0, D, C, N, 1.0f, dy, D, x, C, 1.0f, dW, C);
+    if (st == FERRY_OK && db != NULL)
+        st = ferry_backend_sum_rows(be, N, D, dy, db);
+    if (st == FERRY_OK)
+        st = ferry_backend_gemm(be, 0, 0, N, C, D, 1.0f, dy, D,
+                                ferry_params_data(&m->P, m->w), C, 0.0f, dx, C);
+    return st;
+}
+
+/* Forward of the affine map: input `in_name` (N, C) -> output `out_name` (N, D).
+ * Saves the input for backward. */
+ferry_status ferry__ps_affine_forward(ferry__ps_module *m, const char *in_name,
+                                      const char *out_name, ferry_rpc_msg *req,
+                                      ferry_rpc_msg *reply, ferry__ps_saved *save) {
+    int64_t want[2] = {-1, m->cols};
+    int ix;
+    ferry_status st = ferry__ps_input(m, req, in_name, FERRY_RPC_DTYPE_F32, 2, want, &ix);
+    if (st != FERRY_OK)
+        return st;
+    const ferry_rpc_tensor *x = &req->tensors[ix];
+    int64_t N = x->dim[0];
+    if ((st = ferry__ps_check_finite(m, in_name, x->data, N * m->cols)) != FERRY_OK)
+        return st;
+    int64_t dim[2] = {N, m->rows};
+    float *y;
+    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, out_name, (void **)&y)) !=
+        FERRY_OK)
+        return st;
+    if ((st = ferry__ps_affine_apply(m, N, x->data, y)) != FERRY_OK)
+        return st;
+    if (save != NULL) {
+        save->N = N;
+        st = ferry__ps_saved_take(save, req, ix); /* x (N, C) */
+    }
+    return st;
+}
+
+/* Backward of the affine map: `grad_name` (N, D) -> `out_name` (N, C); the saved
+ * input is save->t[0]. */
+ferry_status ferry__ps_affine_backward(ferry__ps_module *m, const char *grad_name,
+                                       const char *out_name, ferry__ps_saved *saved,
+                                       ferry_rpc_msg *req, ferry_grads *G, ferry_rpc_msg *reply) {
+    int64_t want[2] = {saved->N, m->rows};
+    int idy;
+    ferry_status st = ferry__ps_input(m, req, grad_name, FERRY_RPC_DTYPE_F32, 2, want, &idy);
+    if (st != FERRY_OK)
+        return st;
+    const float *dy = req->tensors[idy].data;
+    if ((st = ferry__ps_check_finite(m, grad_name, dy, saved->N * m->rows)) != FERRY_OK)
+        return st;
+    int64_t dim[2] = {saved->N, m->cols};
+    float *dx;
+    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, out_name, (void **)&dx)) !=
+        FERRY_OK)
+        return st;
+    return ferry__ps_affine_grad(m, saved->N, saved->t[0].data, dy, G, dx);
+}
+
+/* ---- the linear kind: dims [C, D], W (D, C), optional b (D) ---- */
+
+static ferry_status linear_declare(ferry__ps_module *m) {
+    const ferry__ps_module_config *c = &m->cfg;
+    int64_t C = c->dims[0], D = c->dims[1];
+    if (c->row_begin != 0 || c->row_count != D)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "linear '%s': row sharding is not supported (row_begin %lld, "
+                            "row_count %lld; leave both 0)",
+                            m->name, (long long)c->row_begin, (long long)c->row_count);
+    m->rows = D;
+    m->cols = C;
+    m->b = -1;
+    ferry_status st = ferry_params_add(&m->P, "weight", ferry_shape_2d(D, C), 0, &m->w);
+    if (st == FERRY_OK && c->bias)
+        st = ferry_params_add(&m->P, "bias", ferry_shape_1d(D), 0, &m->b);
+    return st;
+}
+
+static ferry_status linear_forward(ferry__ps_module *m, const Ferry__ForwardRequest *q,
+                                   ferry_rpc_msg *req, ferry_rpc_msg *reply,
+                                   ferry__ps_saved *save) {
+    if (q->mode[0] != '\0' && strcmp(q->mode, "linear") != 0)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "linear '%s': unknown Forward mode '%s'",
+                            m->name, q->mode);
+    return ferry__ps_affine_forward(m, "x", "y", req, reply, save);
+}
+
+static ferry_status linear_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+                                    ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
+                                    ferry_rpc_msg *reply) {
+    (void)q;
+    return ferry__ps_affine_backward(m, "dy", "dx", saved, req, G, reply);
+}
+
+const ferry__ps_kind ferry__ps_kind_linear = {
+    .name = "linear",
+    .declare = linear_declare,
+    .forward = linear_forward,
+    .backward = linear_backward,
+};

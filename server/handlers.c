@@ -1,0 +1,220 @@
+/* handlers.c - the calls that run inside a distributed-autograd context: Forward
+ * (saving what Backward needs under (ctx, call_id, module)), Backward (accumulating
+ * parameter gradients into the context, never into the parameters), GradNorm,
+ * Step (each touched module's optimizer, then the context is freed) and
+ * ReleaseContext. Every input is checked before anything changes, so a rejected
+ * call leaves the context as it was. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server/ps-impl.h"
+
+ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    const Ferry__ForwardRequest *q = req->head;
+    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    int saving = q->ctx_id != 0 && !q->no_grad;
+    ferry__ps_ctx *c = NULL;
+    ferry__ps_saved sv;
+    memset(&sv, 0, sizeof sv);
+    ferry_status st = FERRY_OK;
+    if (saving) {
+        if ((st = ferry__ps_ctx_acquire(t, q->ctx_id, 1, &c)) != FERRY_OK)
+            return st;
+        if (ferry__ps_ctx_find_call(c, m, q->call_id) != NULL)
+            st = ferry_errorf(FERRY_ERR_EXISTS,
+                              "%s '%s': context %#llx already has a Forward with call id %llu",
+                              m->kind->name, m->name, (unsigned long long)q->ctx_id,
+                              (unsigned long long)q->call_id);
+    }
+    uint64_t version = 0;
+    if (st == FERRY_OK) {
+        pthread_rwlock_rdlock(&m->lock);
+        st = m->kind->forward(m, q, req, reply, saving ? &sv : NULL);
+        version = m->version;
+        pthread_rwlock_unlock(&m->lock);
+    }
+    if (st == FERRY_OK && saving) {
+        /* The module joins the context now, so that Step advances its optimizer even
+         * if no gradient reaches it (the step counter stays in line with the trainer). */
+        ferry_grads *G;
+        st = ferry__ps_ctx_grads(c, m, &G);
+        if (st == FERRY_OK)
+            st = ferry__ps_ctx_save(c, m, q->call_id, &sv);
+    }
+    ferry__ps_saved_free(&sv); /* empty unless something failed */
+    if (c != NULL)
+        ferry__ps_ctx_release(t, c);
+    if (st != FERRY_OK)
+        return st;
+    Ferry__ForwardReply r;
+    ferry__forward_reply__init(&r);
+    r.version = version;
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    const Ferry__BackwardRequest *q = req->head;
+    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry__ps_ctx *c;
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    if (st != FERRY_OK)
+        return st;
+    ferry__ps_call *call = ferry__ps_ctx_find_call(c, m, q->call_id);
+    ferry_grads *G = NULL;
+    if (call == NULL)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND,
+                          "%s '%s': context %#llx has no pending Forward with call id %llu "
+                          "(already backpropagated, or run without a context or with no_grad)",
+                          m->kind->name, m->name, (unsigned long long)q->ctx_id,
+                          (unsigned long long)q->call_id);
+    else
+        st = ferry__ps_ctx_grads(c, m, &G);
+    if (st == FERRY_OK) {
+        pthread_rwlock_rdlock(&m->lock);
+        st = m->kind->backward(m, q, &call->saved, req, G, reply);
+        pthread_rwlock_unlock(&m->lock);
+    }
+    /* One Backward per Forward: the saved state may have been consumed in place. */
+    if (st == FERRY_OK)
+        ferry__ps_ctx_drop_call(c, call);
+    ferry__ps_ctx_release(t, c);
+    if (st != FERRY_OK)
+        return st;
+    Ferry__BackwardReply r;
+    ferry__backward_reply__init(&r);
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+static int name_listed(const char *name, char **names, size_t n) {
+    if (n == 0)
+        return 1;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(names[i], name) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req,
+                                    ferry_rpc_msg *reply) {
+    const Ferry__GradNormRequest *q = req->head;
+    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    ferry__ps_ctx *c;
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    if (st != FERRY_OK)
+        return st;
+    Ferry__GradNormReply r;
+    ferry__grad_norm_reply__init(&r);
+    Ferry__Metric *metrics = calloc((size_t)c->nmods + 1, sizeof *metrics);
+    Ferry__Metric **ptrs = calloc((size_t)c->nmods + 1, sizeof *ptrs);
+    if (metrics == NULL || ptrs == NULL)
+        st = FERRY_ERR_NOMEM;
+    for (int i = 0; st == FERRY_OK && i < c->nmods; i++) {
+        ferry__ps_ctx_mod *cm = &c->mods[i];
+        if (!name_listed(cm->mod->name, q->modules, q->n_modules))
+            continue;
+        double ss = 0.0;
+        if ((st = ferry_grads_sumsq(&cm->G, &ss)) != FERRY_OK)
+            break;
+        ferry__metric__init(&metrics[r.n_per_module]);
+        metrics[r.n_per_module].name = cm->mod->name;
+        metrics[r.n_per_module].value = ss;
+        ptrs[r.n_per_module] = &metrics[r.n_per_module];
+        r.n_per_module++;
+        r.sum_squares += ss;
+    }
+    r.per_module = ptrs;
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_set_head(reply, &r.base); /* packs a copy while names live */
+    ferry__ps_ctx_release(t, c);
+    free(metrics);
+    free(ptrs);
+    return st;
+}
+
+ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    const Ferry__StepRequest *q = req->head;
+    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    double scale = q->scale != 0.0 ? q->scale : 1.0;
+    if (!isfinite(scale) || scale < 0.0)
+        return ferry_errorf(FERRY_ERR_NUMERIC, "Step: gradient scale %g must be finite and >= 0",
+                            q->scale);
+    if (!isfinite(q->lr) || q->lr < 0.0)
+        return ferry_errorf(FERRY_ERR_INVALID, "Step: learning rate %g must be finite and >= 0",
+                            q->lr);
+    ferry__ps_ctx *c;
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    if (st != FERRY_OK)
+        return st;
+    Ferry__StepReply r;
+    ferry__step_reply__init(&r);
+    Ferry__Metric *metrics = calloc((size_t)c->nmods + 1, sizeof *metrics);
+    Ferry__Metric **ptrs = calloc((size_t)c->nmods + 1, sizeof *ptrs);
+    char(*names)[FERRY_RPC_NAME_MAX + 8] = calloc((size_t)c->nmods + 1, sizeof *names);
+    if (metrics == NULL || ptrs == NULL || names == NULL)
+        st = FERRY_ERR_NOMEM;
+    /* Once stepping has begun the context is retired whatever happens, so that a
+     * retry cannot apply the same gradients twice. */
+    for (int i = 0; st == FERRY_OK && i < c->nmods; i++) {
+        ferry__ps_module *m = c->mods[i].mod;
+        pthread_rwlock_wrlock(&m->lock);
+        if (q->lr > 0.0)
+            st = ferry_optim_set_lr(m->opt, q->lr);
+        if (st == FERRY_OK)
+            st = ferry_optim_step(m->opt, &m->P, &c->mods[i].G, (float)scale);
+        if (st == FERRY_OK)
+            m->version++;
+        uint64_t version = m->version;
+        pthread_rwlock_unlock(&m->lock);
+        if (st != FERRY_OK) {
+            char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
+            (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+            st = ferry_errorf(st, "Step of %s '%s': %s", m->kind->name, m->name, why);
+            break;
+        }
+        r.version = version > r.version ? version : r.version;
+        (void)snprintf(names[i], sizeof names[i], "version/%s", m->name);
+        ferry__metric__init(&metrics[i]);
+        metrics[i].name = names[i];
+        metrics[i].value = (double)version;
+        ptrs[r.n_metrics++] = &metrics[i];
+    }
+    if (c->calls != NULL)
+        FERRY_LOG_DEBUG("Step of context %#llx with Forward calls never backpropagated",
+                        (unsigned long long)c->id);
+    ferry__ps_ctx_retire(t, c, 1);
+    r.metrics = ptrs;
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_set_head(reply, &r.base);
+    ferry__ps_ctx_release(t, c);
+    free(metrics);
+    free(ptrs);
+    free(names);
+    return st;
+}
+
+ferry_status ferry__ps_on_release(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    const Ferry__ReleaseContextRequest *q = req->head;
+    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    ferry__ps_ctx *c;
+    Ferry__ReleaseContextReply r;
+    ferry__release_context_reply__init(&r);
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    if (st == FERRY_OK) {
+        ferry__ps_ctx_retire(t, c, 0);
+        ferry__ps_ctx_release(t, c);
+        r.found = 1;
+    } else if (st != FERRY_ERR_NOT_FOUND) {
+        return st;
+    }
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}

@@ -1,0 +1,232 @@
+/* ps-impl.h - internals shared by the files of ferry-ps: hosted modules and their
+ * kinds (embedding.c, dense.c, softmax.c), the registry (registry.c), the context
+ * table with leases (ctx-table.c), the request handlers (handlers.c, params.c),
+ * checkpoints (checkpoint.c) and the server object (server.c).
+ *
+ * Locking: the registry's mutex guards its list only; a module's rwlock guards its
+ * parameters and optimizer (Forward/Backward/GetParams read, Step/SetParams write);
+ * a context's mutex serialises the calls of one context. Order: context mutex, then
+ * module lock; the table lock is never held while taking either. */
+#ifndef FERRY_PS_IMPL_H
+#define FERRY_PS_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "ferry.pb-c.h" /* Ferry__*Request, Ferry__*Reply */
+#include "ferry/rpc.h"
+#include "nn/params.h"
+#include "optim/optim.h"
+#include "server/ps.h"
+
+/* ---- modules ---------------------------------------------------------------- */
+
+/* A module's configuration after defaults are applied; two CreateModule calls
+ * agree when these agree field by field. */
+typedef struct ferry__ps_module_config {
+    char kind[16];
+    int64_t dims[2];
+    int64_t row_begin, row_count; /* global rows this shard owns (dim 0 of every param) */
+    uint64_t init_seed;
+    double init_scale;
+    ferry_optim_config optim;
+    int bias;                          /* linear: has a bias (decoder: always) */
+    int64_t weight_offset, bias_offset; /* init: element index of global (0, 0) / (0) */
+} ferry__ps_module_config;
+
+/* What a Forward keeps for its Backward: up to three owned buffers. */
+typedef struct ferry__ps_saved {
+    int mode;
+    int64_t N;
+    ferry_rpc_tensor t[3]; /* owned: release(release_user) frees each */
+    int nt;
+    size_t bytes;
+} ferry__ps_saved;
+
+void ferry__ps_saved_free(ferry__ps_saved *sv); /* frees the buffers; NULL is a no-op */
+/* Moves tensor i of req into the next slot of sv. */
+ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i);
+/* A new owned uninitialised buffer of n bytes in the next slot; *data receives it. */
+ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, void **data);
+
+typedef struct ferry__ps_module ferry__ps_module;
+
+/* One module kind. forward and backward run under the module's read lock. */
+typedef struct ferry__ps_kind {
+    const char *name;
+    /* Validates m->cfg (dims, rows) and declares the parameters in m->P. */
+    ferry_status (*declare)(ferry__ps_module *m);
+    /* Reads req's tensors (it may take them), writes reply's. save != NULL: keep
+     * what backward needs in *save (which is zeroed). */
+    ferry_status (*forward)(ferry__ps_module *m, const Ferry__ForwardRequest *q,
+                            ferry_rpc_msg *req, ferry_rpc_msg *reply, ferry__ps_saved *save);
+    /* Checks every input before touching G, then accumulates the parameter
+     * gradients into G and writes the input gradients to reply. */
+    ferry_status (*backward)(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+                             ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
+                             ferry_rpc_msg *reply);
+} ferry__ps_kind;
+
+extern const ferry__ps_kind ferry__ps_kind_embedding;
+extern const ferry__ps_kind ferry__ps_kind_decoder;
+extern const ferry__ps_kind ferry__ps_kind_linear;
+
+struct ferry__ps_module {
+    char name[FERRY_RPC_NAME_MAX];
+    ferry__ps_module_config cfg;
+    const ferry__ps_kind *kind;
+    uint8_t *config_packed; /* the request's ModuleConfig, packed (checkpoints) */
+    size_t config_len;
+    ferry_params P;
+    int w, b;          /* parameter indices ("weight", "bias"); b = -1 without bias */
+    int64_t rows;      /* shard rows: dim 0 of every parameter */
+    int64_t cols;      /* weight columns */
+    ferry_optim *opt;
+    pthread_rwlock_t lock;
+    uint64_t version;  /* bumped by Step and SetParams, under the write lock */
+};
+
+/* ---- module helpers (dense.c) ---- */
+
+/* The single input tensor named `name` of req, checked to be F32 of the given rank
+ * with dim[k] == want[k] wherever want[k] >= 0; index in *i. Errors name the module,
+ * the tensor and both shapes. */
+ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req,
+                             const char *name, int dtype, int ndim, const int64_t *want,
+                             int *i);
+/* FERRY_ERR_NUMERIC naming the first non-finite element, or FERRY_OK. */
+ferry_status ferry__ps_check_finite(const ferry__ps_module *m, const char *what, const float *x,
+                                    int64_t n);
+/* Reads an integer tensor (I32 or I64) of n ids into int64 dst. */
+void ferry__ps_read_ids(const ferry_rpc_tensor *t, int64_t n, int64_t *dst);
+
+/* y (N, D) = x (N, C) W^T + b over the module's weight (D, C) and bias. */
+ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const float *x,
+                                   float *y);
+/* dW += dy^T x, db += column sums of dy (into G), dx (N, C) = dy W. */
+ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const float *x,
+                                  const float *dy, ferry_grads *G, float *dx);
+/* The affine map y (N, D) = x (N, C) W^T + b of linear and decoder-logits modules.
+ * Forward reads `in_name` (N, C), writes `out_name` (N, D) and, with save, keeps x;
+ * backward reads `grad_name` (N, D), accumulates dW, db and writes `out_name` (N, C). */
+ferry_status ferry__ps_affine_forward(ferry__ps_module *m, const char *in_name,
+                                      const char *out_name, ferry_rpc_msg *req,
+                                      ferry_rpc_msg *reply, ferry__ps_saved *save);
+ferry_status ferry__ps_affine_backward(ferry__ps_module *m, const char *grad_name,
+                                       const char *out_name, ferry__ps_saved *saved,
+                                       ferry_rpc_msg *req, ferry_grads *G, ferry_rpc_msg *reply);
+
+/* ---- registry (registry.c) ---- */
+
+typedef struct ferry__ps_registry {
+    pthread_mutex_t mu;
+    ferry__ps_module **mods;
+    int count, cap;
+} ferry__ps_registry;
+
+void ferry__ps_registry_init(ferry__ps_registry *r);
+void ferry__ps_registry_deinit(ferry__ps_registry *r);
+/* CreateModule: idempotent by name. *created = 1 for a new module, 0 when one with
+ * the same configuration exists (its parameters are left alone). FERRY_ERR_EXISTS
+ * naming the first differing field otherwise. */
+ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
+                                       const Ferry__ModuleConfig *cfg, ferry_rpc_msg *req,
+                                       int *created, ferry__ps_module **out);
+/* The module named `name`, or NULL with FERRY_ERR_NOT_FOUND set through ferry_errorf. */
+ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name);
+/* A snapshot of the module list (modules live as long as the registry). */
+int ferry__ps_registry_list(ferry__ps_registry *r, ferry__ps_module **out, int cap);
+int ferry__ps_registry_count(ferry__ps_registry *r);
+
+/* ---- contexts (ctx-table.c) ---- */
+
+typedef struct ferry__ps_ctx_mod {
+    ferry__ps_module *mod;
+    ferry_grads G;
+} ferry__ps_ctx_mod;
+
+typedef struct ferry__ps_call {
+    uint64_t call_id;
+    ferry__ps_module *mod;
+    ferry__ps_saved saved;
+    struct ferry__ps_call *next;
+} ferry__ps_call;
+
+typedef struct ferry__ps_ctx {
+    uint64_t id;
+    pthread_mutex_t mu;  /* held by the call working on the context */
+    int refs;            /* table lock */
+    int dead;            /* table lock: stepped or released; freed at refs == 0 */
+    double last_used;    /* table lock */
+    ferry__ps_ctx_mod *mods; /* modules touched, in order */
+    int nmods, cap;
+    ferry__ps_call *calls; /* saved Forwards awaiting Backward */
+    int64_t bytes;       /* memory held, as last accounted */
+    struct ferry__ps_ctx *next; /* hash chain */
+} ferry__ps_ctx;
+
+typedef struct ferry__ps_ctx_table {
+    pthread_mutex_t mu;
+    ferry__ps_ctx **buckets;
+    int64_t nbuckets, count;
+    double ttl_s;
+    atomic_llong bytes;   /* sum of every context's bytes */
+    atomic_llong created, swept, stepped, released;
+} ferry__ps_ctx_table;
+
+ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s);
+void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t);
+/* Finds (or with create, makes) context id, refreshes its lease, and returns it
+ * locked. FERRY_ERR_NOT_FOUND with a message for an unknown, stepped, released or
+ * swept context; FERRY_ERR_INVALID for id 0. */
+ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int create,
+                                   ferry__ps_ctx **out);
+/* Re-accounts its memory, unlocks, and drops the reference (freeing a retired one). */
+void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c);
+/* Marks a locked context stepped/released: later calls get NOT_FOUND, and it is
+ * freed once the last holder releases it. */
+void ferry__ps_ctx_retire(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int stepped);
+/* The gradients of module m in context c, created (zero) on first use. */
+ferry_status ferry__ps_ctx_grads(ferry__ps_ctx *c, ferry__ps_module *m, ferry_grads **out);
+/* Stores a saved Forward (moved from *sv, which is zeroed). FERRY_ERR_EXISTS if
+ * that call id already has one for m. */
+ferry_status ferry__ps_ctx_save(ferry__ps_ctx *c, ferry__ps_module *m, uint64_t call_id,
+                                ferry__ps_saved *sv);
+/* The saved Forward of (m, call_id), or NULL. */
+ferry__ps_call *ferry__ps_ctx_find_call(ferry__ps_ctx *c, const ferry__ps_module *m,
+                                        uint64_t call_id);
+void ferry__ps_ctx_drop_call(ferry__ps_ctx *c, ferry__ps_call *call);
+/* Frees contexts idle longer than the TTL (and not in use); returns the count. */
+int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t);
+int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t);
+
+/* ---- the server ---- */
+
+struct ferry_ps_server;
+
+/* Handlers (handlers.c, params.c, server.c); each matches ferry_rpc_handler's
+ * contract with the server as its first argument. */
+ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req,
+                                    ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_release(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply);
+
+ferry__ps_registry *ferry__ps_server_registry(ferry_ps_server *s);
+ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s);
+
+/* ---- checkpoints (checkpoint.c) ---- */
+
+/* Writes every module (config, version, parameters, optimizer state) to path
+ * atomically (a temporary file renamed over it); *bytes receives the size. */
+ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *path, uint64_t *bytes);
+/* Recreates the modules of a checkpoint in an empty registry. */
+ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path);
+
+#endif /* FERRY_PS_IMPL_H */

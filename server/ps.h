@@ -1,0 +1,77 @@
+/* ps.h - the ferry-ps server as a library: a module registry, a table of
+ * distributed-autograd contexts with leases, and the handlers of every ferry.Ferry
+ * method, served over common/rpc. main.c wraps it in a daemon; tests start it
+ * in-process on 127.0.0.1:0.
+ *
+ *     ferry_ps_config cfg;
+ *     ferry_ps_config_default(&cfg);
+ *     cfg.listen = "127.0.0.1:0";
+ *     ferry_ps_server *s;
+ *     ferry_ps_server_create(&cfg, &s);           // bound and answering calls
+ *     ferry_ps_server_start(s);                   // lease sweeper on its own thread
+ *     ... ferry_ps_server_port(s) ...
+ *     ferry_ps_server_destroy(s);                 // stops, drains, frees
+ *
+ * or, in a daemon, ferry_ps_server_run(s) on the main thread (signals included). */
+#ifndef FERRY_PS_H
+#define FERRY_PS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/status.h"
+
+typedef struct ferry_ps_config {
+    const char *listen;         /* "127.0.0.1:7000"; port 0 binds an ephemeral port */
+    int threads;                /* completion-queue threads running handlers (1..64) */
+    double context_ttl_s;       /* a context idle this long is swept (> 0) */
+    size_t max_message_bytes;   /* both directions; 0: the rpc layer's default (256 MiB) */
+    const char *checkpoint_dir; /* where Checkpoint writes when the request has no path;
+                                   NULL: Checkpoint needs an explicit path */
+    const char *server_id;      /* Hello's server_id; NULL: "ferry-ps@<listen>" */
+    int shutdown_grace_ms;      /* in-flight calls get this long on SIGTERM or stop */
+    int handle_signals;         /* run(): SIGINT/SIGTERM stop the server */
+    const char *restore;        /* a checkpoint file to recreate the modules from, or NULL */
+} ferry_ps_config;
+
+typedef struct ferry_ps_server ferry_ps_server;
+
+/* Defaults: listen 127.0.0.1:7000, 2 threads, TTL 60 s, grace 5000 ms, no signals. */
+void ferry_ps_config_default(ferry_ps_config *cfg);
+
+/* Binds the address and starts answering calls on cfg->threads threads; logs
+ * "listening on HOST:PORT". Contexts are swept only while run() or start() is
+ * active (or by ferry_ps_server_sweep). Errors: FERRY_ERR_INVALID for a bad
+ * config, FERRY_ERR_IO when the address cannot be bound, FERRY_ERR_NOMEM; *out is
+ * unchanged then. */
+ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server **out);
+
+/* The bound TCP port, and "HOST:PORT" with it (valid while the server lives). */
+int ferry_ps_server_port(const ferry_ps_server *s);
+const char *ferry_ps_server_address(const ferry_ps_server *s);
+
+/* Runs the server's libuv loop on the calling thread: the lease sweep timer and,
+ * with cfg.handle_signals, SIGINT/SIGTERM. Returns once the server has stopped
+ * (a signal, a Shutdown call or ferry_ps_server_stop) and every in-flight call
+ * has finished or been cancelled after the grace period. FERRY_ERR_BUSY if the
+ * loop already runs, FERRY_ERR_IO if libuv fails to start. */
+ferry_status ferry_ps_server_run(ferry_ps_server *s);
+
+/* run() on a background thread (signals are never handled there). */
+ferry_status ferry_ps_server_start(ferry_ps_server *s);
+
+/* Asks the server to stop: no new calls, in-flight ones get grace_ms (< 0: the
+ * configured grace). Idempotent, thread-safe, async-signal-unsafe. */
+void ferry_ps_server_stop(ferry_ps_server *s, int grace_ms);
+
+/* 1 once a stop was asked for (by any route). */
+int ferry_ps_server_stopping(ferry_ps_server *s);
+
+/* Frees every context idle longer than the TTL now; returns how many. */
+int ferry_ps_server_sweep(ferry_ps_server *s);
+
+/* Stops (if still running), joins the start() thread, drains the RPC server and
+ * frees everything. NULL is a no-op. Must not be called from a handler. */
+void ferry_ps_server_destroy(ferry_ps_server *s);
+
+#endif /* FERRY_PS_H */

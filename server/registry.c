@@ -1,0 +1,408 @@
+/* registry.c - the modules a ferry-ps hosts, by name. CreateModule is idempotent:
+ * the request's ModuleConfig is normalised (defaults applied) and compared field by
+ * field with the existing module's, so a trainer that reconnects finds its shards
+ * untouched, and a conflicting one gets ALREADY_EXISTS naming the first differing
+ * field. A new module gets its parameter block, initial values and optimizer here. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server/ps-impl.h"
+
+/* ---- configuration ---- */
+
+static const ferry__ps_kind *kind_find(const char *name) {
+    static const ferry__ps_kind *const kinds[] = {&ferry__ps_kind_embedding,
+                                                  &ferry__ps_kind_decoder, &ferry__ps_kind_linear};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        if (strcmp(kinds[i]->name, name) == 0)
+            return kinds[i];
+    }
+    return NULL;
+}
+
+static ferry_status parse_int(const char *key, const char *v, int64_t *out) {
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end != '\0')
+        return ferry_errorf(FERRY_ERR_INVALID, "option %s: '%s' is not an integer", key, v);
+    *out = x;
+    return FERRY_OK;
+}
+
+/* "key=value,key=value": bias (linear), weight_offset, bias_offset. */
+static ferry_status parse_options(const char *opts, ferry__ps_module_config *c) {
+    char buf[256];
+    if (strlen(opts) >= sizeof buf)
+        return ferry_errorf(FERRY_ERR_INVALID, "options string longer than %zu bytes",
+                            sizeof buf - 1);
+    memcpy(buf, opts, strlen(opts) + 1);
+    ferry_status st = FERRY_OK;
+    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv != NULL && st == FERRY_OK;
+         kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "option '%s' is not key=value", kv);
+        *eq = '\0';
+        int64_t x = 0;
+        if ((st = parse_int(kv, eq + 1, &x)) != FERRY_OK)
+            return st;
+        if (strcmp(kv, "bias") == 0 && (x == 0 || x == 1))
+            c->bias = (int)x;
+        else if (strcmp(kv, "weight_offset") == 0 && x >= 0)
+            c->weight_offset = x;
+        else if (strcmp(kv, "bias_offset") == 0 && x >= 0)
+            c->bias_offset = x;
+        else
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "option %s=%lld is unknown or out of range (bias=0|1, "
+                                "weight_offset=N, bias_offset=N)",
+                                kv, (long long)x);
+    }
+    return st;
+}
+
+/* Proto fields left 0 take the kind's default (lr, eps, betas, rho; AdamW's weight
+ * decay); `extra` entries named after ferry_optim_config fields set exact values. */
+static ferry_status optim_from_proto(const Ferry__OptimizerConfig *o, ferry_optim_config *out) {
+    const char *name = o != NULL && o->name[0] != '\0' ? o->name : "sgd";
+    ferry_optim_kind kind;
+    ferry_status st = ferry_optim_parse_kind(strcmp(name, "momentum") == 0 ? "sgd" : name, &kind);
+    if (st != FERRY_OK)
+        return st;
+    ferry_optim_config c = ferry_optim_defaults(kind);
+    if (o != NULL) {
+        c.lr = o->lr != 0.0 ? o->lr : c.lr;
+        c.eps = o->eps != 0.0 ? o->eps : c.eps;
+        c.beta1 = o->beta1 != 0.0 ? o->beta1 : c.beta1;
+        c.beta2 = o->beta2 != 0.0 ? o->beta2 : c.beta2;
+        c.rho = o->rho != 0.0 ? o->rho : c.rho;
+        c.weight_decay = o->weight_decay != 0.0 ? o->weight_decay : c.weight_decay;
+        c.momentum = o->momentum;
+        c.nesterov = o->nesterov;
+        for (size_t i = 0; i < o->n_extra; i++) {
+            const char *k = o->extra[i]->name;
+            double v = o->extra[i]->value;
+            double *f = strcmp(k, "lr") == 0             ? &c.lr
+                        : strcmp(k, "momentum") == 0     ? &c.momentum
+                        : strcmp(k, "dampening") == 0    ? &c.dampening
+                        : strcmp(k, "weight_decay") == 0 ? &c.weight_decay
+                        : strcmp(k, "lr_decay") == 0     ? &c.lr_decay
+                        : strcmp(k, "initial_accumulator") == 0 ? &c.initial_accumulator
+                        : strcmp(k, "rho") == 0   ? &c.rho
+                        : strcmp(k, "beta1") == 0 ? &c.beta1
+                        : strcmp(k, "beta2") == 0 ? &c.beta2
+                        : strcmp(k, "eps") == 0   ? &c.eps
+                                                  : NULL;
+            if (f != NULL)
+                *f = v;
+            else if (strcmp(k, "nesterov") == 0)
+                c.nesterov = v != 0.0;
+            else
+                return ferry_errorf(FERRY_ERR_INVALID, "optimizer: unknown extra '%s'", k);
+        }
+    }
+    if ((st = ferry_optim_config_check(&c)) != FERRY_OK)
+        return st;
+    *out = c;
+    return FERRY_OK;
+}
+
+static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig *p,
+                                     ferry__ps_module_config *c) {
+    memset(c, 0, sizeof *c);
+    if (p == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': CreateModule without a config",
+                            name);
+    if (kind_find(p->kind) == NULL)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "module '%s': unknown kind '%s' (embedding | decoder | linear)", name,
+                            p->kind);
+    (void)snprintf(c->kind, sizeof c->kind, "%s", p->kind);
+    if (p->n_dims != 2 || p->dims[0] < 1 || p->dims[1] < 1 || p->dims[0] > INT32_MAX ||
+        p->dims[1] > INT32_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': %s dims must be two sizes in [1, 2^31) (%s)", name,
+                            p->kind,
+                            strcmp(p->kind, "linear") == 0 ? "[C, D]"
+                            : strcmp(p->kind, "decoder") == 0 ? "[V, H]"
+                                                              : "[V, E]");
+    c->dims[0] = p->dims[0];
+    c->dims[1] = p->dims[1];
+    int linear = strcmp(p->kind, "linear") == 0;
+    int64_t R = linear ? c->dims[1] : c->dims[0]; /* global rows */
+    c->row_begin = p->row_begin;
+    c->row_count = p->row_count != 0 ? p->row_count : R - p->row_begin;
+    if (c->row_begin < 0 || c->row_count < 1 || c->row_begin + c->row_count > R)
+        return ferry_errorf(FERRY_ERR_RANGE, "module '%s': rows [%lld, %lld) outside [0, %lld)",
+                            name, (long long)c->row_begin,
+                            (long long)(c->row_begin + c->row_count), (long long)R);
+    c->init_seed = p->init_seed;
+    c->init_scale = p->init_scale != 0.0 ? p->init_scale : 0.1;
+    if (!(c->init_scale > 0.0) || !isfinite(c->init_scale))
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", name,
+                            p->init_scale);
+    if (p->constraint != NULL && p->constraint->kind[0] != '\0' &&
+        strcmp(p->constraint->kind, "none") != 0)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "module '%s': constraint '%s' is not supported on ferry-ps modules",
+                            name, p->constraint->kind);
+    if (p->n_iparams != 0 || p->n_fparams != 0)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': kind %s takes no iparams/fparams (use options)", name,
+                            p->kind);
+    c->bias = strcmp(p->kind, "embedding") != 0;
+    int64_t cols = linear ? c->dims[0] : c->dims[1];
+    c->bias_offset = (R * cols + 15) & ~(int64_t)15; /* as ferry_params_add lays it out */
+    ferry_status st = parse_options(p->options, c);
+    if (st == FERRY_OK && c->bias == 0 && strcmp(p->kind, "decoder") == 0)
+        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a decoder always has a bias", name);
+    if (st == FERRY_OK)
+        st = optim_from_proto(p->optimizer, &c->optim);
+    if (st != FERRY_OK) {
+        char why[256]; /* ferry_error_last is the buffer ferry_errorf writes: copy it */
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        return ferry_errorf(st, "module '%s': %s", name, why);
+    }
+    return FERRY_OK;
+}
+
+/* Writes the first differing field into buf; 0 when a and b agree. */
+static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_config *b,
+                       char *buf, size_t cap) {
+#define DIFF_S(f, label)                                                             \
+    if (strcmp(a->f, b->f) != 0)                                                     \
+        return snprintf(buf, cap, "%s '%s' (existing) vs '%s' (requested)", label, a->f, b->f), 1;
+#define DIFF_I(f, label)                                                             \
+    if (a->f != b->f)                                                                \
+        return snprintf(buf, cap, "%s %lld (existing) vs %lld (requested)", label,   \
+                        (long long)a->f, (long long)b->f), 1;
+#define DIFF_F(f, label)                                                             \
+    if (a->f != b->f)                                                                \
+        return snprintf(buf, cap, "%s %.9g (existing) vs %.9g (requested)", label,   \
+                        (double)a->f, (double)b->f), 1;
+    DIFF_S(kind, "kind")
+    DIFF_I(dims[0], "dims[0]")
+    DIFF_I(dims[1], "dims[1]")
+    DIFF_I(row_begin, "row_begin")
+    DIFF_I(row_count, "row_count")
+    DIFF_I(init_seed, "init_seed")
+    DIFF_F(init_scale, "init_scale")
+    DIFF_I(bias, "bias")
+    DIFF_I(weight_offset, "weight_offset")
+    DIFF_I(bias_offset, "bias_offset")
+    if (a->optim.kind != b->optim.kind)
+        return snprintf(buf, cap, "optimizer '%s' (existing) vs '%s' (requested)",
+                        ferry_optim_kind_name(a->optim.kind),
+                        ferry_optim_kind_name(b->optim.kind)), 1;
+    DIFF_F(optim.lr, "optimizer.lr")
+    DIFF_F(optim.momentum, "optimizer.momentum")
+    DIFF_F(optim.dampening, "optimizer.dampening")
+    DIFF_I(optim.nesterov, "optimizer.nesterov")
+    DIFF_F(optim.weight_decay, "optimizer.weight_decay")
+    DIFF_F(optim.lr_decay, "optimizer.lr_decay")
+    DIFF_F(optim.initial_accumulator, "optimizer.initial_accumulator")
+    DIFF_F(optim.rho, "optimizer.rho")
+    DIFF_F(optim.beta1, "optimizer.beta1")
+    DIFF_F(optim.beta2, "optimizer.beta2")
+    DIFF_F(optim.eps, "optimizer.eps")
+#undef DIFF_S
+#undef DIFF_I
+#undef DIFF_F
+    return 0;
+}
+
+/* ---- modules ---- */
+
+static void module_destroy(ferry__ps_module *m) {
+    if (m == NULL)
+        return;
+    ferry_optim_destroy(m->opt);
+    ferry_params_deinit(&m->P);
+    pthread_rwlock_destroy(&m->lock);
+    free(m->config_packed);
+    free(m);
+}
+
+/* U(-scale, scale) from (seed, element index), exactly as ferry_params_init_uniform
+ * draws a block whose weight starts at weight_offset and bias at bias_offset: the
+ * shard's rows get the values the unsharded parameter would have. */
+static void module_init_uniform(ferry__ps_module *m) {
+    const ferry__ps_module_config *c = &m->cfg;
+    float scale = (float)c->init_scale;
+    float *W = ferry_params_data(&m->P, m->w); /* (rows, cols) */
+    for (int64_t r = 0; r < m->rows; r++) {
+        uint64_t base = (uint64_t)(c->weight_offset + (c->row_begin + r) * m->cols);
+        for (int64_t j = 0; j < m->cols; j++)
+            W[r * m->cols + j] = (2.0f * ferry_rand_uniform(c->init_seed, base + (uint64_t)j) -
+                                  1.0f) * scale;
+    }
+    if (m->b >= 0) {
+        float *b = ferry_params_data(&m->P, m->b); /* (rows) */
+        for (int64_t r = 0; r < m->rows; r++)
+            b[r] = (2.0f * ferry_rand_uniform(c->init_seed,
+                                              (uint64_t)(c->bias_offset + c->row_begin + r)) -
+                    1.0f) * scale;
+    }
+}
+
+/* Initial values sent with CreateModule: tensors named after parameters, each of
+ * the shard's exact shape. */
+static ferry_status module_set_initial(ferry__ps_module *m, const ferry_rpc_msg *req) {
+    for (int i = 0; i < req->ntensors; i++) {
+        const ferry_rpc_tensor *t = &req->tensors[i];
+        int p = ferry_params_find(&m->P, t->name);
+        if (p < 0)
+            return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s'",
+                                m->kind->name, m->name, t->name);
+        const ferry_param *pp = &m->P.items[p];
+        int64_t want[2] = {pp->shape.dim[0], pp->shape.ndim > 1 ? pp->shape.dim[1] : 0};
+        int idx;
+        ferry_status st = ferry__ps_input(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim,
+                                          want, &idx);
+        if (st == FERRY_OK)
+            st = ferry__ps_check_finite(m, t->name, t->data, pp->numel);
+        if (st != FERRY_OK)
+            return st;
+        memcpy(ferry_params_data(&m->P, p), t->data, t->nbytes);
+    }
+    return FERRY_OK;
+}
+
+static ferry_status module_build(const char *name, const ferry__ps_module_config *c,
+                                 const Ferry__ModuleConfig *proto, const ferry_rpc_msg *req,
+                                 ferry__ps_module **out) {
+    ferry__ps_module *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ERR_NOMEM;
+    memcpy(m->name, name, strlen(name) + 1);
+    m->cfg = *c;
+    m->kind = kind_find(c->kind);
+    ferry_params_init(&m->P, ferry_backend_cpu());
+    pthread_rwlock_init(&m->lock, NULL);
+    ferry_status st = FERRY_ERR_NOMEM;
+    m->config_len = protobuf_c_message_get_packed_size(&proto->base);
+    if ((m->config_packed = malloc(m->config_len ? m->config_len : 1)) == NULL)
+        goto fail;
+    (void)protobuf_c_message_pack(&proto->base, m->config_packed);
+    if ((st = m->kind->declare(m)) != FERRY_OK || (st = ferry_params_alloc(&m->P)) != FERRY_OK)
+        goto fail;
+    module_init_uniform(m);
+    if ((st = module_set_initial(m, req)) != FERRY_OK)
+        goto fail;
+    if ((st = ferry_optim_create(&m->P, &c->optim, &m->opt)) != FERRY_OK)
+        goto fail;
+    *out = m;
+    return FERRY_OK;
+fail:
+    module_destroy(m);
+    return st;
+}
+
+static ferry_status check_name(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n >= FERRY_RPC_NAME_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "module name must have 1..%d bytes",
+                            FERRY_RPC_NAME_MAX - 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        if (!isalnum(ch) && ch != '_' && ch != '-' && ch != '.' && ch != ':' && ch != '/')
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "module name '%s' has a character outside [A-Za-z0-9_.:/-]", name);
+    }
+    return FERRY_OK;
+}
+
+/* ---- the registry ---- */
+
+void ferry__ps_registry_init(ferry__ps_registry *r) {
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+}
+
+void ferry__ps_registry_deinit(ferry__ps_registry *r) {
+    for (int i = 0; i < r->count; i++)
+        module_destroy(r->mods[i]);
+    free(r->mods);
+    pthread_mutex_destroy(&r->mu);
+    memset(r, 0, sizeof *r);
+}
+
+static ferry__ps_module *find_locked(ferry__ps_registry *r, const char *name) {
+    for (int i = 0; i < r->count; i++) {
+        if (strcmp(r->mods[i]->name, name) == 0)
+            return r->mods[i];
+    }
+    return NULL;
+}
+
+ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name) {
+    pthread_mutex_lock(&r->mu);
+    ferry__ps_module *m = find_locked(r, name);
+    pthread_mutex_unlock(&r->mu);
+    if (m == NULL)
+        (void)ferry_errorf(FERRY_ERR_NOT_FOUND, "unknown module '%s'", name);
+    return m;
+}
+
+int ferry__ps_registry_list(ferry__ps_registry *r, ferry__ps_module **out, int cap) {
+    pthread_mutex_lock(&r->mu);
+    int n = r->count < cap ? r->count : cap;
+    for (int i = 0; i < n; i++)
+        out[i] = r->mods[i];
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+int ferry__ps_registry_count(ferry__ps_registry *r) {
+    pthread_mutex_lock(&r->mu);
+    int n = r->count;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
+                                       const Ferry__ModuleConfig *cfg, ferry_rpc_msg *req,
+                                       int *created, ferry__ps_module **out) {
+    ferry__ps_module_config c;
+    ferry_status st = check_name(name);
+    if (st == FERRY_OK)
+        st = config_normalize(name, cfg, &c);
+    if (st != FERRY_OK)
+        return st;
+    pthread_mutex_lock(&r->mu);
+    ferry__ps_module *m = find_locked(r, name);
+    if (m != NULL) {
+        char diff[256];
+        if (config_diff(&m->cfg, &c, diff, sizeof diff))
+            st = ferry_errorf(FERRY_ERR_EXISTS,
+                              "module '%s' already exists with a different config: %s", name,
+                              diff);
+        *created = 0;
+    } else {
+        if (r->count == r->cap) {
+            int cap = r->cap ? 2 * r->cap : 8;
+            ferry__ps_module **mods = realloc(r->mods, (size_t)cap * sizeof *mods);
+            if (mods == NULL)
+                st = FERRY_ERR_NOMEM;
+            else
+                r->mods = mods, r->cap = cap;
+        }
+        if (st == FERRY_OK && (st = module_build(name, &c, cfg, req, &m)) == FERRY_OK) {
+            r->mods[r->count++] = m;
+            *created = 1;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (st == FERRY_OK && *created)
+        FERRY_LOG_INFO("created %s '%s': rows [%lld, %lld) of (%lld, %lld), %lld floats, %s lr %g",
+                       c.kind, name, (long long)c.row_begin, (long long)(c.row_begin + c.row_count),
+                       (long long)c.dims[0], (long long)c.dims[1], (long long)m->P.numel,
+                       ferry_optim_kind_name(c.optim.kind), c.optim.lr);
+    if (st == FERRY_OK)
+        *out = m;
+    return st;
+}

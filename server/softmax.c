@@ -1,0 +1,217 @@
+/* softmax.c - the `decoder` module kind: a vocabulary slice W_s (V_s, H), b_s (V_s)
+ * of the output layer, rows [row_begin, row_begin + V_s) of the global (V, H).
+ * Mode "logits" returns z_s = h W_s^T + b_s (N, V_s) and takes dz_s back (the classic
+ * design). Mode "partials" (the default) is the sharded softmax of ARCHITECTURE.md
+ * §2: it returns per-row max, sum of exp relative to it and the target's logit, so
+ * only O(N) floats cross the wire; its Backward takes the global log-sum-exp and
+ * forms (softmax - onehot) * scale for the slice. The loops here are the plain-C
+ * reference of these ops (a backend op is a later option). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server/ps-impl.h"
+
+enum { DECODER_LOGITS = 1, DECODER_PARTIALS = 2 };
+
+static ferry_status decoder_declare(ferry__ps_module *m) {
+    const ferry__ps_module_config *c = &m->cfg;
+    m->rows = c->row_count;
+    m->cols = c->dims[1];
+    ferry_status st = ferry_params_add(&m->P, "weight", ferry_shape_2d(m->rows, m->cols), 0,
+                                       &m->w);
+    if (st == FERRY_OK)
+        st = ferry_params_add(&m->P, "bias", ferry_shape_1d(m->rows), 0, &m->b);
+    return st;
+}
+
+static int decoder_mode(const char *mode) {
+    if (mode[0] == '\0' || strcmp(mode, "partials") == 0)
+        return DECODER_PARTIALS;
+    if (strcmp(mode, "logits") == 0)
+        return DECODER_LOGITS;
+    return 0;
+}
+
+/* Per-row partials of z (N, V_s): max, sum exp(z - max), the target's logit. */
+static void row_partials(const ferry__ps_module *m, int64_t N, const float *z,
+                         const int32_t *local_target, float *mx, float *sumexp, float *tlogit,
+                         int32_t *has) {
+    int64_t Vs = m->rows;
+    for (int64_t n = 0; n < N; n++) {
+        const float *zr = z + n * Vs; /* (V_s) */
+        float M = zr[0];
+        for (int64_t v = 1; v < Vs; v++)
+            M = zr[v] > M ? zr[v] : M;
+        double S = 0.0;
+        for (int64_t v = 0; v < Vs; v++)
+            S += (double)expf(zr[v] - M);
+        mx[n] = M;
+        sumexp[n] = (float)S;
+        has[n] = local_target[n] >= 0;
+        tlogit[n] = has[n] ? zr[local_target[n]] : 0.0f;
+    }
+}
+
+static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply, ferry__ps_saved *save) {
+    const ferry__ps_module_config *c = &m->cfg;
+    int64_t Vs = m->rows, H = m->cols;
+    int64_t want_h[2] = {-1, H};
+    int ih, it;
+    ferry_status st = ferry__ps_input(m, req, "hidden", FERRY_RPC_DTYPE_F32, 2, want_h, &ih);
+    if (st != FERRY_OK)
+        return st;
+    int64_t N = req->tensors[ih].dim[0];
+    int64_t want_t[1] = {N};
+    if ((st = ferry__ps_input(m, req, "targets", -1, 1, want_t, &it)) != FERRY_OK)
+        return st;
+    const float *h = req->tensors[ih].data; /* (N, H) */
+    if ((st = ferry__ps_check_finite(m, "hidden", h, N * H)) != FERRY_OK)
+        return st;
+    /* Buffers: z (N, V_s) and local targets (N), kept for backward when saving. */
+    float *z = NULL;
+    int32_t *lt = NULL;
+    int64_t *gt = malloc((size_t)(N > 0 ? N : 1) * sizeof *gt);
+    if (gt == NULL)
+        return FERRY_ERR_NOMEM;
+    ferry__ps_read_ids(&req->tensors[it], N, gt);
+    for (int64_t n = 0; n < N; n++) {
+        if (gt[n] < 0 || gt[n] >= c->dims[0]) {
+            st = ferry_errorf(FERRY_ERR_RANGE,
+                              "decoder '%s': targets[%lld] = %lld outside the vocabulary "
+                              "[0, %lld)",
+                              m->name, (long long)n, (long long)gt[n], (long long)c->dims[0]);
+            free(gt);
+            return st;
+        }
+    }
+    if (save != NULL) {
+        save->mode = DECODER_PARTIALS;
+        save->N = N;
+        if ((st = ferry__ps_saved_take(save, req, ih)) != FERRY_OK || /* t[0]: h (N, H) */
+            (st = ferry__ps_saved_alloc(save, (size_t)(N * Vs) * sizeof *z, (void **)&z)) !=
+                FERRY_OK || /* t[1]: z (N, V_s) */
+            (st = ferry__ps_saved_alloc(save, (size_t)N * sizeof *lt, (void **)&lt)) !=
+                FERRY_OK) { /* t[2]: local targets (N) */
+            free(gt);
+            return st;
+        }
+        h = save->t[0].data;
+    } else {
+        z = malloc((size_t)(N * Vs > 0 ? N * Vs : 1) * sizeof *z);
+        lt = malloc((size_t)(N > 0 ? N : 1) * sizeof *lt);
+        if (z == NULL || lt == NULL)
+            st = FERRY_ERR_NOMEM;
+    }
+    for (int64_t n = 0; st == FERRY_OK && n < N; n++) {
+        int64_t r = gt[n] - c->row_begin;
+        lt[n] = r >= 0 && r < Vs ? (int32_t)r : -1;
+    }
+    free(gt);
+    int64_t dim[1] = {N};
+    float *mx, *se, *tl;
+    int32_t *has;
+    if (st == FERRY_OK)
+        st = ferry__ps_affine_apply(m, N, h, z);
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "max", (void **)&mx);
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "sumexp", (void **)&se);
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "target_logit",
+                                 (void **)&tl);
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_I32, 1, dim, "has_target",
+                                 (void **)&has);
+    if (st == FERRY_OK)
+        row_partials(m, N, z, lt, mx, se, tl, has);
+    if (save == NULL) {
+        free(z);
+        free(lt);
+    }
+    return st;
+}
+
+static ferry_status decoder_forward(ferry__ps_module *m, const Ferry__ForwardRequest *q,
+                                    ferry_rpc_msg *req, ferry_rpc_msg *reply,
+                                    ferry__ps_saved *save) {
+    switch (decoder_mode(q->mode)) {
+    case DECODER_PARTIALS:
+        return partials_forward(m, req, reply, save);
+    case DECODER_LOGITS: {
+        ferry_status st = ferry__ps_affine_forward(m, "hidden", "logits", req, reply, save);
+        if (save != NULL)
+            save->mode = DECODER_LOGITS;
+        return st;
+    }
+    default:
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "decoder '%s': unknown Forward mode '%s' (partials | logits)",
+                            m->name, q->mode);
+    }
+}
+
+/* Backward of the sharded softmax: dz = (exp(z - lse) - onehot) * scale per row,
+ * formed in place over the saved logits, then the affine gradients. */
+static ferry_status partials_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+                                      ferry__ps_saved *sv, ferry_rpc_msg *req, ferry_grads *G,
+                                      ferry_rpc_msg *reply) {
+    int64_t N = sv->N, Vs = m->rows, H = m->cols;
+    int64_t want[1] = {N};
+    int il, isc = -1;
+    ferry_status st = ferry__ps_input(m, req, "lse", FERRY_RPC_DTYPE_F32, 1, want, &il);
+    if (st != FERRY_OK)
+        return st;
+    const float *lse = req->tensors[il].data; /* (N) */
+    if ((st = ferry__ps_check_finite(m, "lse", lse, N)) != FERRY_OK)
+        return st;
+    const float *row_scale = NULL; /* (N) or none */
+    if (ferry_rpc_msg_find(req, "scale") != NULL) {
+        if ((st = ferry__ps_input(m, req, "scale", FERRY_RPC_DTYPE_F32, 1, want, &isc)) !=
+            FERRY_OK)
+            return st;
+        row_scale = req->tensors[isc].data;
+        if ((st = ferry__ps_check_finite(m, "scale", row_scale, N)) != FERRY_OK)
+            return st;
+    }
+    float scale = q->n_fparams > 0 ? (float)q->fparams[0] : 1.0f;
+    if (!isfinite(scale))
+        return ferry_errorf(FERRY_ERR_NUMERIC, "decoder '%s': Backward scale is %g", m->name,
+                            (double)scale);
+    int64_t dim[2] = {N, H};
+    float *dh;
+    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, "dh", (void **)&dh)) !=
+        FERRY_OK)
+        return st;
+    const float *h = sv->t[0].data;    /* (N, H) */
+    float *z = sv->t[1].data;          /* (N, V_s), becomes dz */
+    const int32_t *lt = sv->t[2].data; /* (N), -1: target outside the slice */
+    for (int64_t n = 0; n < N; n++) {
+        float *zr = z + n * Vs;
+        float s = row_scale != NULL ? row_scale[n] * scale : scale;
+        for (int64_t v = 0; v < Vs; v++)
+            zr[v] = expf(zr[v] - lse[n]);
+        if (lt[n] >= 0)
+            zr[lt[n]] -= 1.0f;
+        for (int64_t v = 0; v < Vs; v++)
+            zr[v] *= s;
+    }
+    return ferry__ps_affine_grad(m, N, h, z, G, dh);
+}
+
+static ferry_status decoder_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+                                     ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
+                                     ferry_rpc_msg *reply) {
+    if (saved->mode == DECODER_LOGITS)
+        return ferry__ps_affine_backward(m, "dlogits", "dh", saved, req, G, reply);
+    return partials_backward(m, q, saved, req, G, reply);
+}
+
+const ferry__ps_kind ferry__ps_kind_decoder = {
+    .name = "decoder",
+    .declare = decoder_declare,
+    .forward = decoder_forward,
+    .backward = decoder_backward,
+};

@@ -1,0 +1,198 @@
+/* test_nn_cpu_ops.c - the CPU backend's vectorised kernels against plain float64
+ * formulas: exp, sigmoid and tanh of vmath.h in ulps over their whole range; the
+ * LSTM cell forward and backward, softmax cross-entropy, and the elementwise and
+ * row ops at sizes that exercise both the 16-lane blocks and the scalar tails. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/vmath.h" /* ferry__vexpf, ferry__vsigmoidf, ferry__vtanhf */
+#include "check.h"
+#include "gradcheck.h" /* ferry_gradcheck_fill */
+#include "nn/nn.h"
+
+/* |a - ref| in units of the float spacing at ref (subnormal spacing below). */
+static double ulps(float a, double ref) {
+    double spacing =
+        fabs(ref) < 1.1754943508222875e-38 ? ldexp(1.0, -149) : ldexp(1.0, ilogb(ref) - 23);
+    return fabs((double)a - ref) / spacing;
+}
+
+static double sigmoid(double x) {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+TEST(vmath_within_3_ulp) {
+    double we = 0.0, ws = 0.0, wt = 0.0;
+    for (double xd = -87.0; xd <= 88.0; xd += 3.3e-4) {
+        float x = (float)xd;
+        double u = ulps(ferry__vexpf(x), exp((double)x));
+        we = u > we ? u : we;
+    }
+    for (double xd = -30.0; xd <= 30.0; xd += 3.1e-5) {
+        float x = (float)xd;
+        double u = ulps(ferry__vsigmoidf(x), sigmoid((double)x));
+        ws = u > ws ? u : ws;
+        u = ulps(ferry__vtanhf(x), tanh((double)x));
+        wt = u > wt ? u : wt;
+    }
+    for (float x = 1e-30f; x < 1.0f; x *= 1.7f) { /* tiny arguments keep full precision */
+        wt = fmax(wt, ulps(ferry__vtanhf(x), tanh((double)x)));
+        wt = fmax(wt, ulps(ferry__vtanhf(-x), tanh(-(double)x)));
+    }
+    fprintf(stderr, "  worst: exp %.2f ulp, sigmoid %.2f ulp, tanh %.2f ulp\n", we, ws, wt);
+    CHECK(we <= 2.0 && ws <= 3.0 && wt <= 2.0);
+    /* The documented edges: 0 below -87, finite at the top, exact at 0. */
+    CHECK(ferry__vexpf(-100.0f) == 0.0f && ferry__vexpf(0.0f) == 1.0f);
+    CHECK(isfinite(ferry__vexpf(1000.0f)) && ferry__vexpf(1000.0f) > 1e38f);
+    CHECK(ferry__vsigmoidf(-200.0f) < 1e-37f && ferry__vsigmoidf(200.0f) == 1.0f);
+    CHECK(ferry__vtanhf(50.0f) == 1.0f && ferry__vtanhf(-50.0f) == -1.0f);
+}
+
+TEST(lstm_cell_matches_float64) {
+    ferry_backend *be = ferry_backend_cpu();
+    enum { N = 3, H = 37 }; /* two 16-lane blocks and a tail of 5 */
+    float z[N * 4 * H], cp[N * H], c[N * H], h[N * H], dh[N * H], dc[N * H], dz[N * 4 * H];
+    float z0[N * 4 * H], dc0[N * H];
+    ferry_gradcheck_fill(z0, N * 4 * H, -4.0f, 4.0f, 1);
+    ferry_gradcheck_fill(cp, N * H, -2.0f, 2.0f, 2);
+    ferry_gradcheck_fill(dh, N * H, -1.0f, 1.0f, 3);
+    ferry_gradcheck_fill(dc0, N * H, -1.0f, 1.0f, 4);
+    memcpy(z, z0, sizeof z);
+    memcpy(dc, dc0, sizeof dc);
+    CHECK_OK(ferry_backend_lstm_cell_forward(be, N, H, z, cp, c, h));
+    CHECK_OK(ferry_backend_lstm_cell_backward(be, N, H, z, cp, c, dh, dc, dz));
+    double act[N * 4 * H], cr[N * H], hr[N * H], dcr[N * H], dzr[N * 4 * H];
+    for (int n = 0; n < N; n++) {
+        for (int j = 0; j < H; j++) {
+            const float *zz = z0 + n * 4 * H;
+            double i = sigmoid(zz[j]), f = sigmoid(zz[H + j]), g = tanh(zz[2 * H + j]);
+            double o = sigmoid(zz[3 * H + j]), cpv = cp[n * H + j];
+            double cc = f * cpv + i * g, tc = tanh(cc), dhv = dh[n * H + j];
+            double dct = (double)dc0[n * H + j] + dhv * o * (1.0 - tc * tc);
+            double *a = act + n * 4 * H, *d = dzr + n * 4 * H;
+            a[j] = i, a[H + j] = f, a[2 * H + j] = g, a[3 * H + j] = o;
+            cr[n * H + j] = cc;
+            hr[n * H + j] = o * tc;
+            d[j] = dct * g * i * (1.0 - i);
+            d[H + j] = dct * cpv * f * (1.0 - f);
+            d[2 * H + j] = dct * i * (1.0 - g * g);
+            d[3 * H + j] = dhv * tc * o * (1.0 - o);
+            dcr[n * H + j] = dct * f;
+        }
+    }
+    CHECK_CLOSE("activations", z, act, N * 4 * H, 1e-7, 1e-6);
+    CHECK_CLOSE("c", c, cr, N * H, 1e-7, 1e-6);
+    CHECK_CLOSE("h", h, hr, N * H, 1e-7, 1e-6);
+    CHECK_CLOSE("dgates", dz, dzr, N * 4 * H, 1e-7, 1e-5);
+    CHECK_CLOSE("dc_prev", dc, dcr, N * H, 1e-7, 1e-5);
+}
+
+TEST(xent_matches_float64) {
+    ferry_backend *be = ferry_backend_cpu();
+    enum { N = 4, V = 1000 + 7 };
+    float *z = malloc(N * V * sizeof *z), *z0 = malloc(N * V * sizeof *z0), rows[N];
+    double *p = malloc(N * V * sizeof *p);
+    CHECK(z && z0 && p);
+    ferry_gradcheck_fill(z0, N * V, -8.0f, 8.0f, 5);
+    z0[2 * V + V - 1] = 60.0f; /* the max in the scalar tail */
+    z0[3 * V + 5] = -300.0f;   /* an underflowing probability */
+    int32_t tg[N] = {0, V - 1, V - 1, 5};
+    memcpy(z, z0, N * V * sizeof *z);
+    CHECK_OK(ferry_backend_xent_forward(be, N, V, z, tg, rows));
+    double loss[N];
+    for (int n = 0; n < N; n++) {
+        double mx = -HUGE_VAL, s = 0.0;
+        for (int v = 0; v < V; v++)
+            mx = fmax(mx, (double)z0[n * V + v]);
+        for (int v = 0; v < V; v++)
+            s += exp((double)z0[n * V + v] - mx);
+        for (int v = 0; v < V; v++)
+            p[n * V + v] = exp((double)z0[n * V + v] - mx) / s;
+        loss[n] = log(s) + mx - (double)z0[n * V + tg[n]];
+    }
+    CHECK_CLOSE("probabilities", z, p, N * V, 1e-9, 1e-6);
+    CHECK_CLOSE("row losses", rows, loss, N, 1e-6, 1e-6);
+    CHECK_OK(ferry_backend_xent_backward(be, N, V, z, tg, 0.25f));
+    for (int n = 0; n < N; n++) {
+        p[n * V + tg[n]] -= 1.0;
+        for (int v = 0; v < V; v++)
+            p[n * V + v] *= 0.25;
+    }
+    CHECK_CLOSE("gradient", z, p, N * V, 1e-9, 1e-6);
+    free(z), free(z0), free(p);
+}
+
+/* Every blocked elementwise op at lengths around the 16-lane block. */
+TEST(elementwise_ops_all_lengths) {
+    ferry_backend *be = ferry_backend_cpu();
+    float x[100], y[100], y0[100], out[100];
+    double ref[100];
+    ferry_gradcheck_fill(x, 100, -2.0f, 2.0f, 6);
+    ferry_gradcheck_fill(y0, 100, -2.0f, 2.0f, 7);
+    for (int n = 0; n <= 70; n += (n < 34 ? 1 : 9)) {
+        memcpy(y, y0, sizeof y);
+        CHECK_OK(ferry_backend_axpy(be, n, 0.5f, x, y));
+        for (int i = 0; i < 100; i++)
+            ref[i] = i < n ? (double)(y0[i] + 0.5f * x[i]) : (double)y0[i];
+        CHECK_CLOSE("axpy", y, ref, 100, 0.0, 0.0);
+        memcpy(out, y0, sizeof out);
+        CHECK_OK(ferry_backend_mul(be, n, x, y0, out));
+        for (int i = 0; i < 100; i++)
+            ref[i] = i < n ? (double)(x[i] * y0[i]) : (double)y0[i];
+        CHECK_CLOSE("mul", out, ref, 100, 0.0, 0.0);
+        CHECK_OK(ferry_backend_mul(be, n, out, x, out)); /* in place */
+        for (int i = 0; i < n; i++)
+            ref[i] = (double)(x[i] * y0[i] * x[i]);
+        CHECK_CLOSE("mul in place", out, ref, 100, 0.0, 0.0);
+        memcpy(y, y0, sizeof y);
+        CHECK_OK(ferry_backend_scale(be, n, -3.0f, y));
+        CHECK_OK(ferry_backend_fill(be, y + n, 100 - n, 7.0f));
+        for (int i = 0; i < 100; i++)
+            ref[i] = i < n ? (double)(-3.0f * y0[i]) : 7.0;
+        CHECK_CLOSE("scale, fill", y, ref, 100, 0.0, 0.0);
+        double s, sr = 0.0;
+        CHECK_OK(ferry_backend_sumsq(be, n, x, &s));
+        for (int i = 0; i < n; i++)
+            sr += (double)x[i] * (double)x[i];
+        CHECK_NEAR(s, sr, 1e-12 * (1.0 + sr));
+    }
+}
+
+/* add_bias, sum_rows, gather and scatter-add with D = 37 (block + tail). */
+TEST(row_ops) {
+    ferry_backend *be = ferry_backend_cpu();
+    enum { N = 5, D = 37, R = 6 };
+    float x[N * D], b[D], y[N * D], acc[D], table[R * D], g[N * D];
+    double ref[R * D];
+    int32_t idx[N] = {4, 1, 4, 0, 5};
+    ferry_gradcheck_fill(x, N * D, -1.0f, 1.0f, 8);
+    ferry_gradcheck_fill(b, D, -1.0f, 1.0f, 9);
+    memcpy(y, x, sizeof y);
+    CHECK_OK(ferry_backend_add_bias(be, N, D, b, y));
+    for (int i = 0; i < N * D; i++)
+        ref[i] = (double)(x[i] + b[i % D]);
+    CHECK_CLOSE("add_bias", y, ref, N * D, 0.0, 0.0);
+    memcpy(acc, b, sizeof acc);
+    CHECK_OK(ferry_backend_sum_rows(be, N, D, x, acc));
+    for (int d = 0; d < D; d++) {
+        float s = b[d];
+        for (int n = 0; n < N; n++)
+            s += x[n * D + d];
+        ref[d] = (double)s; /* the same order: rows in sequence */
+    }
+    CHECK_CLOSE("sum_rows", acc, ref, D, 0.0, 0.0);
+    ferry_gradcheck_fill(table, R * D, -1.0f, 1.0f, 10);
+    CHECK_OK(ferry_backend_gather_rows(be, N, D, idx, table, g));
+    for (int n = 0; n < N; n++)
+        CHECK(memcmp(g + n * D, table + idx[n] * D, D * sizeof(float)) == 0);
+    for (int i = 0; i < R * D; i++)
+        ref[i] = (double)table[i];
+    for (int n = 0; n < N; n++)
+        for (int d = 0; d < D; d++)
+            ref[idx[n] * D + d] = (double)((float)ref[idx[n] * D + d] + x[n * D + d]);
+    CHECK_OK(ferry_backend_scatter_add_rows(be, N, D, idx, x, table));
+    CHECK_CLOSE("scatter_add_rows (repeats accumulate)", table, ref, R * D, 0.0, 0.0);
+}
+
+FERRY_TEST_MAIN(T(vmath_within_3_ulp) T(lstm_cell_matches_float64) T(xent_matches_float64)
+                    T(elementwise_ops_all_lengths) T(row_ops))

@@ -1,0 +1,240 @@
+/* test_ps_contexts.c - the lifetime of ferry-ps state: a context nobody steps is
+ * swept after its TTL and its memory freed (Stats shows it), stepped and released
+ * contexts free theirs at once, concurrent trainers keep separate contexts, a
+ * checkpoint restores modules and optimizer state into a new server, and a Shutdown
+ * call stops a running server. Servers run in-process on 127.0.0.1:0. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, nanosleep */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ferry/ferry.h"
+#include "log.h"
+#include "server/ps.h"
+
+static ferry_ps_server *server_up(double ttl_s, const char *ckpt_dir, const char *restore) {
+    ferry_ps_config cfg;
+    ferry_ps_config_default(&cfg);
+    cfg.listen = "127.0.0.1:0";
+    cfg.context_ttl_s = ttl_s;
+    cfg.checkpoint_dir = ckpt_dir;
+    cfg.restore = restore;
+    ferry_ps_server *s;
+    CHECK_OK(ferry_ps_server_create(&cfg, &s));
+    CHECK_OK(ferry_ps_server_start(s));
+    return s;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    (void)nanosleep(&ts, NULL);
+}
+
+static ferry_remote *make_decoder(ferry_cluster *cl, const char *optim) {
+    ferry_remote_config rc;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "dec", 40, 16);
+    rc.init_seed = 11;
+    CHECK_OK(ferry_remote_optim_defaults(optim, &rc.optim));
+    ferry_remote *m;
+    CHECK_OK(ferry_remote_create(cl, &rc, &m));
+    return m;
+}
+
+enum { N = 24, H = 16 };
+
+/* One training step's Forward and Backward (no Step) with fixed data. */
+static void forward_backward(ferry_remote *dec, ferry_dist_ctx *dc, float shift) {
+    static float hid[N * H], dh[N * H];
+    int32_t tg[N];
+    for (int i = 0; i < N * H; i++)
+        hid[i] = (float)((i * 7) % 13) * 0.1f - 0.6f + shift;
+    for (int n = 0; n < N; n++)
+        tg[n] = (n * 5) % 40;
+    uint64_t call;
+    CHECK_OK(ferry_remote_xent_forward(dec, dc, hid, tg, N, NULL, NULL, &call));
+    CHECK_OK(ferry_remote_xent_backward(dec, dc, call, NULL, 1.0f / N, dh));
+}
+
+TEST(idle_context_is_swept_and_its_memory_freed) {
+    ferry_ps_server *s = server_up(1.0, NULL, NULL);
+    ferry_cluster *cl;
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
+    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
+    ferry_remote *dec = make_decoder(cl, "sgd");
+    ferry_ps_stats st;
+
+    /* A context that is stepped frees its memory at once. */
+    (void)ferry_dist_ctx_begin(dc);
+    forward_backward(dec, dc, 0.0f);
+    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_EQ(st.contexts_live, 1);
+    int64_t held = st.context_bytes;
+    CHECK(held >= (int64_t)((40 * 16 + 40) * sizeof(float))); /* at least dW and db */
+    CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.0));
+    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_EQ(st.contexts_live, 0);
+    CHECK_EQ(st.context_bytes, 0);
+
+    /* A trainer that dies after Forward: the context holds the saved logits... */
+    uint64_t id = ferry_dist_ctx_begin(dc);
+    static float hid[N * H];
+    int32_t tg[N] = {0};
+    uint64_t call;
+    CHECK_OK(ferry_remote_xent_forward(dec, dc, hid, tg, N, NULL, NULL, &call));
+    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_EQ(st.contexts_live, 1);
+    CHECK(st.context_bytes >= (int64_t)(N * 40 * sizeof(float)));
+    /* ... until the sweep frees it, a little after the 1 s TTL. */
+    double t0 = ferry_now();
+    do {
+        sleep_ms(100);
+        CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    } while (st.contexts_live != 0 && ferry_now() - t0 < 5.0);
+    CHECK(ferry_now() - t0 > 0.9);
+    CHECK_EQ(st.contexts_live, 0);
+    CHECK_EQ(st.context_bytes, 0);
+    CHECK_EQ(st.contexts_swept, 1);
+    /* Its trainer coming back gets a clear NOT_FOUND. */
+    CHECK(ferry_dist_ctx_id(dc) == id);
+    static float dh[N * H];
+    CHECK_STATUS(ferry_remote_xent_backward(dec, dc, call, NULL, 1.0f, dh), FERRY_ERR_NOT_FOUND);
+    CHECK(strstr(ferry_error_last(), "swept") != NULL);
+
+    ferry_remote_destroy(dec);
+    ferry_dist_ctx_destroy(dc);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
+typedef struct worker_arg {
+    ferry_cluster *cl;
+    ferry_remote *dec;
+    int index;
+    ferry_status st;
+} worker_arg;
+
+static void *worker(void *p) {
+    worker_arg *w = p;
+    ferry_dist_ctx *dc;
+    w->st = ferry_dist_ctx_create(w->cl, &dc);
+    for (int step = 0; step < 5 && w->st == FERRY_OK; step++) {
+        (void)ferry_dist_ctx_begin(dc);
+        forward_backward(w->dec, dc, 0.01f * (float)w->index);
+        double ss;
+        w->st = ferry_dist_ctx_grad_sumsq(dc, &ss);
+        if (w->st == FERRY_OK)
+            w->st = ferry_dist_ctx_step(dc, 0.5f, 0.0);
+    }
+    ferry_dist_ctx_destroy(dc);
+    return NULL;
+}
+
+TEST(concurrent_trainers_keep_separate_contexts) {
+    ferry_ps_server *s0 = server_up(60.0, NULL, NULL), *s1 = server_up(60.0, NULL, NULL);
+    char targets[128];
+    (void)snprintf(targets, sizeof targets, "%s,%s", ferry_ps_server_address(s0),
+                   ferry_ps_server_address(s1));
+    ferry_cluster *cl;
+    CHECK_OK(ferry_ps_connect(targets, NULL, &cl));
+    ferry_remote *dec = make_decoder(cl, "adam");
+    pthread_t th[4];
+    worker_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (worker_arg){cl, dec, i, FERRY_OK};
+        CHECK(pthread_create(&th[i], NULL, worker, &args[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        CHECK(pthread_join(th[i], NULL) == 0);
+        CHECK_OK(args[i].st);
+    }
+    for (int s = 0; s < 2; s++) {
+        ferry_ps_stats st;
+        CHECK_OK(ferry_cluster_stats(cl, s, &st));
+        CHECK_EQ(st.contexts_stepped, 20);
+        CHECK_EQ(st.contexts_live, 0);
+        CHECK_EQ(st.context_bytes, 0);
+        CHECK_EQ(st.errors, 0);
+    }
+    ferry_remote_destroy(dec);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s0);
+    ferry_ps_server_destroy(s1);
+}
+
+TEST(checkpoint_restores_parameters_and_optimizer_state) {
+    char dir[] = "/tmp/ferry-ps-ckpt-XXXXXX", path[256];
+    CHECK(mkdtemp(dir) != NULL);
+    ferry_ps_server *a = server_up(60.0, dir, NULL);
+    ferry_cluster *ca, *cb;
+    ferry_dist_ctx *da, *db;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(a), NULL, &ca));
+    CHECK_OK(ferry_dist_ctx_create(ca, &da));
+    ferry_remote *ma = make_decoder(ca, "adam");
+    for (int step = 0; step < 2; step++) {
+        (void)ferry_dist_ctx_begin(da);
+        forward_backward(ma, da, 0.1f * (float)step);
+        CHECK_OK(ferry_dist_ctx_step(da, 1.0f, 0.0));
+    }
+    CHECK_STATUS(ferry_cluster_checkpoint(ca, "../escape", 2), FERRY_ERR_INVALID);
+    CHECK_OK(ferry_cluster_checkpoint(ca, "a.ckpt", 2));
+    (void)snprintf(path, sizeof path, "%s/a.ckpt", dir);
+
+    /* A new server restored from it hosts the same module, with the same state. */
+    ferry_ps_server *b = server_up(60.0, NULL, path);
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(b), NULL, &cb));
+    CHECK_OK(ferry_dist_ctx_create(cb, &db));
+    ferry_remote *mb = make_decoder(cb, "adam");
+    CHECK_EQ(ferry_remote_created(mb), 0);
+    CHECK_STATUS(ferry_cluster_checkpoint(cb, NULL, 0), FERRY_ERR_UNSUPPORTED);
+    static float wa[40 * 16], wb[40 * 16];
+    CHECK_OK(ferry_remote_get_params(ma, "weight", 0, 0, wa));
+    CHECK_OK(ferry_remote_get_params(mb, "weight", 0, 0, wb));
+    CHECK(memcmp(wa, wb, sizeof wa) == 0);
+    /* One more identical step on both: Adam's moments and step count came along. */
+    (void)ferry_dist_ctx_begin(da);
+    (void)ferry_dist_ctx_begin(db);
+    forward_backward(ma, da, 0.3f);
+    forward_backward(mb, db, 0.3f);
+    CHECK_OK(ferry_dist_ctx_step(da, 1.0f, 0.0));
+    CHECK_OK(ferry_dist_ctx_step(db, 1.0f, 0.0));
+    CHECK_OK(ferry_remote_get_params(ma, "weight", 0, 0, wa));
+    CHECK_OK(ferry_remote_get_params(mb, "weight", 0, 0, wb));
+    CHECK(memcmp(wa, wb, sizeof wa) == 0);
+
+    ferry_remote_destroy(ma);
+    ferry_remote_destroy(mb);
+    ferry_dist_ctx_destroy(da);
+    ferry_dist_ctx_destroy(db);
+    ferry_cluster_destroy(ca);
+    ferry_cluster_destroy(cb);
+    ferry_ps_server_destroy(a);
+    ferry_ps_server_destroy(b);
+    CHECK(remove(path) == 0);
+    CHECK(rmdir(dir) == 0);
+}
+
+TEST(shutdown_call_stops_the_server) {
+    ferry_ps_server *s = server_up(60.0, NULL, NULL);
+    ferry_cluster *cl;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
+    CHECK(!ferry_ps_server_stopping(s));
+    CHECK_OK(ferry_cluster_shutdown(cl, 0, 100));
+    CHECK(ferry_ps_server_stopping(s));
+    ferry_ps_stats st;
+    double t0 = ferry_now();
+    ferry_status r;
+    while ((r = ferry_cluster_stats(cl, 0, &st)) == FERRY_OK && ferry_now() - t0 < 5.0)
+        sleep_ms(50);
+    CHECK(r == FERRY_ERR_UNAVAILABLE || r == FERRY_ERR_TIMEOUT);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
+FERRY_TEST_MAIN(T(idle_context_is_swept_and_its_memory_freed)
+                    T(concurrent_trainers_keep_separate_contexts)
+                        T(checkpoint_restores_parameters_and_optimizer_state)
+                            T(shutdown_call_stops_the_server))

@@ -1,0 +1,361 @@
+/* test_ps_errors.c - ferry-ps under bad calls: unknown contexts, modules, modes,
+ * kinds and methods, wrong shapes, ids out of range, NaN gradients, oversized
+ * messages and conflicting CreateModule configs each get their precise status and
+ * message, and the server goes on answering. Also: a dead server fails a client
+ * within its deadline, naming the peer. Servers run in-process on 127.0.0.1:0. */
+#include <math.h>
+#include <string.h>
+
+#include "check.h"
+#include "ferry.pb-c.h"
+#include "ferry/ferry.h"
+#include "ferry/rpc.h"
+#include "log.h"
+#include "rpc/testing.h"
+#include "server/ps.h"
+
+static ferry_ps_server *server_up(size_t max_message_bytes) {
+    ferry_ps_config cfg;
+    ferry_ps_config_default(&cfg);
+    cfg.listen = "127.0.0.1:0";
+    cfg.max_message_bytes = max_message_bytes;
+    ferry_ps_server *s;
+    CHECK_OK(ferry_ps_server_create(&cfg, &s));
+    CHECK_OK(ferry_ps_server_start(s));
+    return s;
+}
+
+/* The last error mentions every one of the given fragments. */
+static void check_message(const char *a, const char *b) {
+    const char *msg = ferry_error_last();
+    if (strstr(msg, a) == NULL || (b != NULL && strstr(msg, b) == NULL)) {
+        fprintf(stderr, "message '%s' lacks '%s' or '%s'\n", msg, a, b ? b : "");
+        CHECK(0);
+    }
+}
+
+static void check_alive(ferry_rpc_client *c) {
+    Ferry__HelloRequest q;
+    ferry__hello_request__init(&q);
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
+    CHECK_OK(ferry_rpc_call(c, FERRY_RPC_HELLO, &req, &reply, 5000));
+    CHECK(((const Ferry__HelloReply *)reply.head)->incarnation != 0);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+}
+
+/* One call with a header and up to two tensors; the reply is discarded. */
+static ferry_status call(ferry_rpc_client *c, ferry_rpc_method method, const ProtobufCMessage *head,
+                         const ferry_rpc_tensor *t0, const ferry_rpc_tensor *t1) {
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, head));
+    if (t0 != NULL)
+        CHECK_OK(ferry_rpc_msg_add(&req, t0));
+    if (t1 != NULL)
+        CHECK_OK(ferry_rpc_msg_add(&req, t1));
+    ferry_status st = ferry_rpc_call(c, method, &req, &reply, 5000);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+static ferry_status forward(ferry_rpc_client *c, uint64_t ctx, uint64_t call_id,
+                            const char *module, const char *mode, const ferry_rpc_tensor *t0,
+                            const ferry_rpc_tensor *t1) {
+    Ferry__ForwardRequest q;
+    ferry__forward_request__init(&q);
+    q.ctx_id = ctx;
+    q.call_id = call_id;
+    q.module = (char *)(uintptr_t)module;
+    q.mode = (char *)(uintptr_t)mode;
+    return call(c, FERRY_RPC_FORWARD, &q.base, t0, t1);
+}
+
+static ferry_status backward(ferry_rpc_client *c, uint64_t ctx, uint64_t call_id,
+                             const char *module, const ferry_rpc_tensor *t0) {
+    Ferry__BackwardRequest q;
+    ferry__backward_request__init(&q);
+    q.ctx_id = ctx;
+    q.call_id = call_id;
+    q.module = (char *)(uintptr_t)module;
+    return call(c, FERRY_RPC_BACKWARD, &q.base, t0, NULL);
+}
+
+static ferry_rpc_tensor tensor(const char *name, int dtype, int ndim, int64_t d0, int64_t d1,
+                               void *data) {
+    ferry_rpc_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dtype;
+    t.ndim = ndim;
+    t.dim[0] = d0;
+    t.dim[1] = d1;
+    t.nbytes = (size_t)(d0 * (ndim > 1 ? d1 : 1)) * 4;
+    t.data = data;
+    (void)snprintf(t.name, sizeof t.name, "%s", name);
+    return t;
+}
+
+/* An embedding [10, 4] and a decoder [12, 8], each on one unsharded server. */
+static void create_modules(ferry_ps_server *s, ferry_cluster **cl, ferry_remote **emb,
+                           ferry_remote **dec) {
+    ferry_remote_config rc;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, cl));
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "emb", 10, 4);
+    CHECK_OK(ferry_remote_create(*cl, &rc, emb));
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "dec", 12, 8);
+    CHECK_OK(ferry_remote_create(*cl, &rc, dec));
+}
+
+TEST(unknown_context_module_mode_kind_method) {
+    ferry_ps_server *s = server_up(0);
+    ferry_cluster *cl;
+    ferry_remote *emb, *dec;
+    create_modules(s, &cl, &emb, &dec);
+    ferry_rpc_client *c;
+    CHECK_OK(ferry_rpc_client_create(ferry_ps_server_address(s), NULL, &c));
+    float g[4] = {0};
+    ferry_rpc_tensor tg = tensor("grad", FERRY_RPC_DTYPE_F32, 2, 1, 4, g);
+
+    CHECK_STATUS(backward(c, 0x1234, 1, "emb", &tg), FERRY_ERR_NOT_FOUND);
+    check_message("NOT_FOUND", "unknown context 0x1234");
+    Ferry__GradNormRequest gq;
+    ferry__grad_norm_request__init(&gq);
+    gq.ctx_id = 0x1234;
+    CHECK_STATUS(call(c, FERRY_RPC_GRAD_NORM, &gq.base, NULL, NULL), FERRY_ERR_NOT_FOUND);
+    Ferry__StepRequest sq;
+    ferry__step_request__init(&sq);
+    sq.ctx_id = 0x1234;
+    CHECK_STATUS(call(c, FERRY_RPC_STEP, &sq.base, NULL, NULL), FERRY_ERR_NOT_FOUND);
+    check_message("unknown context", NULL);
+    check_alive(c);
+
+    int32_t ids[1] = {3};
+    ferry_rpc_tensor ti = tensor("ids", FERRY_RPC_DTYPE_I32, 1, 1, 0, ids);
+    CHECK_STATUS(forward(c, 7, 1, "nope", "", &ti, NULL), FERRY_ERR_NOT_FOUND);
+    check_message("NOT_FOUND", "unknown module 'nope'");
+    CHECK_STATUS(forward(c, 7, 1, "emb", "bogus", &ti, NULL), FERRY_ERR_UNSUPPORTED);
+    check_message("UNIMPLEMENTED", "unknown Forward mode 'bogus'");
+    Ferry__ModuleConfig mc;
+    ferry__module_config__init(&mc);
+    int64_t dims[2] = {4, 4};
+    mc.kind = "conv";
+    mc.n_dims = 2;
+    mc.dims = dims;
+    Ferry__CreateModuleRequest cq;
+    ferry__create_module_request__init(&cq);
+    cq.name = "conv0";
+    cq.config = &mc;
+    CHECK_STATUS(call(c, FERRY_RPC_CREATE_MODULE, &cq.base, NULL, NULL), FERRY_ERR_UNSUPPORTED);
+    check_message("unknown kind 'conv'", NULL);
+    ferry_rpc_msg reply;
+    ferry_rpc_msg_init(&reply);
+    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.Ferry/Nope", "", 0, FERRY_RPC_HELLO, &reply, 5000),
+                 FERRY_ERR_UNSUPPORTED);
+    check_message("UNIMPLEMENTED", NULL);
+    check_alive(c);
+
+    /* ReleaseContext is acknowledged, known or not; the forward above left ctx 7 unused,
+     * so open one properly first. */
+    CHECK_OK(forward(c, 9, 1, "emb", "", &ti, NULL));
+    Ferry__ReleaseContextRequest rq;
+    ferry__release_context_request__init(&rq);
+    rq.ctx_id = 9;
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &rq.base));
+    CHECK_OK(ferry_rpc_call(c, FERRY_RPC_RELEASE_CONTEXT, &req, &reply, 5000));
+    CHECK(((const Ferry__ReleaseContextReply *)reply.head)->found);
+    CHECK_OK(ferry_rpc_call(c, FERRY_RPC_RELEASE_CONTEXT, &req, &reply, 5000));
+    CHECK(!((const Ferry__ReleaseContextReply *)reply.head)->found);
+    CHECK_STATUS(backward(c, 9, 1, "emb", &tg), FERRY_ERR_NOT_FOUND);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    check_alive(c);
+
+    ferry_rpc_client_destroy(c);
+    ferry_remote_destroy(emb);
+    ferry_remote_destroy(dec);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
+TEST(bad_inputs_get_precise_statuses) {
+    ferry_ps_server *s = server_up(1u << 20);
+    ferry_cluster *cl;
+    ferry_remote *emb, *dec;
+    create_modules(s, &cl, &emb, &dec);
+    ferry_rpc_client *c;
+    CHECK_OK(ferry_rpc_client_create(ferry_ps_server_address(s), NULL, &c));
+
+    /* Wrong shapes name the expected and the received shape. */
+    static float hid[4 * 8];
+    int32_t tgt[4] = {0, 1, 2, 11};
+    ferry_rpc_tensor th = tensor("hidden", FERRY_RPC_DTYPE_F32, 2, 4, 7, hid);
+    ferry_rpc_tensor tt = tensor("targets", FERRY_RPC_DTYPE_I32, 1, 4, 0, tgt);
+    CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &th, &tt), FERRY_ERR_SHAPE);
+    check_message("INVALID_ARGUMENT", "'hidden' must be (*, 8), got (4, 7)");
+    th = tensor("hidden", FERRY_RPC_DTYPE_F32, 2, 4, 8, hid);
+    CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &th, NULL), FERRY_ERR_INVALID);
+    check_message("missing input tensor 'targets'", NULL);
+    CHECK_OK(forward(c, 0, 0, "dec", "partials", &th, &tt));
+    /* Targets and ids out of range. */
+    tgt[3] = 12;
+    CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &th, &tt), FERRY_ERR_RANGE);
+    check_message("OUT_OF_RANGE", "targets[3] = 12 outside the vocabulary [0, 12)");
+    int32_t ids[2] = {3, 10};
+    ferry_rpc_tensor ti = tensor("ids", FERRY_RPC_DTYPE_I32, 1, 2, 0, ids);
+    CHECK_STATUS(forward(c, 5, 1, "emb", "", &ti, NULL), FERRY_ERR_RANGE);
+    check_message("ids[1] = 10 outside this shard's rows [0, 10)", NULL);
+    check_alive(c);
+
+    /* A NaN gradient is refused and leaves the context usable. */
+    ids[1] = 4;
+    CHECK_OK(forward(c, 5, 1, "emb", "", &ti, NULL));
+    float g[2 * 4] = {0.5f, 0, 0, 0, 0, 0, 0, 0};
+    g[6] = nanf("");
+    ferry_rpc_tensor tg = tensor("grad", FERRY_RPC_DTYPE_F32, 2, 2, 4, g);
+    CHECK_STATUS(backward(c, 5, 1, "emb", &tg), FERRY_ERR_NUMERIC);
+    check_message("INVALID_ARGUMENT", "grad[6] is nan");
+    ferry_rpc_tensor tw = tensor("grad", FERRY_RPC_DTYPE_F32, 2, 3, 4, hid);
+    CHECK_STATUS(backward(c, 5, 1, "emb", &tw), FERRY_ERR_SHAPE);
+    check_message("must be (2, 4), got (3, 4)", NULL);
+    g[6] = 0.0f;
+    CHECK_OK(backward(c, 5, 1, "emb", &tg));
+    CHECK_STATUS(backward(c, 5, 1, "emb", &tg), FERRY_ERR_NOT_FOUND); /* consumed */
+    Ferry__StepRequest sq;
+    ferry__step_request__init(&sq);
+    sq.ctx_id = 5;
+    sq.scale = -1.0;
+    CHECK_STATUS(call(c, FERRY_RPC_STEP, &sq.base, NULL, NULL), FERRY_ERR_NUMERIC);
+    sq.scale = 1.0;
+    CHECK_OK(call(c, FERRY_RPC_STEP, &sq.base, NULL, NULL));
+    static float row[4];
+    CHECK_OK(ferry_remote_get_params(emb, "weight", 3, 1, row));
+
+    /* A request over the server's 1 MiB limit. */
+    static float big[512 * 1024];
+    ferry_rpc_tensor tb = tensor("hidden", FERRY_RPC_DTYPE_F32, 2, 64 * 1024, 8, big);
+    CHECK_STATUS(forward(c, 0, 0, "dec", "logits", &tb, NULL), FERRY_ERR_RANGE);
+    check_message("RESOURCE_EXHAUSTED", NULL);
+    check_alive(c);
+
+    ferry_ps_stats st;
+    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK(st.errors >= 8);
+    CHECK_EQ(st.modules, 2);
+    ferry_rpc_client_destroy(c);
+    ferry_remote_destroy(emb);
+    ferry_remote_destroy(dec);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
+TEST(create_module_is_idempotent_and_names_the_difference) {
+    ferry_ps_server *s = server_up(0);
+    ferry_cluster *cl;
+    ferry_remote *a, *b;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
+    ferry_remote_config rc;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "dec", 20, 6);
+    rc.init_seed = 3;
+    CHECK_OK(ferry_remote_create(cl, &rc, &a));
+    CHECK_EQ(ferry_remote_created(a), 1);
+    float w0[6], w1[6];
+    CHECK_OK(ferry_remote_get_params(a, "weight", 0, 1, w0));
+    /* The same config again: reused as is, even with initial values offered. */
+    static float init[20 * 6];
+    rc.init_weight = init;
+    CHECK_OK(ferry_remote_create(cl, &rc, &b));
+    CHECK_EQ(ferry_remote_created(b), 0);
+    CHECK_OK(ferry_remote_get_params(b, "weight", 0, 1, w1));
+    CHECK(memcmp(w0, w1, sizeof w0) == 0);
+    ferry_remote_destroy(b);
+    rc.init_weight = NULL;
+    rc.dims[1] = 7;
+    CHECK_STATUS(ferry_remote_create(cl, &rc, &b), FERRY_ERR_EXISTS);
+    check_message("ALREADY_EXISTS", "dims[1] 6 (existing) vs 7 (requested)");
+    rc.dims[1] = 6;
+    rc.optim.lr = 0.5;
+    CHECK_STATUS(ferry_remote_create(cl, &rc, &b), FERRY_ERR_EXISTS);
+    check_message("optimizer.lr 1 (existing) vs 0.5 (requested)", NULL);
+    /* Bad configurations. */
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "bad name!", 20, 6);
+    CHECK_STATUS(ferry_remote_create(cl, &rc, &b), FERRY_ERR_INVALID);
+    check_message("outside [A-Za-z0-9_.:/-]", NULL);
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "e", 20, 6);
+    rc.optim.name = "rmsprop";
+    CHECK_STATUS(ferry_remote_create(cl, &rc, &b), FERRY_ERR_INVALID);
+    check_message("module 'e': ", "'rmsprop'");
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "e", 20, 6);
+    rc.optim.momentum = -1.0;
+    CHECK_STATUS(ferry_remote_create(cl, &rc, &b), FERRY_ERR_INVALID);
+    check_message("momentum", NULL);
+    ferry_ps_stats st;
+    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_EQ(st.modules, 1);
+    ferry_remote_destroy(a);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
+TEST(dead_server_fails_within_the_deadline) {
+    ferry_ps_server *s0 = server_up(0), *s1 = server_up(0);
+    char targets[128], dead[64];
+    (void)snprintf(targets, sizeof targets, "%s,%s", ferry_ps_server_address(s0),
+                   ferry_ps_server_address(s1));
+    (void)snprintf(dead, sizeof dead, "%s", ferry_ps_server_address(s1));
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.deadline_ms = 2000;
+    ferry_cluster *cl;
+    ferry_remote *emb;
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_ps_connect(targets, &cc, &cl));
+    ferry_remote_config rc;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "emb", 10, 4);
+    CHECK_OK(ferry_remote_create(cl, &rc, &emb));
+    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
+    ferry_ps_server_destroy(s1);
+
+    int32_t ids[3] = {1, 7, 9};
+    float out[3 * 4];
+    (void)ferry_dist_ctx_begin(dc);
+    double t0 = ferry_now();
+    ferry_status st = ferry_remote_embedding_forward(emb, dc, ids, 3, out, NULL);
+    CHECK(st == FERRY_ERR_UNAVAILABLE || st == FERRY_ERR_TIMEOUT);
+    CHECK(ferry_now() - t0 < 3.0);
+    check_message(dead, NULL);
+    fprintf(stderr, "dead server: %s (%s)\n", ferry_status_str(st), ferry_error_last());
+    /* Releasing reaches the live server; the dead one is reported. */
+    CHECK(ferry_dist_ctx_release(dc) != FERRY_OK);
+    check_message(dead, NULL);
+    ferry_ps_stats stats;
+    CHECK_OK(ferry_cluster_stats(cl, 0, &stats));
+    CHECK_EQ(stats.contexts_live, 0);
+
+    /* Connecting to it fails fast, or at the deadline when waiting for it. */
+    ferry_cluster *none;
+    t0 = ferry_now();
+    CHECK_STATUS(ferry_ps_connect(dead, &cc, &none), FERRY_ERR_UNAVAILABLE);
+    check_message(dead, NULL);
+    cc.wait_for_ready = 1;
+    cc.deadline_ms = 500;
+    CHECK_STATUS(ferry_ps_connect(dead, &cc, &none), FERRY_ERR_TIMEOUT);
+    CHECK(ferry_now() - t0 < 3.0);
+    CHECK_STATUS(ferry_ps_connect("", &cc, &none), FERRY_ERR_INVALID);
+    CHECK_STATUS(ferry_ps_connect("a:1,,b:2", &cc, &none), FERRY_ERR_INVALID);
+
+    ferry_dist_ctx_destroy(dc);
+    ferry_remote_destroy(emb);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s0);
+}
+
+FERRY_TEST_MAIN(T(unknown_context_module_mode_kind_method) T(bad_inputs_get_precise_statuses)
+                    T(create_module_is_idempotent_and_names_the_difference)
+                        T(dead_server_fails_within_the_deadline))

@@ -1,0 +1,606 @@
+/* test_rpc.c - the gRPC transport end to end: in-process servers on
+ * 127.0.0.1:0 with a test handler table, ferry clients, and every failure the
+ * layer promises to report precisely (unknown methods, oversize and malformed
+ * messages, handler errors, deadlines, dead peers, shutdown with calls in
+ * flight), plus concurrent fan-out and concurrent callers. */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ferry.pb-c.h"
+#include "ferry/rpc.h"
+#include "log.h"
+#include "rpc/testing.h"
+
+/* ---- Test server ------------------------------------------------------------------- */
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Forward: echo. Tensors move from request to reply without a copy; the reply
+ * header returns ctx_id as version and the iparams. Misaligned input fails. */
+static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    const Ferry__ForwardRequest *q = req->head;
+    Ferry__ForwardReply r;
+    ferry__forward_reply__init(&r);
+    r.version = q->ctx_id;
+    r.n_iparams = q->n_iparams;
+    r.iparams = q->iparams;
+    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    for (int i = 0; st == FERRY_OK && i < req->ntensors; i++) {
+        if (((uintptr_t)req->tensors[i].data & 63) != 0)
+            return ferry_errorf(FERRY_ERR_INVALID, "tensor %d is not 64-byte aligned", i);
+        ferry_rpc_tensor t;
+        if ((st = ferry_rpc_msg_take(req, i, &t)) == FERRY_OK &&
+            (st = ferry_rpc_msg_add(reply, &t)) != FERRY_OK && t.release != NULL)
+            t.release(t.release_user);
+    }
+    return st;
+}
+
+/* Backward: sleeps iparams[0] ms, then answers with an empty reply. */
+static ferry_status handle_backward(ferry_rpc_msg *req) {
+    const Ferry__BackwardRequest *q = req->head;
+    if (q->n_iparams > 0)
+        sleep_ms((int)q->iparams[0]);
+    return FERRY_OK;
+}
+
+/* GradNorm: modules[0] picks an error; otherwise sum_squares = 2.5. */
+static ferry_status handle_grad_norm(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    const Ferry__GradNormRequest *q = req->head;
+    const char *mode = q->n_modules > 0 ? q->modules[0] : "";
+    if (strcmp(mode, "nope") == 0)
+        return ferry_errorf(FERRY_ERR_NOT_FOUND, "module 'nope' not found");
+    if (strcmp(mode, "shape") == 0)
+        return ferry_errorf(FERRY_ERR_SHAPE, "grad (3, 4) does not match param (4, 3)");
+    if (strcmp(mode, "silent") == 0)
+        return FERRY_ERR_NUMERIC; /* no detail: the status text is sent */
+    Ferry__GradNormReply r;
+    ferry__grad_norm_reply__init(&r);
+    r.sum_squares = 2.5;
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+/* Hello: replies with a payload of worker_id bytes. Step: a borrowed tensor,
+ * which the server must refuse to send. */
+static ferry_status handle_other(ferry_rpc_method method, ferry_rpc_msg *req,
+                                 ferry_rpc_msg *reply) {
+    static float borrowed[4];
+    if (method == FERRY_RPC_STEP) {
+        ferry_rpc_tensor t = {.dtype = FERRY_RPC_DTYPE_F32,
+                              .ndim = 1,
+                              .dim = {4},
+                              .data = borrowed,
+                              .nbytes = sizeof borrowed,
+                              .name = "w"};
+        return ferry_rpc_msg_add(reply, &t);
+    }
+    const Ferry__HelloRequest *q = req->head;
+    int64_t dim = q->worker_id / 4;
+    void *data;
+    ferry_status st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, &dim, "blob", &data);
+    if (st == FERRY_OK)
+        memset(data, 0x3c, (size_t)dim * 4);
+    return st;
+}
+
+static ferry_status test_handler(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                 ferry_rpc_msg *reply) {
+    atomic_fetch_add((atomic_int *)user, 1);
+    switch (method) {
+    case FERRY_RPC_FORWARD:
+        return handle_forward(req, reply);
+    case FERRY_RPC_BACKWARD:
+        return handle_backward(req);
+    case FERRY_RPC_GRAD_NORM:
+        return handle_grad_norm(req, reply);
+    default:
+        return handle_other(method, req, reply);
+    }
+}
+
+static atomic_int handled;
+
+/* A server on an ephemeral port serving everything but Stats; *port gets it. */
+static ferry_rpc_server *start_server(size_t max_bytes, int threads, char *target, size_t cap) {
+    ferry_rpc_server_config cfg = {.listen = "127.0.0.1:0",
+                                   .threads = threads,
+                                   .max_message_bytes = max_bytes,
+                                   .user = &handled};
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
+        cfg.handlers[m] = m == FERRY_RPC_STATS ? NULL : test_handler;
+    ferry_rpc_server *srv;
+    CHECK_OK(ferry_rpc_server_create(&cfg, &srv));
+    CHECK(ferry_rpc_server_port(srv) > 0);
+    (void)snprintf(target, cap, "127.0.0.1:%d", ferry_rpc_server_port(srv));
+    return srv;
+}
+
+static ferry_rpc_client *connect_to(const char *target, size_t max_bytes) {
+    ferry_rpc_client_config cfg = {.max_message_bytes = max_bytes, .deadline_ms = 5000};
+    ferry_rpc_client *c;
+    CHECK_OK(ferry_rpc_client_create(target, &cfg, &c));
+    return c;
+}
+
+static ferry_status call_backward(ferry_rpc_client *c, int sleep, int deadline_ms) {
+    Ferry__BackwardRequest q;
+    ferry__backward_request__init(&q);
+    int64_t ms = sleep;
+    q.n_iparams = 1;
+    q.iparams = &ms;
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
+    ferry_status st = ferry_rpc_call(c, FERRY_RPC_BACKWARD, &req, &reply, deadline_ms);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+static ferry_status call_grad_norm(ferry_rpc_client *c, const char *mode) {
+    Ferry__GradNormRequest q;
+    ferry__grad_norm_request__init(&q);
+    char *modules[1] = {(char *)(uintptr_t)mode};
+    q.n_modules = 1;
+    q.modules = modules;
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
+    ferry_status st = ferry_rpc_call(c, FERRY_RPC_GRAD_NORM, &req, &reply, 0);
+    if (st == FERRY_OK)
+        CHECK(((const Ferry__GradNormReply *)reply.head)->sum_squares == 2.5);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+/* Echoes one f32 tensor of n bytes (n % 4 == 0) and checks it bit for bit. */
+static ferry_status echo_bytes(ferry_rpc_client *c, size_t n) {
+    float *x = malloc(n > 0 ? n : 1);
+    for (size_t i = 0; i < n / 4; i++)
+        x[i] = (float)i * 0.25f - 3.0f;
+    ferry_rpc_tensor t = {.dtype = FERRY_RPC_DTYPE_F32,
+                          .ndim = 1,
+                          .dim = {(int64_t)(n / 4)},
+                          .data = x,
+                          .nbytes = n,
+                          .name = "x"};
+    Ferry__ForwardRequest q;
+    ferry__forward_request__init(&q);
+    q.ctx_id = 77;
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
+    CHECK_OK(ferry_rpc_msg_add(&req, &t));
+    ferry_status st = ferry_rpc_call(c, FERRY_RPC_FORWARD, &req, &reply, 0);
+    if (st == FERRY_OK) {
+        CHECK_EQ(((const Ferry__ForwardReply *)reply.head)->version, 77);
+        CHECK_EQ(reply.ntensors, 1);
+        CHECK_EQ(reply.tensors[0].nbytes, n);
+        CHECK(strcmp(reply.tensors[0].name, "x") == 0);
+        CHECK(n == 0 || ((uintptr_t)reply.tensors[0].data & 63) == 0);
+        CHECK(n == 0 || memcmp(reply.tensors[0].data, x, n) == 0);
+    }
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    free(x);
+    return st;
+}
+
+/* ---- Data paths -------------------------------------------------------------------------- */
+
+TEST(echo_sizes) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(64u << 20, 2, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 64u << 20);
+    const size_t sizes[] = {0, 4, 16, 1024, 1028, 65540, 1u << 20, (8u << 20) + 12};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        CHECK_OK(echo_bytes(c, sizes[i]));
+    ferry_rpc_server_stats stats;
+    ferry_rpc_server_get_stats(srv, &stats);
+    CHECK_EQ(stats.calls, 8);
+    CHECK_EQ(stats.errors, 0);
+    CHECK(stats.bytes_in > (9u << 20) && stats.bytes_out > (9u << 20));
+    for (int i = 0; i < 100 && stats.in_flight != 0; i++) { /* the last close may lag */
+        sleep_ms(10);
+        ferry_rpc_server_get_stats(srv, &stats);
+    }
+    CHECK_EQ(stats.in_flight, 0);
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
+/* Several tensors of all dtypes in one message, some owned by the request. */
+TEST(echo_multi) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 1, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    int32_t ids[5] = {3, 1, 4, 1, 5};
+    int64_t big[3000];
+    for (int i = 0; i < 3000; i++)
+        big[i] = (int64_t)i * 1000003 - (1LL << 50);
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    ferry_rpc_tensor a = {.dtype = FERRY_RPC_DTYPE_I32,
+                          .ndim = 1,
+                          .dim = {5},
+                          .data = ids,
+                          .nbytes = sizeof ids,
+                          .name = "ids"};
+    ferry_rpc_tensor b = {.dtype = FERRY_RPC_DTYPE_I64,
+                          .ndim = 3,
+                          .dim = {10, 30, 10},
+                          .data = big,
+                          .nbytes = sizeof big,
+                          .name = "big"};
+    CHECK_OK(ferry_rpc_msg_add(&req, &a));
+    CHECK_OK(ferry_rpc_msg_add(&req, &b));
+    float *h;
+    int64_t hd[2] = {64, 33};
+    CHECK_OK(ferry_rpc_msg_alloc(&req, FERRY_RPC_DTYPE_F32, 2, hd, "hidden", (void **)&h));
+    for (int i = 0; i < 64 * 33; i++)
+        h[i] = (float)i / 7.0f;
+    float one = 1.5f;
+    ferry_rpc_tensor s = {.dtype = FERRY_RPC_DTYPE_F32, .ndim = 0, .data = &one, .nbytes = 4};
+    CHECK_OK(ferry_rpc_msg_add(&req, &s));
+    for (int round = 0; round < 2; round++) { /* the request is not consumed */
+        CHECK_OK(ferry_rpc_call(c, FERRY_RPC_FORWARD, &req, &reply, 0));
+        CHECK_EQ(reply.ntensors, 4);
+        for (int i = 0; i < 4; i++) {
+            const ferry_rpc_tensor *x = &reply.tensors[i], *y = &req.tensors[i];
+            CHECK(strcmp(x->name, y->name) == 0 && x->dtype == y->dtype && x->ndim == y->ndim);
+            CHECK(memcmp(x->dim, y->dim, sizeof x->dim) == 0 && x->nbytes == y->nbytes);
+            CHECK(memcmp(x->data, y->data, x->nbytes) == 0);
+        }
+        CHECK(ferry_rpc_msg_find(&reply, "big")->dim[1] == 30);
+    }
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
+/* Many threads share one client. */
+typedef struct hammer_arg {
+    ferry_rpc_client *c;
+    int ok;
+} hammer_arg;
+
+static void *hammer(void *p) {
+    hammer_arg *a = p;
+    for (int i = 0; i < 40; i++)
+        a->ok += echo_bytes(a->c, (size_t)(i % 5) * 3000) == FERRY_OK;
+    return NULL;
+}
+
+TEST(concurrent_callers) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 2, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    pthread_t th[4];
+    hammer_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (hammer_arg){.c = c};
+        CHECK(pthread_create(&th[i], NULL, hammer, &args[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ(args[i].ok, 40);
+    }
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
+/* ---- Errors reported precisely ------------------------------------------------------------- */
+
+TEST(unimplemented) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 1, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    /* Stats has no handler on this server; the catch-all answers. */
+    CHECK_STATUS(ferry_rpc_call(c, FERRY_RPC_STATS, &req, &reply, 0), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_error_last(), " Stats: UNIMPLEMENTED: method /ferry.Ferry/Stats has no") !=
+          NULL);
+    CHECK(strncmp(ferry_error_last(), target, strlen(target)) == 0);
+    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.Ferry/Nope", "", 0, FERRY_RPC_FORWARD, &reply, 0),
+                 FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_error_last(), "unknown method /ferry.Ferry/Nope") != NULL);
+    CHECK_OK(echo_bytes(c, 64)); /* still serving */
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
+TEST(oversize) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(1u << 20, 1, target, sizeof target);
+    /* The server's limit: RESOURCE_EXHAUSTED from gRPC, then business as usual. */
+    ferry_rpc_client *c = connect_to(target, 64u << 20);
+    CHECK_STATUS(echo_bytes(c, 2u << 20), FERRY_ERR_RANGE);
+    CHECK(strstr(ferry_error_last(), "Forward: RESOURCE_EXHAUSTED") != NULL);
+    CHECK_OK(echo_bytes(c, 1000));
+    CHECK_OK(echo_bytes(c, (1u << 20) - 64));
+    ferry_rpc_client_destroy(c);
+
+    /* The client's own limit: refused before anything is sent. */
+    c = connect_to(target, 1u << 20);
+    ferry_rpc_server_stats before, after;
+    ferry_rpc_server_get_stats(srv, &before);
+    CHECK_STATUS(echo_bytes(c, 2u << 20), FERRY_ERR_RANGE);
+    CHECK(strstr(ferry_error_last(), "exceeds the 1048576-byte limit") != NULL);
+    ferry_rpc_server_get_stats(srv, &after);
+    CHECK_EQ(after.bytes_in, before.bytes_in);
+
+    /* A reply over the client's receive limit. */
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    Ferry__HelloRequest q;
+    ferry__hello_request__init(&q);
+    q.worker_id = (1u << 20) - 4096;
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
+    ferry_rpc_client *small = connect_to(target, 512u << 10);
+    CHECK_STATUS(ferry_rpc_call(small, FERRY_RPC_HELLO, &req, &reply, 0), FERRY_ERR_RANGE);
+    CHECK(strstr(ferry_error_last(), "RESOURCE_EXHAUSTED") != NULL);
+    CHECK_OK(ferry_rpc_call(c, FERRY_RPC_HELLO, &req, &reply, 0));
+    CHECK_EQ(reply.tensors[0].nbytes, (1u << 20) - 4096);
+    /* A reply over the server's own send limit. */
+    q.worker_id = 2u << 20;
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
+    CHECK_STATUS(ferry_rpc_call(c, FERRY_RPC_HELLO, &req, &reply, 0), FERRY_ERR_RANGE);
+    CHECK(strstr(ferry_error_last(), "Hello reply of") != NULL);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_client_destroy(small);
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
+TEST(malformed_request) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 1, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    ferry_rpc_msg reply;
+    ferry_rpc_msg_init(&reply);
+    static const uint8_t garbage[] = {0x7a, 0x05, 0x08, 0x01, 0xff};
+    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.Ferry/Forward", garbage, sizeof garbage,
+                                     FERRY_RPC_FORWARD, &reply, 0),
+                 FERRY_ERR_FORMAT);
+    CHECK(strstr(ferry_error_last(), "INVALID_ARGUMENT: malformed Forward request:") != NULL);
+    /* An empty message is a valid all-defaults request. */
+    CHECK_OK(ferry__rpc_call_raw(c, "/ferry.Ferry/Forward", "", 0, FERRY_RPC_FORWARD, &reply, 0));
+    CHECK(reply.head != NULL && reply.ntensors == 0);
+    CHECK_OK(echo_bytes(c, 4096));
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
+TEST(handler_errors) {
+    char target[64], want[160];
+    ferry_rpc_server *srv = start_server(0, 1, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    CHECK_OK(call_grad_norm(c, "ok"));
+    CHECK_STATUS(call_grad_norm(c, "nope"), FERRY_ERR_NOT_FOUND);
+    (void)snprintf(want, sizeof want, "%s GradNorm: NOT_FOUND: module 'nope' not found", target);
+    CHECK(strcmp(ferry_error_last(), want) == 0);
+    /* SHAPE travels as INVALID_ARGUMENT and comes back exact. */
+    CHECK_STATUS(call_grad_norm(c, "shape"), FERRY_ERR_SHAPE);
+    CHECK(strstr(ferry_error_last(), "INVALID_ARGUMENT: grad (3, 4) does not match") != NULL);
+    CHECK_STATUS(call_grad_norm(c, "silent"), FERRY_ERR_NUMERIC);
+    CHECK(strstr(ferry_error_last(), "non-finite value") != NULL);
+    /* A handler bug (a borrowed reply tensor) is refused, not sent. */
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    CHECK_STATUS(ferry_rpc_call(c, FERRY_RPC_STEP, &req, &reply, 0), FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "Step: INTERNAL: Step handler returned borrowed") != NULL);
+    /* A request header of another method's type never leaves the client. */
+    Ferry__StepRequest q;
+    ferry__step_request__init(&q);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
+    CHECK_STATUS(ferry_rpc_call(c, FERRY_RPC_FORWARD, &req, &reply, 0), FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "bad request: message header is ferry.StepRequest") != NULL);
+    ferry_rpc_server_stats stats;
+    ferry_rpc_server_get_stats(srv, &stats);
+    CHECK_EQ(stats.calls, 5);
+    CHECK_EQ(stats.errors, 4);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
+TEST(deadline) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 1, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    CHECK_OK(call_backward(c, 0, 0)); /* connected */
+    double t0 = ferry_now();
+    CHECK_STATUS(call_backward(c, 1000, 200), FERRY_ERR_TIMEOUT);
+    double dt = ferry_now() - t0;
+    CHECK(dt >= 0.19 && dt < 0.6);
+    char want[128];
+    (void)snprintf(want, sizeof want, "%s Backward: DEADLINE_EXCEEDED (deadline 200 ms)", target);
+    CHECK(strcmp(ferry_error_last(), want) == 0);
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv); /* waits for the sleeping handler */
+}
+
+/* A port nobody listens on: bound once, then closed. */
+static int dead_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+TEST(unavailable) {
+    char target[64];
+    (void)snprintf(target, sizeof target, "127.0.0.1:%d", dead_port());
+    ferry_rpc_client *c = connect_to(target, 0);
+    for (int i = 0; i < 2; i++) {
+        double t0 = ferry_now();
+        CHECK_STATUS(call_backward(c, 0, 5000), FERRY_ERR_UNAVAILABLE);
+        CHECK(ferry_now() - t0 < 1.5); /* fails fast, far from the deadline */
+        CHECK(strstr(ferry_error_last(), "Backward: UNAVAILABLE: ") != NULL);
+        CHECK(strncmp(ferry_error_last(), target, strlen(target)) == 0);
+    }
+    ferry_rpc_client_destroy(c);
+}
+
+/* ---- Fan-out ------------------------------------------------------------------------------------
+ */
+
+TEST(fanout) {
+    enum { N = 3 };
+    char targets[N][64];
+    ferry_rpc_server *srv[N];
+    ferry_rpc_client *cl[N];
+    for (int i = 0; i < N; i++) {
+        srv[i] = start_server(0, 1, targets[i], sizeof targets[i]);
+        cl[i] = connect_to(targets[i], 0);
+        CHECK_OK(call_backward(cl[i], 0, 0));
+    }
+    Ferry__BackwardRequest q;
+    ferry__backward_request__init(&q);
+    int64_t ms = 200;
+    q.n_iparams = 1;
+    q.iparams = &ms;
+    ferry_rpc_msg req, replies[N];
+    ferry_rpc_msg_init(&req);
+    CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base)); /* one request, shared by all three */
+    ferry_rpc_fanout calls[N];
+    for (int i = 0; i < N; i++) {
+        ferry_rpc_msg_init(&replies[i]);
+        calls[i] = (ferry_rpc_fanout){
+            .client = cl[i], .method = FERRY_RPC_BACKWARD, .req = &req, .reply = &replies[i]};
+    }
+    double t0 = ferry_now();
+    CHECK_OK(ferry_rpc_call_many(calls, N, 2000));
+    double dt = ferry_now() - t0;
+    CHECK(dt >= 0.19 && dt < 0.45); /* concurrent: not 3 x 200 ms */
+    for (int i = 0; i < N; i++)
+        CHECK(calls[i].status == FERRY_OK && calls[i].error[0] == '\0' && replies[i].head != NULL);
+
+    /* Mixed outcomes: each entry gets its own status and message. */
+    Ferry__GradNormRequest g;
+    ferry__grad_norm_request__init(&g);
+    char *nope[1] = {(char *)(uintptr_t) "nope"};
+    ferry_rpc_msg bad;
+    ferry_rpc_msg_init(&bad);
+    g.n_modules = 1;
+    g.modules = nope;
+    CHECK_OK(ferry_rpc_msg_set_head(&bad, &g.base));
+    calls[1].method = FERRY_RPC_GRAD_NORM;
+    calls[1].req = &bad;
+    calls[2].method = FERRY_RPC_STATS;
+    calls[2].req = NULL; /* an all-defaults request */
+    CHECK_STATUS(ferry_rpc_call_many(calls, N, 2000), FERRY_ERR_NOT_FOUND);
+    CHECK(strstr(ferry_error_last(), "GradNorm: NOT_FOUND") != NULL);
+    CHECK_STATUS(calls[0].status, FERRY_OK);
+    CHECK_STATUS(calls[1].status, FERRY_ERR_NOT_FOUND);
+    CHECK(strstr(calls[1].error, targets[1]) != NULL);
+    CHECK_STATUS(calls[2].status, FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(calls[2].error, "Stats: UNIMPLEMENTED") != NULL);
+    CHECK(replies[1].head == NULL && replies[1].ntensors == 0);
+
+    ferry_rpc_msg_deinit(&bad);
+    ferry_rpc_msg_deinit(&req);
+    for (int i = 0; i < N; i++) {
+        ferry_rpc_msg_deinit(&replies[i]);
+        ferry_rpc_client_destroy(cl[i]);
+        ferry_rpc_server_destroy(srv[i]);
+    }
+}
+
+/* ---- Shutdown
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct slow_call {
+    ferry_rpc_client *c;
+    int sleep_ms;
+    ferry_status st;
+    double took;
+    char error[256];
+} slow_call;
+
+static void *run_slow(void *p) {
+    slow_call *s = p;
+    double t0 = ferry_now();
+    s->st = call_backward(s->c, s->sleep_ms, 5000);
+    s->took = ferry_now() - t0;
+    (void)snprintf(s->error, sizeof s->error, "%s", ferry_error_last());
+    return NULL;
+}
+
+TEST(shutdown_drains) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 2, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    CHECK_OK(call_backward(c, 0, 0));
+    slow_call s = {.c = c, .sleep_ms = 300};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, run_slow, &s) == 0);
+    sleep_ms(100);
+    double t0 = ferry_now();
+    ferry_rpc_server_shutdown(srv, 2000);
+    ferry_rpc_server_shutdown(srv, 2000); /* idempotent */
+    CHECK_STATUS(ferry_rpc_server_wait(srv, 10), FERRY_ERR_TIMEOUT);
+    CHECK_OK(ferry_rpc_server_wait(srv, 3000));
+    double dt = ferry_now() - t0;
+    CHECK(dt > 0.1 && dt < 1.0); /* the call finished; no grace period was needed */
+    pthread_join(th, NULL);
+    CHECK_OK(s.st);
+    ferry_rpc_server_destroy(srv);
+    CHECK_STATUS(call_backward(c, 0, 1000), FERRY_ERR_UNAVAILABLE); /* gone */
+    ferry_rpc_client_destroy(c);
+}
+
+TEST(shutdown_cancels_after_grace) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 2, target, sizeof target);
+    ferry_rpc_client *c = connect_to(target, 0);
+    CHECK_OK(call_backward(c, 0, 0));
+    slow_call s = {.c = c, .sleep_ms = 1500};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, run_slow, &s) == 0);
+    sleep_ms(100);
+    ferry_rpc_server_shutdown(srv, 150);
+    pthread_join(th, NULL);
+    /* The peer went away mid-call: UNAVAILABLE (or CANCELLED, as FERRY_ERR_RPC). */
+    CHECK(s.st == FERRY_ERR_UNAVAILABLE || s.st == FERRY_ERR_RPC);
+    CHECK(strstr(s.error, "Backward: ") != NULL);
+    CHECK(s.took < 1.0);           /* cancelled after the grace period, not after the handler */
+    ferry_rpc_server_destroy(srv); /* returns once the handler is done */
+    ferry_rpc_client_destroy(c);
+}
+
+FERRY_TEST_MAIN(T(echo_sizes) T(echo_multi) T(concurrent_callers) T(unimplemented) T(oversize)
+                    T(malformed_request) T(handler_errors) T(deadline) T(unavailable) T(fanout)
+                        T(shutdown_drains) T(shutdown_cancels_after_grace))

@@ -1,0 +1,513 @@
+/* test_rpc_codec.c - the tensor codec without sockets: message building rules,
+ * encode/decode round trips over arbitrary chunkings, byte compatibility with
+ * protobuf-c in both directions, and malformed or truncated input, which must
+ * give FERRY_ERR_FORMAT and never crash (run it under ASan). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ferry.pb-c.h"
+#include "ferry/rpc.h"
+#include "rpc/codec.h"
+
+static const ferry__rpc_limits limits = {.max_message_bytes = 64u << 20, .max_tensors = 64};
+
+/* ---- Helpers -------------------------------------------------------------------- */
+
+static int releases;
+static void count_release(void *user) {
+    (void)user;
+    releases++;
+}
+
+/* Deterministic bytes that differ per tensor and position. */
+static void fill(void *p, size_t n, unsigned seed) {
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 8));
+}
+
+/* A message with a Forward header and tensors of the given byte sizes (f32
+ * vectors, except that sizes not divisible by 4 are impossible: callers pass
+ * multiples of 4; 0 gives shape [0]). Payloads are borrowed from bufs[i]. */
+static void build(ferry_rpc_msg *m, const size_t *sizes, int n, void **bufs) {
+    Ferry__ForwardRequest q;
+    ferry__forward_request__init(&q);
+    int64_t ip[3] = {7, -9, 1LL << 40};
+    double fp[2] = {0.5, -3.25};
+    q.ctx_id = 0x1234567890abcdefULL;
+    q.call_id = 42;
+    q.module = "dec0";
+    q.mode = "partials";
+    q.n_iparams = 3;
+    q.iparams = ip;
+    q.n_fparams = 2;
+    q.fparams = fp;
+    ferry_rpc_msg_init(m);
+    CHECK_OK(ferry_rpc_msg_set_head(m, &q.base));
+    for (int i = 0; i < n; i++) {
+        ferry_rpc_tensor t = {.dtype = FERRY_RPC_DTYPE_F32, .ndim = 1};
+        t.dim[0] = (int64_t)(sizes[i] / 4);
+        t.nbytes = sizes[i];
+        bufs[i] = sizes[i] > 0 ? malloc(sizes[i]) : NULL;
+        fill(bufs[i], sizes[i], (unsigned)i + 1);
+        t.data = bufs[i];
+        (void)snprintf(t.name, sizeof t.name, "t%d", i);
+        CHECK_OK(ferry_rpc_msg_add(m, &t));
+    }
+}
+
+static uint8_t *encode_flat(const ferry_rpc_msg *m, size_t inline_max, size_t *n) {
+    ferry__rpc_wire w;
+    ferry__rpc_wire_init(&w);
+    CHECK_OK(ferry__rpc_encode(m, &ferry__forward_request__descriptor, inline_max, &w));
+    uint8_t *buf = malloc(w.total + 1);
+    ferry__rpc_wire_flatten(&w, m, buf);
+    *n = w.total;
+    ferry__rpc_wire_deinit(&w);
+    return buf;
+}
+
+/* A source that cuts a buffer into pseudo-random chunks, empty ones included. */
+typedef struct chunker {
+    const uint8_t *p;
+    size_t n, off;
+    unsigned state;
+} chunker;
+
+static int chunk_next(void *user, const uint8_t **p, size_t *n) {
+    chunker *c = user;
+    if (c->off >= c->n)
+        return 0;
+    c->state = c->state * 1103515245u + 12345u;
+    size_t k = (c->state >> 16) % 37; /* 0..36 bytes: header fields split anywhere */
+    if ((c->state & 7) == 0)
+        k *= 997; /* now and then a long chunk */
+    if (k > c->n - c->off)
+        k = c->n - c->off;
+    *p = c->p + c->off;
+    *n = k;
+    c->off += k;
+    return 1;
+}
+
+static ferry_status decode_chunked(const uint8_t *buf, size_t n, unsigned seed,
+                                   ferry_rpc_msg *out) {
+    chunker c = {.p = buf, .n = n, .state = seed};
+    ferry__rpc_source src = {.next = chunk_next, .user = &c, .total = n};
+    return ferry__rpc_decode(&src, &ferry__forward_request__descriptor, &limits, out);
+}
+
+static void check_same(const ferry_rpc_msg *got, const size_t *sizes, int n, void **bufs) {
+    const Ferry__ForwardRequest *q = got->head;
+    CHECK(q != NULL);
+    CHECK(q->ctx_id == 0x1234567890abcdefULL);
+    CHECK_EQ(q->call_id, 42);
+    CHECK(strcmp(q->module, "dec0") == 0 && strcmp(q->mode, "partials") == 0);
+    CHECK_EQ(q->n_iparams, 3);
+    CHECK(q->iparams[2] == 1LL << 40 && q->iparams[1] == -9);
+    CHECK(q->n_fparams == 2 && q->fparams[1] == -3.25);
+    CHECK_EQ(q->n_tensors, 0);
+    CHECK_EQ(got->ntensors, n);
+    for (int i = 0; i < n; i++) {
+        const ferry_rpc_tensor *t = &got->tensors[i];
+        char name[16];
+        (void)snprintf(name, sizeof name, "t%d", i);
+        CHECK(strcmp(t->name, name) == 0);
+        CHECK_EQ(t->dtype, FERRY_RPC_DTYPE_F32);
+        CHECK_EQ(t->ndim, 1);
+        CHECK_EQ(t->dim[0], (int64_t)(sizes[i] / 4));
+        CHECK_EQ(t->nbytes, sizes[i]);
+        if (sizes[i] > 0) {
+            CHECK(((uintptr_t)t->data & 63) == 0);
+            CHECK(memcmp(t->data, bufs[i], sizes[i]) == 0);
+        }
+    }
+}
+
+/* ---- Message rules ---------------------------------------------------------------- */
+
+TEST(method_table) {
+    CHECK(strcmp(ferry_rpc_method_name(FERRY_RPC_FORWARD), "Forward") == 0);
+    CHECK(strcmp(ferry_rpc_method_name(FERRY_RPC_RELEASE_CONTEXT), "ReleaseContext") == 0);
+    CHECK(strcmp(ferry_rpc_method_name(FERRY_RPC_METHOD_COUNT), "?") == 0);
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++) {
+        const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)m);
+        char path[64];
+        (void)snprintf(path, sizeof path, "/ferry.Ferry/%s", mi->name);
+        CHECK(strcmp(mi->path, path) == 0);
+        CHECK(strstr(mi->request->name, mi->name) != NULL);
+        CHECK(strstr(mi->reply->name, mi->name) != NULL);
+    }
+}
+
+TEST(msg_rules) {
+    ferry_rpc_msg m;
+    ferry_rpc_msg_init(&m);
+    float x[6] = {0};
+    ferry_rpc_tensor t = {
+        .dtype = FERRY_RPC_DTYPE_F32, .ndim = 2, .dim = {2, 3}, .data = x, .nbytes = sizeof x};
+    ferry_rpc_tensor bad = t;
+    bad.dtype = 9;
+    CHECK_STATUS(ferry_rpc_msg_add(&m, &bad), FERRY_ERR_INVALID);
+    bad = t;
+    bad.ndim = 5;
+    CHECK_STATUS(ferry_rpc_msg_add(&m, &bad), FERRY_ERR_INVALID);
+    bad = t;
+    bad.dim[1] = -3;
+    CHECK_STATUS(ferry_rpc_msg_add(&m, &bad), FERRY_ERR_INVALID);
+    bad = t;
+    bad.nbytes = 20;
+    CHECK_STATUS(ferry_rpc_msg_add(&m, &bad), FERRY_ERR_SHAPE);
+    bad = t;
+    bad.data = NULL;
+    CHECK_STATUS(ferry_rpc_msg_add(&m, &bad), FERRY_ERR_INVALID);
+    bad = t;
+    memset(bad.name, 'a', sizeof bad.name);
+    CHECK_STATUS(ferry_rpc_msg_add(&m, &bad), FERRY_ERR_INVALID);
+    CHECK_EQ(m.ntensors, 0);
+
+    /* Owned tensors are released exactly once, by deinit or by the taker. */
+    releases = 0;
+    t.release = count_release;
+    CHECK_OK(ferry_rpc_msg_add(&m, &t));
+    CHECK_OK(ferry_rpc_msg_add_copy(&m, &t)); /* copies: t's release is not involved */
+    strcpy(t.name, "third");
+    CHECK_OK(ferry_rpc_msg_add(&m, &t));
+    CHECK(ferry_rpc_msg_find(&m, "third") == &m.tensors[2]);
+    CHECK(ferry_rpc_msg_find(&m, "nope") == NULL);
+    CHECK(m.tensors[1].data != x && ((uintptr_t)m.tensors[1].data & 63) == 0);
+    ferry_rpc_tensor taken;
+    CHECK_OK(ferry_rpc_msg_take(&m, 2, &taken));
+    CHECK_STATUS(ferry_rpc_msg_take(&m, 3, &taken), FERRY_ERR_INVALID);
+    ferry_rpc_msg_deinit(&m);
+    CHECK_EQ(releases, 1);
+    taken.release(taken.release_user);
+    CHECK_EQ(releases, 2);
+
+    void *data = NULL;
+    int64_t dims[2] = {0, 5};
+    CHECK_OK(ferry_rpc_msg_alloc(&m, FERRY_RPC_DTYPE_I64, 2, dims, "empty", &data));
+    CHECK(data == NULL && m.tensors[0].nbytes == 0);
+    dims[0] = 3;
+    CHECK_OK(ferry_rpc_msg_alloc(&m, FERRY_RPC_DTYPE_I64, 2, dims, NULL, &data));
+    CHECK(data != NULL && m.tensors[1].nbytes == 120 && ((uintptr_t)data & 63) == 0);
+    memset(data, 1, 120);
+    CHECK_STATUS(ferry_rpc_msg_alloc(&m, 7, 1, dims, NULL, &data), FERRY_ERR_INVALID);
+    ferry_rpc_msg_deinit(&m);
+    ferry_rpc_msg_deinit(&m); /* twice is fine */
+
+    size_t nb;
+    int64_t huge[4] = {1LL << 40, 1LL << 40, 1LL << 40, 0};
+    CHECK_OK(ferry_rpc_tensor_nbytes(FERRY_RPC_DTYPE_F32, 4, huge, &nb));
+    CHECK_EQ(nb, 0);
+    CHECK_STATUS(ferry_rpc_tensor_nbytes(FERRY_RPC_DTYPE_F32, 3, huge, &nb), FERRY_ERR_RANGE);
+}
+
+TEST(head_rules) {
+    ferry_rpc_msg m;
+    ferry_rpc_msg_init(&m);
+    Ferry__StatsRequest s;
+    ferry__stats_request__init(&s);
+    s.prefix = "rpc.";
+    CHECK_OK(ferry_rpc_msg_set_head(&m, &s.base));
+    ferry__rpc_wire w;
+    ferry__rpc_wire_init(&w);
+    CHECK_STATUS(ferry__rpc_encode(&m, &ferry__forward_request__descriptor, 0, &w),
+                 FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "ferry.StatsRequest") != NULL);
+    CHECK_OK(ferry__rpc_encode(&m, &ferry__stats_request__descriptor, 0, &w));
+    ferry__rpc_wire_deinit(&w);
+
+    Ferry__SetParamsRequest p;
+    ferry__set_params_request__init(&p);
+    Ferry__Tensor pt;
+    ferry__tensor__init(&pt);
+    Ferry__Tensor *pts[1] = {&pt};
+    p.n_tensors = 1;
+    p.tensors = pts;
+    CHECK_STATUS(ferry_rpc_msg_set_head(&m, &p.base), FERRY_ERR_INVALID);
+    CHECK(m.head_desc == &ferry__stats_request__descriptor); /* unchanged */
+    ferry_rpc_msg_deinit(&m);
+}
+
+/* Large buffers are recycled (outside sanitizer builds) when they fit without
+ * wasting more than half; all are 64-byte aligned. */
+TEST(buffers) {
+    uint8_t *p = ferry_rpc_buf_alloc(3u << 20);
+    CHECK(p != NULL && ((uintptr_t)p & 63) == 0);
+    memset(p, 7, 3u << 20);
+    ferry_rpc_buf_free(p);
+    uint8_t *q = ferry_rpc_buf_alloc(2u << 20);
+    uint8_t *r = ferry_rpc_buf_alloc(1u << 20); /* too small to take a 3 MiB buffer */
+    CHECK(q != NULL && r != NULL && ((uintptr_t)q & 63) == 0 && ((uintptr_t)r & 63) == 0);
+#ifndef FERRY_SANITIZE
+    CHECK(q == p);
+#endif
+    CHECK(r != q);
+    memset(q, 1, 2u << 20);
+    memset(r, 2, 1u << 20);
+    ferry_rpc_buf_free(q);
+    ferry_rpc_buf_free(r);
+    uint8_t *z = ferry_rpc_buf_alloc(0);
+    CHECK(z != NULL);
+    ferry_rpc_buf_free(z);
+    ferry_rpc_buf_free(NULL);
+    CHECK(ferry_rpc_buf_alloc(SIZE_MAX - 8) == NULL);
+}
+
+/* ---- Round trips ----------------------------------------------------------------------- */
+
+TEST(roundtrip_chunked) {
+    const size_t sizes[] = {0, 4, 16, 1024, 1028, 4096, 100000, 3u << 20};
+    enum { N = sizeof sizes / sizeof sizes[0] };
+    void *bufs[N];
+    ferry_rpc_msg m, got;
+    build(&m, sizes, N, bufs);
+    ferry_rpc_msg_init(&got);
+
+    ferry__rpc_wire w;
+    ferry__rpc_wire_init(&w);
+    CHECK_OK(ferry__rpc_encode(&m, &ferry__forward_request__descriptor, 1024, &w));
+    /* Payloads above the inline size are segments pointing at the caller's
+     * memory (zero copy); the rest sits in the small header buffer. */
+    size_t by_ref = 0;
+    int refs = 0;
+    for (int i = 0; i < w.nseg; i++) {
+        if (w.segs[i].tensor >= 0) {
+            CHECK(sizes[w.segs[i].tensor] > 1024);
+            by_ref += w.segs[i].len;
+            refs++;
+        }
+    }
+    CHECK_EQ(refs, 4);
+    CHECK_EQ(by_ref, 1028 + 4096 + 100000 + (3u << 20));
+    CHECK(w.len < 2048 + 200);
+    ferry__rpc_wire_deinit(&w);
+
+    size_t n;
+    uint8_t *flat = encode_flat(&m, 1024, &n);
+    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &limits, &got));
+    check_same(&got, sizes, N, bufs);
+    for (unsigned seed = 1; seed <= 20; seed++) {
+        CHECK_OK(decode_chunked(flat, n, seed, &got));
+        check_same(&got, sizes, N, bufs);
+    }
+    /* Inline threshold 0 (every payload by reference) gives the same bytes. */
+    size_t n0;
+    uint8_t *flat0 = encode_flat(&m, 0, &n0);
+    CHECK(n0 == n && memcmp(flat0, flat, n) == 0);
+    free(flat0);
+    free(flat);
+    ferry_rpc_msg_deinit(&got);
+    ferry_rpc_msg_deinit(&m);
+    for (int i = 0; i < N; i++)
+        free(bufs[i]);
+}
+
+/* Our framing is plain protobuf: protobuf-c reads what we write, and we read
+ * what protobuf-c writes. */
+TEST(protobuf_c_compat) {
+    const size_t sizes[] = {8, 2000, 0};
+    void *bufs[3];
+    ferry_rpc_msg m;
+    build(&m, sizes, 3, bufs);
+    m.tensors[1].dtype = FERRY_RPC_DTYPE_I64;
+    m.tensors[1].ndim = 2;
+    m.tensors[1].dim[0] = 25;
+    m.tensors[1].dim[1] = 10;
+    size_t n;
+    uint8_t *flat = encode_flat(&m, 16, &n);
+    Ferry__ForwardRequest *q = ferry__forward_request__unpack(NULL, n, flat);
+    CHECK(q != NULL);
+    CHECK(q->ctx_id == 0x1234567890abcdefULL && strcmp(q->module, "dec0") == 0);
+    CHECK_EQ(q->n_tensors, 3);
+    CHECK(q->tensors[1]->dtype == FERRY__DTYPE__I64 && q->tensors[1]->n_shape == 2);
+    CHECK(q->tensors[1]->shape[1] == 10 && strcmp(q->tensors[1]->name, "t1") == 0);
+    CHECK(q->tensors[1]->data.len == 2000 && memcmp(q->tensors[1]->data.data, bufs[1], 2000) == 0);
+    CHECK(q->tensors[2]->data.len == 0 && q->tensors[2]->n_shape == 1);
+
+    /* Re-pack with protobuf-c (its own field order) and decode with ours. */
+    size_t n2 = ferry__forward_request__get_packed_size(q);
+    uint8_t *flat2 = malloc(n2);
+    CHECK_EQ(ferry__forward_request__pack(q, flat2), n2);
+    ferry_rpc_msg got;
+    ferry_rpc_msg_init(&got);
+    CHECK_OK(decode_chunked(flat2, n2, 5, &got));
+    CHECK_EQ(got.ntensors, 3);
+    CHECK(got.tensors[1].dtype == FERRY_RPC_DTYPE_I64 && got.tensors[1].dim[0] == 25);
+    CHECK(memcmp(got.tensors[1].data, bufs[1], 2000) == 0);
+    CHECK(memcmp(got.tensors[0].data, bufs[0], 8) == 0);
+    const Ferry__ForwardRequest *h = got.head;
+    CHECK(h->n_iparams == 3 && h->iparams[0] == 7);
+
+    ferry__forward_request__free_unpacked(q, NULL);
+    free(flat2);
+    free(flat);
+    ferry_rpc_msg_deinit(&got);
+    ferry_rpc_msg_deinit(&m);
+    for (int i = 0; i < 3; i++)
+        free(bufs[i]);
+}
+
+/* A decoded message can be forwarded as is: its unpacked header is re-packed. */
+TEST(forward_decoded) {
+    const size_t sizes[] = {64};
+    void *bufs[1];
+    ferry_rpc_msg m, got, again;
+    build(&m, sizes, 1, bufs);
+    ferry_rpc_msg_init(&got);
+    ferry_rpc_msg_init(&again);
+    size_t n, n2;
+    uint8_t *flat = encode_flat(&m, 0, &n);
+    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &limits, &got));
+    uint8_t *flat2 = encode_flat(&got, 0, &n2);
+    CHECK_OK(
+        ferry__rpc_decode_flat(flat2, n2, &ferry__forward_request__descriptor, &limits, &again));
+    check_same(&again, sizes, 1, bufs);
+    free(flat);
+    free(flat2);
+    ferry_rpc_msg_deinit(&again);
+    ferry_rpc_msg_deinit(&got);
+    ferry_rpc_msg_deinit(&m);
+    free(bufs[0]);
+}
+
+/* ---- Bad input ---------------------------------------------------------------------------- */
+
+static ferry_status decode_bytes(const void *p, size_t n) {
+    ferry_rpc_msg got;
+    ferry_rpc_msg_init(&got);
+    ferry_status st =
+        ferry__rpc_decode_flat(p, n, &ferry__forward_request__descriptor, &limits, &got);
+    if (st != FERRY_OK)
+        CHECK(got.ntensors == 0 && got.head == NULL); /* nothing leaks out of a failure */
+    ferry_rpc_msg_deinit(&got);
+    return st;
+}
+
+TEST(malformed_cases) {
+    /* key 0x7a = field 15 (tensors), length-delimited */
+    static const uint8_t overlong_varint[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                              0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+    static const uint8_t field_zero[] = {0x00, 0x01};
+    static const uint8_t group[] = {0x0b, 0x0c};
+    static const uint8_t tensors_as_varint[] = {0x78, 0x01};
+    static const uint8_t past_end[] = {0x7a, 0x05, 0x08, 0x01};
+    static const uint8_t two_data[] = {0x7a, 0x0f, 0x12, 0x01, 0x01, 0x7a, 0x04, 1, 2,
+                                       3,    4,    0x7a, 0x04, 1,    2,    3,    4};
+    static const uint8_t bad_dtype[] = {0x7a, 0x02, 0x08, 0x07};
+    static const uint8_t rank5[] = {0x7a, 0x07, 0x12, 0x05, 0, 0, 0, 0, 0};
+    static const uint8_t size_mismatch[] = {0x7a, 0x09, 0x12, 0x01, 0x02, 0x7a, 0x04, 1, 2, 3, 4};
+    static const uint8_t name_nul[] = {0x7a, 0x09, 0x12, 0x01, 0x00, 0x1a,
+                                       0x02, 'a',  0x00, 0x08, 0x00};
+    static const uint8_t cut_string[] = {0x1a, 0x02, 0x08}; /* module: 2 bytes announced, 1 sent */
+    static const uint8_t bad_header[] = {0x0a, 0x01, 0x05}; /* ctx_id sent length-delimited */
+    static const uint8_t huge_dim[] = {0x7a, 0x08, 0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01};
+    static const uint8_t empty_scalar[] = {0x7a, 0x00}; /* scalar f32 needs 4 bytes */
+    CHECK_STATUS(decode_bytes(overlong_varint, sizeof overlong_varint), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(field_zero, sizeof field_zero), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(group, sizeof group), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(tensors_as_varint, sizeof tensors_as_varint), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(past_end, sizeof past_end), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(two_data, sizeof two_data), FERRY_ERR_FORMAT);
+    CHECK(strstr(ferry_error_last(), "two data fields") != NULL);
+    CHECK_STATUS(decode_bytes(bad_dtype, sizeof bad_dtype), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(rank5, sizeof rank5), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(size_mismatch, sizeof size_mismatch), FERRY_ERR_FORMAT);
+    CHECK(strstr(ferry_error_last(), "shape needs 8") != NULL);
+    CHECK_STATUS(decode_bytes(name_nul, sizeof name_nul), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(cut_string, sizeof cut_string), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(bad_header, sizeof bad_header), FERRY_ERR_FORMAT);
+    CHECK(strstr(ferry_error_last(), "header fields do not parse") != NULL);
+    CHECK_STATUS(decode_bytes(huge_dim, sizeof huge_dim), FERRY_ERR_FORMAT);
+    CHECK_STATUS(decode_bytes(empty_scalar, sizeof empty_scalar), FERRY_ERR_FORMAT);
+
+    /* Accepted: an empty message, unpacked shape entries (0x10), unknown tensor
+     * fields (0x28: field 5, skipped). Shape [2, 1] needs 8 bytes, [1, 1] 4. */
+    static const uint8_t unpacked[] = {0x7a, 0x0c, 0x10, 0x02, 0x10, 0x01, 0x28,
+                                       0x09, 0x7a, 0x04, 9,    9,    9,    9};
+    CHECK_OK(decode_bytes("", 0));
+    CHECK_STATUS(decode_bytes(unpacked, sizeof unpacked), FERRY_ERR_FORMAT);
+    static const uint8_t unpacked_ok[] = {0x7a, 0x0c, 0x10, 0x01, 0x10, 0x01, 0x28,
+                                          0x09, 0x7a, 0x04, 9,    9,    9,    9};
+    CHECK_OK(decode_bytes(unpacked_ok, sizeof unpacked_ok));
+}
+
+TEST(limits) {
+    const size_t sizes[] = {400, 400, 400};
+    void *bufs[3];
+    ferry_rpc_msg m, got;
+    build(&m, sizes, 3, bufs);
+    ferry_rpc_msg_init(&got);
+    size_t n;
+    uint8_t *flat = encode_flat(&m, 1024, &n);
+    ferry__rpc_limits small = {.max_message_bytes = n - 1, .max_tensors = 64};
+    CHECK_STATUS(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &small, &got),
+                 FERRY_ERR_RANGE);
+    small = (ferry__rpc_limits){.max_message_bytes = n, .max_tensors = 2};
+    CHECK_STATUS(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &small, &got),
+                 FERRY_ERR_RANGE);
+    CHECK(got.ntensors == 0);
+    small.max_tensors = 3;
+    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &small, &got));
+    free(flat);
+    ferry_rpc_msg_deinit(&got);
+    ferry_rpc_msg_deinit(&m);
+    for (int i = 0; i < 3; i++)
+        free(bufs[i]);
+}
+
+/* Every truncation and many random corruptions of a valid message: the decoder
+ * answers OK or FERRY_ERR_FORMAT, never reads out of bounds, and whatever it
+ * accepts is self-consistent. A cut inside the last tensor is always an error. */
+TEST(fuzz_truncate_corrupt) {
+    const size_t sizes[] = {12, 2048, 40};
+    void *bufs[3];
+    ferry_rpc_msg m, got;
+    build(&m, sizes, 3, bufs);
+    ferry_rpc_msg_init(&got);
+    size_t n;
+    uint8_t *flat = encode_flat(&m, 16, &n);
+    size_t last_tensor_start; /* = the length of the same message without it */
+    m.ntensors = 2;
+    free(encode_flat(&m, 16, &last_tensor_start));
+    m.ntensors = 3;
+    for (size_t cut = 0; cut < n; cut++) {
+        uint8_t *copy = malloc(cut + 1); /* exact size: ASan sees any overread */
+        memcpy(copy, flat, cut);
+        ferry_status st = decode_chunked(copy, cut, (unsigned)cut, &got);
+        CHECK(st == FERRY_OK || st == FERRY_ERR_FORMAT);
+        if (cut > last_tensor_start)
+            CHECK_STATUS(st, FERRY_ERR_FORMAT);
+        free(copy);
+    }
+    unsigned rng = 99;
+    uint8_t *copy = malloc(n);
+    for (int iter = 0; iter < 3000; iter++) {
+        memcpy(copy, flat, n);
+        for (int k = 0; k < 1 + iter % 4; k++) {
+            rng = rng * 1664525u + 1013904223u;
+            copy[(rng >> 8) % n] ^= (uint8_t)(1u << (rng % 8));
+        }
+        ferry_status st = decode_chunked(copy, n, rng, &got);
+        CHECK(st == FERRY_OK || st == FERRY_ERR_FORMAT);
+        for (int i = 0; st == FERRY_OK && i < got.ntensors; i++) {
+            size_t want;
+            const ferry_rpc_tensor *t = &got.tensors[i];
+            CHECK_OK(ferry_rpc_tensor_nbytes(t->dtype, t->ndim, t->dim, &want));
+            CHECK_EQ(want, t->nbytes);
+            CHECK(t->nbytes == 0 || ((uintptr_t)t->data & 63) == 0);
+        }
+    }
+    free(copy);
+    free(flat);
+    ferry_rpc_msg_deinit(&got);
+    ferry_rpc_msg_deinit(&m);
+    for (int i = 0; i < 3; i++)
+        free(bufs[i]);
+}
+
+FERRY_TEST_MAIN(T(method_table) T(msg_rules) T(head_rules) T(buffers) T(roundtrip_chunked) T(protobuf_c_compat)
+                    T(forward_decoded) T(malformed_cases) T(limits) T(fuzz_truncate_corrupt))

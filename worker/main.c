@@ -1,0 +1,149 @@
+/* main.c - ferry-trainer: parses flags into a ferry_trainer_config, then runs.
+ * Exit codes: 0 done, 1 training failed, 2 bad command line. */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "flags.h"
+#include "log.h"
+#include "trainer.h"
+
+static const char *preset_name(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc)
+            return argv[i + 1];
+        if (strncmp(argv[i], "--preset=", 9) == 0)
+            return argv[i] + 9;
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    ferry_cpu_ensure_blas_kernels(argv);
+    ferry_log_init("ferry-trainer");
+    ferry_trainer_config cfg;
+    ferry_trainer_config_default(&cfg);
+    const char *preset = preset_name(argc, argv);
+    if (preset != NULL && !ferry_trainer_config_preset(&cfg, preset)) {
+        fprintf(stderr, "ferry-trainer: --preset: '%s' is not one of small|medium|large\n",
+                preset);
+        return 2;
+    }
+    bool local = false;
+    int log_level = 2;
+    const ferry_flag flags[] = {
+        {.name = "local", .type = FERRY_FLAG_BOOL, .ptr = &local,
+         .help = "train the whole model in this process (the default without --ps)"},
+        {.name = "ps", .type = FERRY_FLAG_STRING, .ptr = &cfg.ps, .metavar = "HOST:PORT[,...]",
+         .help = "ferry-ps shards hosting the embedding and decoder"},
+        {.name = "data", .type = FERRY_FLAG_STRING, .ptr = &cfg.data, .metavar = "DIR",
+         .help = "corpus directory with train.txt, valid.txt, test.txt"},
+        {.name = "device", .type = FERRY_FLAG_STRING, .ptr = &cfg.device,
+         .help = "compute device: cpu | cuda[:N]"},
+        {.name = "preset", .type = FERRY_FLAG_STRING, .ptr = &preset,
+         .help = "Zaremba et al. configuration: small | medium | large (applied first)"},
+        {.name = "emsize", .type = FERRY_FLAG_INT, .ptr = &cfg.emsize, .min = 1, .max = 1 << 16,
+         .help = "embedding size"},
+        {.name = "nhid", .type = FERRY_FLAG_INT, .ptr = &cfg.nhid, .min = 1, .max = 1 << 16,
+         .help = "LSTM hidden size"},
+        {.name = "nlayers", .type = FERRY_FLAG_INT, .ptr = &cfg.nlayers, .min = 1, .max = 8,
+         .help = "LSTM layers"},
+        {.name = "dropout", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.dropout, .min = 0,
+         .max = 0.99, .help = "dropout on embeddings, between layers and before the decoder"},
+        {.name = "init-scale", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.init_scale, .min = 0,
+         .max = 10, .help = "parameters start uniform in [-s, s]"},
+        {.name = "stiefel", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.stiefel, .min = 0, .max = 1e6,
+         .metavar = "BETA", .help = "constrain every weight_hh to the Stiefel manifold (0 = off)"},
+        {.name = "batch-size", .type = FERRY_FLAG_INT, .ptr = &cfg.batch_size, .min = 1,
+         .max = 1 << 20, .help = "training batch size (columns)"},
+        {.name = "bptt", .type = FERRY_FLAG_INT, .ptr = &cfg.bptt, .min = 1, .max = 1 << 16,
+         .help = "truncated-BPTT window length"},
+        {.name = "eval-batch-size", .type = FERRY_FLAG_INT, .ptr = &cfg.eval_batch_size,
+         .min = 1, .max = 1 << 20, .help = "batch size for validation and test"},
+        {.name = "train-tokens", .type = FERRY_FLAG_INT64, .ptr = &cfg.train_tokens, .min = 0,
+         .max = 1e15, .help = "train on the first N tokens only (0 = all)"},
+        {.name = "eval-tokens", .type = FERRY_FLAG_INT64, .ptr = &cfg.eval_tokens, .min = 0,
+         .max = 1e15, .help = "evaluate on the first N tokens only (0 = all)"},
+        {.name = "epochs", .type = FERRY_FLAG_INT, .ptr = &cfg.epochs, .min = 1, .max = 1000000,
+         .help = "epochs"},
+        {.name = "max-steps", .type = FERRY_FLAG_INT64, .ptr = &cfg.max_steps, .min = 0,
+         .max = 1e15, .help = "stop after N optimizer steps in total (0 = no limit)"},
+        {.name = "optimizer", .type = FERRY_FLAG_ENUM, .ptr = &cfg.optimizer,
+         .choices = "sgd|adagrad|adadelta|adam|adamw", .help = "update rule"},
+        {.name = "lr", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.lr, .min = -1, .max = 1e6,
+         .help = "learning rate (-1 = the optimizer's default; SGD 1.0)"},
+        {.name = "momentum", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.momentum, .min = 0, .max = 1,
+         .help = "SGD momentum"},
+        {.name = "dampening", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.dampening, .min = 0,
+         .max = 1, .help = "SGD momentum dampening"},
+        {.name = "nesterov", .type = FERRY_FLAG_BOOL, .ptr = &cfg.nesterov,
+         .help = "SGD Nesterov momentum"},
+        {.name = "weight-decay", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.weight_decay, .min = 0,
+         .max = 1e3, .help = "L2 penalty (AdamW: decoupled decay; default 0.01)"},
+        {.name = "eps", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.eps, .min = -1, .max = 1,
+         .help = "Adagrad/Adadelta/Adam epsilon (-1 = default)"},
+        {.name = "beta1", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.beta1, .min = -1, .max = 1,
+         .help = "Adam beta1 (-1 = 0.9)"},
+        {.name = "beta2", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.beta2, .min = -1, .max = 1,
+         .help = "Adam beta2 (-1 = 0.999)"},
+        {.name = "rho", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.rho, .min = -1, .max = 1,
+         .help = "Adadelta rho (-1 = 0.9)"},
+        {.name = "adagrad-lr-decay", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.adagrad_lr_decay,
+         .min = 0, .max = 1e3, .help = "Adagrad learning-rate decay"},
+        {.name = "clip", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.clip, .min = 0, .max = 1e9,
+         .help = "clip the global gradient norm to this (0 = off)"},
+        {.name = "loss-scale", .type = FERRY_FLAG_ENUM, .ptr = &cfg.loss_scale,
+         .choices = "mean|sum-time",
+         .help = "loss = mean over tokens, or sum over time and mean over batch"},
+        {.name = "schedule", .type = FERRY_FLAG_ENUM, .ptr = &cfg.schedule,
+         .choices = "none|step|plateau", .help = "learning-rate schedule"},
+        {.name = "lr-decay", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.lr_decay, .min = 0, .max = 1,
+         .help = "factor applied by the schedule"},
+        {.name = "lr-decay-start", .type = FERRY_FLAG_INT, .ptr = &cfg.lr_decay_start,
+         .min = 0, .max = 1000000, .help = "step schedule: first epoch after which lr decays"},
+        {.name = "lr-decay-every", .type = FERRY_FLAG_INT, .ptr = &cfg.lr_decay_every,
+         .min = 1, .max = 1000000, .help = "step schedule: decay every N epochs"},
+        {.name = "patience", .type = FERRY_FLAG_INT, .ptr = &cfg.patience, .min = 0,
+         .max = 1000000, .help = "plateau schedule: epochs without improvement tolerated"},
+        {.name = "seed", .type = FERRY_FLAG_INT64, .ptr = &cfg.seed, .min = 0, .max = 9e15,
+         .help = "seed for initialisation and dropout"},
+        {.name = "save", .type = FERRY_FLAG_STRING, .ptr = &cfg.save, .metavar = "FILE",
+         .help = "write a checkpoint after every epoch"},
+        {.name = "load", .type = FERRY_FLAG_STRING, .ptr = &cfg.load, .metavar = "FILE",
+         .help = "resume from a checkpoint"},
+        {.name = "metrics-out", .type = FERRY_FLAG_STRING, .ptr = &cfg.metrics_out,
+         .metavar = "FILE", .help = "JSON lines: train and eval events"},
+        {.name = "log-interval", .type = FERRY_FLAG_INT, .ptr = &cfg.log_interval, .min = 1,
+         .max = 1 << 30, .help = "steps between log lines and metrics records"},
+        {.name = "progress", .type = FERRY_FLAG_ENUM, .ptr = &cfg.progress,
+         .choices = "auto|tty|plain|off", .help = "progress display"},
+        {.name = "threads", .type = FERRY_FLAG_INT, .ptr = &cfg.threads, .min = 1, .max = 1024,
+         .help = "OpenBLAS threads"},
+        {.name = "deadline-ms", .type = FERRY_FLAG_INT64, .ptr = &cfg.deadline_ms, .min = 1,
+         .max = 3.6e6, .help = "deadline of every remote call"},
+        {.name = "log-level", .type = FERRY_FLAG_ENUM, .ptr = &log_level,
+         .choices = "error|warn|info|debug", .help = "log verbosity"},
+    };
+    ferry_flags fs = {"ferry-trainer", "trains an LSTM language model (locally or with ferry-ps)",
+                      flags, (int)(sizeof flags / sizeof flags[0])};
+    bool help = false;
+    if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK) {
+        fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
+        return 2;
+    }
+    if (help)
+        return 0;
+    ferry_log_set_level((ferry_log_level)log_level);
+    if (local && cfg.ps != NULL) {
+        fprintf(stderr, "ferry-trainer: --local and --ps exclude each other\n");
+        return 2;
+    }
+    cfg.local = cfg.ps == NULL;
+    ferry_status st = ferry_trainer_run(&cfg);
+    if (st != FERRY_OK) {
+        const char *detail = ferry_error_last();
+        fprintf(stderr, "ferry-trainer: %s\n", detail[0] ? detail : ferry_status_str(st));
+        return 1;
+    }
+    return 0;
+}

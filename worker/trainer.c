@@ -1,0 +1,392 @@
+/* trainer.c - the training loop of ferry-trainer: batches the corpus, runs BPTT
+ * windows through the model on an autograd context, clips by the global norm,
+ * steps the optimizer, evaluates at each epoch's end, adjusts the learning rate,
+ * writes checkpoints, progress and metrics. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "batch.h"
+#include "checkpoint.h"
+#include "corpus.h"
+#include "log.h"
+#include "metrics.h"
+#include "model.h"
+#include "optim/clip.h"
+#include "optim/optim.h"
+#include "optim/schedule.h"
+#include "progress.h"
+#include "trainer.h"
+
+void ferry_trainer_config_default(ferry_trainer_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->data = "data/ptb";
+    cfg->device = "cpu";
+    cfg->emsize = 200;
+    cfg->nhid = 200;
+    cfg->nlayers = 2;
+    cfg->dropout = 0.0f;
+    cfg->init_scale = 0.1f;
+    cfg->batch_size = 20;
+    cfg->bptt = 20;
+    cfg->eval_batch_size = 10;
+    cfg->epochs = 13;
+    cfg->optimizer = FERRY_OPTIM_SGD;
+    cfg->lr = -1.0f; /* < 0: the optimizer's default (1.0 for SGD) */
+    cfg->eps = -1.0f;
+    cfg->beta1 = -1.0f;
+    cfg->beta2 = -1.0f;
+    cfg->rho = -1.0f;
+    cfg->clip = 5.0f;
+    cfg->loss_scale = FERRY_LOSS_SCALE_SUM_TIME;
+    cfg->schedule = FERRY_LR_SCHEDULE_STEP;
+    cfg->lr_decay = 0.5f;
+    cfg->lr_decay_start = 4;
+    cfg->lr_decay_every = 1;
+    cfg->patience = 0;
+    cfg->seed = 1;
+    cfg->progress = 0;
+    cfg->log_interval = 200;
+    cfg->threads = 1;
+    cfg->deadline_ms = 10000;
+}
+
+int ferry_trainer_config_preset(ferry_trainer_config *cfg, const char *name) {
+    if (strcmp(name, "small") == 0) {
+        cfg->emsize = cfg->nhid = 200;
+        cfg->bptt = 20;
+        cfg->dropout = 0.0f;
+        cfg->init_scale = 0.1f;
+        cfg->epochs = 13;
+        cfg->lr_decay = 0.5f;
+        cfg->lr_decay_start = 4;
+        cfg->clip = 5.0f;
+    } else if (strcmp(name, "medium") == 0) {
+        cfg->emsize = cfg->nhid = 650;
+        cfg->bptt = 35;
+        cfg->dropout = 0.5f;
+        cfg->init_scale = 0.05f;
+        cfg->epochs = 39;
+        cfg->lr_decay = 0.8f;
+        cfg->lr_decay_start = 6;
+        cfg->clip = 5.0f;
+    } else if (strcmp(name, "large") == 0) {
+        cfg->emsize = cfg->nhid = 1500;
+        cfg->bptt = 35;
+        cfg->dropout = 0.65f;
+        cfg->init_scale = 0.04f;
+        cfg->epochs = 55;
+        cfg->lr_decay = 1.0f / 1.15f;
+        cfg->lr_decay_start = 14;
+        cfg->clip = 10.0f;
+    } else {
+        return 0;
+    }
+    cfg->nlayers = 2;
+    cfg->batch_size = 20;
+    return 1;
+}
+
+/* ---- state of one run ---- */
+
+typedef struct trainer {
+    const ferry_trainer_config *cfg;
+    ferry_backend *be;
+    ferry_corpus *corpus;
+    ferry_batches *train, *valid, *test;
+    ferry_lm *lm;
+    ferry_optim *opt;
+    ferry_ctx *ctx;
+    ferry_lr_schedule sched;
+    ferry_metrics *metrics;
+    ferry_progress *progress;
+    int epoch;       /* current epoch, 1-based */
+    int64_t step;    /* optimizer steps done in total */
+    float lr;
+    double t_start;
+} trainer;
+
+static ferry_status make_batches(const ferry_trainer_config *cfg, const ferry_corpus *c,
+                                 ferry_split s, int B, int64_t limit, ferry_batches **out) {
+    int64_t n;
+    const int32_t *ids = ferry_corpus_ids(c, s, &n);
+    if (limit > 0 && limit < n)
+        n = limit;
+    if (n < 2 * (int64_t)B)
+        return ferry_errorf(FERRY_ERR_INVALID, "%s split of %s has %lld tokens: too few for "
+                            "batch size %d", ferry_split_name(s), cfg->data, (long long)n, B);
+    return ferry_batch_create(ids, n, B, out);
+}
+
+static ferry_status window_tensors(const ferry_window *w, ferry_tensor *in, ferry_tensor *tg) {
+    ferry_backend *host = ferry_backend_cpu();
+    ferry_shape s = ferry_shape_2d(w->T, w->B);
+    *in = ferry_tensor_wrap(host, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w->inputs);
+    *tg = ferry_tensor_wrap(host, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w->targets);
+    return FERRY_OK;
+}
+
+/* Perplexity of a split: exp(mean cross-entropy per token), no dropout, carried
+ * state across windows from zero, as in the PTB literature. */
+static ferry_status evaluate(trainer *t, const ferry_batches *b, double *loss_out) {
+    ferry_status st = ferry_lm_reset_state(t->lm, ferry_batch_size(b));
+    if (st != FERRY_OK)
+        return st;
+    ferry_ctx_set_training(t->ctx, 0);
+    double total = 0.0;
+    int64_t tokens = 0, nsteps = ferry_batch_nstep(b);
+    for (int64_t start = 0; start < nsteps - 1; start += t->cfg->bptt) {
+        ferry_window w;
+        ferry_tensor in, tg, *loss;
+        double sum = 0.0;
+        if ((st = ferry_batch_window(b, start, t->cfg->bptt, &w)) != FERRY_OK)
+            break;
+        window_tensors(&w, &in, &tg);
+        ferry_ctx_reset(t->ctx, 0);
+        if ((st = ferry_lm_forward(t->lm, t->ctx, &in, &tg, 1.0f, &loss, &sum)) != FERRY_OK)
+            break;
+        total += sum;
+        tokens += (int64_t)w.T * w.B;
+    }
+    ferry_ctx_set_training(t->ctx, 1);
+    if (st == FERRY_OK)
+        *loss_out = total / (double)(tokens ? tokens : 1);
+    return st;
+}
+
+/* One optimizer step on one window; *loss_sum is the summed cross-entropy. */
+static ferry_status train_step(trainer *t, const ferry_window *w, double *loss_sum,
+                               double *grad_norm) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_tensor in, tg, *loss;
+    ferry_status st;
+    window_tensors(w, &in, &tg);
+    ferry_ctx_reset(t->ctx, (uint64_t)t->step + 1);
+    ferry_ctx_set_seed(t->ctx, (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step);
+    float scale = cfg->loss_scale == FERRY_LOSS_SCALE_MEAN ? 1.0f / (float)(w->T * w->B)
+                                                           : 1.0f / (float)w->B;
+    if ((st = ferry_lm_forward(t->lm, t->ctx, &in, &tg, scale, &loss, loss_sum)) != FERRY_OK)
+        return st;
+    if (!isfinite(*loss_sum))
+        return ferry_errorf(FERRY_ERR_NUMERIC, "loss is %g at step %lld: training diverged "
+                            "(lower --lr or set --clip)", *loss_sum, (long long)t->step + 1);
+    if ((st = ferry_ctx_backward(t->ctx, loss)) != FERRY_OK)
+        return st;
+    ferry_grads *G = ferry_ctx_grads(t->ctx, &t->lm->P);
+    if (G == NULL)
+        return FERRY_ERR_NOMEM;
+    double sumsq = 0.0;
+    if ((st = ferry_grads_sumsq(G, &sumsq)) != FERRY_OK)
+        return st;
+    float coef = 1.0f;
+    *grad_norm = sqrt(sumsq);
+    if (cfg->clip > 0.0f)
+        ferry_clip_coef(sumsq, cfg->clip, &coef, grad_norm);
+    if (!isfinite(*grad_norm))
+        return ferry_errorf(FERRY_ERR_NUMERIC, "gradient norm is %g at step %lld", *grad_norm,
+                            (long long)t->step + 1);
+    if ((st = ferry_optim_step(t->opt, &t->lm->P, G, coef)) != FERRY_OK)
+        return st;
+    t->step++;
+    return FERRY_OK;
+}
+
+static ferry_status log_train(trainer *t, int64_t step_in_epoch, double loss, double tok_s) {
+    double ppl = exp(loss);
+    if (t->metrics != NULL)
+        return ferry_metrics_train(t->metrics, t->epoch, t->step, loss, ppl, t->lr, tok_s,
+                                   ferry_now() - t->t_start);
+    (void)step_in_epoch;
+    return FERRY_OK;
+}
+
+/* One pass over the training split (or up to max_steps). */
+static ferry_status train_epoch(trainer *t, int *stop) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_status st = ferry_lm_reset_state(t->lm, cfg->batch_size);
+    if (st != FERRY_OK)
+        return st;
+    int64_t nwin = ferry_batch_nwindows(t->train, cfg->bptt), nsteps = ferry_batch_nstep(t->train);
+    ferry_progress_config pc = {0};
+    pc.steps = nwin;
+    pc.log_interval = cfg->log_interval;
+    pc.mode = (ferry_progress_mode)cfg->progress;
+    if ((st = ferry_progress_create(&pc, &t->progress)) != FERRY_OK)
+        return st;
+    double t0 = ferry_now(), win_loss = 0.0, gn = 0.0;
+    int64_t win_tokens = 0, tokens = 0, i = 0;
+    for (int64_t start = 0; start < nsteps - 1 && st == FERRY_OK; start += cfg->bptt, i++) {
+        ferry_window w;
+        double sum = 0.0;
+        if ((st = ferry_batch_window(t->train, start, cfg->bptt, &w)) != FERRY_OK)
+            break;
+        if ((st = train_step(t, &w, &sum, &gn)) != FERRY_OK)
+            break;
+        win_loss += sum;
+        win_tokens += (int64_t)w.T * w.B;
+        tokens += (int64_t)w.T * w.B;
+        double el = ferry_now() - t0;
+        ferry_progress_stats ps = {t->epoch, i + 1, win_loss / (double)win_tokens, t->lr,
+                                   (double)tokens / (el > 0 ? el : 1e-9), el};
+        ferry_progress_update(t->progress, &ps);
+        int last = start + cfg->bptt >= nsteps - 1 || (cfg->max_steps > 0 &&
+                                                       t->step >= cfg->max_steps);
+        if ((i + 1) % cfg->log_interval == 0 || last) {
+            st = log_train(t, i + 1, win_loss / (double)win_tokens, ps.tokens_per_s);
+            win_loss = 0.0;
+            win_tokens = 0;
+        }
+        if (cfg->max_steps > 0 && t->step >= cfg->max_steps) {
+            *stop = 1;
+            i++;
+            break;
+        }
+    }
+    ferry_progress_finish(t->progress);
+    ferry_progress_destroy(t->progress);
+    t->progress = NULL;
+    if (st == FERRY_OK)
+        FERRY_LOG_INFO("epoch %d done: %lld steps, %.0f tokens/s, %.1f s", t->epoch,
+                       (long long)i, (double)tokens / (ferry_now() - t0), ferry_now() - t0);
+    return st;
+}
+
+static ferry_status eval_and_report(trainer *t, const char *split, const ferry_batches *b,
+                                    double *loss) {
+    double t0 = ferry_now();
+    ferry_status st = evaluate(t, b, loss);
+    if (st != FERRY_OK)
+        return st;
+    FERRY_LOG_INFO("epoch %d %s: loss %.4f ppl %.2f (%.1f s)", t->epoch, split, *loss, exp(*loss),
+                   ferry_now() - t0);
+    if (t->metrics != NULL)
+        st = ferry_metrics_eval(t->metrics, split, t->epoch, t->step, *loss, exp(*loss));
+    return st;
+}
+
+static ferry_status trainer_setup(trainer *t) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_status st;
+    ferry_cpu_set_threads(cfg->threads);
+    if ((st = ferry_backend_create(cfg->device, &t->be)) != FERRY_OK)
+        return st;
+    double t0 = ferry_now();
+    if ((st = ferry_corpus_load(cfg->data, &t->corpus)) != FERRY_OK)
+        return st;
+    int64_t V = ferry_vocab_size(ferry_corpus_vocab(t->corpus));
+    FERRY_LOG_INFO("corpus %s: vocabulary %lld, loaded in %.2f s", cfg->data, (long long)V,
+                   ferry_now() - t0);
+    if ((st = make_batches(cfg, t->corpus, FERRY_SPLIT_TRAIN, cfg->batch_size, cfg->train_tokens,
+                           &t->train)) != FERRY_OK ||
+        (st = make_batches(cfg, t->corpus, FERRY_SPLIT_VALID, cfg->eval_batch_size,
+                           cfg->eval_tokens, &t->valid)) != FERRY_OK ||
+        (st = make_batches(cfg, t->corpus, FERRY_SPLIT_TEST, cfg->eval_batch_size,
+                           cfg->eval_tokens, &t->test)) != FERRY_OK)
+        return st;
+    ferry_lm_config mc = {V,           cfg->emsize, cfg->nhid,      cfg->nlayers, cfg->dropout,
+                          cfg->init_scale, cfg->stiefel, (uint64_t)cfg->seed};
+    if ((st = ferry_lm_create(t->be, &mc, &t->lm)) != FERRY_OK)
+        return st;
+    ferry_optim_config oc = ferry_optim_defaults((ferry_optim_kind)cfg->optimizer);
+    if (cfg->lr >= 0.0f)
+        oc.lr = cfg->lr;
+    oc.momentum = cfg->momentum;
+    oc.dampening = cfg->dampening;
+    oc.nesterov = cfg->nesterov;
+    if (cfg->weight_decay > 0.0f || cfg->optimizer != FERRY_OPTIM_ADAMW)
+        oc.weight_decay = cfg->weight_decay;
+    if (cfg->eps >= 0.0f)
+        oc.eps = cfg->eps;
+    if (cfg->beta1 >= 0.0f)
+        oc.beta1 = cfg->beta1;
+    if (cfg->beta2 >= 0.0f)
+        oc.beta2 = cfg->beta2;
+    if (cfg->rho >= 0.0f)
+        oc.rho = cfg->rho;
+    oc.lr_decay = cfg->adagrad_lr_decay;
+    t->lr = (float)oc.lr;
+    ferry_lr_schedule_config sc = ferry_lr_schedule_defaults((ferry_lr_schedule_kind)cfg->schedule);
+    sc.gamma = cfg->lr_decay;
+    sc.start = cfg->lr_decay_start;
+    sc.every = cfg->lr_decay_every;
+    sc.patience = cfg->patience;
+    if ((st = ferry_lr_schedule_init(&t->sched, &sc)) != FERRY_OK)
+        return st;
+    if ((st = ferry_optim_create(&t->lm->P, &oc, &t->opt)) != FERRY_OK)
+        return st;
+    if ((st = ferry_ctx_create(t->be, &t->ctx)) != FERRY_OK)
+        return st;
+    if (cfg->metrics_out != NULL && (st = ferry_metrics_open(cfg->metrics_out, &t->metrics)) !=
+                                        FERRY_OK)
+        return st;
+    t->epoch = 1;
+    if (cfg->load != NULL) {
+        ferry_checkpoint_info info;
+        if ((st = ferry_checkpoint_load(cfg->load, t->lm, t->opt,
+                                        ferry_vocab_hash(ferry_corpus_vocab(t->corpus)),
+                                        &info)) != FERRY_OK)
+            return st;
+        t->epoch = info.epoch + 1;
+        t->step = info.step;
+        t->lr = info.lr;
+        if ((st = ferry_optim_set_lr(t->opt, t->lr)) != FERRY_OK)
+            return st;
+        FERRY_LOG_INFO("resumed from %s: epoch %d done, step %lld, lr %g", cfg->load, info.epoch,
+                       (long long)info.step, (double)info.lr);
+    }
+    FERRY_LOG_INFO("model: V=%lld E=%d H=%d L=%d, %lld parameters; %s lr %g, batch %d, bptt %d, "
+                   "clip %g, loss %s, device %s",
+                   (long long)V, cfg->emsize, cfg->nhid, cfg->nlayers, (long long)t->lm->P.numel,
+                   ferry_optim_kind_name(oc.kind), (double)oc.lr, cfg->batch_size, cfg->bptt,
+                   (double)cfg->clip, cfg->loss_scale ? "sum-time" : "mean",
+                   ferry_backend_name(t->be));
+    return FERRY_OK;
+}
+
+static void trainer_teardown(trainer *t) {
+    ferry_progress_destroy(t->progress);
+    if (t->metrics != NULL && ferry_metrics_close(t->metrics) != FERRY_OK)
+        FERRY_LOG_WARN("metrics: %s", ferry_error_last());
+    ferry_ctx_destroy(t->ctx);
+    ferry_optim_destroy(t->opt);
+    ferry_lm_destroy(t->lm);
+    ferry_batch_destroy(t->train);
+    ferry_batch_destroy(t->valid);
+    ferry_batch_destroy(t->test);
+    ferry_corpus_destroy(t->corpus);
+    ferry_backend_destroy(t->be);
+}
+
+ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.cfg = cfg;
+    t.t_start = ferry_now();
+    ferry_status st = trainer_setup(&t);
+    int stop = 0;
+    double val = 0.0;
+    for (; st == FERRY_OK && t.epoch <= cfg->epochs && !stop; t.epoch++) {
+        if ((st = train_epoch(&t, &stop)) != FERRY_OK)
+            break;
+        if ((st = eval_and_report(&t, "valid", t.valid, &val)) != FERRY_OK)
+            break;
+        t.lr = (float)ferry_lr_schedule_epoch_end(&t.sched, t.epoch, val, t.lr);
+        if ((st = ferry_optim_set_lr(t.opt, t.lr)) != FERRY_OK)
+            break;
+        if (cfg->save != NULL &&
+            (st = ferry_checkpoint_save(cfg->save, t.lm, t.opt,
+                                        ferry_vocab_hash(ferry_corpus_vocab(t.corpus)), t.epoch,
+                                        t.step, t.lr)) != FERRY_OK)
+            break;
+    }
+    if (st == FERRY_OK) {
+        t.epoch--;
+        st = eval_and_report(&t, "test", t.test, &val);
+    }
+    if (st == FERRY_OK)
+        FERRY_LOG_INFO("done: %lld steps in %.1f s", (long long)t.step, ferry_now() - t.t_start);
+    trainer_teardown(&t);
+    return st;
+}
