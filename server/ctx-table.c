@@ -119,12 +119,16 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
     return FERRY_OK;
 }
 
-/* Bytes a gradient table holds: the dense block plus every row-sparse table. */
+/* Bytes a gradient table uses: the dense ranges written so far and every row-sparse
+ * table. (ferry_grads_init reserves the whole block's dense floats, but the pages of
+ * ranges never written, such as an embedding's, stay untouched.) */
 static int64_t grads_bytes(const ferry_grads *G) {
-    int64_t n = G->P->numel * (int64_t)sizeof(float) +
-                G->P->count * (int64_t)(1 + sizeof(ferry_rowgrad));
+    int64_t n = G->P->count * (int64_t)(1 + sizeof(ferry_rowgrad));
     for (int i = 0; i < G->P->count; i++) {
+        const ferry_param *p = &G->P->items[i];
         const ferry_rowgrad *rg = &G->rows[i];
+        if (G->touched[i] && !(p->flags & FERRY_PARAM_ROW_SPARSE))
+            n += p->numel * (int64_t)sizeof(float);
         n += rg->cap * rg->D * (int64_t)sizeof(float) + rg->cap * (int64_t)sizeof(int64_t) +
              rg->hash_cap * (int64_t)sizeof(int64_t);
     }

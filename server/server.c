@@ -54,6 +54,13 @@ ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s) {
 
 /* ---- whole-server calls ---- */
 
+/* The id is completed once the port is known, possibly after the first call. */
+static void server_id_copy(ferry_ps_server *s, char *out) {
+    pthread_mutex_lock(&s->mu);
+    memcpy(out, s->server_id, sizeof s->server_id);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static ferry_status on_hello(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__HelloRequest *q = req->head;
     FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)",
@@ -63,9 +70,11 @@ static ferry_status on_hello(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
     int n = ferry__ps_registry_list(&s->reg, mods, 256);
     for (int i = 0; i < n; i++)
         names[i] = mods[i]->name;
+    char id[sizeof s->server_id];
+    server_id_copy(s, id);
     Ferry__HelloReply r;
     ferry__hello_reply__init(&r);
-    r.server_id = s->server_id;
+    r.server_id = id;
     r.incarnation = s->incarnation;
     r.version = (char *)FERRY_VERSION;
     r.n_modules = (size_t)n;
@@ -147,11 +156,12 @@ static ferry_status on_stats(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
         (void)snprintf(name, sizeof name, "version/%s", mods[i]->name);
         stat_add(b, name, (double)version);
     }
-    char text[512];
+    char text[512], id[sizeof s->server_id];
+    server_id_copy(s, id);
     (void)snprintf(text, sizeof text,
                    "%s: %d modules, %lld contexts live holding %lld bytes, %llu calls, "
                    "%llu errors, up %.0f s",
-                   s->server_id, nmods, (long long)live, bytes, (unsigned long long)rs.calls,
+                   id, nmods, (long long)live, bytes, (unsigned long long)rs.calls,
                    (unsigned long long)rs.errors, ferry_now() - s->t_start);
     Ferry__StatsReply r;
     ferry__stats_reply__init(&r);
@@ -326,9 +336,10 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     int host_len = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
     (void)snprintf(s->address, sizeof s->address, "%.*s:%d", host_len, cfg->listen,
                    ferry_rpc_server_port(s->rpc));
-    /* With port 0 nobody can have called yet, so the id may still change. */
+    pthread_mutex_lock(&s->mu);
     if (s->server_id[0] == '\0')
         (void)snprintf(s->server_id, sizeof s->server_id, "ferry-ps@%s", s->address);
+    pthread_mutex_unlock(&s->mu);
     FERRY_LOG_INFO("listening on %s (id %s, incarnation %016llx, %d threads, context ttl %g s)",
                    s->address, s->server_id, (unsigned long long)s->incarnation, cfg->threads,
                    cfg->context_ttl_s);

@@ -312,18 +312,46 @@ TEST(drawn_masks_follow_the_context_stream) {
     case_free(&c);
 }
 
-/* The Stiefel hook is isolated but not wired yet: a constrained W_hh is refused
- * with a clear message rather than silently run unconstrained. */
-TEST(stiefel_constraint_is_refused_until_wired) {
+/* A Stiefel-constrained W_hh (layer 1 only) runs through A(W) = 1.5 W - 0.5 W W^T W:
+ * the result equals the float64 reference LSTM given A(W) as its plain weight, and
+ * the raw W is left as it was. (test_stiefel_lstm.c covers the rest.) */
+TEST(stiefel_constraint_runs_through_the_map) {
     lstm_case c;
-    case_init(&c, 2, 2, 3, 4, 2, 707);
-    CHECK_OK(ferry_params_set_constraint(&c.P, c.rnn.w_hh[1], FERRY_CONSTRAINT_STIEFEL, 0.1f));
-    ferry_tensor *y, *hn, *cn;
+    case_init(&c, 4, 3, 3, 6, 2, 707);
+    int64_t H = c.H, n = 4 * H * H, TBH = c.T * c.B * H, LBH = c.L * c.B * H;
+    int w = c.rnn.w_hh[1];
+    CHECK_OK(ferry_params_set_constraint(&c.P, w, FERRY_CONSTRAINT_STIEFEL, 0.1f));
+    float *W = ferry_params_data(&c.P, w);
+    float *raw = malloc((size_t)n * sizeof *raw), *y = malloc((size_t)TBH * sizeof *y);
+    float *cn = malloc((size_t)LBH * sizeof *cn);
+    double *ry = malloc((size_t)TBH * sizeof *ry), *rhn = malloc((size_t)LBH * sizeof *rhn);
+    double *rcn = malloc((size_t)LBH * sizeof *rcn);
+    CHECK(raw && y && cn && ry && rhn && rcn);
+    memcpy(raw, W, (size_t)n * sizeof *raw);
+    ferry_tensor *ty, *thn, *tcn;
     ferry_ctx_reset(c.ctx, 1);
-    ferry_lstm_opts opts = {NULL};
-    CHECK_STATUS(ferry_lstm_forward(&c.rnn, c.ctx, &c.tx, NULL, NULL, &opts, &y, &hn, &cn),
-                 FERRY_ERR_UNSUPPORTED);
-    CHECK(strstr(ferry_error_last(), "rnn.weight_hh_l1") != NULL);
+    case_forward(&c, &ty, &thn, &tcn);
+    CHECK(memcmp(raw, W, (size_t)n * sizeof *raw) == 0);
+    memcpy(y, ferry_tensor_f32(ty), (size_t)TBH * sizeof *y);
+    memcpy(cn, ferry_tensor_f32(tcn), (size_t)LBH * sizeof *cn);
+    /* W <- A(raw W) in double, unconstrained, for the reference. */
+    for (int64_t r = 0; r < 4 * H; r++)
+        for (int64_t j = 0; j < H; j++) {
+            double s = 0.0; /* (W (W^T W))[r, j] */
+            for (int64_t i = 0; i < H; i++) {
+                double g = 0.0;
+                for (int64_t k = 0; k < 4 * H; k++)
+                    g += (double)raw[k * H + i] * (double)raw[k * H + j];
+                s += (double)raw[r * H + i] * g;
+            }
+            W[r * H + j] = (float)(1.5 * (double)raw[r * H + j] - 0.5 * s);
+        }
+    CHECK(memcmp(raw, W, (size_t)n * sizeof *raw) != 0); /* raw W is off the manifold */
+    CHECK_OK(ferry_params_set_constraint(&c.P, w, FERRY_CONSTRAINT_NONE, 0.0f));
+    reference_forward(&c, NULL, ry, rhn, rcn);
+    CHECK_CLOSE("y", y, ry, (long)TBH, 2e-6, 2e-5);
+    CHECK_CLOSE("cn", cn, rcn, (long)LBH, 2e-6, 2e-5);
+    free(raw), free(y), free(cn), free(ry), free(rhn), free(rcn);
     case_free(&c);
 }
 
@@ -331,4 +359,4 @@ FERRY_TEST_MAIN(T(gradcheck_3_layers) T(gradcheck_fixed_dropout_masks)
                     T(gradcheck_zero_states_partial_outputs) T(gradcheck_wide_hidden)
                         T(forward_matches_float64_reference)
                             T(drawn_masks_follow_the_context_stream)
-                                T(stiefel_constraint_is_refused_until_wired))
+                                T(stiefel_constraint_runs_through_the_map))

@@ -6,12 +6,33 @@
 
 #include "log.h"
 #include "model.h"
+#include "optim/stiefel.h"
+
+/* Replaces a constrained weight_hh by its orthogonal polar factor, as cdopt does
+ * at initialisation (the penalty then starts at zero and A(W) = W). */
+static ferry_status lm_polar_init(ferry_lm *lm, int idx) {
+    const ferry_param *p = &lm->P.items[idx];
+    size_t nbytes = (size_t)p->numel * sizeof(float);
+    float *host = malloc(nbytes);
+    if (host == NULL)
+        return FERRY_ERR_NOMEM;
+    float *W = ferry_params_data(&lm->P, idx);
+    ferry_status st = ferry_backend_copy(lm->be, host, W, nbytes, FERRY_COPY_DEVICE_TO_HOST);
+    if (st == FERRY_OK)
+        st = ferry_stiefel_polar(p->shape.dim[0], p->shape.dim[1], host);
+    if (st == FERRY_OK)
+        st = ferry_backend_copy(lm->be, W, host, nbytes, FERRY_COPY_HOST_TO_DEVICE);
+    free(host);
+    return st;
+}
 
 static ferry_status lm_init_params(ferry_lm *lm) {
     const ferry_lm_config *cfg = &lm->cfg;
     ferry_status st = FERRY_OK;
     for (int i = 0; i < lm->P.count && st == FERRY_OK; i++)
         st = ferry_params_init_uniform(&lm->P, i, cfg->init_scale, cfg->seed);
+    for (int l = 0; l < cfg->L && st == FERRY_OK && cfg->stiefel_beta > 0.0f; l++)
+        st = lm_polar_init(lm, lm->rnn.w_hh[l]);
     return st;
 }
 
@@ -35,6 +56,12 @@ ferry_status ferry_lm_create(ferry_backend *be, const ferry_lm_config *cfg, ferr
         goto fail;
     if ((st = ferry_linear_init(&lm->dec, &lm->P, "decoder", cfg->H, cfg->V, 1)) != FERRY_OK)
         goto fail;
+    for (int l = 0; l < cfg->L && cfg->stiefel_beta > 0.0f; l++) {
+        st = ferry_params_set_constraint(&lm->P, lm->rnn.w_hh[l], FERRY_CONSTRAINT_STIEFEL,
+                                         cfg->stiefel_beta);
+        if (st != FERRY_OK)
+            goto fail;
+    }
     if ((st = ferry_params_alloc(&lm->P)) != FERRY_OK)
         goto fail;
     if ((st = lm_init_params(lm)) != FERRY_OK)
@@ -107,6 +134,18 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, const ferry_tensor *
                                  FERRY_COPY_DEVICE_TO_DEVICE)) != FERRY_OK)
         return st;
     return ferry_backend_copy(lm->be, lm->c->data, cn->data, nbytes, FERRY_COPY_DEVICE_TO_DEVICE);
+}
+
+ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out) {
+    for (int l = 0; l < lm->cfg.L; l++) {
+        const ferry_param *p = &lm->P.items[lm->rnn.w_hh[l]];
+        ferry_status st = ferry_stiefel_feasibility(lm->be, p->shape.dim[0], p->shape.dim[1],
+                                                    ferry_params_data(&lm->P, lm->rnn.w_hh[l]),
+                                                    &out[l], NULL);
+        if (st != FERRY_OK)
+            return st;
+    }
+    return FERRY_OK;
 }
 
 double ferry_lm_step_flops(const ferry_lm_config *cfg, int64_t T, int64_t B) {

@@ -43,6 +43,8 @@ ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B);
 ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, const ferry_tensor *inputs,
                               const ferry_tensor *targets, float loss_scale, ferry_tensor **loss,
                               double *loss_sum);
+/* ||W^T W - I||_F of every layer's raw weight_hh, into out[0..L). */
+ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out);
 /* Analytic FLOPs of one training step (forward + backward) on a (T, B) window:
  * 2·M·N·K per GEMM, forward and the two backward GEMMs. */
 double ferry_lm_step_flops(const ferry_lm_config *cfg, int64_t T, int64_t B);

@@ -17,6 +17,7 @@
 #include "optim/clip.h"
 #include "optim/optim.h"
 #include "optim/schedule.h"
+#include "optim/stiefel.h"
 #include "progress.h"
 #include "trainer.h"
 
@@ -105,6 +106,8 @@ typedef struct trainer {
     int epoch;       /* current epoch, 1-based */
     int64_t step;    /* optimizer steps done in total */
     float lr;
+    double penalty;  /* Stiefel penalty of the last step (beta sum ||C||^2) */
+    double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
 } trainer;
 
@@ -177,6 +180,12 @@ static ferry_status train_step(trainer *t, const ferry_window *w, double *loss_s
     ferry_grads *G = ferry_ctx_grads(t->ctx, &t->lm->P);
     if (G == NULL)
         return FERRY_ERR_NOMEM;
+    /* The owner adds the Stiefel penalty's gradient once per step, before clipping,
+     * as loss = CE + beta sum ||W^T W - I||^2 would through autograd. */
+    if (cfg->stiefel > 0.0f &&
+        (st = ferry_stiefel_add_penalty_grads(&t->lm->P, G, &t->penalty, NULL)) != FERRY_OK)
+        return st;
+    t->penalty_sum += t->penalty;
     double sumsq = 0.0;
     if ((st = ferry_grads_sumsq(G, &sumsq)) != FERRY_OK)
         return st;
@@ -193,13 +202,38 @@ static ferry_status train_step(trainer *t, const ferry_window *w, double *loss_s
     return FERRY_OK;
 }
 
-static ferry_status log_train(trainer *t, int64_t step_in_epoch, double loss, double tok_s) {
-    double ppl = exp(loss);
+/* A metrics record (and, with a constraint, the penalty and per-layer feasibility)
+ * every log interval. `loss` is the mean cross-entropy per token, without penalty. */
+static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double tok_s) {
+    ferry_status st = FERRY_OK;
     if (t->metrics != NULL)
-        return ferry_metrics_train(t->metrics, t->epoch, t->step, loss, ppl, t->lr, tok_s,
-                                   ferry_now() - t->t_start);
-    (void)step_in_epoch;
-    return FERRY_OK;
+        st = ferry_metrics_train(t->metrics, t->epoch, t->step, loss, exp(loss), t->lr, tok_s,
+                                 ferry_now() - t->t_start);
+    if (st != FERRY_OK || t->cfg->stiefel <= 0.0f)
+        return st;
+    double feas[FERRY_LSTM_MAX_LAYERS], penalty = t->penalty_sum / (double)nsteps;
+    t->penalty_sum = 0.0;
+    if ((st = ferry_lm_feasibility(t->lm, feas)) != FERRY_OK)
+        return st;
+    char line[512];
+    int n = snprintf(line, sizeof line, "stiefel: step %lld | ce %.4f | penalty %.3e | feasibility",
+                     (long long)t->step, loss, penalty);
+    const char *keys[2 + FERRY_LSTM_MAX_LAYERS];
+    char names[FERRY_LSTM_MAX_LAYERS][24];
+    double vals[2 + FERRY_LSTM_MAX_LAYERS] = {(double)t->step, penalty};
+    keys[0] = "step";
+    keys[1] = "penalty";
+    for (int l = 0; l < t->lm->cfg.L; l++) {
+        (void)snprintf(names[l], sizeof names[l], "feasibility_l%d", l);
+        keys[2 + l] = names[l];
+        vals[2 + l] = feas[l];
+        if (n > 0 && (size_t)n < sizeof line)
+            n += snprintf(line + n, sizeof line - (size_t)n, " l%d %.3e", l, feas[l]);
+    }
+    FERRY_LOG_INFO("%s", line);
+    if (t->metrics != NULL)
+        st = ferry_metrics_write_kv(t->metrics, "stiefel", 2 + t->lm->cfg.L, keys, vals);
+    return st;
 }
 
 /* One pass over the training split (or up to max_steps). */
@@ -216,7 +250,7 @@ static ferry_status train_epoch(trainer *t, int *stop) {
     if ((st = ferry_progress_create(&pc, &t->progress)) != FERRY_OK)
         return st;
     double t0 = ferry_now(), win_loss = 0.0, gn = 0.0;
-    int64_t win_tokens = 0, tokens = 0, i = 0;
+    int64_t win_tokens = 0, tokens = 0, i = 0, win_steps = 0;
     for (int64_t start = 0; start < nsteps - 1 && st == FERRY_OK; start += cfg->bptt, i++) {
         ferry_window w;
         double sum = 0.0;
@@ -226,6 +260,7 @@ static ferry_status train_epoch(trainer *t, int *stop) {
             break;
         win_loss += sum;
         win_tokens += (int64_t)w.T * w.B;
+        win_steps++;
         tokens += (int64_t)w.T * w.B;
         double el = ferry_now() - t0;
         ferry_progress_stats ps = {t->epoch, i + 1, win_loss / (double)win_tokens, t->lr,
@@ -234,9 +269,10 @@ static ferry_status train_epoch(trainer *t, int *stop) {
         int last = start + cfg->bptt >= nsteps - 1 || (cfg->max_steps > 0 &&
                                                        t->step >= cfg->max_steps);
         if ((i + 1) % cfg->log_interval == 0 || last) {
-            st = log_train(t, i + 1, win_loss / (double)win_tokens, ps.tokens_per_s);
+            st = log_train(t, win_steps, win_loss / (double)win_tokens, ps.tokens_per_s);
             win_loss = 0.0;
             win_tokens = 0;
+            win_steps = 0;
         }
         if (cfg->max_steps > 0 && t->step >= cfg->max_steps) {
             *stop = 1;

@@ -69,7 +69,7 @@ static bool has_range(const ferry_flag *f) {
 
 static ferry_status out_of_range(const ferry_flag *f, const char *value) {
     if (has_range(f))
-        return ferry_errorf(FERRY_ERR_RANGE, "--%s: '%s' is out of range [%.17g, %.17g]", f->name,
+        return ferry_errorf(FERRY_ERR_RANGE, "--%s: '%s' is out of range [%.15g, %.15g]", f->name,
                             value, f->min, f->max);
     return ferry_errorf(FERRY_ERR_RANGE, "--%s: '%s' is out of range", f->name, value);
 }

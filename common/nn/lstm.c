@@ -4,12 +4,14 @@
  * (T, B, 4H) gates buffer, then per step one GEMM h_{t-1} W_hh^T onto gates[t]
  * and the fused cell op. Backward walks the steps in reverse with the cell
  * backward and one GEMM per step for dh_{t-1}, then finishes the weight, bias and
- * input gradients with three GEMMs over all steps at once. */
+ * input gradients with three GEMMs over all steps at once. A Stiefel-constrained
+ * W_hh runs through cdopt's dissolving map A(W) (see the hook section below). */
 #include <stdio.h>
 #include <string.h>
 
 #include "log.h"
 #include "nn.h"
+#include "optim/stiefel.h" /* ferry_stiefel_map, ferry_stiefel_map_backward */
 
 typedef struct lstm_layer_saved {
     const float *x;    /* (T, B, C_l) input of the layer (after inter-layer dropout) */
@@ -18,6 +20,7 @@ typedef struct lstm_layer_saved {
     float *h;          /* (T+1, B, H) h_0, then h_1 .. h_T */
     float *c;          /* (T+1, B, H) c_0, then c_1 .. c_T */
     const float *mask; /* (T, B, H) dropout mask on this layer's output, or NULL */
+    int constrained;   /* 1: w_hh is A(W) of a Stiefel-constrained raw W (arena copy) */
 } lstm_layer_saved;
 
 typedef struct lstm_saved {
@@ -64,45 +67,122 @@ ferry_status ferry_lstm_init(ferry_lstm *m, ferry_params *P, const char *prefix,
     return FERRY_OK;
 }
 
-/* ---- the effective recurrent weight (hook for Stiefel-constrained W_hh) ----
+/* ---- the effective recurrent weight (Stiefel-constrained W_hh) ----
  * The cell multiplies h_{t-1} by an *effective* W_hh, never by the parameter
  * directly. For an unconstrained parameter the effective weight is the raw one
- * and its gradient accumulates straight into the raw gradient. A parameter with
- * constraint == FERRY_CONSTRAINT_STIEFEL must instead use A(W) = 1.5 W -
- * 0.5 W W^T W (spec/stiefel.md §2), computed into a per-context buffer in
- * lstm_w_hh_effective, with lstm_w_hh_grad_to_raw mapping dA back to dW through
- * the VJP of A. These three functions are the only ones that know about it. */
+ * and its gradient accumulates straight into the raw gradient: no copies, no
+ * extra work. A parameter with constraint == FERRY_CONSTRAINT_STIEFEL is used as
+ * cdopt's LSTM_cdopt does (spec/stiefel.md §2, §4):
+ *   forward   A(W) = W (1.5 I - 0.5 W^T W), computed from the current raw W into
+ *             arena memory of the context once per layer and forward call (train
+ *             and eval alike); W itself is never written;
+ *   backward  dL/dA (4H, H) accumulates over the whole BPTT window in an arena
+ *             buffer, then the map's vector-Jacobian product
+ *             dW = G K - W sym(W^T G), K = I - 0.5 (W^T W - I), adds into the raw
+ *             gradient. W is read again at backward time, like W_ih: parameters
+ *             must not change between a forward and its backward.
+ * The penalty beta ||W^T W - I||_F^2 and its gradient 4 beta W C are NOT added
+ * here. They do not depend on the data, and a step may run several forwards (or
+ * several trainers may push into one sum), so adding them per forward would count
+ * them more than once: the owner of the parameters adds them once per optimizer
+ * step with ferry_stiefel_add_penalty_grads (optim/stiefel.h).
+ * The functions of this section are the only ones that know about constraints. */
 
 static const char *lstm_name(const ferry_lstm *m, int l) {
     return m->P->items[m->w_hh[l]].name;
 }
 
-/* The (4H, H) weight the cell uses in layer l's forward (and backward). */
+static ferry_status ctx_floats(ferry_ctx *ctx, int64_t n, float **out) {
+    ferry_tensor *t;
+    ferry_status st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_1d(n), &t);
+    if (st == FERRY_OK)
+        *out = ferry_tensor_f32(t);
+    return st;
+}
+
+/* The (4H, H) weight the cell uses in layer l's forward (and backward): the raw
+ * parameter, or A(W) in arena memory with *constrained = 1. FERRY_ERR_UNSUPPORTED
+ * for a constraint kind this LSTM does not know. */
 static ferry_status lstm_w_hh_effective(const ferry_lstm *m, ferry_ctx *ctx, int l,
-                                        const float **w) {
-    (void)ctx;
-    if (m->P->items[m->w_hh[l]].constraint != FERRY_CONSTRAINT_NONE)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "%s: constrained recurrent weights need the Stiefel map, which this "
-                            "LSTM does not apply yet",
-                            lstm_name(m, l));
-    *w = ferry_params_data(m->P, m->w_hh[l]);
+                                        const float **w, int *constrained) {
+    const ferry_param *p = &m->P->items[m->w_hh[l]];
+    const float *W = ferry_params_data(m->P, m->w_hh[l]); /* (4H, H) raw */
+    *constrained = 0;
+    if (p->constraint == FERRY_CONSTRAINT_NONE) {
+        *w = W;
+        return FERRY_OK;
+    }
+    if (p->constraint != FERRY_CONSTRAINT_STIEFEL)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "%s: constraint kind %d is not supported by "
+                            "the LSTM (only Stiefel)", lstm_name(m, l), (int)p->constraint);
+    int64_t H = m->H;
+    float *A; /* (4H, H) A(W), then the map's scratch */
+    ferry_status st = ctx_floats(ctx, 4 * H * H + ferry_stiefel_scratch_floats(H), &A);
+    if (st == FERRY_OK)
+        st = ferry_stiefel_map(ferry_ctx_backend(ctx), 4 * H, H, W, A, A + 4 * H * H);
+    if (st != FERRY_OK)
+        return st;
+    *w = A;
+    *constrained = 1;
+    return FERRY_OK;
+}
+
+/* Arena buffers of one backward call, shared by its constrained layers (NULL when
+ * no layer is constrained). */
+typedef struct lstm_stiefel_work {
+    float *dA;      /* (4H, H) dL/dA(W) of the layer being finished */
+    float *dW;      /* (4H, H) its map backward, before adding into the raw gradient */
+    float *scratch; /* ferry_stiefel_scratch_floats(H) */
+} lstm_stiefel_work;
+
+static ferry_status lstm_stiefel_work_alloc(const ferry_lstm *m, const lstm_layer_saved *layer,
+                                            ferry_ctx *ctx, lstm_stiefel_work *work) {
+    int64_t H = m->H, n = 4 * H * H;
+    int any = 0;
+    memset(work, 0, sizeof *work);
+    for (int l = 0; l < m->L; l++)
+        any |= layer[l].constrained;
+    if (!any)
+        return FERRY_OK;
+    float *buf;
+    ferry_status st = ctx_floats(ctx, 2 * n + ferry_stiefel_scratch_floats(H), &buf);
+    if (st != FERRY_OK)
+        return st;
+    work->dA = buf;
+    work->dW = buf + n;
+    work->scratch = buf + 2 * n;
     return FERRY_OK;
 }
 
 /* Where layer l's backward accumulates dL/dW_eff (4H, H): the raw gradient itself
- * when W_eff is the raw parameter. */
-static float *lstm_w_hh_grad_eff(const ferry_lstm *m, ferry_ctx *ctx, ferry_grads *G, int l) {
-    (void)ctx;
-    return ferry_grads_dense(G, m->w_hh[l]);
+ * when W_eff is the raw parameter, else the zeroed work->dA. */
+static ferry_status lstm_w_hh_grad_eff(const ferry_lstm *m, ferry_ctx *ctx, ferry_grads *G,
+                                       const lstm_layer_saved *ls, const lstm_stiefel_work *work,
+                                       int l, float **out) {
+    if (!ls->constrained) {
+        *out = ferry_grads_dense(G, m->w_hh[l]);
+        return *out != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+    }
+    *out = work->dA;
+    return ferry_backend_fill(ferry_ctx_backend(ctx), work->dA, 4 * m->H * m->H, 0.0f);
 }
 
-/* Maps the accumulated dL/dW_eff of layer l to the raw parameter's gradient; the
- * identity (nothing to do) for an unconstrained W_hh. */
+/* Maps the accumulated dL/dW_eff of layer l to the raw parameter's gradient: the
+ * identity (nothing to do) for an unconstrained W_hh, else
+ * dW_raw += G K - W sym(W^T G) with G = work->dA. */
 static ferry_status lstm_w_hh_grad_to_raw(const ferry_lstm *m, ferry_ctx *ctx, ferry_grads *G,
-                                          int l, const float *dw_eff) {
-    (void)m, (void)ctx, (void)G, (void)l, (void)dw_eff;
-    return FERRY_OK;
+                                          const lstm_layer_saved *ls,
+                                          const lstm_stiefel_work *work, int l) {
+    if (!ls->constrained)
+        return FERRY_OK;
+    ferry_backend *be = ferry_ctx_backend(ctx);
+    int64_t H = m->H;
+    float *dw_raw = ferry_grads_dense(G, m->w_hh[l]); /* (4H, H) */
+    if (dw_raw == NULL)
+        return FERRY_ERR_NOMEM;
+    ferry_status st = ferry_stiefel_map_backward(be, 4 * H, H, ferry_params_data(m->P, m->w_hh[l]),
+                                                 work->dA, work->dW, work->scratch);
+    return st != FERRY_OK ? st : ferry_backend_axpy(be, 4 * H * H, 1.0f, work->dW, dw_raw);
 }
 
 /* ---- forward ---- */
@@ -131,14 +211,6 @@ static ferry_status copy_or_zero(ferry_backend *be, float *dst, const float *src
     return ferry_backend_copy(be, dst, src, (size_t)n * sizeof(float), FERRY_COPY_DEVICE_TO_DEVICE);
 }
 
-static ferry_status ctx_floats(ferry_ctx *ctx, int64_t n, float **out) {
-    ferry_tensor *t;
-    ferry_status st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_1d(n), &t);
-    if (st == FERRY_OK)
-        *out = ferry_tensor_f32(t);
-    return st;
-}
-
 /* Runs layer l over T steps from input x (T, B, C_l) and initial states h0, c0
  * (B, H) or NULL; fills ls with its buffers. */
 static ferry_status lstm_layer_forward(ferry_lstm *m, ferry_ctx *ctx, int l, int64_t T, int64_t B,
@@ -148,7 +220,8 @@ static ferry_status lstm_layer_forward(ferry_lstm *m, ferry_ctx *ctx, int l, int
     int64_t H = m->H, G4 = 4 * H, C = l == 0 ? m->C : H, BH = B * H;
     float *bias = NULL, *gates = NULL, *h = NULL, *c = NULL;
     const float *w_hh = NULL;
-    ferry_status st = lstm_w_hh_effective(m, ctx, l, &w_hh);
+    int constrained = 0;
+    ferry_status st = lstm_w_hh_effective(m, ctx, l, &w_hh, &constrained);
     if (st == FERRY_OK)
         st = ctx_floats(ctx, G4, &bias); /* (4H) */
     if (st == FERRY_OK)
@@ -183,6 +256,7 @@ static ferry_status lstm_layer_forward(ferry_lstm *m, ferry_ctx *ctx, int l, int
         return st;
     ls->x = x;
     ls->w_hh = w_hh;
+    ls->constrained = constrained;
     ls->gates = gates;
     ls->h = h;
     ls->c = c;
@@ -318,6 +392,7 @@ typedef struct lstm_bwd {
     float *dgates; /* (T, B, 4H) pre-activation gradients */
     float *dc;     /* (B, H) gradient reaching c_t */
     float *dbias;  /* (4H) column sums of dgates */
+    lstm_stiefel_work stiefel; /* buffers for constrained layers, or NULLs */
 } lstm_bwd;
 
 /* The reverse walk over layer l's steps: on entry w->dy holds the gradient
@@ -359,18 +434,19 @@ static ferry_status lstm_layer_grads(const lstm_saved *s, ferry_ctx *ctx, int l,
     ferry_backend *be = ferry_ctx_backend(ctx);
     int64_t TB = s->T * s->B, H = m->H, G4 = 4 * H, C = l == 0 ? m->C : H;
     float *dw_ih = ferry_grads_dense(w->G, m->w_ih[l]); /* (4H, C) */
-    float *dw_hh = lstm_w_hh_grad_eff(m, ctx, w->G, l); /* (4H, H) */
+    float *dw_hh = NULL;                                /* (4H, H) dL/dW_eff */
     float *db_ih = ferry_grads_dense(w->G, m->b_ih[l]); /* (4H) */
     float *db_hh = ferry_grads_dense(w->G, m->b_hh[l]); /* (4H) */
-    if (dw_ih == NULL || dw_hh == NULL || db_ih == NULL || db_hh == NULL)
+    if (dw_ih == NULL || db_ih == NULL || db_hh == NULL)
         return FERRY_ERR_NOMEM;
+    ferry_status st = lstm_w_hh_grad_eff(m, ctx, w->G, ls, &w->stiefel, l, &dw_hh);
     /* dW_ih += dgates^T x; dW_hh += dgates^T h_{0..T-1} (the h sequence shifted by h0). */
-    ferry_status st =
-        ferry_backend_gemm(be, 1, 0, G4, C, TB, 1.0f, w->dgates, G4, ls->x, C, 1.0f, dw_ih, C);
+    if (st == FERRY_OK)
+        st = ferry_backend_gemm(be, 1, 0, G4, C, TB, 1.0f, w->dgates, G4, ls->x, C, 1.0f, dw_ih, C);
     if (st == FERRY_OK)
         st = ferry_backend_gemm(be, 1, 0, G4, H, TB, 1.0f, w->dgates, G4, ls->h, H, 1.0f, dw_hh, H);
     if (st == FERRY_OK)
-        st = lstm_w_hh_grad_to_raw(m, ctx, w->G, l, dw_hh);
+        st = lstm_w_hh_grad_to_raw(m, ctx, w->G, ls, &w->stiefel, l);
     /* Both biases enter the pre-activations the same way: one column sum, added twice. */
     if (st == FERRY_OK)
         st = ferry_backend_fill(be, w->dbias, G4, 0.0f);
@@ -411,6 +487,8 @@ static ferry_status lstm_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
         st = ctx_floats(ctx, BH, &w.dc);
     if (st == FERRY_OK)
         st = ctx_floats(ctx, 4 * H, &w.dbias);
+    if (st == FERRY_OK)
+        st = lstm_stiefel_work_alloc(m, s->layer, ctx, &w.stiefel);
     /* Our own copy of dy: the per-step GEMMs accumulate dh_{t-1} into it. */
     if (st == FERRY_OK)
         st = copy_or_zero(be, w.dy, gy, T * BH);

@@ -82,8 +82,16 @@ typedef struct ferry_lstm_opts {
  * gradients flow into x, h0 and c0 when they require them. h0 and c0 are copied
  * (the caller may overwrite them before backward); x must stay unchanged until
  * backward. FERRY_ERR_SHAPE for wrong shapes or dtypes (the message names the
- * layer and both shapes); FERRY_ERR_UNSUPPORTED while a weight_hh carries a
- * Stiefel constraint (the map A(W) is not wired in yet). */
+ * layer and both shapes).
+ * A weight_hh with constraint FERRY_CONSTRAINT_STIEFEL is used as cdopt's LSTM_cdopt
+ * does: every call (train and eval) computes A(W) = W (1.5 I - 0.5 W^T W) from the
+ * current raw W into context arena memory and runs the cell with it; W is never
+ * modified. Backward adds the map's backward of dL/dA into the raw W's gradient.
+ * The penalty beta ||W^T W - I||^2 and its gradient 4 beta W C are NOT added here:
+ * the parameters' owner adds them once per optimizer step with
+ * ferry_stiefel_add_penalty_grads (optim/stiefel.h), so several forward calls or
+ * trainers do not count them more than once. Parameters must not change between a
+ * forward and its backward. FERRY_ERR_UNSUPPORTED for any other constraint kind. */
 ferry_status ferry_lstm_forward(ferry_lstm *m, ferry_ctx *ctx, const ferry_tensor *x,
                                 const ferry_tensor *h0, const ferry_tensor *c0,
                                 const ferry_lstm_opts *opts, ferry_tensor **y, ferry_tensor **hn,
