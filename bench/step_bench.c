@@ -120,7 +120,7 @@ static int time_steps(const bench_config *c, int steps, double *sec) {
         ferry_tensor *loss;
         float coef = 1.0f;
         ferry_ctx_reset(ctx, (uint64_t)(r + 10));
-        ferry_status st = ferry_lm_forward(lm, ctx, &in, &tg, 1.0f / (float)c->B, &loss, &sum);
+        ferry_status st = ferry_lm_forward(lm, ctx, NULL, &in, &tg, 1.0f / (float)c->B, &loss, &sum);
         if (st == FERRY_OK)
             st = ferry_ctx_backward(ctx, loss);
         ferry_grads *G = ferry_ctx_grads(ctx, &lm->P);

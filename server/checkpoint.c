@@ -12,10 +12,10 @@
 #include "log.h"
 #include "server/ps-impl.h"
 
-#define CKPT_MAGIC "FERRYPS1"
-#define CKPT_FORMAT 1u
+#define CKPT_MAGIC       "FERRYPS1"
+#define CKPT_FORMAT      1u
 #define CKPT_MAX_MODULES 4096
-#define CKPT_MAX_CONFIG (1u << 20)
+#define CKPT_MAX_CONFIG  (1u << 20)
 
 static int put(FILE *f, const void *p, size_t n) {
     return fwrite(p, 1, n, f) == n;
@@ -33,8 +33,7 @@ static ferry_status write_module(ferry__ps_module *m, FILE *f) {
     return st;
 }
 
-ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *path,
-                                        uint64_t *bytes) {
+ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *path, uint64_t *bytes) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
@@ -44,9 +43,8 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *path,
     if (f == NULL)
         return ferry_errorf(FERRY_ERR_IO, "cannot create %s", tmp);
     uint32_t format = CKPT_FORMAT;
-    ferry_status st = put(f, CKPT_MAGIC, 8) && put(f, &format, 4) && put(f, &n, 4)
-                          ? FERRY_OK
-                          : FERRY_ERR_IO;
+    ferry_status st =
+        put(f, CKPT_MAGIC, 8) && put(f, &format, 4) && put(f, &n, 4) ? FERRY_OK : FERRY_ERR_IO;
     for (uint32_t i = 0; i < n && st == FERRY_OK; i++)
         st = write_module(mods[i], f);
     long size = ftell(f);

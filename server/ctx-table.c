@@ -179,6 +179,7 @@ ferry_status ferry__ps_ctx_grads(ferry__ps_ctx *c, ferry__ps_module *m, ferry_gr
         c->cap = cap;
     }
     ferry__ps_ctx_mod *cm = &c->mods[c->nmods];
+    memset(cm, 0, sizeof *cm);
     cm->mod = m;
     ferry_status st = ferry_grads_init(&cm->G, &m->P);
     if (st != FERRY_OK)
@@ -200,10 +201,9 @@ ferry__ps_call *ferry__ps_ctx_find_call(ferry__ps_ctx *c, const ferry__ps_module
 ferry_status ferry__ps_ctx_save(ferry__ps_ctx *c, ferry__ps_module *m, uint64_t call_id,
                                 ferry__ps_saved *sv) {
     if (ferry__ps_ctx_find_call(c, m, call_id) != NULL)
-        return ferry_errorf(FERRY_ERR_EXISTS,
-                            "%s '%s': context %#llx already has a Forward with call id %llu",
-                            m->kind->name, m->name, (unsigned long long)c->id,
-                            (unsigned long long)call_id);
+        return ferry_errorf(
+            FERRY_ERR_EXISTS, "%s '%s': context %#llx already has a Forward with call id %llu",
+            m->kind->name, m->name, (unsigned long long)c->id, (unsigned long long)call_id);
     ferry__ps_call *call = calloc(1, sizeof *call);
     if (call == NULL)
         return FERRY_ERR_NOMEM;

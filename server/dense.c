@@ -1,4 +1,5 @@
-/* dense.c - the `linear` module kind (y = x W^T + b) and the helpers every kind
+/* dense.c - the `linear` module kind (y = x W^T + b, optionally with a
+ * Stiefel-constrained weight used through cdopt's A(W)) and the helpers every kind
  * uses to read and check its inputs and to keep what Backward needs. The decoder's
  * "logits" mode (softmax.c) is this same computation over a vocabulary slice. */
 #include <math.h>
@@ -6,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "optim/stiefel.h" /* ferry_stiefel_map, _map_backward, _add_penalty_grads */
 #include "server/ps-impl.h"
 
 /* ---- saved state ---- */
@@ -45,8 +47,7 @@ ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, void **data) {
     FERRY_ASSERT(sv->nt < 3);
     void *p = ferry_rpc_buf_alloc(n);
     if (p == NULL)
-        return ferry_errorf(FERRY_ERR_NOMEM, "cannot allocate %zu bytes for a saved activation",
-                            n);
+        return ferry_errorf(FERRY_ERR_NOMEM, "cannot allocate %zu bytes for a saved activation", n);
     ferry_rpc_tensor *t = &sv->t[sv->nt++];
     memset(t, 0, sizeof *t);
     t->data = p;
@@ -81,25 +82,25 @@ static const char *dtype_name(int dtype) {
         return "i32";
     case FERRY_RPC_DTYPE_I64:
         return "i64";
+    case FERRY_RPC_DTYPE_F64:
+        return "f64";
     default:
         return "integer";
     }
 }
 
-ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req,
-                             const char *name, int dtype, int ndim, const int64_t *want,
-                             int *i) {
+ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
+                             int dtype, int ndim, const int64_t *want, int *i) {
     const ferry_rpc_tensor *t = ferry_rpc_msg_find(req, name);
     if (t == NULL)
-        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': missing input tensor '%s'",
-                            m->kind->name, m->name, name);
+        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': missing input tensor '%s'", m->kind->name,
+                            m->name, name);
     /* dtype < 0 accepts either integer type. */
     int ok_type = dtype >= 0 ? t->dtype == dtype
                              : t->dtype == FERRY_RPC_DTYPE_I32 || t->dtype == FERRY_RPC_DTYPE_I64;
     if (!ok_type)
         return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': tensor '%s' must be %s, got %s",
-                            m->kind->name, m->name, name, dtype_name(dtype),
-                            dtype_name(t->dtype));
+                            m->kind->name, m->name, name, dtype_name(dtype), dtype_name(t->dtype));
     int ok_shape = t->ndim == ndim;
     for (int k = 0; ok_shape && k < ndim; k++)
         ok_shape = want[k] < 0 || t->dim[k] == want[k];
@@ -133,25 +134,95 @@ void ferry__ps_read_ids(const ferry_rpc_tensor *t, int64_t n, int64_t *dst) {
         dst[k] = src[k];
 }
 
+/* ---- the Stiefel-constrained weight ----
+ * Conventions (spec/stiefel.md): the manifold variable is the weight as stored,
+ * W (D, C) with n = D rows >= p = C columns, constraint W^T W = I_C (orthonormal
+ * columns; a linear layer that maps C inputs to D >= C outputs). Every Forward and
+ * Backward computes A(W) = W (1.5 I - 0.5 W^T W) afresh from the current raw W into
+ * memory of its own that is freed when the call ends; W is written only by Step and
+ * SetParams. Backward maps dL/dA to the raw gradient with the map's vector-Jacobian
+ * product G K - W sym(W^T G). The penalty beta ||W^T W - I||_F^2 is added by the
+ * handlers once per context (ferry__ps_constraint_penalty), never per call. */
+
+int ferry__ps_constrained(const ferry__ps_module *m) {
+    return m->cfg.constraint != FERRY_CONSTRAINT_NONE;
+}
+
+/* Backend memory of a call on a constrained weight: A(W) (D, C), then `extra` more
+ * (D, C) matrices, then the map's scratch. NULL *buf (nothing to free) when the
+ * weight is unconstrained; then *w is the raw W. */
+static ferry_status weight_effective(const ferry__ps_module *m, int extra, const float **w,
+                                     float **buf) {
+    ferry_backend *be = m->P.be;
+    int64_t D = m->rows, C = m->cols;
+    const float *W = ferry_params_data(&m->P, m->w); /* (D, C) raw */
+    *buf = NULL;
+    *w = W;
+    if (!ferry__ps_constrained(m))
+        return FERRY_OK;
+    size_t n = (size_t)((1 + extra) * D * C + ferry_stiefel_scratch_floats(C));
+    ferry_status st = ferry_backend_alloc(be, n * sizeof(float), (void **)buf);
+    if (st != FERRY_OK)
+        return ferry_errorf(FERRY_ERR_NOMEM, "%s '%s': cannot allocate %zu floats for A(W)",
+                            m->kind->name, m->name, n);
+    float *A = *buf;
+    st = ferry_stiefel_map(be, D, C, W, A, A + (1 + extra) * D * C);
+    if (st != FERRY_OK) {
+        ferry_backend_free(be, *buf);
+        *buf = NULL;
+        return st;
+    }
+    *w = A;
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_constraint_penalty(const ferry__ps_module *m, ferry_grads *G,
+                                          double *penalty, double *feasibility) {
+    *penalty = *feasibility = 0.0;
+    if (!ferry__ps_constrained(m))
+        return FERRY_OK;
+    /* The block's only constrained parameter is the weight: the block-wide pass adds
+     * 4 beta W C(W) to its gradient (creating it when no Backward reached it). */
+    return ferry_stiefel_add_penalty_grads(&m->P, G, penalty, feasibility);
+}
+
+ferry_status ferry__ps_constraint_metrics(const ferry__ps_module *m, double *penalty,
+                                          double *feasibility) {
+    *penalty = *feasibility = 0.0;
+    if (!ferry__ps_constrained(m))
+        return FERRY_OK;
+    double sq = 0.0;
+    ferry_status st =
+        ferry_stiefel_penalty(m->P.be, m->rows, m->cols, ferry_params_data(&m->P, m->w),
+                              m->P.items[m->w].beta, penalty, &sq, NULL);
+    *feasibility = sqrt(sq);
+    return st;
+}
+
 /* ---- the linear map shared with the decoder's logits mode ---- */
 
-/* y (N, D) = x (N, C) W^T + b, with W (D, C) and b (D) or none. */
+/* y (N, D) = x (N, C) W_eff^T + b, with W_eff (D, C) the raw W or A(W), b (D) or none. */
 ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const float *x,
-                                   float *y) {
+                                    float *y) {
     ferry_backend *be = m->P.be;
     int64_t D = m->rows, C = m->cols;
     if (N == 0)
         return FERRY_OK;
-    ferry_status st = ferry_backend_gemm(be, 0, 1, N, D, C, 1.0f, x, C,
-                                         ferry_params_data(&m->P, m->w), C, 0.0f, y, D);
+    const float *w;
+    float *buf;
+    ferry_status st = weight_effective(m, 0, &w, &buf);
+    if (st == FERRY_OK)
+        st = ferry_backend_gemm(be, 0, 1, N, D, C, 1.0f, x, C, w, C, 0.0f, y, D);
     if (st == FERRY_OK && m->b >= 0)
         st = ferry_backend_add_bias(be, N, D, ferry_params_data(&m->P, m->b), y);
+    ferry_backend_free(be, buf);
     return st;
 }
 
-/* dW (D, C) += dy^T x; db (D) += column sums of dy; dx (N, C) = dy W. */
+/* dW (D, C) += dy^T x (constrained: += the map backward of dA = dy^T x); db (D) +=
+ * column sums of dy; dx (N, C) = dy W_eff. */
 ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const float *x,
-                                  const float *dy, ferry_grads *G, float *dx) {
+                                   const float *dy, ferry_grads *G, float *dx) {
     ferry_backend *be = m->P.be;
     int64_t D = m->rows, C = m->cols;
     float *dW = ferry_grads_dense(G, m->w);
@@ -160,12 +231,27 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
         return FERRY_ERR_NOMEM;
     if (N == 0)
         return FERRY_OK;
-    ferry_status st = ferry_backend_gemm(be, 1, 0, D, C, N, 1.0f, dy, D, x, C, 1.0f, dW, C);
+    const float *w;
+    float *buf; /* constrained: A (D, C) | dA (D, C) | dW of the map (D, C) | scratch */
+    ferry_status st = weight_effective(m, 2, &w, &buf);
+    if (st != FERRY_OK)
+        return st;
+    if (buf == NULL) {
+        st = ferry_backend_gemm(be, 1, 0, D, C, N, 1.0f, dy, D, x, C, 1.0f, dW, C);
+    } else {
+        float *dA = buf + D * C, *dWmap = buf + 2 * D * C;
+        st = ferry_backend_gemm(be, 1, 0, D, C, N, 1.0f, dy, D, x, C, 0.0f, dA, C);
+        if (st == FERRY_OK)
+            st = ferry_stiefel_map_backward(be, D, C, ferry_params_data(&m->P, m->w), dA, dWmap,
+                                            buf + 3 * D * C);
+        if (st == FERRY_OK)
+            st = ferry_backend_axpy(be, D * C, 1.0f, dWmap, dW);
+    }
     if (st == FERRY_OK && db != NULL)
         st = ferry_backend_sum_rows(be, N, D, dy, db);
     if (st == FERRY_OK)
-        st = ferry_backend_gemm(be, 0, 0, N, C, D, 1.0f, dy, D,
-                                ferry_params_data(&m->P, m->w), C, 0.0f, dx, C);
+        st = ferry_backend_gemm(be, 0, 0, N, C, D, 1.0f, dy, D, w, C, 0.0f, dx, C);
+    ferry_backend_free(be, buf);
     return st;
 }
 
@@ -228,10 +314,17 @@ static ferry_status linear_declare(ferry__ps_module *m) {
                             "linear '%s': row sharding is not supported (row_begin %lld, "
                             "row_count %lld; leave both 0)",
                             m->name, (long long)c->row_begin, (long long)c->row_count);
+    if (c->constraint == FERRY_CONSTRAINT_STIEFEL && D < C)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "linear '%s': a Stiefel constraint needs D >= C (the weight (D, C) "
+                            "= (%lld, %lld) gets orthonormal columns, W^T W = I_C), got D < C",
+                            m->name, (long long)D, (long long)C);
     m->rows = D;
     m->cols = C;
     m->b = -1;
     ferry_status st = ferry_params_add(&m->P, "weight", ferry_shape_2d(D, C), 0, &m->w);
+    if (st == FERRY_OK && c->constraint != FERRY_CONSTRAINT_NONE)
+        st = ferry_params_set_constraint(&m->P, m->w, c->constraint, (float)c->beta);
     if (st == FERRY_OK && c->bias)
         st = ferry_params_add(&m->P, "bias", ferry_shape_1d(D), 0, &m->b);
     return st;

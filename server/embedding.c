@@ -48,8 +48,7 @@ static ferry_status embedding_forward(ferry__ps_module *m, const Ferry__ForwardR
     }
     if (save != NULL) {
         save->N = U;
-        st = ferry__ps_saved_alloc(save, (size_t)(U > 0 ? U : 1) * sizeof *local,
-                                   (void **)&local);
+        st = ferry__ps_saved_alloc(save, (size_t)(U > 0 ? U : 1) * sizeof *local, (void **)&local);
     } else if ((local = malloc((size_t)(U > 0 ? U : 1) * sizeof *local)) == NULL) {
         st = FERRY_ERR_NOMEM;
     }
@@ -62,8 +61,7 @@ static ferry_status embedding_forward(ferry__ps_module *m, const Ferry__ForwardR
     if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, "rows", (void **)&rows)) ==
             FERRY_OK &&
         U > 0)
-        st = ferry_backend_gather_rows(m->P.be, U, E, local, ferry_params_data(&m->P, m->w),
-                                       rows);
+        st = ferry_backend_gather_rows(m->P.be, U, E, local, ferry_params_data(&m->P, m->w), rows);
 done:
     free(ids);
     if (save == NULL)
@@ -73,8 +71,8 @@ done:
 
 /* "grad" (U, E): the summed gradient of each row the Forward returned. */
 static ferry_status embedding_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
-                                       ferry__ps_saved *saved, ferry_rpc_msg *req,
-                                       ferry_grads *G, ferry_rpc_msg *reply) {
+                                       ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
+                                       ferry_rpc_msg *reply) {
     (void)q;
     (void)reply;
     int64_t U = saved->N, E = m->cols;

@@ -2,8 +2,9 @@
  * (saving what Backward needs under (ctx, call_id, module)), Backward (accumulating
  * parameter gradients into the context, never into the parameters), GradNorm,
  * Step (each touched module's optimizer, then the context is freed) and
- * ReleaseContext. Every input is checked before anything changes, so a rejected
- * call leaves the context as it was. */
+ * ReleaseContext. A Stiefel-constrained module's penalty gradient joins the context
+ * once, at its first GradNorm or Step. Every input is checked before anything
+ * changes, so a rejected call leaves the context as it was. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,24 @@ ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+/* Adds a constrained module's penalty gradient to the context's gradients the first
+ * time GradNorm or Step needs them, and never again for this context: however many
+ * Forward/Backward calls the context made, and whether or not GradNorm ran first,
+ * one Step of one context applies the penalty once (a second trainer's context is a
+ * second optimizer step and adds it once more, computed from W as it is then).
+ * Context mutex held; `locked`: the caller holds the module's write lock. */
+static ferry_status ctx_mod_penalty(ferry__ps_ctx_mod *cm, int locked) {
+    if (cm->penalty_done || !ferry__ps_constrained(cm->mod))
+        return FERRY_OK;
+    if (!locked)
+        pthread_rwlock_rdlock(&cm->mod->lock);
+    ferry_status st = ferry__ps_constraint_penalty(cm->mod, &cm->G, &cm->penalty, &cm->feasibility);
+    if (!locked)
+        pthread_rwlock_unlock(&cm->mod->lock);
+    cm->penalty_done = st == FERRY_OK;
+    return st;
+}
+
 static int name_listed(const char *name, char **names, size_t n) {
     if (n == 0)
         return 1;
@@ -104,8 +123,7 @@ static int name_listed(const char *name, char **names, size_t n) {
     return 0;
 }
 
-ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req,
-                                    ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__GradNormRequest *q = req->head;
     ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
     ferry__ps_ctx *c;
@@ -123,7 +141,8 @@ ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req,
         if (!name_listed(cm->mod->name, q->modules, q->n_modules))
             continue;
         double ss = 0.0;
-        if ((st = ferry_grads_sumsq(&cm->G, &ss)) != FERRY_OK)
+        if ((st = ctx_mod_penalty(cm, 0)) != FERRY_OK ||
+            (st = ferry_grads_sumsq(&cm->G, &ss)) != FERRY_OK)
             break;
         ferry__metric__init(&metrics[r.n_per_module]);
         metrics[r.n_per_module].name = cm->mod->name;
@@ -139,6 +158,18 @@ ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req,
     free(metrics);
     free(ptrs);
     return st;
+}
+
+/* Appends metric "<what>/<module>" = value to r (storage: metrics, ptrs, names). */
+static void step_metric(Ferry__StepReply *r, Ferry__Metric *metrics, Ferry__Metric **ptrs,
+                        char (*names)[FERRY_RPC_NAME_MAX + 16], const char *what,
+                        const char *module, double value) {
+    size_t i = r->n_metrics++;
+    (void)snprintf(names[i], sizeof names[i], "%s/%s", what, module);
+    ferry__metric__init(&metrics[i]);
+    metrics[i].name = names[i];
+    metrics[i].value = value;
+    ptrs[i] = &metrics[i];
 }
 
 ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
@@ -157,9 +188,13 @@ ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc
         return st;
     Ferry__StepReply r;
     ferry__step_reply__init(&r);
-    Ferry__Metric *metrics = calloc((size_t)c->nmods + 1, sizeof *metrics);
-    Ferry__Metric **ptrs = calloc((size_t)c->nmods + 1, sizeof *ptrs);
-    char(*names)[FERRY_RPC_NAME_MAX + 8] = calloc((size_t)c->nmods + 1, sizeof *names);
+    /* Per module: "version/<name>", and for a constrained one "penalty/<name>" and
+     * "feasibility/<name>" (beta ||W^T W - I||_F^2 and ||W^T W - I||_F of the W the
+     * penalty gradient was computed from, the W before this step). */
+    size_t cap = 3 * (size_t)c->nmods + 1;
+    Ferry__Metric *metrics = calloc(cap, sizeof *metrics);
+    Ferry__Metric **ptrs = calloc(cap, sizeof *ptrs);
+    char(*names)[FERRY_RPC_NAME_MAX + 16] = calloc(cap, sizeof *names);
     if (metrics == NULL || ptrs == NULL || names == NULL)
         st = FERRY_ERR_NOMEM;
     /* Once stepping has begun the context is retired whatever happens, so that a
@@ -169,6 +204,8 @@ ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc
         pthread_rwlock_wrlock(&m->lock);
         if (q->lr > 0.0)
             st = ferry_optim_set_lr(m->opt, q->lr);
+        if (st == FERRY_OK)
+            st = ctx_mod_penalty(&c->mods[i], 1);
         if (st == FERRY_OK)
             st = ferry_optim_step(m->opt, &m->P, &c->mods[i].G, (float)scale);
         if (st == FERRY_OK)
@@ -182,11 +219,12 @@ ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc
             break;
         }
         r.version = version > r.version ? version : r.version;
-        (void)snprintf(names[i], sizeof names[i], "version/%s", m->name);
-        ferry__metric__init(&metrics[i]);
-        metrics[i].name = names[i];
-        metrics[i].value = (double)version;
-        ptrs[r.n_metrics++] = &metrics[i];
+        step_metric(&r, metrics, ptrs, names, "version", m->name, (double)version);
+        if (ferry__ps_constrained(m)) {
+            step_metric(&r, metrics, ptrs, names, "penalty", m->name, c->mods[i].penalty);
+            step_metric(&r, metrics, ptrs, names, "feasibility", m->name,
+                        c->mods[i].feasibility);
+        }
     }
     if (c->calls != NULL)
         FERRY_LOG_DEBUG("Step of context %#llx with Forward calls never backpropagated",

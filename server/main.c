@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
+#include "ferry/rpc.h"
 #include "flags.h"
 #include "log.h"
 #include "server/ps.h"
@@ -23,34 +25,70 @@ static int write_port_file(const char *path, int port) {
 }
 
 int main(int argc, char **argv) {
+    ferry_cpu_ensure_blas_kernels(argv);
     ferry_log_init("ferry-ps");
+    /* Large RPC payloads: keep freed pages instead of faulting them in again. */
+    (void)ferry_rpc_tune_malloc(0);
     ferry_ps_config cfg;
     ferry_ps_config_default(&cfg);
     cfg.handle_signals = 1;
     int log_level = FERRY_LOG_LEVEL_INFO, max_message_mb = 256;
     const char *port_file = NULL;
     const ferry_flag flags[] = {
-        {.name = "listen", .type = FERRY_FLAG_STRING, .ptr = &cfg.listen, .metavar = "HOST:PORT",
+        {.name = "listen",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &cfg.listen,
+         .metavar = "HOST:PORT",
          .help = "address to serve on (port 0: an ephemeral port, see --port-file)"},
-        {.name = "port-file", .type = FERRY_FLAG_STRING, .ptr = &port_file, .metavar = "FILE",
+        {.name = "port-file",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &port_file,
+         .metavar = "FILE",
          .help = "write the bound port to FILE once listening"},
-        {.name = "threads", .type = FERRY_FLAG_INT, .ptr = &cfg.threads, .min = 1, .max = 64,
+        {.name = "threads",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.threads,
+         .min = 1,
+         .max = 64,
          .help = "threads running calls"},
-        {.name = "context-ttl", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.context_ttl_s,
-         .min = 0.001, .max = 1e7, .metavar = "SECONDS",
+        {.name = "context-ttl",
+         .type = FERRY_FLAG_DOUBLE,
+         .ptr = &cfg.context_ttl_s,
+         .min = 0.001,
+         .max = 1e7,
+         .metavar = "SECONDS",
          .help = "free a context after this long without a call (its trainer died)"},
-        {.name = "max-message-mb", .type = FERRY_FLAG_INT, .ptr = &max_message_mb, .min = 1,
-         .max = 2047, .help = "largest request or reply, in MiB"},
-        {.name = "checkpoint-dir", .type = FERRY_FLAG_STRING, .ptr = &cfg.checkpoint_dir,
-         .metavar = "DIR", .help = "where Checkpoint calls write (none: checkpoints refused)"},
-        {.name = "restore", .type = FERRY_FLAG_STRING, .ptr = &cfg.restore, .metavar = "FILE",
+        {.name = "max-message-mb",
+         .type = FERRY_FLAG_INT,
+         .ptr = &max_message_mb,
+         .min = 1,
+         .max = 2047,
+         .help = "largest request or reply, in MiB"},
+        {.name = "checkpoint-dir",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &cfg.checkpoint_dir,
+         .metavar = "DIR",
+         .help = "where Checkpoint calls write (none: checkpoints refused)"},
+        {.name = "restore",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &cfg.restore,
+         .metavar = "FILE",
          .help = "recreate the modules of this checkpoint before serving"},
-        {.name = "server-id", .type = FERRY_FLAG_STRING, .ptr = &cfg.server_id,
+        {.name = "server-id",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &cfg.server_id,
          .help = "name reported by Hello (default ferry-ps@HOST:PORT)"},
-        {.name = "shutdown-grace-ms", .type = FERRY_FLAG_INT, .ptr = &cfg.shutdown_grace_ms,
-         .min = 0, .max = 600000, .help = "time calls in flight get on SIGINT/SIGTERM"},
-        {.name = "log-level", .type = FERRY_FLAG_ENUM, .ptr = &log_level,
-         .choices = "error|warn|info|debug", .help = "log verbosity"},
+        {.name = "shutdown-grace-ms",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.shutdown_grace_ms,
+         .min = 0,
+         .max = 600000,
+         .help = "time calls in flight get on SIGINT/SIGTERM"},
+        {.name = "log-level",
+         .type = FERRY_FLAG_ENUM,
+         .ptr = &log_level,
+         .choices = "error|warn|info|debug",
+         .help = "log verbosity"},
     };
     ferry_flags fs = {"ferry-ps", "hosts model shards and their optimizers for ferry trainers",
                       flags, (int)(sizeof flags / sizeof flags[0])};
@@ -66,8 +104,8 @@ int main(int argc, char **argv) {
     ferry_ps_server *s;
     ferry_status st = ferry_ps_server_create(&cfg, &s);
     if (st != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last()[0] ? ferry_error_last()
-                                                                 : ferry_status_str(st));
+        fprintf(stderr, "ferry-ps: %s\n",
+                ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));
         return 1;
     }
     if (port_file != NULL && write_port_file(port_file, ferry_ps_server_port(s)) != 0) {

@@ -19,8 +19,9 @@ static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, i
         return FERRY_OK;
     }
     if (row_count < 0 || row_begin < first || row_begin + row_count > end)
-        return ferry_errorf(FERRY_ERR_RANGE, "%s '%s': rows [%lld, %lld) outside this shard's "
-                                             "rows [%lld, %lld)",
+        return ferry_errorf(FERRY_ERR_RANGE,
+                            "%s '%s': rows [%lld, %lld) outside this shard's "
+                            "rows [%lld, %lld)",
                             m->kind->name, m->name, (long long)row_begin,
                             (long long)(row_begin + row_count), (long long)first, (long long)end);
     *lo = row_begin - first;
@@ -29,12 +30,11 @@ static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, i
 }
 
 static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
-    return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s' (%s%s)",
-                        m->kind->name, m->name, name, "weight", m->b >= 0 ? ", bias" : "");
+    return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s' (%s%s)", m->kind->name,
+                        m->name, name, "weight", m->b >= 0 ? ", bias" : "");
 }
 
-ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__GetParamsRequest *q = req->head;
     ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
     if (m == NULL)
@@ -77,8 +77,7 @@ ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req,
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__SetParamsRequest *q = req->head;
     ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
     if (m == NULL)
@@ -95,11 +94,10 @@ ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req,
         int64_t want[2] = {-1, pp->shape.ndim > 1 ? pp->shape.dim[1] : 0};
         int64_t lo, n;
         int ix;
-        ferry_status st = ferry__ps_input(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim,
-                                          want, &ix);
+        ferry_status st =
+            ferry__ps_input(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim, want, &ix);
         if (st == FERRY_OK && ix != i)
-            st = ferry_errorf(FERRY_ERR_INVALID, "SetParams: parameter '%s' given twice",
-                              t->name);
+            st = ferry_errorf(FERRY_ERR_INVALID, "SetParams: parameter '%s' given twice", t->name);
         if (st == FERRY_OK && t->dim[0] == 0)
             st = ferry_errorf(FERRY_ERR_INVALID, "SetParams: '%s' has no rows", t->name);
         if (st == FERRY_OK)

@@ -31,8 +31,11 @@ typedef struct ferry__ps_module_config {
     uint64_t init_seed;
     double init_scale;
     ferry_optim_config optim;
-    int bias;                          /* linear: has a bias (decoder: always) */
+    int bias;                           /* linear: has a bias (decoder: always) */
     int64_t weight_offset, bias_offset; /* init: element index of global (0, 0) / (0) */
+    ferry_constraint_kind constraint;   /* linear weight: NONE or STIEFEL */
+    double beta;                        /* Stiefel penalty weight (0 without a constraint) */
+    int polar;                          /* option polar=1: polar factor of the drawn weight */
 } ferry__ps_module_config;
 
 /* What a Forward keeps for its Backward: up to three owned buffers. */
@@ -59,8 +62,8 @@ typedef struct ferry__ps_kind {
     ferry_status (*declare)(ferry__ps_module *m);
     /* Reads req's tensors (it may take them), writes reply's. save != NULL: keep
      * what backward needs in *save (which is zeroed). */
-    ferry_status (*forward)(ferry__ps_module *m, const Ferry__ForwardRequest *q,
-                            ferry_rpc_msg *req, ferry_rpc_msg *reply, ferry__ps_saved *save);
+    ferry_status (*forward)(ferry__ps_module *m, const Ferry__ForwardRequest *q, ferry_rpc_msg *req,
+                            ferry_rpc_msg *reply, ferry__ps_saved *save);
     /* Checks every input before touching G, then accumulates the parameter
      * gradients into G and writes the input gradients to reply. */
     ferry_status (*backward)(ferry__ps_module *m, const Ferry__BackwardRequest *q,
@@ -79,12 +82,12 @@ struct ferry__ps_module {
     uint8_t *config_packed; /* the request's ModuleConfig, packed (checkpoints) */
     size_t config_len;
     ferry_params P;
-    int w, b;          /* parameter indices ("weight", "bias"); b = -1 without bias */
-    int64_t rows;      /* shard rows: dim 0 of every parameter */
-    int64_t cols;      /* weight columns */
+    int w, b;     /* parameter indices ("weight", "bias"); b = -1 without bias */
+    int64_t rows; /* shard rows: dim 0 of every parameter */
+    int64_t cols; /* weight columns */
     ferry_optim *opt;
     pthread_rwlock_t lock;
-    uint64_t version;  /* bumped by Step and SetParams, under the write lock */
+    uint64_t version; /* bumped by Step and SetParams, under the write lock */
 };
 
 /* ---- module helpers (dense.c) ---- */
@@ -92,9 +95,8 @@ struct ferry__ps_module {
 /* The single input tensor named `name` of req, checked to be F32 of the given rank
  * with dim[k] == want[k] wherever want[k] >= 0; index in *i. Errors name the module,
  * the tensor and both shapes. */
-ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req,
-                             const char *name, int dtype, int ndim, const int64_t *want,
-                             int *i);
+ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
+                             int dtype, int ndim, const int64_t *want, int *i);
 /* FERRY_ERR_NUMERIC naming the first non-finite element, or FERRY_OK. */
 ferry_status ferry__ps_check_finite(const ferry__ps_module *m, const char *what, const float *x,
                                     int64_t n);
@@ -102,11 +104,10 @@ ferry_status ferry__ps_check_finite(const ferry__ps_module *m, const char *what,
 void ferry__ps_read_ids(const ferry_rpc_tensor *t, int64_t n, int64_t *dst);
 
 /* y (N, D) = x (N, C) W^T + b over the module's weight (D, C) and bias. */
-ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const float *x,
-                                   float *y);
+ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const float *x, float *y);
 /* dW += dy^T x, db += column sums of dy (into G), dx (N, C) = dy W. */
 ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const float *x,
-                                  const float *dy, ferry_grads *G, float *dx);
+                                   const float *dy, ferry_grads *G, float *dx);
 /* The affine map y (N, D) = x (N, C) W^T + b of linear and decoder-logits modules.
  * Forward reads `in_name` (N, C), writes `out_name` (N, D) and, with save, keeps x;
  * backward reads `grad_name` (N, D), accumulates dW, db and writes `out_name` (N, C). */
@@ -116,6 +117,21 @@ ferry_status ferry__ps_affine_forward(ferry__ps_module *m, const char *in_name,
 ferry_status ferry__ps_affine_backward(ferry__ps_module *m, const char *grad_name,
                                        const char *out_name, ferry__ps_saved *saved,
                                        ferry_rpc_msg *req, ferry_grads *G, ferry_rpc_msg *reply);
+
+/* ---- constraints (dense.c) ----
+ * A Stiefel-constrained weight (linear only) is used through A(W) by the affine
+ * helpers above; its penalty beta ||W^T W - I||_F^2 belongs to the optimizer step. */
+
+/* 1 when the module has a constrained parameter. */
+int ferry__ps_constrained(const ferry__ps_module *m);
+/* G += 4 beta W C(W) for the constrained weight, *penalty = beta ||C||_F^2 and
+ * *feasibility = ||C||_F of the current W. The caller holds the module lock (read or
+ * write) and calls it once per context (ferry__ps_ctx_mod.penalty_done). */
+ferry_status ferry__ps_constraint_penalty(const ferry__ps_module *m, ferry_grads *G,
+                                          double *penalty, double *feasibility);
+/* The same two values without a gradient (Stats); module lock held. */
+ferry_status ferry__ps_constraint_metrics(const ferry__ps_module *m, double *penalty,
+                                          double *feasibility);
 
 /* ---- registry (registry.c) ---- */
 
@@ -144,6 +160,10 @@ int ferry__ps_registry_count(ferry__ps_registry *r);
 typedef struct ferry__ps_ctx_mod {
     ferry__ps_module *mod;
     ferry_grads G;
+    /* A constrained module's penalty gradient goes into G exactly once per context,
+     * when GradNorm or Step first needs it; the values are Step's metrics. */
+    int penalty_done;
+    double penalty, feasibility;
 } ferry__ps_ctx_mod;
 
 typedef struct ferry__ps_call {
@@ -155,14 +175,14 @@ typedef struct ferry__ps_call {
 
 typedef struct ferry__ps_ctx {
     uint64_t id;
-    pthread_mutex_t mu;  /* held by the call working on the context */
-    int refs;            /* table lock */
-    int dead;            /* table lock: stepped or released; freed at refs == 0 */
-    double last_used;    /* table lock */
+    pthread_mutex_t mu;      /* held by the call working on the context */
+    int refs;                /* table lock */
+    int dead;                /* table lock: stepped or released; freed at refs == 0 */
+    double last_used;        /* table lock */
     ferry__ps_ctx_mod *mods; /* modules touched, in order */
     int nmods, cap;
-    ferry__ps_call *calls; /* saved Forwards awaiting Backward */
-    int64_t bytes;       /* memory held, as last accounted */
+    ferry__ps_call *calls;      /* saved Forwards awaiting Backward */
+    int64_t bytes;              /* memory held, as last accounted */
     struct ferry__ps_ctx *next; /* hash chain */
 } ferry__ps_ctx;
 
@@ -171,7 +191,7 @@ typedef struct ferry__ps_ctx_table {
     ferry__ps_ctx **buckets;
     int64_t nbuckets, count;
     double ttl_s;
-    atomic_llong bytes;   /* sum of every context's bytes */
+    atomic_llong bytes; /* sum of every context's bytes */
     atomic_llong created, swept, stepped, released;
 } ferry__ps_ctx_table;
 
@@ -209,14 +229,11 @@ struct ferry_ps_server;
  * contract with the server as its first argument. */
 ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
 ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req,
-                                    ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
 ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
 ferry_status ferry__ps_on_release(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
 
 ferry__ps_registry *ferry__ps_server_registry(ferry_ps_server *s);
 ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s);

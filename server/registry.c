@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "optim/stiefel.h" /* ferry_stiefel_polar */
 #include "server/ps-impl.h"
 
 /* ---- configuration ---- */
@@ -33,7 +34,7 @@ static ferry_status parse_int(const char *key, const char *v, int64_t *out) {
     return FERRY_OK;
 }
 
-/* "key=value,key=value": bias (linear), weight_offset, bias_offset. */
+/* "key=value,key=value": bias (linear), weight_offset, bias_offset, polar. */
 static ferry_status parse_options(const char *opts, ferry__ps_module_config *c) {
     char buf[256];
     if (strlen(opts) >= sizeof buf)
@@ -56,10 +57,12 @@ static ferry_status parse_options(const char *opts, ferry__ps_module_config *c) 
             c->weight_offset = x;
         else if (strcmp(kv, "bias_offset") == 0 && x >= 0)
             c->bias_offset = x;
+        else if (strcmp(kv, "polar") == 0 && (x == 0 || x == 1))
+            c->polar = (int)x;
         else
             return ferry_errorf(FERRY_ERR_INVALID,
                                 "option %s=%lld is unknown or out of range (bias=0|1, "
-                                "weight_offset=N, bias_offset=N)",
+                                "weight_offset=N, bias_offset=N, polar=0|1)",
                                 kv, (long long)x);
     }
     return st;
@@ -86,17 +89,17 @@ static ferry_status optim_from_proto(const Ferry__OptimizerConfig *o, ferry_opti
         for (size_t i = 0; i < o->n_extra; i++) {
             const char *k = o->extra[i]->name;
             double v = o->extra[i]->value;
-            double *f = strcmp(k, "lr") == 0             ? &c.lr
-                        : strcmp(k, "momentum") == 0     ? &c.momentum
-                        : strcmp(k, "dampening") == 0    ? &c.dampening
-                        : strcmp(k, "weight_decay") == 0 ? &c.weight_decay
-                        : strcmp(k, "lr_decay") == 0     ? &c.lr_decay
+            double *f = strcmp(k, "lr") == 0                    ? &c.lr
+                        : strcmp(k, "momentum") == 0            ? &c.momentum
+                        : strcmp(k, "dampening") == 0           ? &c.dampening
+                        : strcmp(k, "weight_decay") == 0        ? &c.weight_decay
+                        : strcmp(k, "lr_decay") == 0            ? &c.lr_decay
                         : strcmp(k, "initial_accumulator") == 0 ? &c.initial_accumulator
-                        : strcmp(k, "rho") == 0   ? &c.rho
-                        : strcmp(k, "beta1") == 0 ? &c.beta1
-                        : strcmp(k, "beta2") == 0 ? &c.beta2
-                        : strcmp(k, "eps") == 0   ? &c.eps
-                                                  : NULL;
+                        : strcmp(k, "rho") == 0                 ? &c.rho
+                        : strcmp(k, "beta1") == 0               ? &c.beta1
+                        : strcmp(k, "beta2") == 0               ? &c.beta2
+                        : strcmp(k, "eps") == 0                 ? &c.eps
+                                                                : NULL;
             if (f != NULL)
                 *f = v;
             else if (strcmp(k, "nesterov") == 0)
@@ -111,12 +114,37 @@ static ferry_status optim_from_proto(const Ferry__OptimizerConfig *o, ferry_opti
     return FERRY_OK;
 }
 
+/* ModuleConfig.constraint: absent, "" or "none", or "stiefel" with beta >= 0 on a
+ * linear module's weight (D, C); D >= C is checked when the weight is declared. */
+static ferry_status constraint_from_proto(const char *name, const Ferry__ModuleConfig *p,
+                                          ferry__ps_module_config *c) {
+    const Ferry__Constraint *k = p->constraint;
+    if (k == NULL || k->kind[0] == '\0' || strcmp(k->kind, "none") == 0)
+        return FERRY_OK;
+    if (strcmp(k->kind, "stiefel") != 0)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "module '%s': unknown constraint kind '%s' (none | stiefel)", name,
+                            k->kind);
+    if (strcmp(p->kind, "linear") != 0)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "module '%s': kind %s takes no constraint (a Stiefel constraint is "
+                            "implemented for the weight of a linear module only)",
+                            name, p->kind);
+    if (!isfinite(k->beta) || k->beta < 0.0 || k->beta > 1e6)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': Stiefel penalty weight beta %g must be in [0, 1e6]",
+                            name, k->beta);
+    c->constraint = FERRY_CONSTRAINT_STIEFEL;
+    c->beta = k->beta;
+    return FERRY_OK;
+}
+
 static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig *p,
                                      ferry__ps_module_config *c) {
+    ferry_status st;
     memset(c, 0, sizeof *c);
     if (p == NULL)
-        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': CreateModule without a config",
-                            name);
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': CreateModule without a config", name);
     if (kind_find(p->kind) == NULL)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "module '%s': unknown kind '%s' (embedding | decoder | linear)", name,
@@ -127,7 +155,7 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': %s dims must be two sizes in [1, 2^31) (%s)", name,
                             p->kind,
-                            strcmp(p->kind, "linear") == 0 ? "[C, D]"
+                            strcmp(p->kind, "linear") == 0    ? "[C, D]"
                             : strcmp(p->kind, "decoder") == 0 ? "[V, H]"
                                                               : "[V, E]");
     c->dims[0] = p->dims[0];
@@ -138,18 +166,14 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     c->row_count = p->row_count != 0 ? p->row_count : R - p->row_begin;
     if (c->row_begin < 0 || c->row_count < 1 || c->row_begin + c->row_count > R)
         return ferry_errorf(FERRY_ERR_RANGE, "module '%s': rows [%lld, %lld) outside [0, %lld)",
-                            name, (long long)c->row_begin,
-                            (long long)(c->row_begin + c->row_count), (long long)R);
+                            name, (long long)c->row_begin, (long long)(c->row_begin + c->row_count),
+                            (long long)R);
     c->init_seed = p->init_seed;
     c->init_scale = p->init_scale != 0.0 ? p->init_scale : 0.1;
     if (!(c->init_scale > 0.0) || !isfinite(c->init_scale))
-        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", name,
-                            p->init_scale);
-    if (p->constraint != NULL && p->constraint->kind[0] != '\0' &&
-        strcmp(p->constraint->kind, "none") != 0)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "module '%s': constraint '%s' is not supported on ferry-ps modules",
-                            name, p->constraint->kind);
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", name, p->init_scale);
+    if ((st = constraint_from_proto(name, p, c)) != FERRY_OK)
+        return st;
     if (p->n_iparams != 0 || p->n_fparams != 0)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': kind %s takes no iparams/fparams (use options)", name,
@@ -157,9 +181,11 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     c->bias = strcmp(p->kind, "embedding") != 0;
     int64_t cols = linear ? c->dims[0] : c->dims[1];
     c->bias_offset = (R * cols + 15) & ~(int64_t)15; /* as ferry_params_add lays it out */
-    ferry_status st = parse_options(p->options, c);
+    st = parse_options(p->options, c);
     if (st == FERRY_OK && c->bias == 0 && strcmp(p->kind, "decoder") == 0)
         st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a decoder always has a bias", name);
+    if (st == FERRY_OK && c->polar && c->constraint != FERRY_CONSTRAINT_STIEFEL)
+        st = ferry_errorf(FERRY_ERR_INVALID, "option polar=1 needs constraint kind 'stiefel'");
     if (st == FERRY_OK)
         st = optim_from_proto(p->optimizer, &c->optim);
     if (st != FERRY_OK) {
@@ -170,20 +196,33 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     return FERRY_OK;
 }
 
+static int diff_str(char *buf, size_t cap, const char *label, const char *a, const char *b) {
+    (void)snprintf(buf, cap, "%s '%s' (existing) vs '%s' (requested)", label, a, b);
+    return 1;
+}
+
+static int diff_int(char *buf, size_t cap, const char *label, long long a, long long b) {
+    (void)snprintf(buf, cap, "%s %lld (existing) vs %lld (requested)", label, a, b);
+    return 1;
+}
+
+static int diff_num(char *buf, size_t cap, const char *label, double a, double b) {
+    (void)snprintf(buf, cap, "%s %.9g (existing) vs %.9g (requested)", label, a, b);
+    return 1;
+}
+
 /* Writes the first differing field into buf; 0 when a and b agree. */
 static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_config *b,
                        char *buf, size_t cap) {
-#define DIFF_S(f, label)                                                             \
-    if (strcmp(a->f, b->f) != 0)                                                     \
-        return snprintf(buf, cap, "%s '%s' (existing) vs '%s' (requested)", label, a->f, b->f), 1;
-#define DIFF_I(f, label)                                                             \
-    if (a->f != b->f)                                                                \
-        return snprintf(buf, cap, "%s %lld (existing) vs %lld (requested)", label,   \
-                        (long long)a->f, (long long)b->f), 1;
-#define DIFF_F(f, label)                                                             \
-    if (a->f != b->f)                                                                \
-        return snprintf(buf, cap, "%s %.9g (existing) vs %.9g (requested)", label,   \
-                        (double)a->f, (double)b->f), 1;
+#define DIFF_S(f, label)                                                                           \
+    if (strcmp(a->f, b->f) != 0)                                                                   \
+        return diff_str(buf, cap, label, a->f, b->f);
+#define DIFF_I(f, label)                                                                           \
+    if (a->f != b->f)                                                                              \
+        return diff_int(buf, cap, label, (long long)a->f, (long long)b->f);
+#define DIFF_F(f, label)                                                                           \
+    if (a->f != b->f)                                                                              \
+        return diff_num(buf, cap, label, (double)a->f, (double)b->f);
     DIFF_S(kind, "kind")
     DIFF_I(dims[0], "dims[0]")
     DIFF_I(dims[1], "dims[1]")
@@ -194,10 +233,15 @@ static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_
     DIFF_I(bias, "bias")
     DIFF_I(weight_offset, "weight_offset")
     DIFF_I(bias_offset, "bias_offset")
+    if (a->constraint != b->constraint)
+        return diff_str(buf, cap, "constraint.kind",
+                        a->constraint == FERRY_CONSTRAINT_STIEFEL ? "stiefel" : "none",
+                        b->constraint == FERRY_CONSTRAINT_STIEFEL ? "stiefel" : "none");
+    DIFF_F(beta, "constraint.beta")
+    DIFF_I(polar, "polar")
     if (a->optim.kind != b->optim.kind)
-        return snprintf(buf, cap, "optimizer '%s' (existing) vs '%s' (requested)",
-                        ferry_optim_kind_name(a->optim.kind),
-                        ferry_optim_kind_name(b->optim.kind)), 1;
+        return diff_str(buf, cap, "optimizer", ferry_optim_kind_name(a->optim.kind),
+                        ferry_optim_kind_name(b->optim.kind));
     DIFF_F(optim.lr, "optimizer.lr")
     DIFF_F(optim.momentum, "optimizer.momentum")
     DIFF_F(optim.dampening, "optimizer.dampening")
@@ -237,15 +281,16 @@ static void module_init_uniform(ferry__ps_module *m) {
     for (int64_t r = 0; r < m->rows; r++) {
         uint64_t base = (uint64_t)(c->weight_offset + (c->row_begin + r) * m->cols);
         for (int64_t j = 0; j < m->cols; j++)
-            W[r * m->cols + j] = (2.0f * ferry_rand_uniform(c->init_seed, base + (uint64_t)j) -
-                                  1.0f) * scale;
+            W[r * m->cols + j] =
+                (2.0f * ferry_rand_uniform(c->init_seed, base + (uint64_t)j) - 1.0f) * scale;
     }
     if (m->b >= 0) {
         float *b = ferry_params_data(&m->P, m->b); /* (rows) */
         for (int64_t r = 0; r < m->rows; r++)
             b[r] = (2.0f * ferry_rand_uniform(c->init_seed,
                                               (uint64_t)(c->bias_offset + c->row_begin + r)) -
-                    1.0f) * scale;
+                    1.0f) *
+                   scale;
     }
 }
 
@@ -256,13 +301,13 @@ static ferry_status module_set_initial(ferry__ps_module *m, const ferry_rpc_msg 
         const ferry_rpc_tensor *t = &req->tensors[i];
         int p = ferry_params_find(&m->P, t->name);
         if (p < 0)
-            return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s'",
-                                m->kind->name, m->name, t->name);
+            return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s'", m->kind->name,
+                                m->name, t->name);
         const ferry_param *pp = &m->P.items[p];
         int64_t want[2] = {pp->shape.dim[0], pp->shape.ndim > 1 ? pp->shape.dim[1] : 0};
         int idx;
-        ferry_status st = ferry__ps_input(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim,
-                                          want, &idx);
+        ferry_status st =
+            ferry__ps_input(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim, want, &idx);
         if (st == FERRY_OK)
             st = ferry__ps_check_finite(m, t->name, t->data, pp->numel);
         if (st != FERRY_OK)
@@ -282,7 +327,13 @@ static ferry_status module_build(const char *name, const ferry__ps_module_config
     m->cfg = *c;
     m->kind = kind_find(c->kind);
     ferry_params_init(&m->P, ferry_backend_cpu());
-    pthread_rwlock_init(&m->lock, NULL);
+    /* Writer-preferring, so that a stream of Forward/Backward calls from many
+     * trainers cannot starve Step (glibc's default prefers readers). */
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&m->lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
     ferry_status st = FERRY_ERR_NOMEM;
     m->config_len = protobuf_c_message_get_packed_size(&proto->base);
     if ((m->config_packed = malloc(m->config_len ? m->config_len : 1)) == NULL)
@@ -291,6 +342,12 @@ static ferry_status module_build(const char *name, const ferry__ps_module_config
     if ((st = m->kind->declare(m)) != FERRY_OK || (st = ferry_params_alloc(&m->P)) != FERRY_OK)
         goto fail;
     module_init_uniform(m);
+    /* polar=1: start on the manifold as cdopt does (W <- U V^T of its thin SVD, so
+     * A(W) = W and the penalty is 0), unless the request sends the weight, which is
+     * then used exactly as given. */
+    if (c->polar && ferry_rpc_msg_find(req, "weight") == NULL &&
+        (st = ferry_stiefel_polar(m->rows, m->cols, ferry_params_data(&m->P, m->w))) != FERRY_OK)
+        goto fail;
     if ((st = module_set_initial(m, req)) != FERRY_OK)
         goto fail;
     if ((st = ferry_optim_create(&m->P, &c->optim, &m->opt)) != FERRY_OK)
@@ -379,8 +436,7 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
         char diff[256];
         if (config_diff(&m->cfg, &c, diff, sizeof diff))
             st = ferry_errorf(FERRY_ERR_EXISTS,
-                              "module '%s' already exists with a different config: %s", name,
-                              diff);
+                              "module '%s' already exists with a different config: %s", name, diff);
         *created = 0;
     } else {
         if (r->count == r->cap) {
@@ -398,10 +454,13 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
     }
     pthread_mutex_unlock(&r->mu);
     if (st == FERRY_OK && *created)
-        FERRY_LOG_INFO("created %s '%s': rows [%lld, %lld) of (%lld, %lld), %lld floats, %s lr %g",
+        FERRY_LOG_INFO("created %s '%s': rows [%lld, %lld) of (%lld, %lld), %lld floats, %s lr "
+                       "%g%s",
                        c.kind, name, (long long)c.row_begin, (long long)(c.row_begin + c.row_count),
                        (long long)c.dims[0], (long long)c.dims[1], (long long)m->P.numel,
-                       ferry_optim_kind_name(c.optim.kind), c.optim.lr);
+                       ferry_optim_kind_name(c.optim.kind), c.optim.lr,
+                       c.constraint == FERRY_CONSTRAINT_STIEFEL ? ", Stiefel-constrained weight"
+                                                                : "");
     if (st == FERRY_OK)
         *out = m;
     return st;

@@ -17,7 +17,7 @@
 
 struct ferry_ps_server {
     ferry_ps_config cfg;
-    char address[160];    /* "HOST:PORT" as bound */
+    char address[160]; /* "HOST:PORT" as bound */
     char server_id[192];
     char checkpoint_dir[1024];
     ferry_rpc_server *rpc;
@@ -25,9 +25,9 @@ struct ferry_ps_server {
     ferry__ps_ctx_table ctxs;
     uint64_t incarnation;
     double t_start;
-    pthread_mutex_t mu;   /* guards everything below */
+    pthread_mutex_t mu;       /* guards everything below */
     int stopping, loop_state; /* loop_state: 0 never ran, 1 running, 2 done */
-    int signals;          /* this run handles SIGINT/SIGTERM */
+    int signals;              /* this run handles SIGINT/SIGTERM */
     uv_loop_t loop;
     uv_async_t wake;
     uv_timer_t sweep;
@@ -63,8 +63,8 @@ static void server_id_copy(ferry_ps_server *s, char *out) {
 
 static ferry_status on_hello(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__HelloRequest *q = req->head;
-    FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)",
-                    q->client_id[0] ? q->client_id : "?", q->worker_id, q->version);
+    FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)", q->client_id[0] ? q->client_id : "?",
+                    q->worker_id, q->version);
     ferry__ps_module *mods[256];
     char *names[256];
     int n = ferry__ps_registry_list(&s->reg, mods, 256);
@@ -79,13 +79,12 @@ static ferry_status on_hello(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
     r.version = (char *)FERRY_VERSION;
     r.n_modules = (size_t)n;
     r.modules = names;
-    r.max_message_bytes = s->cfg.max_message_bytes ? s->cfg.max_message_bytes
-                                                   : FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES;
+    r.max_message_bytes =
+        s->cfg.max_message_bytes ? s->cfg.max_message_bytes : FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES;
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-static ferry_status on_create_module(ferry_ps_server *s, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply) {
+static ferry_status on_create_module(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__CreateModuleRequest *q = req->head;
     ferry__ps_module *m;
     int created = 0;
@@ -150,11 +149,20 @@ static ferry_status on_stats(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
     int n = ferry__ps_registry_list(&s->reg, mods, 32);
     for (int i = 0; i < n; i++) {
         char name[FERRY_RPC_NAME_MAX + 16];
+        double penalty = 0.0, feasibility = 0.0;
         pthread_rwlock_rdlock(&mods[i]->lock);
         uint64_t version = mods[i]->version;
+        /* A constrained module's penalty and ||W^T W - I||_F at its current weight. */
+        ferry_status pst = ferry__ps_constraint_metrics(mods[i], &penalty, &feasibility);
         pthread_rwlock_unlock(&mods[i]->lock);
         (void)snprintf(name, sizeof name, "version/%s", mods[i]->name);
         stat_add(b, name, (double)version);
+        if (ferry__ps_constrained(mods[i]) && pst == FERRY_OK) {
+            (void)snprintf(name, sizeof name, "penalty/%s", mods[i]->name);
+            stat_add(b, name, penalty);
+            (void)snprintf(name, sizeof name, "feasibility/%s", mods[i]->name);
+            stat_add(b, name, feasibility);
+        }
     }
     char text[512], id[sizeof s->server_id];
     server_id_copy(s, id);
@@ -174,8 +182,8 @@ static ferry_status on_stats(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
 }
 
 /* A checkpoint file inside --checkpoint-dir: the requested name, or a default. */
-static ferry_status checkpoint_path(ferry_ps_server *s, const char *name, uint64_t step,
-                                    char *out, size_t cap) {
+static ferry_status checkpoint_path(ferry_ps_server *s, const char *name, uint64_t step, char *out,
+                                    size_t cap) {
     if (s->checkpoint_dir[0] == '\0')
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "this ferry-ps has no --checkpoint-dir: it cannot write checkpoints");
@@ -183,10 +191,9 @@ static ferry_status checkpoint_path(ferry_ps_server *s, const char *name, uint64
         return ferry_errorf(FERRY_ERR_INVALID,
                             "checkpoint path '%s' must be a file name inside --checkpoint-dir",
                             name);
-    int n = name[0] != '\0'
-                ? snprintf(out, cap, "%s/%s", s->checkpoint_dir, name)
-                : snprintf(out, cap, "%s/ferry-ps-%d-step%llu.ckpt", s->checkpoint_dir,
-                           ferry_rpc_server_port(s->rpc), (unsigned long long)step);
+    int n = name[0] != '\0' ? snprintf(out, cap, "%s/%s", s->checkpoint_dir, name)
+                            : snprintf(out, cap, "%s/ferry-ps-%d-step%llu.ckpt", s->checkpoint_dir,
+                                       ferry_rpc_server_port(s->rpc), (unsigned long long)step);
     if (n < 0 || (size_t)n >= cap)
         return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
     return FERRY_OK;
@@ -238,25 +245,51 @@ static ferry_status dispatch(void *user, ferry_rpc_method method, ferry_rpc_msg 
     ferry_status st;
     ferry_error_clear();
     switch (method) {
-    case FERRY_RPC_HELLO: st = on_hello(s, req, reply); break;
-    case FERRY_RPC_CREATE_MODULE: st = on_create_module(s, req, reply); break;
-    case FERRY_RPC_FORWARD: st = ferry__ps_on_forward(s, req, reply); break;
-    case FERRY_RPC_BACKWARD: st = ferry__ps_on_backward(s, req, reply); break;
-    case FERRY_RPC_GRAD_NORM: st = ferry__ps_on_grad_norm(s, req, reply); break;
-    case FERRY_RPC_STEP: st = ferry__ps_on_step(s, req, reply); break;
-    case FERRY_RPC_RELEASE_CONTEXT: st = ferry__ps_on_release(s, req, reply); break;
-    case FERRY_RPC_GET_PARAMS: st = ferry__ps_on_get_params(s, req, reply); break;
-    case FERRY_RPC_SET_PARAMS: st = ferry__ps_on_set_params(s, req, reply); break;
-    case FERRY_RPC_CHECKPOINT: st = on_checkpoint(s, req, reply); break;
-    case FERRY_RPC_STATS: st = on_stats(s, req, reply); break;
-    case FERRY_RPC_SHUTDOWN: st = on_shutdown(s, req, reply); break;
-    default: st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "method %d", (int)method); break;
+    case FERRY_RPC_HELLO:
+        st = on_hello(s, req, reply);
+        break;
+    case FERRY_RPC_CREATE_MODULE:
+        st = on_create_module(s, req, reply);
+        break;
+    case FERRY_RPC_FORWARD:
+        st = ferry__ps_on_forward(s, req, reply);
+        break;
+    case FERRY_RPC_BACKWARD:
+        st = ferry__ps_on_backward(s, req, reply);
+        break;
+    case FERRY_RPC_GRAD_NORM:
+        st = ferry__ps_on_grad_norm(s, req, reply);
+        break;
+    case FERRY_RPC_STEP:
+        st = ferry__ps_on_step(s, req, reply);
+        break;
+    case FERRY_RPC_RELEASE_CONTEXT:
+        st = ferry__ps_on_release(s, req, reply);
+        break;
+    case FERRY_RPC_GET_PARAMS:
+        st = ferry__ps_on_get_params(s, req, reply);
+        break;
+    case FERRY_RPC_SET_PARAMS:
+        st = ferry__ps_on_set_params(s, req, reply);
+        break;
+    case FERRY_RPC_CHECKPOINT:
+        st = on_checkpoint(s, req, reply);
+        break;
+    case FERRY_RPC_STATS:
+        st = on_stats(s, req, reply);
+        break;
+    case FERRY_RPC_SHUTDOWN:
+        st = on_shutdown(s, req, reply);
+        break;
+    default:
+        st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "method %d", (int)method);
+        break;
     }
     if (st != FERRY_OK) {
         if (ferry_error_last()[0] == '\0')
             (void)ferry_errorf(st, "%s", ferry_status_str(st));
-        FERRY_LOG_WARN("%s rejected: %s (%s)", ferry_rpc_method_name(method),
-                       ferry_status_str(st), ferry_error_last());
+        FERRY_LOG_WARN("%s rejected: %s (%s)", ferry_rpc_method_name(method), ferry_status_str(st),
+                       ferry_error_last());
     }
     return st;
 }
@@ -315,8 +348,8 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     s->incarnation = random_u64();
     s->t_start = ferry_now();
     (void)snprintf(s->server_id, sizeof s->server_id, "%s", cfg->server_id ? cfg->server_id : "");
-    if (cfg->restore != NULL && (st = ferry__ps_checkpoint_read(&s->reg, cfg->restore)) !=
-                                    FERRY_OK) {
+    if (cfg->restore != NULL &&
+        (st = ferry__ps_checkpoint_read(&s->reg, cfg->restore)) != FERRY_OK) {
         ferry_ps_server_destroy(s);
         return st;
     }

@@ -2,10 +2,11 @@
  * of the output layer, rows [row_begin, row_begin + V_s) of the global (V, H).
  * Mode "logits" returns z_s = h W_s^T + b_s (N, V_s) and takes dz_s back (the classic
  * design). Mode "partials" (the default) is the sharded softmax of ARCHITECTURE.md
- * §2: it returns per-row max, sum of exp relative to it and the target's logit, so
- * only O(N) floats cross the wire; its Backward takes the global log-sum-exp and
- * forms (softmax - onehot) * scale for the slice. The loops here are the plain-C
- * reference of these ops (a backend op is a later option). */
+ * §2: it returns per-row max, sum of exp relative to it (float64) and the target's
+ * logit, so only O(N) numbers cross the wire; its Backward takes a per-row factor
+ * that turns the saved exp(z - max) into the exact softmax and forms
+ * (softmax - onehot) * scale for the slice. Both run through the backend ops
+ * softmax_partials / softmax_grad, the local cross-entropy's own kernels. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +20,7 @@ static ferry_status decoder_declare(ferry__ps_module *m) {
     const ferry__ps_module_config *c = &m->cfg;
     m->rows = c->row_count;
     m->cols = c->dims[1];
-    ferry_status st = ferry_params_add(&m->P, "weight", ferry_shape_2d(m->rows, m->cols), 0,
-                                       &m->w);
+    ferry_status st = ferry_params_add(&m->P, "weight", ferry_shape_2d(m->rows, m->cols), 0, &m->w);
     if (st == FERRY_OK)
         st = ferry_params_add(&m->P, "bias", ferry_shape_1d(m->rows), 0, &m->b);
     return st;
@@ -34,28 +34,8 @@ static int decoder_mode(const char *mode) {
     return 0;
 }
 
-/* Per-row partials of z (N, V_s): max, sum exp(z - max), the target's logit. */
-static void row_partials(const ferry__ps_module *m, int64_t N, const float *z,
-                         const int32_t *local_target, float *mx, float *sumexp, float *tlogit,
-                         int32_t *has) {
-    int64_t Vs = m->rows;
-    for (int64_t n = 0; n < N; n++) {
-        const float *zr = z + n * Vs; /* (V_s) */
-        float M = zr[0];
-        for (int64_t v = 1; v < Vs; v++)
-            M = zr[v] > M ? zr[v] : M;
-        double S = 0.0;
-        for (int64_t v = 0; v < Vs; v++)
-            S += (double)expf(zr[v] - M);
-        mx[n] = M;
-        sumexp[n] = (float)S;
-        has[n] = local_target[n] >= 0;
-        tlogit[n] = has[n] ? zr[local_target[n]] : 0.0f;
-    }
-}
-
-static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply, ferry__ps_saved *save) {
+static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, ferry_rpc_msg *reply,
+                                     ferry__ps_saved *save) {
     const ferry__ps_module_config *c = &m->cfg;
     int64_t Vs = m->rows, H = m->cols;
     int64_t want_h[2] = {-1, H};
@@ -111,22 +91,24 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req,
     }
     free(gt);
     int64_t dim[1] = {N};
-    float *mx, *se, *tl;
+    float *mx, *tl;
+    double *se;
     int32_t *has;
     if (st == FERRY_OK)
         st = ferry__ps_affine_apply(m, N, h, z);
     if (st == FERRY_OK)
         st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "max", (void **)&mx);
     if (st == FERRY_OK)
-        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "sumexp", (void **)&se);
+        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F64, 1, dim, "sumexp", (void **)&se);
     if (st == FERRY_OK)
-        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "target_logit",
-                                 (void **)&tl);
+        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "target_logit", (void **)&tl);
     if (st == FERRY_OK)
-        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_I32, 1, dim, "has_target",
-                                 (void **)&has);
+        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_I32, 1, dim, "has_target", (void **)&has);
+    /* z (N, V_s) becomes exp(z - max) in place: what Backward needs. */
     if (st == FERRY_OK)
-        row_partials(m, N, z, lt, mx, se, tl, has);
+        st = ferry_backend_softmax_partials(m->P.be, N, Vs, z, lt, mx, se, tl);
+    for (int64_t n = 0; st == FERRY_OK && n < N; n++)
+        has[n] = lt[n] >= 0;
     if (save == NULL) {
         free(z);
         free(lt);
@@ -148,29 +130,30 @@ static ferry_status decoder_forward(ferry__ps_module *m, const Ferry__ForwardReq
     }
     default:
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "decoder '%s': unknown Forward mode '%s' (partials | logits)",
-                            m->name, q->mode);
+                            "decoder '%s': unknown Forward mode '%s' (partials | logits)", m->name,
+                            q->mode);
     }
 }
 
-/* Backward of the sharded softmax: dz = (exp(z - lse) - onehot) * scale per row,
- * formed in place over the saved logits, then the affine gradients. */
+/* Backward of the sharded softmax: the trainer sends per row
+ * factor = exp(max_slice - max_all) / sumexp_all, which turns the saved
+ * e = exp(z - max_slice) into the exact softmax; dz = (softmax - onehot) * scale is
+ * formed in place, then the affine gradients. */
 static ferry_status partials_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
                                       ferry__ps_saved *sv, ferry_rpc_msg *req, ferry_grads *G,
                                       ferry_rpc_msg *reply) {
     int64_t N = sv->N, Vs = m->rows, H = m->cols;
     int64_t want[1] = {N};
     int il, isc = -1;
-    ferry_status st = ferry__ps_input(m, req, "lse", FERRY_RPC_DTYPE_F32, 1, want, &il);
+    ferry_status st = ferry__ps_input(m, req, "factor", FERRY_RPC_DTYPE_F32, 1, want, &il);
     if (st != FERRY_OK)
         return st;
-    const float *lse = req->tensors[il].data; /* (N) */
-    if ((st = ferry__ps_check_finite(m, "lse", lse, N)) != FERRY_OK)
+    const float *factor = req->tensors[il].data; /* (N) */
+    if ((st = ferry__ps_check_finite(m, "factor", factor, N)) != FERRY_OK)
         return st;
     const float *row_scale = NULL; /* (N) or none */
     if (ferry_rpc_msg_find(req, "scale") != NULL) {
-        if ((st = ferry__ps_input(m, req, "scale", FERRY_RPC_DTYPE_F32, 1, want, &isc)) !=
-            FERRY_OK)
+        if ((st = ferry__ps_input(m, req, "scale", FERRY_RPC_DTYPE_F32, 1, want, &isc)) != FERRY_OK)
             return st;
         row_scale = req->tensors[isc].data;
         if ((st = ferry__ps_check_finite(m, "scale", row_scale, N)) != FERRY_OK)
@@ -186,18 +169,11 @@ static ferry_status partials_backward(ferry__ps_module *m, const Ferry__Backward
         FERRY_OK)
         return st;
     const float *h = sv->t[0].data;    /* (N, H) */
-    float *z = sv->t[1].data;          /* (N, V_s), becomes dz */
+    float *z = sv->t[1].data;          /* (N, V_s): exp(z - max_slice), becomes dz */
     const int32_t *lt = sv->t[2].data; /* (N), -1: target outside the slice */
-    for (int64_t n = 0; n < N; n++) {
-        float *zr = z + n * Vs;
-        float s = row_scale != NULL ? row_scale[n] * scale : scale;
-        for (int64_t v = 0; v < Vs; v++)
-            zr[v] = expf(zr[v] - lse[n]);
-        if (lt[n] >= 0)
-            zr[lt[n]] -= 1.0f;
-        for (int64_t v = 0; v < Vs; v++)
-            zr[v] *= s;
-    }
+    if ((st = ferry_backend_softmax_grad(m->P.be, N, Vs, z, factor, lt, row_scale, scale)) !=
+        FERRY_OK)
+        return st;
     return ferry__ps_affine_grad(m, N, h, z, G, dh);
 }
 

@@ -78,6 +78,15 @@ TEST(idle_context_is_swept_and_its_memory_freed) {
     CHECK_OK(ferry_cluster_stats(cl, 0, &st));
     CHECK_EQ(st.contexts_live, 0);
     CHECK_EQ(st.context_bytes, 0);
+    /* A refused step releases the context instead of leaving it to the sweep. */
+    (void)ferry_dist_ctx_begin(dc);
+    forward_backward(dec, dc, 0.0f);
+    CHECK_STATUS(ferry_dist_ctx_step(dc, 0.0f, 0.0), FERRY_ERR_INVALID);
+    CHECK_EQ(ferry_dist_ctx_id(dc), 0);
+    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_EQ(st.contexts_live, 0);
+    CHECK_EQ(st.contexts_released, 1);
+    CHECK_EQ(st.context_bytes, 0);
 
     /* A trainer that dies after Forward: the context holds the saved logits... */
     uint64_t id = ferry_dist_ctx_begin(dc);

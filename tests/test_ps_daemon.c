@@ -70,9 +70,12 @@ TEST(serves_and_exits_cleanly_on_sigterm) {
     CHECK(mkdtemp(dir) != NULL);
     (void)snprintf(port_file, sizeof port_file, "%s/port", dir);
     (void)snprintf(log, sizeof log, "%s/log", dir);
-    char *args[] = {"--listen", "127.0.0.1:0", "--port-file", port_file, "--context-ttl", "5",
-                    "--threads", "2"};
-    pid_t pid = spawn(args, 8, log);
+    /* A short grace: gRPC holds the shutdown until the connected client goes away or
+     * the grace ends. */
+    char *args[] = {
+        "--listen",  "127.0.0.1:0", "--port-file",         port_file, "--context-ttl", "5",
+        "--threads", "2",           "--shutdown-grace-ms", "300"};
+    pid_t pid = spawn(args, 10, log);
     int port = 0;
     for (int i = 0; i < 100 && port == 0; i++) {
         FILE *f = fopen(port_file, "r");

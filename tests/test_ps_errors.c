@@ -75,8 +75,8 @@ static ferry_status call(ferry_rpc_client *c, ferry_rpc_method method, const Pro
     return st;
 }
 
-static ferry_status forward(ferry_rpc_client *c, uint64_t ctx, uint64_t call_id,
-                            const char *module, const char *mode, const ferry_rpc_tensor *t0,
+static ferry_status forward(ferry_rpc_client *c, uint64_t ctx, uint64_t call_id, const char *module,
+                            const char *mode, const ferry_rpc_tensor *t0,
                             const ferry_rpc_tensor *t1) {
     Ferry__ForwardRequest q;
     ferry__forward_request__init(&q);

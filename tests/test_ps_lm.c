@@ -98,7 +98,7 @@ TEST(distributed_lm_matches_local_lm) {
         double sum_l, ss_l, norm_l;
         float coef_l;
         ferry_ctx_reset(ctx_l, (uint64_t)step + 1);
-        CHECK_OK(ferry_lm_forward(lm, ctx_l, &tin, &ttg, scale, &loss, &sum_l));
+        CHECK_OK(ferry_lm_forward(lm, ctx_l, NULL, &tin, &ttg, scale, &loss, &sum_l));
         CHECK_OK(ferry_ctx_backward(ctx_l, loss));
         ferry_grads *G = ferry_ctx_grads(ctx_l, &lm->P);
         CHECK_OK(ferry_grads_sumsq(G, &ss_l));
@@ -127,8 +127,8 @@ TEST(distributed_lm_matches_local_lm) {
                                     FERRY_COPY_DEVICE_TO_DEVICE));
         CHECK_OK(ferry_backend_copy(be, c0->data, cn->data, ferry_tensor_nbytes(c0),
                                     FERRY_COPY_DEVICE_TO_DEVICE));
-        CHECK_CLOSE_F("carried h", ferry_tensor_f32(h0), ferry_tensor_f32(lm->h), L * B * H,
-                      1e-6, 1e-5);
+        CHECK_CLOSE_F("carried h", ferry_tensor_f32(h0), ferry_tensor_f32(lm->h), L * B * H, 1e-6,
+                      1e-5);
     }
     /* Every parameter, wherever it lives, equals the local model's. */
     static float w[V * H], b[V];
@@ -154,7 +154,7 @@ TEST(distributed_lm_matches_local_lm) {
     double sum_l, sum_d;
     ferry_ctx_reset(ctx_l, 100);
     ferry_ctx_reset(ctx_d, 100);
-    CHECK_OK(ferry_lm_forward(lm, ctx_l, &tin, &ttg, 1.0f, &loss, &sum_l));
+    CHECK_OK(ferry_lm_forward(lm, ctx_l, NULL, &tin, &ttg, 1.0f, &loss, &sum_l));
     CHECK_OK(ferry_dist_embedding_forward(emb, NULL, ctx_d, &tin, &x));
     CHECK_OK(ferry_lstm_forward(&rnn, ctx_d, x, h0, c0, NULL, &y, &hn, &cn));
     CHECK_OK(ferry_dist_xent_forward(dec, NULL, ctx_d, y, &ttg, 1.0f, &loss, &sum_d));

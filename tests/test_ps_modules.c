@@ -13,7 +13,7 @@
 #include "optim/optim.h"
 #include "server/ps.h"
 
-#define SEED 42u
+#define SEED  42u
 #define SCALE 0.1f
 
 typedef struct harness {
@@ -114,10 +114,10 @@ TEST(embedding_matches_local) {
         for (int i = 0; i < N * E; i++)
             grad[i] = frand();
         ferry_ctx_reset(ctx, (uint64_t)step + 1);
-        ferry_tensor tid = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_I32,
-                                             ferry_shape_1d(N), ids);
-        ferry_tensor tg = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32,
-                                            ferry_shape_2d(N, E), grad);
+        ferry_tensor tid =
+            ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_I32, ferry_shape_1d(N), ids);
+        ferry_tensor tg =
+            ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32, ferry_shape_2d(N, E), grad);
         ferry_tensor *x;
         CHECK_OK(ferry_embedding_forward(&emb, ctx, &tid, &x));
         const ferry_tensor *outs[1] = {x}, *seeds[1] = {&tg};
@@ -137,8 +137,8 @@ TEST(embedding_matches_local) {
         CHECK_OK(ferry_dist_ctx_step(h.dc, 0.7f, 0.0));
         CHECK_OK(ferry_optim_step(opt, &P, G, 0.7f));
         CHECK_OK(ferry_remote_get_params(rem, "weight", 0, 0, table));
-        CHECK_CLOSE_F("embedding after step", table, ferry_params_data(&P, emb.weight), V * E,
-                      1e-7, 1e-6);
+        CHECK_CLOSE_F("embedding after step", table, ferry_params_data(&P, emb.weight), V * E, 1e-7,
+                      1e-6);
     }
     /* Evaluation: no context, same rows, nothing saved. */
     CHECK_OK(ferry_remote_embedding_forward(rem, NULL, ids, N, out, NULL));
@@ -223,10 +223,10 @@ TEST(decoder_partials_match_local_xent) {
             tg[n] = irand(DV);
         /* Local: linear + xent with the mean loss, gradient of the hidden state. */
         ferry_ctx_reset(ctx, (uint64_t)step + 1);
-        ferry_tensor th = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32,
-                                            ferry_shape_2d(DN, DH), hid);
-        ferry_tensor tt = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_I32,
-                                            ferry_shape_1d(DN), tg);
+        ferry_tensor th =
+            ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32, ferry_shape_2d(DN, DH), hid);
+        ferry_tensor tt =
+            ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_I32, ferry_shape_1d(DN), tg);
         ferry_tensor *logits, *loss;
         double local_sum, remote_sum;
         CHECK_OK(ferry_ctx_require_grad(ctx, &th));
@@ -280,10 +280,10 @@ TEST(decoder_logits_match_local_linear) {
         for (int i = 0; i < DN * DV; i++)
             dz[i] = 0.1f * frand();
         ferry_ctx_reset(ctx, (uint64_t)step + 1);
-        ferry_tensor th = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32,
-                                            ferry_shape_2d(DN, DH), hid);
-        ferry_tensor tz = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32,
-                                            ferry_shape_2d(DN, DV), dz);
+        ferry_tensor th =
+            ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32, ferry_shape_2d(DN, DH), hid);
+        ferry_tensor tz =
+            ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32, ferry_shape_2d(DN, DV), dz);
         ferry_tensor *z;
         CHECK_OK(ferry_ctx_require_grad(ctx, &th));
         CHECK_OK(ferry_linear_forward(&f.lin, ctx, &th, &z));
@@ -295,8 +295,7 @@ TEST(decoder_logits_match_local_linear) {
         CHECK_OK(ferry_remote_logits_forward(f.rem, h.dc, hid, DN, logits, &call));
         CHECK_CLOSE_F("logits", logits, ferry_tensor_f32(z), DN * DV, 1e-6, 1e-5);
         CHECK_OK(ferry_remote_logits_backward(f.rem, h.dc, call, dz, dh));
-        CHECK_CLOSE_F("dh", dh, ferry_tensor_f32(ferry_ctx_grad_of(ctx, &th)), DN * DH, 1e-6,
-                      1e-5);
+        CHECK_CLOSE_F("dh", dh, ferry_tensor_f32(ferry_ctx_grad_of(ctx, &th)), DN * DH, 1e-6, 1e-5);
         /* A second Backward of the same call is refused: it was consumed. */
         CHECK_STATUS(ferry_remote_logits_backward(f.rem, h.dc, call, dz, dh), FERRY_ERR_NOT_FOUND);
         CHECK_OK(ferry_dist_ctx_step(h.dc, 1.0f, 0.0));
@@ -341,10 +340,10 @@ TEST(linear_matches_local_and_params_roundtrip) {
         dy[i] = frand();
     ferry_ctx *ctx;
     CHECK_OK(ferry_ctx_create(ferry_backend_cpu(), &ctx));
-    ferry_tensor tx = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32,
-                                        ferry_shape_2d(N, C), x);
-    ferry_tensor tdy = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32,
-                                         ferry_shape_2d(N, D), dy);
+    ferry_tensor tx =
+        ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32, ferry_shape_2d(N, C), x);
+    ferry_tensor tdy =
+        ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32, ferry_shape_2d(N, D), dy);
     ferry_tensor *ty;
     CHECK_OK(ferry_ctx_require_grad(ctx, &tx));
     CHECK_OK(ferry_linear_forward(&lin, ctx, &tx, &ty));
@@ -408,5 +407,6 @@ TEST(explicit_initial_values_and_row_ranges_across_shards) {
 }
 
 FERRY_TEST_MAIN(T(embedding_matches_local) T(decoder_partials_match_local_xent)
-                    T(decoder_logits_match_local_linear) T(linear_matches_local_and_params_roundtrip)
-                        T(explicit_initial_values_and_row_ranges_across_shards))
+                    T(decoder_logits_match_local_linear)
+                        T(linear_matches_local_and_params_roundtrip)
+                            T(explicit_initial_values_and_row_ranges_across_shards))

@@ -309,6 +309,35 @@ TEST(concurrent_callers) {
     ferry_rpc_server_destroy(srv);
 }
 
+TEST(server_config) {
+    char target[64];
+    ferry_rpc_server *srv = start_server(0, 1, target, sizeof target), *other;
+    ferry_rpc_server_config cfg = {.listen = target, .threads = 1};
+    cfg.handlers[FERRY_RPC_FORWARD] = test_handler;
+    CHECK_STATUS(ferry_rpc_server_create(&cfg, &other), FERRY_ERR_IO); /* port in use */
+    CHECK(strstr(ferry_error_last(), target) != NULL);
+    cfg.listen = "not an address";
+    CHECK_STATUS(ferry_rpc_server_create(&cfg, &other), FERRY_ERR_IO);
+    cfg.listen = "";
+    CHECK_STATUS(ferry_rpc_server_create(&cfg, &other), FERRY_ERR_INVALID);
+    cfg.listen = "127.0.0.1:0";
+    cfg.threads = 65;
+    CHECK_STATUS(ferry_rpc_server_create(&cfg, &other), FERRY_ERR_INVALID);
+    cfg.threads = 1;
+    cfg.max_message_bytes = (size_t)3 << 30;
+    CHECK_STATUS(ferry_rpc_server_create(&cfg, &other), FERRY_ERR_INVALID);
+    ferry_rpc_client *c;
+    ferry_rpc_client_config cc = {.max_message_bytes = (size_t)3 << 30};
+    CHECK_STATUS(ferry_rpc_client_create(target, &cc, &c), FERRY_ERR_INVALID);
+    CHECK_STATUS(ferry_rpc_client_create("", NULL, &c), FERRY_ERR_INVALID);
+    ferry_rpc_server_destroy(NULL);
+    ferry_rpc_client_destroy(NULL);
+    c = connect_to(target, 0); /* the first server is unharmed */
+    CHECK_OK(echo_bytes(c, 16));
+    ferry_rpc_client_destroy(c);
+    ferry_rpc_server_destroy(srv);
+}
+
 /* ---- Errors reported precisely ------------------------------------------------------------- */
 
 TEST(unimplemented) {
@@ -601,6 +630,8 @@ TEST(shutdown_cancels_after_grace) {
     ferry_rpc_client_destroy(c);
 }
 
-FERRY_TEST_MAIN(T(echo_sizes) T(echo_multi) T(concurrent_callers) T(unimplemented) T(oversize)
-                    T(malformed_request) T(handler_errors) T(deadline) T(unavailable) T(fanout)
-                        T(shutdown_drains) T(shutdown_cancels_after_grace))
+/* clang-format off */
+FERRY_TEST_MAIN(T(echo_sizes) T(echo_multi) T(concurrent_callers) T(server_config)
+                T(unimplemented) T(oversize) T(malformed_request) T(handler_errors) T(deadline)
+                T(unavailable) T(fanout) T(shutdown_drains) T(shutdown_cancels_after_grace))
+/* clang-format on */

@@ -509,5 +509,8 @@ TEST(fuzz_truncate_corrupt) {
         free(bufs[i]);
 }
 
-FERRY_TEST_MAIN(T(method_table) T(msg_rules) T(head_rules) T(buffers) T(roundtrip_chunked) T(protobuf_c_compat)
-                    T(forward_decoded) T(malformed_cases) T(limits) T(fuzz_truncate_corrupt))
+/* clang-format off */
+FERRY_TEST_MAIN(T(method_table) T(msg_rules) T(head_rules) T(buffers) T(roundtrip_chunked)
+                T(protobuf_c_compat) T(forward_decoded) T(malformed_cases) T(limits)
+                T(fuzz_truncate_corrupt))
+/* clang-format on */

@@ -225,8 +225,8 @@ static void run_cdopt(const char *name) {
 
     /* The owner's step adds 4 beta W C once; then every gradient of the loss matches. */
     double pen2 = 0.0, drift = 0.0, sq_total = 0.0;
-    CHECK_OK(ferry_stiefel_add_penalty_grads(&con.P, ferry_ctx_grads(con.ctx, &con.P), &pen2,
-                                             &drift));
+    CHECK_OK(
+        ferry_stiefel_add_penalty_grads(&con.P, ferry_ctx_grads(con.ctx, &con.P), &pen2, &drift));
     expect_num("penalty pass", pen2, jnum(c, "penalty"));
     for (int l = 0; l < L; l++) {
         (void)snprintf(path, sizeof path, "sqnorm_C.l%d", l);
@@ -250,8 +250,8 @@ static void run_cdopt(const char *name) {
     if (!has_masks) {
         ferry_ctx_reset(con.ctx, 2);
         ferry_ctx_set_training(con.ctx, 0);
-        CHECK_OK(ferry_lstm_forward(&con.rnn, con.ctx, &tx, &th0, &tc0, NULL, &y[0], &hn[0],
-                                    &cn[0]));
+        CHECK_OK(
+            ferry_lstm_forward(&con.rnn, con.ctx, &tx, &th0, &tc0, NULL, &y[0], &hn[0], &cn[0]));
         CHECK_EQ(ferry_ctx_tape_length(con.ctx), 0);
         expect(c, "output", ferry_tensor_f32(y[0]), TBH);
         expect(c, "c_n", ferry_tensor_f32(cn[0]), LBH);

@@ -1,9 +1,13 @@
 /* main.c - ferry-trainer: parses flags into a ferry_trainer_config, then runs.
  * Exit codes: 0 done, 1 training failed, 2 bad command line. */
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "ferry/rpc.h"
 #include "flags.h"
 #include "log.h"
 #include "trainer.h"
@@ -18,9 +22,27 @@ static const char *preset_name(int argc, char **argv) {
     return NULL;
 }
 
+/* First signal: finish the step, checkpoint, exit 0. Second: exit at once. */
+static void on_signal(int sig) {
+    if (ferry_trainer_stop_requested())
+        _exit(128 + sig);
+    ferry_trainer_request_stop();
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    (void)sigaction(SIGINT, &sa, NULL);
+    (void)sigaction(SIGTERM, &sa, NULL);
+}
+
 int main(int argc, char **argv) {
     ferry_cpu_ensure_blas_kernels(argv);
     ferry_log_init("ferry-trainer");
+    /* Large RPC payloads: keep freed pages instead of faulting them in again. */
+    (void)ferry_rpc_tune_malloc(0);
     ferry_trainer_config cfg;
     ferry_trainer_config_default(&cfg);
     const char *preset = preset_name(argc, argv);
@@ -36,6 +58,9 @@ int main(int argc, char **argv) {
          .help = "train the whole model in this process (the default without --ps)"},
         {.name = "ps", .type = FERRY_FLAG_STRING, .ptr = &cfg.ps, .metavar = "HOST:PORT[,...]",
          .help = "ferry-ps shards hosting the embedding and decoder"},
+        {.name = "decoder-mode", .type = FERRY_FLAG_ENUM, .ptr = &cfg.decoder_mode,
+         .choices = "logits|sharded-softmax",
+         .help = "with --ps: logits cross the wire, or only per-row softmax partials"},
         {.name = "data", .type = FERRY_FLAG_STRING, .ptr = &cfg.data, .metavar = "DIR",
          .help = "corpus directory with train.txt, valid.txt, test.txt"},
         {.name = "device", .type = FERRY_FLAG_STRING, .ptr = &cfg.device,
@@ -139,6 +164,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     cfg.local = cfg.ps == NULL;
+    install_signals();
     ferry_status st = ferry_trainer_run(&cfg);
     if (st != FERRY_OK) {
         const char *detail = ferry_error_last();

@@ -1,12 +1,34 @@
-/* model.c - assembles the language model from nn layers over one parameter
- * block, and runs one BPTT window through it on an autograd context. */
+/* model.c - assembles the language model from nn layers (and, when distributed,
+ * remote modules on ferry-ps), runs BPTT windows through it on an autograd context,
+ * and performs the training step: backward across processes, Stiefel penalty,
+ * global-norm clipping and the local and remote optimizer steps. */
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/tape.h"
 #include "log.h"
 #include "model.h"
+#include "optim/clip.h"
 #include "optim/stiefel.h"
+
+/* ---- construction ---- */
+
+/* Declares the full local layout into P: encoder, LSTM, decoder, in this order.
+ * A distributed model builds it too (without allocating) to learn the offsets
+ * its parameters have in the local layout, from which their initial values come. */
+static ferry_status lm_declare_full(ferry_lm *lm, ferry_params *P) {
+    const ferry_lm_config *cfg = &lm->cfg;
+    ferry_status st;
+    if ((st = ferry_embedding_init(&lm->emb, P, "encoder", cfg->V, cfg->E)) != FERRY_OK)
+        return st;
+    if ((st = ferry_lstm_init(&lm->rnn, P, "lstm", cfg->E, cfg->H, cfg->L, cfg->dropout)) !=
+        FERRY_OK)
+        return st;
+    return ferry_linear_init(&lm->dec, P, "decoder", cfg->H, cfg->V, 1);
+}
 
 /* Replaces a constrained weight_hh by its orthogonal polar factor, as cdopt does
  * at initialisation (the penalty then starts at zero and A(W) = W). */
@@ -26,60 +48,123 @@ static ferry_status lm_polar_init(ferry_lm *lm, int idx) {
     return st;
 }
 
-static ferry_status lm_init_params(ferry_lm *lm) {
+/* Uniform init of every local parameter at its offset in the full layout, the
+ * Stiefel constraint and its polar initialisation. */
+static ferry_status lm_init_local(ferry_lm *lm, const ferry_params *full) {
     const ferry_lm_config *cfg = &lm->cfg;
     ferry_status st = FERRY_OK;
-    for (int i = 0; i < lm->P.count && st == FERRY_OK; i++)
-        st = ferry_params_init_uniform(&lm->P, i, cfg->init_scale, cfg->seed);
+    for (int i = 0; i < lm->P.count && st == FERRY_OK; i++) {
+        int j = ferry_params_find(full, lm->P.items[i].name);
+        FERRY_ASSERT(j >= 0);
+        st = ferry_params_init_uniform_at(&lm->P, i, cfg->init_scale, cfg->seed,
+                                          full->items[j].offset);
+    }
     for (int l = 0; l < cfg->L && st == FERRY_OK && cfg->stiefel_beta > 0.0f; l++)
         st = lm_polar_init(lm, lm->rnn.w_hh[l]);
     return st;
 }
 
-ferry_status ferry_lm_create(ferry_backend *be, const ferry_lm_config *cfg, ferry_lm **out) {
+static void remote_optim_from(const ferry_optim_config *oc, ferry_remote_optim *ro) {
+    memset(ro, 0, sizeof *ro);
+    ro->name = ferry_optim_kind_name(oc->kind);
+    ro->lr = oc->lr;
+    ro->momentum = oc->momentum;
+    ro->dampening = oc->dampening;
+    ro->nesterov = oc->nesterov;
+    ro->weight_decay = oc->weight_decay;
+    ro->lr_decay = oc->lr_decay;
+    ro->initial_accumulator = oc->initial_accumulator;
+    ro->rho = oc->rho;
+    ro->beta1 = oc->beta1;
+    ro->beta2 = oc->beta2;
+    ro->eps = oc->eps;
+}
+
+static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
+                                     const ferry_lm_placement *pl) {
+    const ferry_lm_config *cfg = &lm->cfg;
+    ferry_remote_config rc;
+    ferry_status st;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "encoder", cfg->V, cfg->E);
+    rc.init_seed = cfg->seed;
+    rc.init_scale = cfg->init_scale;
+    rc.weight_offset = full->items[ferry_params_find(full, "encoder.weight")].offset;
+    remote_optim_from(&pl->optim, &rc.optim);
+    if ((st = ferry_remote_create(pl->cluster, &rc, &lm->emb_remote)) != FERRY_OK)
+        return st;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "decoder", cfg->V, cfg->H);
+    rc.init_seed = cfg->seed;
+    rc.init_scale = cfg->init_scale;
+    rc.weight_offset = full->items[ferry_params_find(full, "decoder.weight")].offset;
+    rc.bias_offset = full->items[ferry_params_find(full, "decoder.bias")].offset;
+    remote_optim_from(&pl->optim, &rc.optim);
+    return ferry_remote_create(pl->cluster, &rc, &lm->dec_remote);
+}
+
+ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cfg,
+                                    const ferry_lm_placement *placement, ferry_lm **out) {
     if (cfg->V < 2 || cfg->E < 1 || cfg->H < 1 || cfg->L < 1 || cfg->L > FERRY_LSTM_MAX_LAYERS)
         return ferry_errorf(FERRY_ERR_INVALID, "bad model shape V=%lld E=%lld H=%lld L=%d",
                             (long long)cfg->V, (long long)cfg->E, (long long)cfg->H, cfg->L);
     if (cfg->dropout < 0.0f || cfg->dropout >= 1.0f)
         return ferry_errorf(FERRY_ERR_RANGE, "dropout %g outside [0, 1)", (double)cfg->dropout);
     ferry_status st = FERRY_ERR_NOMEM;
+    ferry_params full;
+    ferry_params_init(&full, be);
     ferry_lm *lm = calloc(1, sizeof *lm);
     if (lm == NULL)
         return st;
     lm->cfg = *cfg;
     lm->be = be;
     ferry_params_init(&lm->P, be);
-    if ((st = ferry_embedding_init(&lm->emb, &lm->P, "encoder", cfg->V, cfg->E)) != FERRY_OK)
+    if ((st = lm_declare_full(lm, &full)) != FERRY_OK)
         goto fail;
-    if ((st = ferry_lstm_init(&lm->rnn, &lm->P, "lstm", cfg->E, cfg->H, cfg->L, cfg->dropout)) !=
-        FERRY_OK)
+    if (placement == NULL) {
+        if ((st = lm_declare_full(lm, &lm->P)) != FERRY_OK)
+            goto fail;
+    } else if ((st = ferry_lstm_init(&lm->rnn, &lm->P, "lstm", cfg->E, cfg->H, cfg->L,
+                                     cfg->dropout)) != FERRY_OK) {
         goto fail;
-    if ((st = ferry_linear_init(&lm->dec, &lm->P, "decoder", cfg->H, cfg->V, 1)) != FERRY_OK)
-        goto fail;
+    }
     for (int l = 0; l < cfg->L && cfg->stiefel_beta > 0.0f; l++) {
         st = ferry_params_set_constraint(&lm->P, lm->rnn.w_hh[l], FERRY_CONSTRAINT_STIEFEL,
                                          cfg->stiefel_beta);
         if (st != FERRY_OK)
             goto fail;
     }
-    if ((st = ferry_params_alloc(&lm->P)) != FERRY_OK)
+    if ((st = ferry_params_alloc(&lm->P)) != FERRY_OK || (st = lm_init_local(lm, &full)) != FERRY_OK)
         goto fail;
-    if ((st = lm_init_params(lm)) != FERRY_OK)
-        goto fail;
+    if (placement != NULL) {
+        lm->decoder_mode = placement->decoder_mode;
+        if ((st = lm_create_remote(lm, &full, placement)) != FERRY_OK)
+            goto fail;
+    }
+    ferry_params_deinit(&full);
     *out = lm;
     return FERRY_OK;
 fail:
+    ferry_params_deinit(&full);
     ferry_lm_destroy(lm);
     return st;
+}
+
+ferry_status ferry_lm_create(ferry_backend *be, const ferry_lm_config *cfg, ferry_lm **out) {
+    return ferry_lm_create_placed(be, cfg, NULL, out);
 }
 
 void ferry_lm_destroy(ferry_lm *lm) {
     if (lm == NULL)
         return;
+    ferry_remote_destroy(lm->emb_remote);
+    ferry_remote_destroy(lm->dec_remote);
     ferry_tensor_destroy(lm->h);
     ferry_tensor_destroy(lm->c);
     ferry_params_deinit(&lm->P);
     free(lm);
+}
+
+int ferry_lm_is_remote(const ferry_lm *lm) {
+    return lm->emb_remote != NULL;
 }
 
 ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B) {
@@ -102,9 +187,28 @@ ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B) {
     return st;
 }
 
-ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, const ferry_tensor *inputs,
-                              const ferry_tensor *targets, float loss_scale, ferry_tensor **loss,
-                              double *loss_sum) {
+/* ---- forward ---- */
+
+/* Decoder and loss, local or remote in either decoder mode. */
+static ferry_status lm_decode(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
+                              const ferry_tensor *y, const ferry_tensor *targets, float scale,
+                              ferry_tensor **loss, double *loss_sum) {
+    ferry_tensor *logits; /* (T, B, V) */
+    ferry_status st;
+    if (lm->dec_remote != NULL && lm->decoder_mode == FERRY_DECODER_SHARDED)
+        return ferry_dist_xent_forward(lm->dec_remote, dc, ctx, y, targets, scale, loss, loss_sum);
+    if (lm->dec_remote != NULL)
+        st = ferry_dist_logits_forward(lm->dec_remote, dc, ctx, y, &logits);
+    else
+        st = ferry_linear_forward(&lm->dec, ctx, y, &logits);
+    if (st != FERRY_OK)
+        return st;
+    return ferry_xent_forward(ctx, logits, targets, scale, loss, loss_sum);
+}
+
+ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
+                              const ferry_tensor *inputs, const ferry_tensor *targets,
+                              float loss_scale, ferry_tensor **loss, double *loss_sum) {
     ferry_status st;
     if (inputs->shape.ndim != 2 || !ferry_shape_eq(inputs->shape, targets->shape))
         return ferry_errorf(FERRY_ERR_SHAPE, "model: inputs and targets must both be (T, B)");
@@ -114,8 +218,12 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, const ferry_tensor *
             return st;
     }
     float p = ferry_ctx_training(ctx) ? lm->cfg.dropout : 0.0f;
-    ferry_tensor *x, *xd, *y, *yd, *hn, *cn, *logits;
-    if ((st = ferry_embedding_forward(&lm->emb, ctx, inputs, &x)) != FERRY_OK)
+    ferry_tensor *x, *xd, *y, *yd, *hn, *cn;
+    if (lm->emb_remote != NULL)
+        st = ferry_dist_embedding_forward(lm->emb_remote, dc, ctx, inputs, &x);
+    else
+        st = ferry_embedding_forward(&lm->emb, ctx, inputs, &x);
+    if (st != FERRY_OK)
         return st; /* (T, B, E) */
     if ((st = ferry_dropout_forward(ctx, p, x, &xd)) != FERRY_OK)
         return st;
@@ -124,9 +232,7 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, const ferry_tensor *
         return st; /* y (T, B, H); hn, cn (L, B, H) */
     if ((st = ferry_dropout_forward(ctx, p, y, &yd)) != FERRY_OK)
         return st;
-    if ((st = ferry_linear_forward(&lm->dec, ctx, yd, &logits)) != FERRY_OK)
-        return st; /* (T, B, V) */
-    if ((st = ferry_xent_forward(ctx, logits, targets, loss_scale, loss, loss_sum)) != FERRY_OK)
+    if ((st = lm_decode(lm, ctx, dc, yd, targets, loss_scale, loss, loss_sum)) != FERRY_OK)
         return st;
     /* Truncated BPTT: the next window starts from these values, detached. */
     size_t nbytes = ferry_tensor_nbytes(lm->h);
@@ -135,6 +241,120 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, const ferry_tensor *
         return st;
     return ferry_backend_copy(lm->be, lm->c->data, cn->data, nbytes, FERRY_COPY_DEVICE_TO_DEVICE);
 }
+
+/* ---- the training step ---- */
+
+typedef struct local_step {
+    ferry_optim *opt;
+    ferry_params *P;
+    const ferry_grads *G;
+    float coef;
+    ferry_status st;
+    char err[256];
+} local_step;
+
+static void *local_step_run(void *arg) {
+    local_step *ls = arg;
+    ls->st = ferry_optim_step(ls->opt, ls->P, ls->G, ls->coef);
+    if (ls->st != FERRY_OK)
+        (void)snprintf(ls->err, sizeof ls->err, "%s", ferry_error_last());
+    return NULL;
+}
+
+/* Clips by the norm over local and remote gradients, then steps the shards and the
+ * local block at the same time: the local update runs on a thread while this one
+ * waits for the shards' Step replies. */
+static ferry_status lm_dist_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_optim *opt,
+                                 ferry_grads *G, double local_sumsq, const ferry_lm_step_args *a,
+                                 ferry_lm_step_result *res) {
+    double remote_sumsq = 0.0;
+    ferry_status st = ferry_dist_ctx_grad_sumsq(dc, &remote_sumsq);
+    if (st != FERRY_OK)
+        return st;
+    double total = local_sumsq + remote_sumsq;
+    res->coef = 1.0f;
+    res->grad_norm = sqrt(total);
+    if (a->clip > 0.0f && (st = ferry_clip_coef(total, a->clip, &res->coef, &res->grad_norm)) !=
+                              FERRY_OK)
+        return st;
+    local_step ls = {opt, &lm->P, G, res->coef, FERRY_OK, ""};
+    pthread_t th;
+    int threaded = pthread_create(&th, NULL, local_step_run, &ls) == 0;
+    if (!threaded)
+        local_step_run(&ls);
+    st = ferry_dist_ctx_step(dc, res->coef, a->lr);
+    if (threaded)
+        pthread_join(th, NULL);
+    if (st == FERRY_OK && ls.st != FERRY_OK)
+        st = ferry_errorf(ls.st, "%s", ls.err);
+    return st;
+}
+
+static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
+                                 ferry_optim *opt, const ferry_tensor *inputs,
+                                 const ferry_tensor *targets, const ferry_lm_step_args *a,
+                                 ferry_lm_step_result *res) {
+    ferry_tensor *loss;
+    ferry_status st;
+    if ((st = ferry_lm_forward(lm, ctx, dc, inputs, targets, a->loss_scale, &loss,
+                               &res->loss_sum)) != FERRY_OK)
+        return st;
+    if (!isfinite(res->loss_sum))
+        return ferry_errorf(FERRY_ERR_NUMERIC, "loss is %g: training diverged (lower --lr or "
+                            "set --clip)", res->loss_sum);
+    if ((st = ferry_ctx_backward(ctx, loss)) != FERRY_OK)
+        return st;
+    ferry_grads *G = ferry_ctx_grads(ctx, &lm->P);
+    if (G == NULL)
+        return FERRY_ERR_NOMEM;
+    /* The owner adds the Stiefel penalty's gradient once per step, before clipping,
+     * as loss = CE + beta sum ||W^T W - I||^2 would through autograd. */
+    if (lm->cfg.stiefel_beta > 0.0f &&
+        (st = ferry_stiefel_add_penalty_grads(&lm->P, G, &res->penalty, NULL)) != FERRY_OK)
+        return st;
+    double sumsq = 0.0;
+    if ((st = ferry_grads_sumsq(G, &sumsq)) != FERRY_OK)
+        return st;
+    if (ferry_lm_is_remote(lm))
+        st = lm_dist_step(lm, dc, opt, G, sumsq, a, res);
+    else {
+        res->coef = 1.0f;
+        res->grad_norm = sqrt(sumsq);
+        if (a->clip > 0.0f)
+            st = ferry_clip_coef(sumsq, a->clip, &res->coef, &res->grad_norm);
+        if (st == FERRY_OK)
+            st = ferry_optim_step(opt, &lm->P, G, res->coef);
+    }
+    if (st == FERRY_OK && !isfinite(res->grad_norm))
+        st = ferry_errorf(FERRY_ERR_NUMERIC, "gradient norm is %g", res->grad_norm);
+    return st;
+}
+
+ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc, ferry_optim *opt,
+                                 const ferry_tensor *inputs, const ferry_tensor *targets,
+                                 const ferry_lm_step_args *args, ferry_lm_step_result *res) {
+    memset(res, 0, sizeof *res);
+    ferry_ctx_reset(ctx, args->ctx_id);
+    ferry_ctx_set_training(ctx, 1);
+    ferry_ctx_set_seed(ctx, args->seed);
+    if (ferry_lm_is_remote(lm)) {
+        if (dc == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "a distributed model needs a ferry_dist_ctx");
+        (void)ferry_dist_ctx_begin(dc);
+    }
+    ferry_status st = lm_step_body(lm, ctx, dc, opt, inputs, targets, args, res);
+    if (st != FERRY_OK && dc != NULL && ferry_dist_ctx_id(dc) != 0) {
+        /* Keep the error message of the step, not of the release. */
+        char err[512];
+        (void)snprintf(err, sizeof err, "%s", ferry_error_last());
+        if (ferry_dist_ctx_release(dc) != FERRY_OK)
+            FERRY_LOG_WARN("releasing context after a failed step: %s", ferry_error_last());
+        (void)ferry_errorf(st, "%s", err);
+    }
+    return st;
+}
+
+/* ---- metrics ---- */
 
 ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out) {
     for (int l = 0; l < lm->cfg.L; l++) {

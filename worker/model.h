@@ -1,13 +1,22 @@
 /* model.h - the word-level LSTM language model of the PTB literature:
  * embedding -> dropout -> multi-layer LSTM -> dropout -> linear decoder ->
  * softmax cross-entropy, trained with truncated BPTT. h and c are carried across
- * windows and detached. All parameters live in one block (ferry_params). */
+ * windows and detached.
+ *
+ * Two placements. Local: all parameters in one block of this process. Distributed:
+ * the embedding and the decoder live on ferry-ps shards (row-sharded, vocabulary-
+ * sliced) and only the LSTM is local; the remote calls are nodes of the same tape, so
+ * one ferry_ctx_backward runs the whole model. Both placements draw every initial
+ * value from (seed, index in the local layout), so they start from identical
+ * parameters and, without dropout, train identically. */
 #ifndef FERRY_MODEL_H
 #define FERRY_MODEL_H
 
 #include <stdint.h>
 
+#include "ferry/ferry.h"
 #include "nn/nn.h"
+#include "optim/optim.h"
 
 typedef struct ferry_lm_config {
     int64_t V;        /* vocabulary */
@@ -20,29 +29,72 @@ typedef struct ferry_lm_config {
     uint64_t seed;
 } ferry_lm_config;
 
+typedef enum ferry_decoder_mode {
+    FERRY_DECODER_LOGITS = 0,  /* logits (N, V) come to the trainer: the classic design */
+    FERRY_DECODER_SHARDED = 1, /* sharded softmax: only per-row partials cross the wire */
+} ferry_decoder_mode;
+
+/* Where the embedding and decoder live when they are remote. */
+typedef struct ferry_lm_placement {
+    ferry_cluster *cluster;
+    ferry_decoder_mode decoder_mode;
+    ferry_optim_config optim; /* the shards' optimizer (the trainer's own config) */
+} ferry_lm_placement;
+
 typedef struct ferry_lm {
     ferry_lm_config cfg;
     ferry_backend *be;
-    ferry_params P;
-    ferry_embedding emb;
+    ferry_params P;      /* local parameters: everything, or the LSTM alone */
+    ferry_embedding emb; /* local placement */
     ferry_lstm rnn;
-    ferry_linear dec;
+    ferry_linear dec;    /* local placement */
+    ferry_remote *emb_remote, *dec_remote; /* distributed placement */
+    ferry_decoder_mode decoder_mode;
     int64_t B;           /* batch size of the carried state */
     ferry_tensor *h, *c; /* (L, B, H) carried state, owned */
 } ferry_lm;
 
-/* Builds and initialises the model on be. */
+/* Builds and initialises the model on be; placement NULL keeps everything local,
+ * otherwise the embedding ("encoder") and decoder ("decoder") are created on the
+ * cluster (idempotent: an existing module of the same shape is reused). */
 ferry_status ferry_lm_create(ferry_backend *be, const ferry_lm_config *cfg, ferry_lm **out);
+ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cfg,
+                                    const ferry_lm_placement *placement, ferry_lm **out);
 void ferry_lm_destroy(ferry_lm *lm);
+int ferry_lm_is_remote(const ferry_lm *lm);
 /* Zeroes the carried state, resizing it for batch B. */
 ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B);
 /* One window: inputs and targets are HOST int32 (T, B). Records on ctx when it
- * is training. *loss = loss_scale * summed cross-entropy (a scalar on the ctx
- * backend); *loss_sum = unscaled sum over the T*B tokens. The final h, c are
- * copied into the carried state (detached). */
-ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, const ferry_tensor *inputs,
-                              const ferry_tensor *targets, float loss_scale, ferry_tensor **loss,
-                              double *loss_sum);
+ * is training (a distributed model then needs dc open). *loss = loss_scale * summed
+ * cross-entropy (a scalar on the ctx backend); *loss_sum = unscaled sum over the
+ * T*B tokens. The final h, c are copied into the carried state (detached). */
+ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
+                              const ferry_tensor *inputs, const ferry_tensor *targets,
+                              float loss_scale, ferry_tensor **loss, double *loss_sum);
+
+typedef struct ferry_lm_step_args {
+    float loss_scale; /* 1/B (sum over time) or 1/(T B) (mean) */
+    float clip;       /* global-norm clip; 0 = off */
+    double lr;        /* the remote shards' learning rate this step */
+    uint64_t ctx_id;  /* the local context's id */
+    uint64_t seed;    /* dropout stream of this step */
+} ferry_lm_step_args;
+
+typedef struct ferry_lm_step_result {
+    double loss_sum;  /* summed cross-entropy of the window */
+    double grad_norm; /* global norm before clipping, local and remote parameters */
+    float coef;       /* clip coefficient applied */
+    double penalty;   /* Stiefel penalty (beta sum ||C||^2) */
+} ferry_lm_step_result;
+
+/* One training step: forward, backward across processes, the Stiefel penalty
+ * gradient (once, by its owner), global-norm clipping over every parameter
+ * everywhere, and the optimizer step — the remote shards' Step runs concurrently
+ * with the local one. On failure the distributed context is released. */
+ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc, ferry_optim *opt,
+                                 const ferry_tensor *inputs, const ferry_tensor *targets,
+                                 const ferry_lm_step_args *args, ferry_lm_step_result *res);
+
 /* ||W^T W - I||_F of every layer's raw weight_hh, into out[0..L). */
 ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out);
 /* Analytic FLOPs of one training step (forward + backward) on a (T, B) window:

@@ -3,6 +3,7 @@
  * steps the optimizer, evaluates at each epoch's end, adjusts the learning rate,
  * writes checkpoints, progress and metrics. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +22,22 @@
 #include "progress.h"
 #include "trainer.h"
 
+/* The process's only global: set from a signal handler, read between steps. */
+static volatile sig_atomic_t stop_requested;
+
+void ferry_trainer_request_stop(void) {
+    stop_requested = 1;
+}
+
+int ferry_trainer_stop_requested(void) {
+    return stop_requested != 0;
+}
+
 void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->data = "data/ptb";
     cfg->device = "cpu";
+    cfg->decoder_mode = 1; /* sharded-softmax */
     cfg->emsize = 200;
     cfg->nhid = 200;
     cfg->nlayers = 2;
@@ -100,6 +113,8 @@ typedef struct trainer {
     ferry_lm *lm;
     ferry_optim *opt;
     ferry_ctx *ctx;
+    ferry_cluster *cluster; /* distributed placement */
+    ferry_dist_ctx *dc;
     ferry_lr_schedule sched;
     ferry_metrics *metrics;
     ferry_progress *progress;
@@ -148,7 +163,8 @@ static ferry_status evaluate(trainer *t, const ferry_batches *b, double *loss_ou
             break;
         window_tensors(&w, &in, &tg);
         ferry_ctx_reset(t->ctx, 0);
-        if ((st = ferry_lm_forward(t->lm, t->ctx, &in, &tg, 1.0f, &loss, &sum)) != FERRY_OK)
+        if ((st = ferry_lm_forward(t->lm, t->ctx, NULL, &in, &tg, 1.0f, &loss, &sum)) !=
+            FERRY_OK)
             break;
         total += sum;
         tokens += (int64_t)w.T * w.B;
@@ -163,41 +179,24 @@ static ferry_status evaluate(trainer *t, const ferry_batches *b, double *loss_ou
 static ferry_status train_step(trainer *t, const ferry_window *w, double *loss_sum,
                                double *grad_norm) {
     const ferry_trainer_config *cfg = t->cfg;
-    ferry_tensor in, tg, *loss;
-    ferry_status st;
+    ferry_tensor in, tg;
     window_tensors(w, &in, &tg);
-    ferry_ctx_reset(t->ctx, (uint64_t)t->step + 1);
-    ferry_ctx_set_seed(t->ctx, (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step);
-    float scale = cfg->loss_scale == FERRY_LOSS_SCALE_MEAN ? 1.0f / (float)(w->T * w->B)
-                                                           : 1.0f / (float)w->B;
-    if ((st = ferry_lm_forward(t->lm, t->ctx, &in, &tg, scale, &loss, loss_sum)) != FERRY_OK)
-        return st;
-    if (!isfinite(*loss_sum))
-        return ferry_errorf(FERRY_ERR_NUMERIC, "loss is %g at step %lld: training diverged "
-                            "(lower --lr or set --clip)", *loss_sum, (long long)t->step + 1);
-    if ((st = ferry_ctx_backward(t->ctx, loss)) != FERRY_OK)
-        return st;
-    ferry_grads *G = ferry_ctx_grads(t->ctx, &t->lm->P);
-    if (G == NULL)
-        return FERRY_ERR_NOMEM;
-    /* The owner adds the Stiefel penalty's gradient once per step, before clipping,
-     * as loss = CE + beta sum ||W^T W - I||^2 would through autograd. */
-    if (cfg->stiefel > 0.0f &&
-        (st = ferry_stiefel_add_penalty_grads(&t->lm->P, G, &t->penalty, NULL)) != FERRY_OK)
-        return st;
-    t->penalty_sum += t->penalty;
-    double sumsq = 0.0;
-    if ((st = ferry_grads_sumsq(G, &sumsq)) != FERRY_OK)
-        return st;
-    float coef = 1.0f;
-    *grad_norm = sqrt(sumsq);
-    if (cfg->clip > 0.0f)
-        ferry_clip_coef(sumsq, cfg->clip, &coef, grad_norm);
-    if (!isfinite(*grad_norm))
-        return ferry_errorf(FERRY_ERR_NUMERIC, "gradient norm is %g at step %lld", *grad_norm,
-                            (long long)t->step + 1);
-    if ((st = ferry_optim_step(t->opt, &t->lm->P, G, coef)) != FERRY_OK)
-        return st;
+    ferry_lm_step_args a = {
+        .loss_scale = cfg->loss_scale == FERRY_LOSS_SCALE_MEAN ? 1.0f / (float)(w->T * w->B)
+                                                               : 1.0f / (float)w->B,
+        .clip = cfg->clip,
+        .lr = t->lr,
+        .ctx_id = (uint64_t)t->step + 1,
+        .seed = (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step,
+    };
+    ferry_lm_step_result r;
+    ferry_status st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);
+    if (st != FERRY_OK)
+        return ferry_errorf(st, "step %lld: %s", (long long)t->step + 1, ferry_error_last());
+    *loss_sum = r.loss_sum;
+    *grad_norm = r.grad_norm;
+    t->penalty = r.penalty;
+    t->penalty_sum += r.penalty;
     t->step++;
     return FERRY_OK;
 }
@@ -219,7 +218,7 @@ static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double to
     int n = snprintf(line, sizeof line, "stiefel: step %lld | ce %.4f | penalty %.3e | feasibility",
                      (long long)t->step, loss, penalty);
     const char *keys[2 + FERRY_LSTM_MAX_LAYERS];
-    char names[FERRY_LSTM_MAX_LAYERS][24];
+    char names[FERRY_LSTM_MAX_LAYERS][32];
     double vals[2 + FERRY_LSTM_MAX_LAYERS] = {(double)t->step, penalty};
     keys[0] = "step";
     keys[1] = "penalty";
@@ -274,7 +273,7 @@ static ferry_status train_epoch(trainer *t, int *stop) {
             win_tokens = 0;
             win_steps = 0;
         }
-        if (cfg->max_steps > 0 && t->step >= cfg->max_steps) {
+        if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_requested) {
             *stop = 1;
             i++;
             break;
@@ -323,8 +322,6 @@ static ferry_status trainer_setup(trainer *t) {
         return st;
     ferry_lm_config mc = {V,           cfg->emsize, cfg->nhid,      cfg->nlayers, cfg->dropout,
                           cfg->init_scale, cfg->stiefel, (uint64_t)cfg->seed};
-    if ((st = ferry_lm_create(t->be, &mc, &t->lm)) != FERRY_OK)
-        return st;
     ferry_optim_config oc = ferry_optim_defaults((ferry_optim_kind)cfg->optimizer);
     if (cfg->lr >= 0.0f)
         oc.lr = cfg->lr;
@@ -349,6 +346,29 @@ static ferry_status trainer_setup(trainer *t) {
     sc.every = cfg->lr_decay_every;
     sc.patience = cfg->patience;
     if ((st = ferry_lr_schedule_init(&t->sched, &sc)) != FERRY_OK)
+        return st;
+    if (cfg->ps != NULL) {
+        ferry_cluster_config cc;
+        ferry_cluster_config_default(&cc);
+        cc.deadline_ms = (int)cfg->deadline_ms;
+        cc.wait_for_ready = 1; /* ride out daemons that are still starting */
+        if ((st = ferry_ps_connect(cfg->ps, &cc, &t->cluster)) != FERRY_OK)
+            return st;
+        if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
+            return st;
+        ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc};
+        st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
+        if (st == FERRY_OK && (!ferry_remote_created(t->lm->emb_remote) ||
+                               !ferry_remote_created(t->lm->dec_remote)))
+            FERRY_LOG_WARN("ferry-ps already hosts 'encoder'/'decoder' of this shape: training "
+                           "continues from their current parameters (restart ferry-ps for a "
+                           "fresh model)");
+        FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
+                       cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
+    } else {
+        st = ferry_lm_create(t->be, &mc, &t->lm);
+    }
+    if (st != FERRY_OK)
         return st;
     if ((st = ferry_optim_create(&t->lm->P, &oc, &t->opt)) != FERRY_OK)
         return st;
@@ -388,6 +408,8 @@ static void trainer_teardown(trainer *t) {
     ferry_ctx_destroy(t->ctx);
     ferry_optim_destroy(t->opt);
     ferry_lm_destroy(t->lm);
+    ferry_dist_ctx_destroy(t->dc);
+    ferry_cluster_destroy(t->cluster);
     ferry_batch_destroy(t->train);
     ferry_batch_destroy(t->valid);
     ferry_batch_destroy(t->test);
@@ -406,6 +428,16 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
     for (; st == FERRY_OK && t.epoch <= cfg->epochs && !stop; t.epoch++) {
         if ((st = train_epoch(&t, &stop)) != FERRY_OK)
             break;
+        if (stop_requested) {
+            /* Keep what was trained: checkpoint the interrupted epoch as not done. */
+            FERRY_LOG_INFO("stopping on signal after step %lld", (long long)t.step);
+            if (cfg->save != NULL)
+                st = ferry_checkpoint_save(cfg->save, t.lm, t.opt,
+                                           ferry_vocab_hash(ferry_corpus_vocab(t.corpus)),
+                                           t.epoch - 1, t.step, t.lr);
+            trainer_teardown(&t);
+            return st;
+        }
         if ((st = eval_and_report(&t, "valid", t.valid, &val)) != FERRY_OK)
             break;
         t.lr = (float)ferry_lr_schedule_epoch_end(&t.sched, t.epoch, val, t.lr);

@@ -16,6 +16,7 @@ typedef struct ferry_trainer_config {
     const char *device;      /* cpu | cuda[:N] */
     bool local;              /* the whole model in this process */
     const char *ps;          /* host:port[,host:port...] of ferry-ps shards */
+    int decoder_mode;        /* ferry_decoder_mode: logits | sharded-softmax */
     /* model */
     int emsize, nhid, nlayers;
     float dropout, init_scale, stiefel;
@@ -49,6 +50,11 @@ typedef struct ferry_trainer_config {
 void ferry_trainer_config_default(ferry_trainer_config *cfg);
 /* Applies a named preset (small | medium | large) over cfg. */
 int ferry_trainer_config_preset(ferry_trainer_config *cfg, const char *name);
+
+/* Asks a running ferry_trainer_run to stop after the current step (checkpointing
+ * when --save is set) and return FERRY_OK. Async-signal-safe. */
+void ferry_trainer_request_stop(void);
+int ferry_trainer_stop_requested(void);
 
 /* Runs training and evaluation as configured. Returns FERRY_OK or a status with a
  * one-line ferry_error_last() message. */

@@ -87,8 +87,8 @@ static ferry_status group_ids(const ferry_remote *m, const int32_t *ids, int64_t
     int64_t cap = 16;
     while (cap < 2 * n)
         cap *= 2;
-    int32_t *key = malloc((size_t)cap * sizeof *key);    /* hash: id, -1 = empty */
-    int32_t *val = malloc((size_t)cap * sizeof *val);    /* hash: first-seen index */
+    int32_t *key = malloc((size_t)cap * sizeof *key);         /* hash: id, -1 = empty */
+    int32_t *val = malloc((size_t)cap * sizeof *val);         /* hash: first-seen index */
     int32_t *first = malloc((size_t)(n + 1) * sizeof *first); /* first-seen distinct ids */
     int32_t *which = malloc((size_t)(n + 1) * sizeof *which); /* ids[i] -> first-seen index */
     int32_t *pos = malloc((size_t)(n + 1) * sizeof *pos);     /* first-seen -> grouped */
@@ -141,9 +141,8 @@ done:
     return st;
 }
 
-ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
-                                            const int32_t *ids, int64_t n, float *out,
-                                            uint64_t *call_id) {
+ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc, const int32_t *ids,
+                                            int64_t n, float *out, uint64_t *call_id) {
     ferry_status st = ferry__dist_check(m, FERRY_REMOTE_EMBEDDING, "embedding forward", dc, 0);
     if (st != FERRY_OK)
         return st;
@@ -182,8 +181,8 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
     msgs_init(reqs, replies, k);
     for (int i = 0; i < k && st == FERRY_OK; i++) {
         int64_t dim[1] = {rec->shard_count[shard[i]]};
-        ferry_rpc_tensor t = ferry__dist_tensor("ids", FERRY_RPC_DTYPE_I32, 1, dim,
-                                                uniq + offset[shard[i]]);
+        ferry_rpc_tensor t =
+            ferry__dist_tensor("ids", FERRY_RPC_DTYPE_I32, 1, dim, uniq + offset[shard[i]]);
         st = ferry__dist_forward_head(&reqs[i], m, dc != NULL ? dc->id : 0,
                                       dc != NULL ? rec->call_id : 0, "rows");
         if (st == FERRY_OK)
@@ -194,8 +193,8 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
     for (int i = 0; i < k && st == FERRY_OK; i++) {
         int64_t want[2] = {rec->shard_count[shard[i]], m->cols};
         const ferry_rpc_tensor *t;
-        st = ferry__dist_output(m->c, servers[i], &replies[i], "rows", FERRY_RPC_DTYPE_F32, 2,
-                                want, &t);
+        st = ferry__dist_output(m->c, servers[i], &replies[i], "rows", FERRY_RPC_DTYPE_F32, 2, want,
+                                &t);
         if (st == FERRY_OK && t->nbytes > 0)
             memcpy(rows + offset[shard[i]] * m->cols, t->data, t->nbytes);
     }
@@ -219,8 +218,8 @@ done:
     return st;
 }
 
-ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc,
-                                             uint64_t call_id, const float *grad) {
+ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                             const float *grad) {
     ferry_status st = ferry__dist_check(m, FERRY_REMOTE_EMBEDDING, "embedding backward", dc, 1);
     if (st != FERRY_OK)
         return st;

@@ -93,8 +93,8 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
         const Ferry__HelloReply *r = replies[i].head;
         if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
-            FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx", c->clients[i]
-                           ? ferry_rpc_client_target(c->clients[i]) : "?",
+            FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx",
+                           c->clients[i] ? ferry_rpc_client_target(c->clients[i]) : "?",
                            (unsigned long long)r->incarnation,
                            (unsigned long long)c->incarnation[i]);
             changed++;
@@ -124,8 +124,8 @@ static ferry_status parse_targets(const char *targets, char ***out, int *n) {
     for (const char *p = text; *p != '\0'; p++)
         count += *p == ',';
     if (count > FERRY_DIST_MAX_SERVERS)
-        return ferry_errorf(FERRY_ERR_INVALID, "server list has %d entries, at most %d",
-                            count, FERRY_DIST_MAX_SERVERS);
+        return ferry_errorf(FERRY_ERR_INVALID, "server list has %d entries, at most %d", count,
+                            FERRY_DIST_MAX_SERVERS);
     char **list = calloc((size_t)count, sizeof *list);
     if (list == NULL)
         return FERRY_ERR_NOMEM;

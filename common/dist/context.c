@@ -28,8 +28,8 @@ ferry__dist_call *ferry__dist_call_new(ferry_dist_ctx *dc, const ferry_remote *m
     return call;
 }
 
-ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m,
-                                        uint64_t call_id, int op) {
+ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m, uint64_t call_id,
+                                        int op) {
     for (ferry__dist_call *call = dc->calls; call != NULL; call = call->next) {
         if (call->m == m && call->call_id == call_id && call->op == op)
             return call;
@@ -67,6 +67,14 @@ static void ctx_close(ferry_dist_ctx *dc) {
     dc->id = 0;
 }
 
+/* Forgets the last Step's metrics: a new Step (or a clipped step that never sends
+ * one) replaces them. */
+static void metrics_clear(ferry_dist_ctx *dc) {
+    free(dc->metrics);
+    dc->metrics = NULL;
+    dc->nmetrics = 0;
+}
+
 /* ---- lifetime ---- */
 
 ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out) {
@@ -95,13 +103,14 @@ void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
         FERRY_LOG_WARN("context left to the servers' sweep: %s", ferry_error_last());
     ctx_close(dc);
     free(dc->touched);
+    metrics_clear(dc);
     free(dc);
 }
 
 uint64_t ferry_dist_ctx_begin(ferry_dist_ctx *dc) {
     if (dc->id != 0 && touched_any(dc) && ferry_dist_ctx_release(dc) != FERRY_OK)
-        FERRY_LOG_WARN("context %#llx left to the servers' sweep: %s",
-                       (unsigned long long)dc->id, ferry_error_last());
+        FERRY_LOG_WARN("context %#llx left to the servers' sweep: %s", (unsigned long long)dc->id,
+                       ferry_error_last());
     ctx_close(dc);
     uint64_t low = 0;
     while (low == 0) /* a zero id means "no context" */
@@ -165,12 +174,63 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
     return st;
 }
 
+/* Keeps the metrics of every Step reply (server order) in one block: the array, then
+ * the names. Out of memory loses the metrics, not the step. */
+static void metrics_keep(ferry_dist_ctx *dc, const ferry_rpc_msg *replies, int n) {
+    size_t count = 0, bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const Ferry__StepReply *r = replies[i].head;
+        for (size_t k = 0; k < r->n_metrics; k++)
+            bytes += strlen(r->metrics[k]->name) + 1;
+        count += r->n_metrics;
+    }
+    if (count == 0 || count > INT32_MAX)
+        return;
+    ferry_dist_metric *out = malloc(count * sizeof *out + bytes);
+    if (out == NULL) {
+        FERRY_LOG_WARN("out of memory keeping %zu Step metrics", count);
+        return;
+    }
+    char *names = (char *)(out + count);
+    size_t j = 0;
+    for (int i = 0; i < n; i++) {
+        const Ferry__StepReply *r = replies[i].head;
+        for (size_t k = 0; k < r->n_metrics; k++, j++) {
+            size_t len = strlen(r->metrics[k]->name) + 1;
+            memcpy(names, r->metrics[k]->name, len);
+            out[j].name = names;
+            out[j].value = r->metrics[k]->value;
+            names += len;
+        }
+    }
+    dc->metrics = out;
+    dc->nmetrics = (int)count;
+}
+
+int ferry_dist_ctx_metrics(const ferry_dist_ctx *dc, const ferry_dist_metric **out) {
+    *out = dc->metrics;
+    return dc->nmetrics;
+}
+
+ferry_status ferry_dist_ctx_metric(const ferry_dist_ctx *dc, const char *name, double *value) {
+    for (int i = 0; i < dc->nmetrics; i++) {
+        if (strcmp(dc->metrics[i].name, name) == 0) {
+            *value = dc->metrics[i].value;
+            return FERRY_OK;
+        }
+    }
+    return ferry_errorf(FERRY_ERR_NOT_FOUND, "the last Step reported no metric '%s' (%d metrics)",
+                        name, dc->nmetrics);
+}
+
 ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr) {
+    metrics_clear(dc);
     if (dc->id == 0)
         return no_context();
     if (!(grad_scale > 0.0f) || !isfinite(grad_scale) || !(lr >= 0.0) || !isfinite(lr)) {
-        ctx_close(dc);
-        return ferry_errorf(FERRY_ERR_INVALID, "step: grad_scale %g must be > 0 and lr %g >= 0",
+        (void)ferry_dist_ctx_release(dc); /* the step is off: free the servers' state */
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "step: grad_scale %g must be > 0 and lr %g >= 0 (context released)",
                             (double)grad_scale, lr);
     }
     Ferry__StepRequest q;
@@ -181,6 +241,8 @@ ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
     ferry_status st = ctx_fanout(dc, FERRY_RPC_STEP, &q.base, servers, replies, &n);
+    if (st == FERRY_OK)
+        metrics_keep(dc, replies, n);
     replies_deinit(replies, n);
     ctx_close(dc);
     return st;
@@ -190,6 +252,7 @@ ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, fl
                                       double lr, float *coef, double *norm) {
     double remote = 0.0, total, nrm;
     float k = 1.0f;
+    metrics_clear(dc);
     ferry_status st = ferry_dist_ctx_grad_sumsq(dc, &remote);
     if (st != FERRY_OK)
         return st;

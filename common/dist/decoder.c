@@ -3,7 +3,8 @@
  * exp relative to it and the target's logit when the target is in its slice; the
  * log-sum-exp over the whole vocabulary follows exactly (in double) as
  * M + log sum_s sumexp_s exp(max_s - M), so logits never cross the wire. Its
- * Backward sends the log-sum-exp back and sums the shards' dh. Also the classic
+ * Backward sends each shard the factor exp(max_s - M) / S that normalises its saved
+ * exponentials, and sums the shards' dh. Also the classic
  * logits mode and the linear module. */
 #include <math.h>
 #include <stdlib.h>
@@ -80,11 +81,14 @@ static ferry_status record(ferry_dist_ctx *dc, const ferry_remote *m, int op, in
 
 /* ---- sharded softmax cross-entropy ---- */
 
-/* Combines the shards' partials into lse and loss per row. */
-static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_t N, float *lse,
+/* Combines the shards' partials into the loss per row and, for each shard s and row
+ * n, factor[s*N + n] = exp(max_s - M) / S with M the global max and S the global sum
+ * of exp(z - M): the multiplier that turns shard s's saved exp(z - max_s) into the
+ * exact softmax. With one shard this is the local cross-entropy's arithmetic. */
+static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_t N, float *factor,
                                      float *loss_rows, double *loss_sum) {
-    const float *mx[FERRY_DIST_MAX_SERVERS], *se[FERRY_DIST_MAX_SERVERS];
-    const float *tl[FERRY_DIST_MAX_SERVERS];
+    const float *mx[FERRY_DIST_MAX_SERVERS], *tl[FERRY_DIST_MAX_SERVERS];
+    const double *se[FERRY_DIST_MAX_SERVERS];
     const int32_t *has[FERRY_DIST_MAX_SERVERS];
     int64_t want[1] = {N};
     for (int s = 0; s < f->k; s++) {
@@ -93,7 +97,7 @@ static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_
         if ((st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "max",
                                      FERRY_RPC_DTYPE_F32, 1, want, &a)) != FERRY_OK ||
             (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "sumexp",
-                                     FERRY_RPC_DTYPE_F32, 1, want, &b)) != FERRY_OK ||
+                                     FERRY_RPC_DTYPE_F64, 1, want, &b)) != FERRY_OK ||
             (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "target_logit",
                                      FERRY_RPC_DTYPE_F32, 1, want, &c)) != FERRY_OK ||
             (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "has_target",
@@ -106,35 +110,38 @@ static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_
     }
     double total = 0.0;
     for (int64_t n = 0; n < N; n++) {
-        double M = -INFINITY, S = 0.0, target = 0.0;
+        float M = mx[0][n];
+        double S = 0.0;
+        float target = 0.0f;
         int found = 0;
-        for (int s = 0; s < f->k; s++)
-            M = (double)mx[s][n] > M ? (double)mx[s][n] : M;
+        for (int s = 1; s < f->k; s++)
+            M = mx[s][n] > M ? mx[s][n] : M;
         for (int s = 0; s < f->k; s++) {
-            S += (double)se[s][n] * exp((double)mx[s][n] - M);
+            S += se[s][n] * exp((double)mx[s][n] - (double)M);
             if (has[s][n]) {
-                target = (double)tl[s][n];
+                target = tl[s][n];
                 found++;
             }
         }
-        if (found != 1)
+        if (found != 1 || !(S > 0.0) || !isfinite(S))
             return ferry_errorf(FERRY_ERR_FORMAT,
-                                "decoder '%s': row %lld's target was found on %d shards, not 1",
-                                m->name, (long long)n, found);
-        double l = M + log(S);
-        lse[n] = (float)l;
+                                "decoder '%s': row %lld: target on %d shards (want 1), sum %g",
+                                m->name, (long long)n, found, S);
+        for (int s = 0; s < f->k; s++)
+            factor[(int64_t)s * N + n] = (float)(exp((double)mx[s][n] - (double)M) / S);
+        float row = (float)(log(S) + (double)M - (double)target);
         if (loss_rows != NULL)
-            loss_rows[n] = (float)(l - target);
-        total += l - target;
+            loss_rows[n] = row;
+        total += (double)row;
     }
     if (loss_sum != NULL)
         *loss_sum = total;
     return FERRY_OK;
 }
 
-ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
-                                       const float *hidden, const int32_t *targets, int64_t N,
-                                       float *loss_rows, double *loss_sum, uint64_t *call_id) {
+ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, const float *hidden,
+                                       const int32_t *targets, int64_t N, float *loss_rows,
+                                       double *loss_sum, uint64_t *call_id) {
     ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "xent forward", dc, 0);
     if (st != FERRY_OK)
         return st;
@@ -150,7 +157,7 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
     if ((st = record(dc, dec, FERRY__DIST_XENT, N, &rec)) != FERRY_OK)
         return st;
     fan *f = fan_create(dec, dc);
-    float *lse = malloc((size_t)(N + 1) * sizeof *lse);
+    float *lse = malloc((size_t)(N * dec->nshards + 1) * sizeof *lse); /* factors (k, N) */
     if (f == NULL || lse == NULL)
         st = FERRY_ERR_NOMEM;
     int64_t hdim[2] = {N, dec->cols}, tdim[1] = {N};
@@ -159,12 +166,12 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
     /* One request for every shard: the same hidden state and targets. */
     if (st == FERRY_OK)
         st = ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
-                          rec != NULL ? rec->call_id : 0, "partials");
+                                      rec != NULL ? rec->call_id : 0, "partials");
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
         st = ferry_rpc_msg_add(&f->reqs[0], &t);
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1,
-                                f->replies);
+        st =
+            ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1, f->replies);
     if (st == FERRY_OK)
         st = combine_partials(dec, f, N, lse, loss_rows, loss_sum);
     fan_destroy(f);
@@ -193,13 +200,18 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
         return FERRY_ERR_NOMEM;
     int64_t N = rec->n, dim[1] = {N};
     double s = (double)scale;
-    ferry_rpc_tensor l = ferry__dist_tensor("lse", FERRY_RPC_DTYPE_F32, 1, dim, rec->lse);
     ferry_rpc_tensor r = ferry__dist_tensor("scale", FERRY_RPC_DTYPE_F32, 1, dim, row_scale);
-    if ((st = ferry__dist_backward_head(&f->reqs[0], rec, dc->id, "partials", &s)) == FERRY_OK &&
-        (st = ferry_rpc_msg_add(&f->reqs[0], &l)) == FERRY_OK && row_scale != NULL)
-        st = ferry_rpc_msg_add(&f->reqs[0], &r);
+    /* One request per shard: each gets its own softmax factors (rec->lse holds (k, N)). */
+    for (int k = 0; st == FERRY_OK && k < f->k; k++) {
+        ferry_rpc_tensor l =
+            ferry__dist_tensor("factor", FERRY_RPC_DTYPE_F32, 1, dim, rec->lse + (int64_t)k * N);
+        if ((st = ferry__dist_backward_head(&f->reqs[k], rec, dc->id, "partials", &s)) ==
+                FERRY_OK &&
+            (st = ferry_rpc_msg_add(&f->reqs[k], &l)) == FERRY_OK && row_scale != NULL)
+            st = ferry_rpc_msg_add(&f->reqs[k], &r);
+    }
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 1,
+        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
                                 f->replies);
     if (st == FERRY_OK)
         st = fan_sum_dh(dec, f, N, dh);
@@ -210,9 +222,8 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
 
 /* ---- classic logits ---- */
 
-ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
-                                         const float *hidden, int64_t N, float *logits,
-                                         uint64_t *call_id) {
+ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, const float *hidden,
+                                         int64_t N, float *logits, uint64_t *call_id) {
     ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "logits forward", dc, 0);
     if (st != FERRY_OK)
         return st;
@@ -223,11 +234,11 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
     int64_t hdim[2] = {N, dec->cols}, V = dec->rows;
     ferry_rpc_tensor h = ferry__dist_tensor("hidden", FERRY_RPC_DTYPE_F32, 2, hdim, hidden);
     st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
-                                  rec != NULL ? rec->call_id : 0, "logits")
+                                              rec != NULL ? rec->call_id : 0, "logits")
                    : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
-        st = ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1,
-                                f->replies);
+        st =
+            ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1, f->replies);
     for (int s = 0; st == FERRY_OK && s < f->k; s++) {
         const ferry__dist_shard *sh = &dec->shards[s];
         int64_t want[2] = {N, sh->row_count};
@@ -246,8 +257,8 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
     return st;
 }
 
-ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
-                                          uint64_t call_id, const float *dlogits, float *dh) {
+ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
+                                          const float *dlogits, float *dh) {
     ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "logits backward", dc, 1);
     if (st != FERRY_OK)
         return st;
@@ -295,13 +306,12 @@ ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, co
     ferry_rpc_tensor t = ferry__dist_tensor("x", FERRY_RPC_DTYPE_F32, 2, dim, x);
     const ferry_rpc_tensor *out;
     st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], m, dc != NULL ? dc->id : 0,
-                                  rec != NULL ? rec->call_id : 0, "")
+                                              rec != NULL ? rec->call_id : 0, "")
                    : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, 1, f->servers, f->reqs, 1, f->replies);
-    if (st == FERRY_OK &&
-        (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "y", FERRY_RPC_DTYPE_F32,
-                                 2, want, &out)) == FERRY_OK)
+    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "y",
+                                                   FERRY_RPC_DTYPE_F32, 2, want, &out)) == FERRY_OK)
         memcpy(y, out->data, out->nbytes);
     fan_destroy(f);
     if (rec != NULL && st != FERRY_OK)
@@ -323,12 +333,12 @@ ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, u
     int64_t N = rec->n, dim[2] = {N, m->rows}, want[2] = {N, m->cols};
     ferry_rpc_tensor t = ferry__dist_tensor("dy", FERRY_RPC_DTYPE_F32, 2, dim, dy);
     const ferry_rpc_tensor *out;
-    st = f != NULL ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, "", NULL) : FERRY_ERR_NOMEM;
+    st =
+        f != NULL ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, "", NULL) : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, 1, f->servers, f->reqs, 1, f->replies);
-    if (st == FERRY_OK &&
-        (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "dx", FERRY_RPC_DTYPE_F32,
-                                 2, want, &out)) == FERRY_OK)
+    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "dx",
+                                                   FERRY_RPC_DTYPE_F32, 2, want, &out)) == FERRY_OK)
         memcpy(dx, out->data, out->nbytes);
     fan_destroy(f);
     ferry__dist_call_drop(dc, rec);

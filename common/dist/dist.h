@@ -18,9 +18,9 @@
 struct ferry_cluster {
     ferry_cluster_config cfg;
     char client_id[128];
-    int n;                       /* servers */
-    ferry_rpc_client **clients;  /* (n) */
-    uint64_t *incarnation;       /* (n) as of the last Hello; 0 before the first */
+    int n;                         /* servers */
+    ferry_rpc_client **clients;    /* (n) */
+    uint64_t *incarnation;         /* (n) as of the last Hello; 0 before the first */
     atomic_uint_fast64_t next_ctx; /* low 48 bits of the next context id */
 };
 
@@ -35,11 +35,11 @@ struct ferry_remote {
     ferry_remote_kind kind;
     int64_t dims[2];
     int bias;
-    int64_t rows;  /* global rows: V (embedding, decoder) or D (linear) */
-    int64_t cols;  /* weight columns: E, H or C */
+    int64_t rows; /* global rows: V (embedding, decoder) or D (linear) */
+    int64_t cols; /* weight columns: E, H or C */
     int nshards;
     ferry__dist_shard *shards; /* (nshards), by ascending rows */
-    int created;   /* shards this create made new */
+    int created;               /* shards this create made new */
 };
 
 enum { FERRY__DIST_EMBEDDING = 1, FERRY__DIST_XENT, FERRY__DIST_LOGITS, FERRY__DIST_LINEAR };
@@ -48,28 +48,30 @@ enum { FERRY__DIST_EMBEDDING = 1, FERRY__DIST_XENT, FERRY__DIST_LOGITS, FERRY__D
 typedef struct ferry__dist_call {
     uint64_t call_id;
     const ferry_remote *m;
-    int op;                /* FERRY__DIST_* */
-    int64_t n;             /* ids (embedding) or rows N */
-    int64_t nuniq;         /* embedding: distinct ids */
-    int64_t *shard_count;  /* embedding: (nshards) distinct ids per shard, grouped by shard */
-    int32_t *slot;         /* embedding: (n) position of ids[i] in the grouped distinct list */
-    float *lse;            /* xent: (N) log-sum-exp per row */
+    int op;               /* FERRY__DIST_* */
+    int64_t n;            /* ids (embedding) or rows N */
+    int64_t nuniq;        /* embedding: distinct ids */
+    int64_t *shard_count; /* embedding: (nshards) distinct ids per shard, grouped by shard */
+    int32_t *slot;        /* embedding: (n) position of ids[i] in the grouped distinct list */
+    float *lse;           /* xent: (k, N) softmax factor per shard and row */
     struct ferry__dist_call *next;
 } ferry__dist_call;
 
 struct ferry_dist_ctx {
     ferry_cluster *c;
-    uint64_t id;           /* 0: no context open */
+    uint64_t id; /* 0: no context open */
     uint64_t next_call;
-    uint8_t *touched;      /* (servers) 1 once a saving Forward went there */
+    uint8_t *touched; /* (servers) 1 once a saving Forward went there */
     ferry__dist_call *calls;
+    ferry_dist_metric *metrics; /* the last Step's metrics; names live in the same block */
+    int nmetrics;
 };
 
 /* A new call record in dc (call id assigned, linked); NULL when out of memory. */
 ferry__dist_call *ferry__dist_call_new(ferry_dist_ctx *dc, const ferry_remote *m, int op);
 /* The pending call of m with that id and op, or NULL with FERRY_ERR_NOT_FOUND set. */
-ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m,
-                                        uint64_t call_id, int op);
+ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m, uint64_t call_id,
+                                        int op);
 void ferry__dist_call_drop(ferry_dist_ctx *dc, ferry__dist_call *call);
 
 /* Runs n calls of one method concurrently with the cluster's deadline: call i goes

@@ -33,8 +33,8 @@ ferry_status ferry_remote_optim_defaults(const char *name, ferry_remote_optim *o
     return FERRY_OK;
 }
 
-void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind,
-                                 const char *name, int64_t dim0, int64_t dim1) {
+void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind, const char *name,
+                                 int64_t dim0, int64_t dim1) {
     memset(cfg, 0, sizeof *cfg);
     cfg->name = name;
     cfg->kind = kind;
@@ -59,15 +59,29 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': dims [%lld, %lld] out of range",
                             cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
     if (cfg->kind != FERRY_REMOTE_LINEAR && cfg->dims[0] < c->n)
-        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': %lld rows cannot be split over %d "
-                                               "servers",
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': %lld rows cannot be split over %d "
+                            "servers",
                             cfg->name, (long long)cfg->dims[0], c->n);
     if (cfg->kind == FERRY_REMOTE_LINEAR && (cfg->server < -1 || cfg->server >= c->n))
-        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': server %d outside [0, %d)",
-                            cfg->name, cfg->server, c->n);
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': server %d outside [0, %d)", cfg->name,
+                            cfg->server, c->n);
     if (!(cfg->init_scale >= 0.0f))
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", cfg->name,
                             (double)cfg->init_scale);
+    /* The server owns the rest of the constraint's checks (the kinds that take one,
+     * D >= C); what cannot travel on the wire is refused here. */
+    const ferry_remote_constraint *k = &cfg->constraint;
+    if ((int)k->kind < 0 || k->kind > FERRY_REMOTE_CONSTRAINT_STIEFEL)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown constraint kind %d",
+                            cfg->name, (int)k->kind);
+    if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !(k->beta >= 0.0 && k->beta <= 1e6))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': constraint penalty weight beta %g must be in [0, 1e6]",
+                            cfg->name, k->beta);
+    if (k->polar_init != 0 && k->polar_init != 1)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': constraint.polar_init %d is not 0 or 1",
+                            cfg->name, k->polar_init);
     return FERRY_OK;
 }
 
@@ -146,8 +160,18 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
         n += snprintf(options + n, sizeof options - (size_t)n, ",weight_offset=%lld",
                       (long long)cfg->weight_offset);
     if (cfg->bias_offset >= 0)
-        (void)snprintf(options + n, sizeof options - (size_t)n, ",bias_offset=%lld",
-                       (long long)cfg->bias_offset);
+        n += snprintf(options + n, sizeof options - (size_t)n, ",bias_offset=%lld",
+                      (long long)cfg->bias_offset);
+    if (cfg->constraint.polar_init)
+        (void)snprintf(options + n, sizeof options - (size_t)n, ",polar=1");
+    /* Sent only for a constrained module, so an unconstrained one's config (and the
+     * checkpoints holding it) reads as before. */
+    Ferry__Constraint con;
+    ferry__constraint__init(&con);
+    con.kind = (char *)(uintptr_t)(cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL
+                                       ? "stiefel"
+                                       : "none");
+    con.beta = cfg->constraint.beta;
     Ferry__ModuleConfig mc;
     ferry__module_config__init(&mc);
     mc.kind = (char *)(uintptr_t)kind_names[m->kind];
@@ -159,6 +183,7 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     mc.init_scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
     mc.optimizer = &opt;
     mc.options = options;
+    mc.constraint = cfg->constraint.kind != FERRY_REMOTE_CONSTRAINT_NONE ? &con : NULL;
     Ferry__CreateModuleRequest q;
     ferry__create_module_request__init(&q);
     q.name = (char *)(uintptr_t)m->name;
@@ -172,8 +197,8 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     }
     if (st == FERRY_OK && cfg->init_bias != NULL && m->bias) {
         int64_t dim[1] = {sh->row_count};
-        ferry_rpc_tensor t = ferry__dist_tensor("bias", FERRY_RPC_DTYPE_F32, 1, dim,
-                                                cfg->init_bias + sh->row_begin);
+        ferry_rpc_tensor t =
+            ferry__dist_tensor("bias", FERRY_RPC_DTYPE_F32, 1, dim, cfg->init_bias + sh->row_begin);
         st = ferry_rpc_msg_add(req, &t);
     }
     return st;
@@ -192,7 +217,7 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
     m->kind = cfg->kind;
     m->dims[0] = cfg->dims[0];
     m->dims[1] = cfg->dims[1];
-    m->bias = cfg->kind == FERRY_REMOTE_DECODER ? 1
+    m->bias = cfg->kind == FERRY_REMOTE_DECODER  ? 1
               : cfg->kind == FERRY_REMOTE_LINEAR ? cfg->bias != 0
                                                  : 0;
     m->rows = cfg->kind == FERRY_REMOTE_LINEAR ? cfg->dims[1] : cfg->dims[0];
@@ -202,8 +227,8 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
         return st;
     }
     int k = m->nshards, *servers = calloc((size_t)k, sizeof *servers);
-    ferry_rpc_msg *reqs = calloc((size_t)k, sizeof *reqs), *replies = calloc((size_t)k,
-                                                                              sizeof *replies);
+    ferry_rpc_msg *reqs = calloc((size_t)k, sizeof *reqs),
+                  *replies = calloc((size_t)k, sizeof *replies);
     st = servers && reqs && replies ? FERRY_OK : FERRY_ERR_NOMEM;
     for (int s = 0; st == FERRY_OK && s < k; s++) {
         ferry_rpc_msg_init(&reqs[s]);
@@ -265,8 +290,7 @@ void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, in
 static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, int64_t count,
                               float *dst, const float *src) {
     int write = src != NULL;
-    if (param == NULL || (strcmp(param, "weight") != 0 &&
-                          (strcmp(param, "bias") != 0 || !m->bias)))
+    if (param == NULL || (strcmp(param, "weight") != 0 && (strcmp(param, "bias") != 0 || !m->bias)))
         return ferry_errorf(FERRY_ERR_NOT_FOUND, "module '%s' has no parameter '%s'", m->name,
                             param != NULL ? param : "(null)");
     if (count == 0)
@@ -283,8 +307,8 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
     for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
         const ferry__dist_shard *sh = &m->shards[s];
         int64_t a = lo > sh->row_begin ? lo : sh->row_begin;
-        int64_t b = lo + count < sh->row_begin + sh->row_count ? lo + count
-                                                               : sh->row_begin + sh->row_count;
+        int64_t b =
+            lo + count < sh->row_begin + sh->row_count ? lo + count : sh->row_begin + sh->row_count;
         if (a >= b)
             continue;
         servers[k] = sh->server;

@@ -15,8 +15,8 @@ typedef struct remote_saved {
     ferry_dist_ctx *dc;
     uint64_t ctx_id; /* the distributed context the Forward ran in */
     uint64_t call;
-    int64_t n;       /* rows */
-    float scale;     /* xent: the loss scale */
+    int64_t n;   /* rows */
+    float scale; /* xent: the loss scale */
 } remote_saved;
 
 /* t's floats in host memory: its own storage on a host backend, else a copy in ctx
@@ -104,6 +104,80 @@ ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc,
     return st;
 }
 
+/* Adds the host (n, H) gradient dh into grad_in on any backend. */
+static ferry_status add_host_grad(ferry_ctx *ctx, ferry_tensor *gin, const float *dh, int64_t n) {
+    ferry_backend *be = ferry_ctx_backend(ctx);
+    if (ferry_backend_is_host(gin->be))
+        return ferry_backend_axpy(be, n, 1.0f, dh, ferry_tensor_f32(gin));
+    ferry_tensor *tmp;
+    ferry_status st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, gin->shape, &tmp);
+    if (st == FERRY_OK && (st = ferry_tensor_from_host(tmp, dh)) == FERRY_OK)
+        st = ferry_backend_axpy(be, n, 1.0f, ferry_tensor_f32(tmp), ferry_tensor_f32(gin));
+    return st;
+}
+
+/* ---- classic decoder: logits cross the wire ---- */
+
+static ferry_status logits_backward(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
+                                    ferry_tensor **grad_in) {
+    remote_saved *s = saved;
+    int64_t H = s->m->cols;
+    const float *dz; /* (N, V) */
+    ferry_status st = check_same_ctx(s);
+    if (st == FERRY_OK)
+        st = host_floats(ctx, grad_out[0], &dz);
+    float *dh = ferry_ctx_host_alloc(ctx, (size_t)(s->n * H + 1) * sizeof *dh); /* (N, H) */
+    if (st == FERRY_OK && dh == NULL)
+        st = FERRY_ERR_NOMEM;
+    if (st == FERRY_OK)
+        st = ferry_remote_logits_backward(s->m, s->dc, s->call, dz, dh);
+    if (st != FERRY_OK || grad_in[0] == NULL)
+        return st;
+    return add_host_grad(ctx, grad_in[0], dh, s->n * H);
+}
+
+ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
+                                       const ferry_tensor *hidden, ferry_tensor **logits) {
+    ferry_status st = check_open(dec, dc, ctx);
+    if (st != FERRY_OK)
+        return st;
+    if (hidden->dtype != FERRY_DTYPE_F32 || hidden->shape.ndim < 1 ||
+        hidden->shape.dim[hidden->shape.ndim - 1] != dec->cols) {
+        char hs[64];
+        return ferry_errorf(FERRY_ERR_SHAPE, "decoder '%s': hidden %s must be float32 (..., %lld)",
+                            dec->name, ferry_shape_str(hidden->shape, hs, sizeof hs),
+                            (long long)dec->cols);
+    }
+    int training = ferry_ctx_training(ctx);
+    int64_t N = ferry_tensor_numel(hidden) / dec->cols;
+    ferry_shape shape = hidden->shape;
+    shape.dim[shape.ndim - 1] = dec->rows;
+    const float *h; /* (N, H) */
+    ferry_tensor *z; /* (..., V) */
+    if ((st = host_floats(ctx, hidden, &h)) != FERRY_OK ||
+        (st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, shape, &z)) != FERRY_OK)
+        return st;
+    int on_host = ferry_backend_is_host(z->be);
+    float *zh = on_host ? ferry_tensor_f32(z) : ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(z));
+    if (zh == NULL)
+        return FERRY_ERR_NOMEM;
+    uint64_t call = 0;
+    st = ferry_remote_logits_forward(dec, training ? dc : NULL, h, N, zh, &call);
+    if (st == FERRY_OK && !on_host)
+        st = ferry_tensor_from_host(z, zh);
+    if (st == FERRY_OK && training) {
+        remote_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
+        if (s == NULL)
+            return FERRY_ERR_NOMEM;
+        *s = (remote_saved){dec, dc, ferry_dist_ctx_id(dc), call, N, 1.0f};
+        ferry_tensor *in = (ferry_tensor *)(uintptr_t)hidden;
+        st = ferry_ctx_record(ctx, logits_backward, s, 1, &in, 1, &z);
+    }
+    if (st == FERRY_OK)
+        *logits = z;
+    return st;
+}
+
 /* ---- sharded softmax cross-entropy ---- */
 
 static ferry_status xent_backward(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
@@ -122,15 +196,7 @@ static ferry_status xent_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
         st = ferry_remote_xent_backward(s->m, s->dc, s->call, NULL, s->scale * g, dh);
     if (st != FERRY_OK || grad_in[0] == NULL)
         return st;
-    ferry_tensor *gin = grad_in[0];
-    ferry_backend *be = ferry_ctx_backend(ctx);
-    if (ferry_backend_is_host(gin->be))
-        return ferry_backend_axpy(be, s->n * H, 1.0f, dh, ferry_tensor_f32(gin));
-    ferry_tensor *tmp;
-    if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, gin->shape, &tmp)) == FERRY_OK &&
-        (st = ferry_tensor_from_host(tmp, dh)) == FERRY_OK)
-        st = ferry_backend_axpy(be, s->n * H, 1.0f, ferry_tensor_f32(tmp), ferry_tensor_f32(gin));
-    return st;
+    return add_host_grad(ctx, grad_in[0], dh, s->n * H);
 }
 
 ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
@@ -159,8 +225,8 @@ ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferr
     double sum = 0.0;
     uint64_t call = 0;
     if ((st = host_floats(ctx, hidden, &h)) != FERRY_OK ||
-        (st = ferry_remote_xent_forward(dec, training ? dc : NULL, h, ferry_tensor_i32(targets),
-                                        N, NULL, &sum, &call)) != FERRY_OK)
+        (st = ferry_remote_xent_forward(dec, training ? dc : NULL, h, ferry_tensor_i32(targets), N,
+                                        NULL, &sum, &call)) != FERRY_OK)
         return st;
     float value = (float)((double)scale * sum);
     ferry_tensor *out;

@@ -37,4 +37,11 @@ ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferr
                                      const ferry_tensor *hidden, const ferry_tensor *targets,
                                      float scale, ferry_tensor **loss, double *loss_sum);
 
+/* The classic decoder: logits (..., V) of the remote decoder come back to the trainer
+ * (N x V floats on the wire each way); the node's backward sends dlogits and
+ * accumulates the returned dh into hidden's gradient. Pair it with a local
+ * ferry_xent_forward. */
+ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
+                                       const ferry_tensor *hidden, ferry_tensor **logits);
+
 #endif /* FERRY_DIST_TAPE_H */

@@ -103,8 +103,8 @@ static ferry_status ctx_floats(ferry_ctx *ctx, int64_t n, float **out) {
 /* The (4H, H) weight the cell uses in layer l's forward (and backward): the raw
  * parameter, or A(W) in arena memory with *constrained = 1. FERRY_ERR_UNSUPPORTED
  * for a constraint kind this LSTM does not know. */
-static ferry_status lstm_w_hh_effective(const ferry_lstm *m, ferry_ctx *ctx, int l,
-                                        const float **w, int *constrained) {
+static ferry_status lstm_w_hh_effective(const ferry_lstm *m, ferry_ctx *ctx, int l, const float **w,
+                                        int *constrained) {
     const ferry_param *p = &m->P->items[m->w_hh[l]];
     const float *W = ferry_params_data(m->P, m->w_hh[l]); /* (4H, H) raw */
     *constrained = 0;
@@ -113,8 +113,8 @@ static ferry_status lstm_w_hh_effective(const ferry_lstm *m, ferry_ctx *ctx, int
         return FERRY_OK;
     }
     if (p->constraint != FERRY_CONSTRAINT_STIEFEL)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "%s: constraint kind %d is not supported by "
-                            "the LSTM (only Stiefel)", lstm_name(m, l), (int)p->constraint);
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "%s: the LSTM supports no constraint kind %d",
+                            lstm_name(m, l), (int)p->constraint);
     int64_t H = m->H;
     float *A; /* (4H, H) A(W), then the map's scratch */
     ferry_status st = ctx_floats(ctx, 4 * H * H + ferry_stiefel_scratch_floats(H), &A);
@@ -171,8 +171,8 @@ static ferry_status lstm_w_hh_grad_eff(const ferry_lstm *m, ferry_ctx *ctx, ferr
  * identity (nothing to do) for an unconstrained W_hh, else
  * dW_raw += G K - W sym(W^T G) with G = work->dA. */
 static ferry_status lstm_w_hh_grad_to_raw(const ferry_lstm *m, ferry_ctx *ctx, ferry_grads *G,
-                                          const lstm_layer_saved *ls,
-                                          const lstm_stiefel_work *work, int l) {
+                                          const lstm_layer_saved *ls, const lstm_stiefel_work *work,
+                                          int l) {
     if (!ls->constrained)
         return FERRY_OK;
     ferry_backend *be = ferry_ctx_backend(ctx);
@@ -392,7 +392,8 @@ typedef struct lstm_bwd {
     float *dgates; /* (T, B, 4H) pre-activation gradients */
     float *dc;     /* (B, H) gradient reaching c_t */
     float *dbias;  /* (4H) column sums of dgates */
-    lstm_stiefel_work stiefel; /* buffers for constrained layers, or NULLs */
+    /* Buffers for the constrained layers (NULLs when there are none). */
+    lstm_stiefel_work stiefel;
 } lstm_bwd;
 
 /* The reverse walk over layer l's steps: on entry w->dy holds the gradient

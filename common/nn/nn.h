@@ -44,7 +44,8 @@ ferry_status ferry_embedding_forward(ferry_embedding *m, ferry_ctx *ctx, const f
 
 typedef struct ferry_linear {
     ferry_params *P;
-    int weight, bias; /* bias = -1 when absent */
+    int weight, bias; /* weight (D, C) may carry a Stiefel constraint (D >= C): the layer
+                         then uses A(W), see linear.c; bias = -1 when absent */
     int64_t C, D;
 } ferry_linear;
 

@@ -83,12 +83,17 @@ ferry_tensor ferry_params_tensor(const ferry_params *P, int index) {
 }
 
 ferry_status ferry_params_init_uniform(ferry_params *P, int index, float scale, uint64_t seed) {
+    return ferry_params_init_uniform_at(P, index, scale, seed, P->items[index].offset);
+}
+
+ferry_status ferry_params_init_uniform_at(ferry_params *P, int index, float scale, uint64_t seed,
+                                          int64_t base) {
     const ferry_param *p = &P->items[index];
     float *host = malloc((size_t)p->numel * sizeof(float));
     if (host == NULL)
         return FERRY_ERR_NOMEM;
     for (int64_t i = 0; i < p->numel; i++) {
-        float u = ferry_rand_uniform(seed, (uint64_t)(p->offset + i));
+        float u = ferry_rand_uniform(seed, (uint64_t)(base + i));
         host[i] = (2.0f * u - 1.0f) * scale;
     }
     ferry_status st = ferry_backend_copy(P->be, ferry_params_data(P, index), host,

@@ -62,6 +62,10 @@ ferry_tensor ferry_params_tensor(const ferry_params *P, int index);
 /* Fills parameter `index` with U(-scale, scale) drawn from (seed, element index in
  * the block): the same values on every backend and independent of other params. */
 ferry_status ferry_params_init_uniform(ferry_params *P, int index, float scale, uint64_t seed);
+/* The same, drawing element i from index base + i: reproduces the values a parameter
+ * would get at offset `base` of another block (a model split across processes). */
+ferry_status ferry_params_init_uniform_at(ferry_params *P, int index, float scale, uint64_t seed,
+                                          int64_t base);
 /* Marks a parameter as Stiefel-constrained with penalty weight beta. */
 ferry_status ferry_params_set_constraint(ferry_params *P, int index, ferry_constraint_kind kind,
                                          float beta);

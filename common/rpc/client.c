@@ -91,8 +91,8 @@ static ferry_status errorf_wrap(ferry_status st, const char *target, const char 
     return ferry_errorf(st, "%s %s: %s: %s", target, what, stage, why);
 }
 
-/* Starts c's batch on cq; c->req_bb is sent (it may be NULL only for raw calls
- * that mean an empty message). `reg` is a registered method or NULL with path. */
+/* Starts c's 6-op batch on cq, sending c->req_bb. `reg` is the registered
+ * method, or NULL to call `path` by name. */
 static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void *reg,
                                 const char *path) {
     ferry_rpc_client *cl = c->cl;

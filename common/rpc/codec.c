@@ -370,7 +370,7 @@ static ferry_status decode_tensor(cursor *c, size_t end, const ferry__rpc_limits
     ferry_status st = FERRY_OK;
     while (st == FERRY_OK && c->pos < end)
         st = tensor_field(c, end, lim, t, &dtype);
-    if (st == FERRY_OK && (dtype > FERRY_RPC_DTYPE_I64))
+    if (st == FERRY_OK && (dtype > FERRY_RPC_DTYPE_F64))
         st = ferry_errorf(FERRY_ERR_FORMAT, "tensor at byte %zu has unknown dtype %llu", start,
                           (unsigned long long)dtype);
     if (st == FERRY_OK) {

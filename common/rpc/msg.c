@@ -41,6 +41,7 @@ size_t ferry_rpc_dtype_size(int dtype) {
     case FERRY_RPC_DTYPE_I32:
         return 4;
     case FERRY_RPC_DTYPE_I64:
+    case FERRY_RPC_DTYPE_F64:
         return 8;
     default:
         return 0;

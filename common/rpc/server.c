@@ -131,8 +131,8 @@ static void call_post(ferry_rpc_server *srv, int method) {
 }
 
 /* Sends the status (code, detail, and st as trailing metadata) and the reply,
- * if any, in one batch, always with initial
- * metadata: a trailers-only answer never reached 1.51 clients (pitfall 1). */
+ * if any, in one batch, always with initial metadata: a trailers-only answer
+ * never reached 1.51 clients (spec/grpc-core.md §9, pitfall 1). */
 static void call_reply(server_call *c, ferry_status st, grpc_status_code code, const char *detail) {
     grpc_op *op = c->ops;
     size_t n = 0;
@@ -265,9 +265,8 @@ static void call_event(server_call *c, int ok) {
         return;
     }
     atomic_fetch_add(&srv->in_flight, 1);
-    /* Re-arm first, so the next call of this method is not kept waiting. While
-     * this call is unanswered the shutdown tag cannot fire, so the queue is
-     * still open. */
+    /* Re-arm first, so the next call of this method is not kept waiting. This
+     * call keeps `live` above zero, so the queue is still open. */
     if (!atomic_load(&srv->shutting_down))
         call_post(srv, c->method);
     if (c->method == CATCH_ALL)

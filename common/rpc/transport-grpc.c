@@ -267,6 +267,13 @@ size_t ferry__grpc_fill_args(grpc_arg *a, size_t max_message_bytes, int client) 
     a[n].type = GRPC_ARG_INTEGER;
     a[n].key = (char *)(uintptr_t)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     a[n++].value.integer = (int)max_message_bytes;
+    if (!client) {
+        /* gRPC sets SO_REUSEPORT by default: a second daemon on the same port
+         * would then share its traffic instead of failing to start. */
+        a[n].type = GRPC_ARG_INTEGER;
+        a[n].key = (char *)(uintptr_t)GRPC_ARG_ALLOW_REUSEPORT;
+        a[n++].value.integer = 0;
+    }
     if (client) {
         /* Ferry calls are not idempotent (Step) and never retried by gRPC; the
          * retry layer would also hold on to the request's payload slices. */

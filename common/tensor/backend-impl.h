@@ -37,6 +37,12 @@ typedef struct ferry_backend_ops {
                                  const int32_t *targets, float *loss_rows);
     ferry_status (*xent_backward)(ferry_backend *be, int64_t N, int64_t V, float *probs,
                                   const int32_t *targets, float scale);
+    ferry_status (*softmax_partials)(ferry_backend *be, int64_t N, int64_t V, float *z,
+                                     const int32_t *targets, float *row_max, double *row_sumexp,
+                                     float *target_logit);
+    ferry_status (*softmax_grad)(ferry_backend *be, int64_t N, int64_t V, float *e,
+                                 const float *factor, const int32_t *targets,
+                                 const float *row_scale, float scale);
     ferry_status (*gather_rows)(ferry_backend *be, int64_t count, int64_t D, const int32_t *idx,
                                 const float *src, float *dst);
     ferry_status (*scatter_add_rows)(ferry_backend *be, int64_t count, int64_t D,

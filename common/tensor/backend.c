@@ -186,6 +186,22 @@ ferry_status ferry_backend_xent_backward(ferry_backend *be, int64_t N, int64_t V
     FERRY_DISPATCH_(be, xent_backward, N, V, probs, targets, scale);
 }
 
+ferry_status ferry_backend_softmax_partials(ferry_backend *be, int64_t N, int64_t V, float *z,
+                                            const int32_t *targets, float *row_max,
+                                            double *row_sumexp, float *target_logit) {
+    if (N == 0)
+        return FERRY_OK;
+    FERRY_DISPATCH_(be, softmax_partials, N, V, z, targets, row_max, row_sumexp, target_logit);
+}
+
+ferry_status ferry_backend_softmax_grad(ferry_backend *be, int64_t N, int64_t V, float *e,
+                                        const float *factor, const int32_t *targets,
+                                        const float *row_scale, float scale) {
+    if (N == 0)
+        return FERRY_OK;
+    FERRY_DISPATCH_(be, softmax_grad, N, V, e, factor, targets, row_scale, scale);
+}
+
 ferry_status ferry_backend_gather_rows(ferry_backend *be, int64_t count, int64_t D,
                                        const int32_t *idx, const float *src, float *dst) {
     if (count == 0 || D == 0)

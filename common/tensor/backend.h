@@ -123,6 +123,21 @@ ferry_status ferry_backend_xent_forward(ferry_backend *be, int64_t N, int64_t V,
 /* probs (N,V) → gradient in place: (probs - onehot(targets)) * scale. */
 ferry_status ferry_backend_xent_backward(ferry_backend *be, int64_t N, int64_t V, float *probs,
                                          const int32_t *targets, float scale);
+/* Sharded-softmax partials over a vocabulary slice: for each row, row_max[n] = max z,
+ * z overwritten with e = exp(z - row_max), row_sumexp[n] = sum e in double (the same
+ * arithmetic as xent_forward, so one slice reproduces the local loss bit for bit),
+ * and target_logit[n] = z[targets[n]] before the exp, or 0 where targets[n] < 0
+ * (the target lies in another slice). */
+ferry_status ferry_backend_softmax_partials(ferry_backend *be, int64_t N, int64_t V, float *z,
+                                            const int32_t *targets, float *row_max,
+                                            double *row_sumexp, float *target_logit);
+/* Gradient of the sharded softmax cross-entropy in place over e from
+ * softmax_partials: p = e * factor[n] (factor = exp(max_slice - max_all) / sumexp_all,
+ * so p is the exact softmax), p[targets[n]] -= 1 where targets[n] >= 0, then
+ * p *= scale * (row_scale ? row_scale[n] : 1). */
+ferry_status ferry_backend_softmax_grad(ferry_backend *be, int64_t N, int64_t V, float *e,
+                                        const float *factor, const int32_t *targets,
+                                        const float *row_scale, float scale);
 /* dst(n,D) = src[idx[n], :] for n < count. */
 ferry_status ferry_backend_gather_rows(ferry_backend *be, int64_t count, int64_t D,
                                        const int32_t *idx, const float *src, float *dst);

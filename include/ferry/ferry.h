@@ -89,22 +89,23 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
  * is a no-op. */
 void ferry_cluster_destroy(ferry_cluster *c);
 
-int ferry_cluster_size(const ferry_cluster *c);                    /* servers */
+int ferry_cluster_size(const ferry_cluster *c);                       /* servers */
 const char *ferry_cluster_target(const ferry_cluster *c, int server); /* "h:p" */
 /* The server's incarnation as of the last Hello (a new random value per start). */
 uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
 
 /* Says Hello to every server again. *restarted (may be NULL) receives how many
  * servers report a new incarnation since the previous Hello: they restarted and
- * lost whatever was not checkpointed. Errors as ferry_ps_connect. */
+ * lost whatever was not checkpointed. Errors as ferry_ps_connect. It updates the
+ * incarnations: do not run it while another thread reads them. */
 ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted);
 
 typedef struct ferry_ps_stats {
-    int64_t contexts_live;    /* contexts held now */
-    int64_t context_bytes;    /* memory they hold (gradients, saved activations) */
+    int64_t contexts_live; /* contexts held now */
+    int64_t context_bytes; /* memory they hold (gradients, saved activations) */
     int64_t contexts_created, contexts_stepped, contexts_released, contexts_swept;
     int64_t modules;
-    int64_t calls, errors;    /* calls answered so far, and those with an error status */
+    int64_t calls, errors; /* calls answered so far, and those with an error status */
 } ferry_ps_stats;
 
 /* The counters of one server. FERRY_ERR_INVALID for a bad index; call errors. */
@@ -150,30 +151,63 @@ typedef struct ferry_remote_optim {
 /* PyTorch's defaults for name (SGD: lr 1). FERRY_ERR_INVALID for an unknown name. */
 ferry_status ferry_remote_optim_defaults(const char *name, ferry_remote_optim *out);
 
+typedef enum ferry_remote_constraint_kind {
+    FERRY_REMOTE_CONSTRAINT_NONE = 0,
+    FERRY_REMOTE_CONSTRAINT_STIEFEL = 1, /* cdopt's constraint dissolving, spec/stiefel.md */
+} ferry_remote_constraint_kind;
+
+/* A constraint on a remote module's weight, a property of the parameter declared at
+ * creation; the server that owns the module applies it. Implemented for
+ * FERRY_REMOTE_LINEAR only (an embedding or decoder server answers
+ * FERRY_ERR_UNSUPPORTED).
+ * STIEFEL on a linear module of dims [C, D]: the weight W (D, C), as stored and as
+ * GetParams returns it, is the manifold variable with n = D rows >= p = C columns
+ * (orthonormal columns, W^T W = I_C; D < C gives FERRY_ERR_INVALID). Forward computes
+ * y = x A(W)^T + b with A(W) = W (1.5 I - 0.5 W^T W) formed from the current W on every
+ * call; Backward maps dL/dA to W's gradient. The penalty beta ||W^T W - I||_F^2 is the
+ * owner's: the server adds its gradient 4 beta W (W^T W - I) to the context once, when
+ * the context's GradNorm or Step first needs it, so ferry_dist_ctx_grad_sumsq and the
+ * clipping of ferry_dist_ctx_clip_step include it, and Step applies it (scaled by
+ * grad_scale like every gradient). Each Step of a context is one optimizer step and
+ * adds it once: two trainers stepping the same module add it twice, once per step,
+ * each from W as it is at that moment. The client adds nothing to its own loss or
+ * gradients; the values come back as Step metrics "penalty/<module>" and
+ * "feasibility/<module>" (||W^T W - I||_F, before the step; see ferry_dist_ctx_metrics)
+ * and in the server's Stats at the current W. */
+typedef struct ferry_remote_constraint {
+    ferry_remote_constraint_kind kind;
+    double beta;    /* penalty weight >= 0 (cdopt's penalty_param, e.g. 0.1) */
+    int polar_init; /* 1: the generated initial weight is replaced by its orthogonal polar
+                       factor (thin SVD W = U S V^T, W <- U V^T), so the module starts on
+                       the manifold as cdopt's layers do; explicit init_weight values are
+                       always used as given. STIEFEL only */
+} ferry_remote_constraint;
+
 typedef struct ferry_remote_config {
-    const char *name;       /* the module's name on every server (1..63 of [A-Za-z0-9_.:/-]) */
+    const char *name; /* the module's name on every server (1..63 of [A-Za-z0-9_.:/-]) */
     ferry_remote_kind kind;
-    int64_t dims[2];        /* embedding [V, E]; decoder [V, H]; linear [C, D] */
-    int bias;               /* linear: 1 for a bias (the decoder always has one) */
-    int server;             /* linear: the server hosting it; -1: chosen by a hash of name */
+    int64_t dims[2]; /* embedding [V, E]; decoder [V, H]; linear [C, D] */
+    int bias;        /* linear: 1 for a bias (the decoder always has one) */
+    int server;      /* linear: the server hosting it; -1: chosen by a hash of name */
     /* Initial values: U(-init_scale, init_scale) drawn from (init_seed, element index),
      * the generator of ferry_params_init_uniform. weight_offset and bias_offset give the
      * element index of the global weight's (0, 0) and the bias's (0) in the block whose
      * values are to be reproduced (-1: a block holding only this module: weight at 0,
      * bias after it, 16-float aligned). See "Parity" below. */
     uint64_t init_seed;
-    float init_scale;       /* 0: 0.1 */
+    float init_scale; /* 0: 0.1 */
     int64_t weight_offset, bias_offset;
     /* Or explicit initial values in global layout: weight (V, E) | (V, H) | (D, C),
      * bias (V) | (D); each shard receives its rows. NULL: use the generator. */
     const float *init_weight, *init_bias;
     ferry_remote_optim optim;
+    ferry_remote_constraint constraint; /* on the weight; default none */
 } ferry_remote_config;
 
-/* Zeroes *cfg and sets kind, name, dims, bias 1, server -1, init_scale 0.1,
- * offsets -1 and SGD's defaults. */
-void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind,
-                                 const char *name, int64_t dim0, int64_t dim1);
+/* Zeroes *cfg (no constraint) and sets kind, name, dims, bias 1, server -1,
+ * init_scale 0.1, offsets -1 and SGD's defaults. */
+void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind, const char *name,
+                                 int64_t dim0, int64_t dim1);
 
 /* Creates the module on its servers concurrently (CreateModule, idempotent by
  * name). Shard s of k (k = cluster size) owns global rows [s*R/k, (s+1)*R/k) of
@@ -230,7 +264,9 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq);
 /* Steps every module the context touched, on every server concurrently: gradients
  * times grad_scale (the clipping coefficient; 1 for none), learning rate lr (0: the
  * module's current rate; > 0 sets it, for schedules). The servers free the context;
- * so does this object, whatever the outcome. */
+ * so does this object, whatever the outcome. FERRY_ERR_INVALID (the context is
+ * released instead) for grad_scale <= 0 or a negative lr; FERRY_ERR_INVALID when no
+ * context is open; call errors. */
 ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr);
 
 /* The distributed step with global clipping: GradNorm on every touched server, plus
@@ -247,6 +283,25 @@ ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, fl
  * abandoned step). Servers that no longer know it are fine. */
 ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc);
 
+/* One value a server reported with a Step. */
+typedef struct ferry_dist_metric {
+    const char *name; /* "version/<module>" (parameter version after the step), and for a
+                         constrained module "penalty/<module>" (beta ||W^T W - I||_F^2)
+                         and "feasibility/<module>" (||W^T W - I||_F), both of the W the
+                         step started from */
+    double value;
+} ferry_dist_metric;
+
+/* The metrics every server returned with this object's last Step (ferry_dist_ctx_step
+ * or ferry_dist_ctx_clip_step), in server order; *out points into dc and stays valid
+ * until dc's next Step or ferry_dist_ctx_destroy (ferry_dist_ctx_begin keeps it).
+ * Returns their count: 0 before any Step, and after a Step that failed or was not
+ * sent. */
+int ferry_dist_ctx_metrics(const ferry_dist_ctx *dc, const ferry_dist_metric **out);
+/* *value = the metric `name` of the last Step. FERRY_ERR_NOT_FOUND (with a message)
+ * when that Step reported none of that name. */
+ferry_status ferry_dist_ctx_metric(const ferry_dist_ctx *dc, const char *name, double *value);
+
 /* ---- Calls -------------------------------------------------------------------- *
  * dc is the open context, or NULL for evaluation (nothing is saved and there is no
  * Backward). Each Forward inside a context returns a call id for its Backward; a
@@ -256,23 +311,22 @@ ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc);
  * Only the distinct ids cross the wire, each to the shard that owns it; inside a
  * context every shard is called (so that every shard steps), outside only those
  * owning some id. */
-ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
-                                            const int32_t *ids, int64_t n, float *out,
-                                            uint64_t *call_id);
+ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc, const int32_t *ids,
+                                            int64_t n, float *out, uint64_t *call_id);
 /* grad (n, E): the gradient of out. Summed per distinct id here (in the order of
  * ids, as a local embedding's backward sums) and sent to the owning shards, which
  * keep a row-sparse gradient in the context. */
-ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc,
-                                             uint64_t call_id, const float *grad);
+ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                             const float *grad);
 
 /* Softmax cross-entropy of the decoder's logits h W^T + b against targets, without
  * the (N, V) logits crossing the wire: every shard returns per-row partials of its
  * slice and they are combined here in double. hidden (N, H), targets (N) in [0, V).
  * loss_rows (N, may be NULL) receives -log softmax(target) per row; *loss_sum (may
  * be NULL) their sum in double. */
-ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
-                                       const float *hidden, const int32_t *targets, int64_t N,
-                                       float *loss_rows, double *loss_sum, uint64_t *call_id);
+ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, const float *hidden,
+                                       const int32_t *targets, int64_t N, float *loss_rows,
+                                       double *loss_sum, uint64_t *call_id);
 /* The gradient of L = sum_n scale * row_scale[n] * loss_rows[n] (row_scale NULL: all
  * 1) with respect to hidden: dh (N, H), summed over the shards; the shards keep dW,
  * db of their slices in the context. scale = 1/N gives the mean loss. */
@@ -280,12 +334,11 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
                                         const float *row_scale, float scale, float *dh);
 
 /* The classic decoder: logits (N, V) = hidden W^T + b gathered from the shards. */
-ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
-                                         const float *hidden, int64_t N, float *logits,
-                                         uint64_t *call_id);
+ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, const float *hidden,
+                                         int64_t N, float *logits, uint64_t *call_id);
 /* dlogits (N, V) -> dh (N, H). */
-ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
-                                          uint64_t call_id, const float *dlogits, float *dh);
+ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
+                                          const float *dlogits, float *dh);
 
 /* Linear: x (N, C) -> y (N, D); dy (N, D) -> dx (N, C). */
 ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, const float *x,

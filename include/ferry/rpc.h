@@ -79,6 +79,7 @@ typedef enum ferry_rpc_dtype {
     FERRY_RPC_DTYPE_F32 = 0,
     FERRY_RPC_DTYPE_I32 = 1,
     FERRY_RPC_DTYPE_I64 = 2,
+    FERRY_RPC_DTYPE_F64 = 3,
 } ferry_rpc_dtype;
 
 /* Size in bytes of one element, or 0 for an unknown dtype. */
@@ -112,8 +113,11 @@ typedef struct ferry_rpc_tensor {
  * FERRY_ERR_RANGE if the size overflows size_t. */
 ferry_status ferry_rpc_tensor_nbytes(int dtype, int ndim, const int64_t *dim, size_t *out);
 
-/* 64-byte-aligned buffers, the kind received tensors live in. alloc returns NULL
- * when out of memory (n == 0 gives a valid minimal buffer); free(NULL) is a no-op. */
+/* 64-byte-aligned buffers, the kind received tensors live in; release them
+ * with ferry_rpc_buf_free, never free(). alloc returns NULL when out of memory
+ * (n == 0 gives a valid minimal buffer); free(NULL) is a no-op. Buffers of
+ * 1 MiB or more are recycled (up to 8 and 512 MiB kept), so that same-sized
+ * messages do not page-fault fresh memory every time. Thread-safe. */
 void *ferry_rpc_buf_alloc(size_t n);
 void ferry_rpc_buf_free(void *p);
 

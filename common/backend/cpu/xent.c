@@ -7,7 +7,7 @@
 #include "vmath.h"
 
 /* Max of z[0..V). */
-static float row_max(const float *z, int64_t V) {
+static float row_max_of(const float *z, int64_t V) {
     float lane[FERRY_VLANES];
     for (int k = 0; k < FERRY_VLANES; k++)
         lane[k] = z[0];
@@ -47,7 +47,7 @@ static double row_exp_sum(float *z, int64_t V, float mx) {
 }
 
 /* z[v] *= s. */
-static void row_scale(float *z, int64_t V, float s) {
+static void row_scale_by(float *z, int64_t V, float s) {
     int64_t v = 0;
     for (; v + FERRY_VLANES <= V; v += FERRY_VLANES)
         for (int k = 0; k < FERRY_VLANES; k++)
@@ -61,10 +61,10 @@ ferry_status ferry__cpu_xent_forward(ferry_backend *be, int64_t N, int64_t V, fl
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         float *z = logits + n * V; /* (V) logits in, probabilities out */
-        float mx = row_max(z, V);
+        float mx = row_max_of(z, V);
         float zt = z[targets[n]];
         double sum = row_exp_sum(z, V, mx);
-        row_scale(z, V, (float)(1.0 / sum));
+        row_scale_by(z, V, (float)(1.0 / sum));
         loss_rows[n] = (float)(log(sum) + (double)mx - (double)zt);
     }
     return FERRY_OK;
@@ -76,7 +76,36 @@ ferry_status ferry__cpu_xent_backward(ferry_backend *be, int64_t N, int64_t V, f
     for (int64_t n = 0; n < N; n++) {
         float *p = probs + n * V; /* (V) probabilities in, gradient out */
         p[targets[n]] -= 1.0f;
-        row_scale(p, V, scale);
+        row_scale_by(p, V, scale);
+    }
+    return FERRY_OK;
+}
+
+/* ---- sharded softmax: the same kernels over one vocabulary slice ---- */
+
+ferry_status ferry__cpu_softmax_partials(ferry_backend *be, int64_t N, int64_t V, float *z,
+                                         const int32_t *targets, float *row_max,
+                                         double *row_sumexp, float *target_logit) {
+    (void)be;
+    for (int64_t n = 0; n < N; n++) {
+        float *zr = z + n * V; /* (V) logits in, exp(z - max) out */
+        target_logit[n] = targets[n] >= 0 ? zr[targets[n]] : 0.0f;
+        row_max[n] = row_max_of(zr, V);
+        row_sumexp[n] = row_exp_sum(zr, V, row_max[n]);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry__cpu_softmax_grad(ferry_backend *be, int64_t N, int64_t V, float *e,
+                                     const float *factor, const int32_t *targets,
+                                     const float *row_scale, float scale) {
+    (void)be;
+    for (int64_t n = 0; n < N; n++) {
+        float *p = e + n * V; /* (V) exp(z - max_slice) in, gradient out */
+        row_scale_by(p, V, factor[n]);
+        if (targets[n] >= 0)
+            p[targets[n]] -= 1.0f;
+        row_scale_by(p, V, row_scale != NULL ? row_scale[n] * scale : scale);
     }
     return FERRY_OK;
 }
