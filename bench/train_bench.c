@@ -45,8 +45,8 @@
 
 typedef struct ps_child {
     pid_t pid;
-    char dir[64];       /* holds the port file */
-    char target[64];    /* "127.0.0.1:PORT" */
+    char dir[64];    /* holds the port file */
+    char target[64]; /* "127.0.0.1:PORT" */
 } ps_child;
 
 /* One server per distributed mode, so that each starts from fresh modules. */
@@ -188,17 +188,17 @@ static wire wire_sub(wire a, wire b) {
 
 /* One placement of the model, stepped window by window. */
 typedef struct runner {
-    ferry_cluster *cl;        /* NULL: local */
-    ferry_rpc_client *stats;  /* the same server, for Stats */
+    ferry_cluster *cl;       /* NULL: local */
+    ferry_rpc_client *stats; /* the same server, for Stats */
     ferry_lm *lm;
     ferry_optim *opt;
     ferry_ctx *ctx;
     ferry_dist_ctx *dc;
-    double *t;                /* (steps) seconds of each timed step */
+    double *t;                    /* (steps) seconds of each timed step */
     double loss_first, loss_last; /* mean cross-entropy per token, first and last timed step */
-    wire w0, overhead;        /* counters before the timed steps; one Stats call's own */
-    wire per_step;            /* server traffic per timed step */
-    double step_s, p10_s, p90_s; /* median and spread of the timed steps */
+    wire w0, overhead;            /* counters before the timed steps; one Stats call's own */
+    wire per_step;                /* server traffic per timed step */
+    double step_s, p10_s, p90_s;  /* median and spread of the timed steps */
 } runner;
 
 /* target NULL: the local model; otherwise the embedding and decoder on that ferry-ps,
@@ -373,15 +373,18 @@ int main(int argc, char **argv) {
     printf("machine: %s; OpenBLAS %s kernels, %d trainer thread(s)\n", machine,
            openblas_get_corename(), threads);
     printf("model: PTB small, V=%d E=%d H=%d L=%d, B=%d T=%d (N=%d tokens/step), SGD lr 1, "
-           "clip 5; data: %s\n", V_SMALL, E_SMALL, H_SMALL, L_SMALL, B_SMALL, T_SMALL,
-           B_SMALL * T_SMALL, random_ids ? "uniform random ids" : data);
+           "clip 5; data: %s\n",
+           V_SMALL, E_SMALL, H_SMALL, L_SMALL, B_SMALL, T_SMALL, B_SMALL * T_SMALL,
+           random_ids ? "uniform random ids" : data);
     char blas_desc[32] = "every core";
     if (ps_blas > 0)
         snprintf(blas_desc, sizeof blas_desc, "%d", ps_blas);
     printf("ferry-ps: %s, separate processes with --threads %d and OpenBLAS threads: %s, one "
-           "per decoder mode\n", ps_bin, ps_threads, blas_desc);
+           "per decoder mode\n",
+           ps_bin, ps_threads, blas_desc);
     printf("%d warm-up + %d timed steps per mode, the three modes interleaved window by window;"
-           " figures are medians\n\n", warmup, steps);
+           " figures are medians\n\n",
+           warmup, steps);
     fflush(stdout);
 
     runner loc, shd, lgt;
@@ -405,13 +408,14 @@ int main(int argc, char **argv) {
      * targets N in, partials 3N + has_target N out, lse N in, dh N*H out; logits:
      * hidden N*H in, logits N*V out, dlogits N*V in, dh N*H out. */
     double emb_in = 4 * (U + U * E_SMALL), emb_out = 4 * U * E_SMALL;
-    double shd_in = emb_in + 4 * (N * H_SMALL + 2 * N), shd_out = emb_out + 4 * (4 * N + N * H_SMALL);
+    double shd_in = emb_in + 4 * (N * H_SMALL + 2 * N);
+    double shd_out = emb_out + 4 * (4 * N + N * H_SMALL);
     double lgt_in = emb_in + 4 * (N * H_SMALL + N * V_SMALL);
     double lgt_out = emb_out + 4 * (N * V_SMALL + N * H_SMALL);
 
     printf("%-16s %9s %9s %9s %10s %9s %11s %11s %11s %11s %6s\n", "mode", "step ms", "p10 ms",
-           "p90 ms", "tokens/s", "vs local", "wire in/st", "wire out/st", "expect in",
-           "expect out", "RPCs");
+           "p90 ms", "tokens/s", "vs local", "wire in/st", "wire out/st", "expect in", "expect out",
+           "RPCs");
     const struct {
         const char *name;
         const runner *r;
@@ -427,18 +431,20 @@ int main(int argc, char **argv) {
             printf(" %11s %11s %11s %11s %6s\n", "-", "-", "-", "-", "-");
         else
             printf(" %9.1fKB %9.1fKB %9.1fKB %9.1fKB %6.1f\n", r->per_step.in / 1e3,
-                   r->per_step.out / 1e3, rows[i].ein / 1e3, rows[i].eout / 1e3,
-                   r->per_step.calls);
+                   r->per_step.out / 1e3, rows[i].ein / 1e3, rows[i].eout / 1e3, r->per_step.calls);
     }
     printf("\nwire: gRPC message bytes per step counted by ferry-ps (Stats bytes_in/bytes_out; no"
            " HTTP/2 or TCP framing);\nexpect: tensor payload alone, with %.1f distinct ids per "
-           "window; 'vs local' = distributed tokens/s / local tokens/s.\n", U);
+           "window; 'vs local' = distributed tokens/s / local tokens/s.\n",
+           U);
     printf("logits mode moves N*V = %.0f floats each way per step; sharded moves %.0fx fewer "
-           "bytes in total.\n", N * V_SMALL, (lgt.per_step.in + lgt.per_step.out) /
-           (shd.per_step.in + shd.per_step.out));
+           "bytes in total.\n",
+           N * V_SMALL,
+           (lgt.per_step.in + lgt.per_step.out) / (shd.per_step.in + shd.per_step.out));
     printf("loss (mean CE of first -> last timed step): local %.3f -> %.3f, sharded %.3f -> "
-           "%.3f, logits %.3f -> %.3f\n", loc.loss_first, loc.loss_last, shd.loss_first,
-           shd.loss_last, lgt.loss_first, lgt.loss_last);
+           "%.3f, logits %.3f -> %.3f\n",
+           loc.loss_first, loc.loss_last, shd.loss_first, shd.loss_last, lgt.loss_first,
+           lgt.loss_last);
 
     ferry_batch_destroy(b);
     ferry_corpus_destroy(corpus);

@@ -222,8 +222,7 @@ ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc
         step_metric(&r, metrics, ptrs, names, "version", m->name, (double)version);
         if (ferry__ps_constrained(m)) {
             step_metric(&r, metrics, ptrs, names, "penalty", m->name, c->mods[i].penalty);
-            step_metric(&r, metrics, ptrs, names, "feasibility", m->name,
-                        c->mods[i].feasibility);
+            step_metric(&r, metrics, ptrs, names, "feasibility", m->name, c->mods[i].feasibility);
         }
     }
     if (c->calls != NULL)

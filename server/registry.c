@@ -132,8 +132,8 @@ static ferry_status constraint_from_proto(const char *name, const Ferry__ModuleC
                             name, p->kind);
     if (!isfinite(k->beta) || k->beta < 0.0 || k->beta > 1e6)
         return ferry_errorf(FERRY_ERR_INVALID,
-                            "module '%s': Stiefel penalty weight beta %g must be in [0, 1e6]",
-                            name, k->beta);
+                            "module '%s': Stiefel penalty weight beta %g must be in [0, 1e6]", name,
+                            k->beta);
     c->constraint = FERRY_CONSTRAINT_STIEFEL;
     c->beta = k->beta;
     return FERRY_OK;

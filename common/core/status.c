@@ -2,10 +2,11 @@
  * detail message that lets a caller print one precise line. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ferry/status.h"
 
-static _Thread_local char last_error[512];
+static _Thread_local char last_error[1024];
 
 const char *ferry_status_str(ferry_status s) {
     switch (s) {
@@ -19,10 +20,14 @@ const char *ferry_status_str(ferry_status s) {
 }
 
 ferry_status ferry_errorf(ferry_status st, const char *fmt, ...) {
+    /* Format into a scratch buffer first: callers may pass ferry_error_last() as an
+     * argument to prefix context ("step 12: %s"). */
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    (void)vsnprintf(last_error, sizeof last_error, fmt, ap);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return st;
 }
 

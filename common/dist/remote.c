@@ -73,15 +73,16 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
      * D >= C); what cannot travel on the wire is refused here. */
     const ferry_remote_constraint *k = &cfg->constraint;
     if ((int)k->kind < 0 || k->kind > FERRY_REMOTE_CONSTRAINT_STIEFEL)
-        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown constraint kind %d",
-                            cfg->name, (int)k->kind);
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown constraint kind %d", cfg->name,
+                            (int)k->kind);
     if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !(k->beta >= 0.0 && k->beta <= 1e6))
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': constraint penalty weight beta %g must be in [0, 1e6]",
                             cfg->name, k->beta);
     if (k->polar_init != 0 && k->polar_init != 1)
-        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': constraint.polar_init %d is not 0 or 1",
-                            cfg->name, k->polar_init);
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': constraint.polar_init %d is not 0 or 1", cfg->name,
+                            k->polar_init);
     return FERRY_OK;
 }
 
@@ -168,9 +169,9 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
      * checkpoints holding it) reads as before. */
     Ferry__Constraint con;
     ferry__constraint__init(&con);
-    con.kind = (char *)(uintptr_t)(cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL
-                                       ? "stiefel"
-                                       : "none");
+    con.kind =
+        (char *)(uintptr_t)(cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL ? "stiefel"
+                                                                                    : "none");
     con.beta = cfg->constraint.beta;
     Ferry__ModuleConfig mc;
     ferry__module_config__init(&mc);

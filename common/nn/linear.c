@@ -95,8 +95,8 @@ static ferry_status linear_weight_effective(const ferry_linear *m, ferry_ctx *ct
         return FERRY_OK;
     }
     if (p->constraint != FERRY_CONSTRAINT_STIEFEL)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "%s: the linear layer supports no constraint "
-                            "kind %d", p->name, (int)p->constraint);
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "%s: unknown constraint kind %d", p->name,
+                            (int)p->constraint);
     float *A; /* (D, C) A(W), then the map's scratch */
     ferry_status st = ctx_floats(ctx, m->D * m->C + ferry_stiefel_scratch_floats(m->C), &A);
     if (st == FERRY_OK)
@@ -117,8 +117,8 @@ static ferry_status linear_weight_grad_constrained(const ferry_linear *m, ferry_
     float *buf; /* dA (D, C), its map backward (D, C), the map's scratch */
     ferry_status st = ctx_floats(ctx, 2 * n + ferry_stiefel_scratch_floats(m->C), &buf);
     if (st == FERRY_OK)
-        st = ferry_backend_gemm(be, 1, 0, m->D, m->C, s->N, 1.0f, g, m->D, x, m->C, 0.0f, buf,
-                                m->C);
+        st =
+            ferry_backend_gemm(be, 1, 0, m->D, m->C, s->N, 1.0f, g, m->D, x, m->C, 0.0f, buf, m->C);
     if (st == FERRY_OK)
         st = ferry_stiefel_map_backward(be, m->D, m->C, ferry_params_data(m->P, m->weight), buf,
                                         buf + n, buf + 2 * n);
@@ -140,11 +140,9 @@ static ferry_status linear_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
     float *dW = ferry_grads_dense(G, m->weight); /* (D, C) */
     if (dW == NULL)
         return FERRY_ERR_NOMEM;
-    ferry_status st =
-        s->constrained
-            ? linear_weight_grad_constrained(m, ctx, s, g, x, dW)
-            : ferry_backend_gemm(be, 1, 0, m->D, m->C, s->N, 1.0f, g, m->D, x, m->C, 1.0f, dW,
-                                 m->C);
+    ferry_status st = s->constrained ? linear_weight_grad_constrained(m, ctx, s, g, x, dW)
+                                     : ferry_backend_gemm(be, 1, 0, m->D, m->C, s->N, 1.0f, g, m->D,
+                                                          x, m->C, 1.0f, dW, m->C);
     if (st == FERRY_OK && m->bias >= 0) {
         float *db = ferry_grads_dense(G, m->bias); /* (D) */
         st = db ? ferry_backend_sum_rows(be, s->N, m->D, g, db) : FERRY_ERR_NOMEM;
@@ -178,7 +176,7 @@ ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_t
     if (st != FERRY_OK)
         return st;
     float *yd = ferry_tensor_f32(out); /* (N, D) */
-    const float *w = NULL; /* (D, C) raw W, or A(W) for a constrained weight */
+    const float *w = NULL;             /* (D, C) raw W, or A(W) for a constrained weight */
     int constrained = 0;
     if ((st = linear_weight_effective(m, ctx, &w, &constrained)) != FERRY_OK)
         return st;
@@ -190,8 +188,8 @@ ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_t
             return st;
         beta = 1.0f;
     }
-    if ((st = ferry_backend_gemm(be, 0, 1, N, m->D, m->C, 1.0f, ferry_tensor_f32(x), m->C, w,
-                                 m->C, beta, yd, m->D)) != FERRY_OK)
+    if ((st = ferry_backend_gemm(be, 0, 1, N, m->D, m->C, 1.0f, ferry_tensor_f32(x), m->C, w, m->C,
+                                 beta, yd, m->D)) != FERRY_OK)
         return st;
     if (ferry_ctx_training(ctx)) {
         linear_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
