@@ -5,15 +5,19 @@
  * the analytic payload. ferry-ps runs as separate processes (one per decoder mode,
  * so both start from fresh modules): the real binary, fork+exec'd before this
  * process touches gRPC, on 127.0.0.1 port 0. The three placements step in turn on
- * the same windows, so load from other processes hits them alike.
+ * the same windows, so load from other processes hits them alike; their losses show
+ * how closely the distributed model tracks the local one.
  *
  *     train_bench [--steps N] [--warmup N] [--threads N] [--ps-threads N]
- *                 [--ps-blas-threads N] [--data DIR | --random] [--ps-bin PATH]
+ *                 [--ps-blas-threads N] [--data DIR | --random] [--ps-bin PATH] [--no-tune]
  *
  * --threads: the trainer's OpenBLAS threads (1, as ferry-trainer); --ps-threads:
  * ferry-ps --threads; --ps-blas-threads: OPENBLAS_NUM_THREADS of the servers (0:
- * OpenBLAS's default, every core, as a deployed ferry-ps runs). */
+ * OpenBLAS's default, every core, as a deployed ferry-ps runs); --no-tune: leave
+ * glibc's malloc trimming alone in this process (ferry-trainer tunes it, see
+ * ferry_rpc_tune_malloc). */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,11 +198,11 @@ typedef struct runner {
     ferry_optim *opt;
     ferry_ctx *ctx;
     ferry_dist_ctx *dc;
-    double *t;                    /* (steps) seconds of each timed step */
-    double loss_first, loss_last; /* mean cross-entropy per token, first and last timed step */
-    wire w0, overhead;            /* counters before the timed steps; one Stats call's own */
-    wire per_step;                /* server traffic per timed step */
-    double step_s, p10_s, p90_s;  /* median and spread of the timed steps */
+    double *t;                   /* (steps) seconds of each timed step */
+    double *loss;                /* (steps) mean cross-entropy per token of each timed step */
+    wire w0, overhead;           /* counters before the timed steps; one Stats call's own */
+    wire per_step;               /* server traffic per timed step */
+    double step_s, p10_s, p90_s; /* median and spread of the timed steps */
 } runner;
 
 /* target NULL: the local model; otherwise the embedding and decoder on that ferry-ps,
@@ -222,7 +226,8 @@ static void runner_init(runner *r, const char *target, ferry_decoder_mode mode, 
     check_ok(ferry_ctx_create(be, &r->ctx), "context");
     check_ok(ferry_lm_reset_state(r->lm, B_SMALL), "state");
     r->t = malloc((size_t)steps * sizeof *r->t);
-    if (r->t == NULL)
+    r->loss = malloc((size_t)steps * sizeof *r->loss);
+    if (r->t == NULL || r->loss == NULL)
         die("out of memory");
 }
 
@@ -253,9 +258,7 @@ static void runner_step(runner *r, const ferry_batches *b, int i, int warmup) {
     if (i < warmup)
         return;
     r->t[i - warmup] = dt;
-    if (i == warmup)
-        r->loss_first = loss;
-    r->loss_last = loss;
+    r->loss[i - warmup] = loss;
 }
 
 static void runner_finish(runner *r, int steps) {
@@ -266,13 +269,28 @@ static void runner_finish(runner *r, int steps) {
     r->step_s = bench_median(r->t, steps); /* sorts t */
     r->p10_s = bench_quantile(r->t, steps, 0.1);
     r->p90_s = bench_quantile(r->t, steps, 0.9);
-    free(r->t);
+    free(r->t); /* r->loss stays for the report */
     ferry_dist_ctx_destroy(r->dc);
     ferry_ctx_destroy(r->ctx);
     ferry_optim_destroy(r->opt);
     ferry_lm_destroy(r->lm); /* before its cluster */
     ferry_rpc_client_destroy(r->stats);
     ferry_cluster_destroy(r->cl);
+}
+
+/* How closely r's losses follow ref's (the local model's) over the timed steps: the
+ * largest |difference| over the first 10, and the first step where it exceeds 0.01
+ * (-1: never). Both start from the same parameters and see the same windows. */
+static void loss_parity(const runner *r, const runner *ref, int steps, double *early, int *apart) {
+    *early = 0.0;
+    *apart = -1;
+    for (int i = 0; i < steps; i++) {
+        double d = fabs(r->loss[i] - ref->loss[i]);
+        if (i < 10 && d > *early)
+            *early = d;
+        if (d > 0.01 && *apart < 0)
+            *apart = i;
+    }
 }
 
 /* Mean number of distinct input ids per timed window (the embedding's traffic). */
@@ -296,18 +314,19 @@ static double mean_distinct_ids(const ferry_batches *b, int warmup, int steps) {
 
 static void usage(void) {
     fprintf(stderr, "usage: train_bench [--steps N] [--warmup N] [--threads N] [--ps-threads N]"
-                    " [--ps-blas-threads N] [--data DIR | --random] [--ps-bin PATH]\n");
+                    " [--ps-blas-threads N] [--data DIR | --random] [--ps-bin PATH] [--no-tune]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     ferry_cpu_ensure_blas_kernels(argv);
-    int steps = 30, warmup = 5, threads = 1, ps_threads = 2, ps_blas = 0, random_ids = 0;
+    int steps = 30, warmup = 5, threads = 1, ps_threads = 2, ps_blas = 0, random_ids = 0, tune = 1;
     const char *data = FERRY_BENCH_DATA, *ps_bin = FERRY_BENCH_PS_BIN;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(argv[i], "--random") == 0) {
-            random_ids = 1;
+        if (strcmp(argv[i], "--random") == 0 || strcmp(argv[i], "--no-tune") == 0) {
+            random_ids |= strcmp(argv[i], "--random") == 0;
+            tune &= strcmp(argv[i], "--no-tune") != 0;
             continue;
         }
         if (v == NULL)
@@ -342,6 +361,9 @@ int main(int argc, char **argv) {
     ps_spawn(&ps[0], ps_bin, ps_threads, ps_blas);
     ps_spawn(&ps[1], ps_bin, ps_threads, ps_blas);
     ferry_cpu_set_threads(threads);
+    /* As ferry-trainer does: keep freed pages of large RPC payloads (logits mode). */
+    if (tune)
+        (void)ferry_rpc_tune_malloc(0);
 
     /* The token stream: PTB's training split, or uniform random ids. */
     int64_t need = (int64_t)(warmup + steps) * T_SMALL * B_SMALL + B_SMALL;
@@ -441,10 +463,22 @@ int main(int argc, char **argv) {
            "bytes in total.\n",
            N * V_SMALL,
            (lgt.per_step.in + lgt.per_step.out) / (shd.per_step.in + shd.per_step.out));
-    printf("loss (mean CE of first -> last timed step): local %.3f -> %.3f, sharded %.3f -> "
-           "%.3f, logits %.3f -> %.3f\n",
-           loc.loss_first, loc.loss_last, shd.loss_first, shd.loss_last, lgt.loss_first,
-           lgt.loss_last);
+    double early_s, early_l;
+    int apart_s, apart_l;
+    loss_parity(&shd, &loc, steps, &early_s, &apart_s);
+    loss_parity(&lgt, &loc, steps, &early_l, &apart_l);
+    printf("loss per token, first -> last timed step: local %.4f -> %.4f, sharded %.4f -> %.4f, "
+           "logits %.4f -> %.4f\n",
+           loc.loss[0], loc.loss[steps - 1], shd.loss[0], shd.loss[steps - 1], lgt.loss[0],
+           lgt.loss[steps - 1]);
+    printf("parity with local (same start, same windows): largest |loss difference| over the "
+           "first 10 timed steps %.1e (sharded), %.1e (logits); first timed step where it "
+           "exceeds 0.01: %d, %d (-1: never; float summation order differs, and lr-1 SGD "
+           "amplifies it)\n",
+           early_s, early_l, apart_s, apart_l);
+    free(loc.loss);
+    free(shd.loss);
+    free(lgt.loss);
 
     ferry_batch_destroy(b);
     ferry_corpus_destroy(corpus);
