@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "nn-impl.h"
 #include "nn.h"
 #include "optim/stiefel.h" /* ferry_stiefel_map, ferry_stiefel_map_backward */
 
@@ -48,9 +49,9 @@ ferry_status ferry_linear_init(ferry_linear *m, ferry_params *P, const char *pre
 
 /* y(N, D) = b broadcast over rows, by doubling copies of the rows done so far, at
  * most about 256 KiB per copy: large copies would bypass the cache (non-temporal
- * stores) right before the GEMM reads y again. */
-static ferry_status broadcast_rows(ferry_backend *be, int64_t N, int64_t D, const float *b,
-                                   float *y) {
+ * stores) right before the GEMM reads y again. Shared with lstm.c (nn-impl.h). */
+ferry_status ferry__nn_broadcast_rows(ferry_backend *be, int64_t N, int64_t D, const float *b,
+                                      float *y) {
     size_t row = (size_t)D * sizeof(float);
     int64_t cap = (int64_t)((256u << 10) / row) + 1;
     ferry_status st = ferry_backend_copy(be, y, b, row, FERRY_COPY_DEVICE_TO_DEVICE);
@@ -184,7 +185,8 @@ ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_t
      * one pass over y instead of BLAS zeroing it and a second pass adding b. */
     float beta = 0.0f;
     if (m->bias >= 0 && N > 0) {
-        if ((st = broadcast_rows(be, N, m->D, ferry_params_data(m->P, m->bias), yd)) != FERRY_OK)
+        if ((st = ferry__nn_broadcast_rows(be, N, m->D, ferry_params_data(m->P, m->bias), yd)) !=
+            FERRY_OK)
             return st;
         beta = 1.0f;
     }

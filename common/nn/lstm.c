@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "nn-impl.h"
 #include "nn.h"
 #include "optim/stiefel.h" /* ferry_stiefel_map, ferry_stiefel_map_backward */
 
@@ -187,23 +188,6 @@ static ferry_status lstm_w_hh_grad_to_raw(const ferry_lstm *m, ferry_ctx *ctx, f
 
 /* ---- forward ---- */
 
-/* y(N, D) = b broadcast over rows, by doubling copies of the rows done so far, at
- * most about 256 KiB per copy: large copies would bypass the cache (non-temporal
- * stores) right before the GEMM reads y again. */
-static ferry_status broadcast_rows(ferry_backend *be, int64_t N, int64_t D, const float *b,
-                                   float *y) {
-    size_t row = (size_t)D * sizeof(float);
-    int64_t cap = (int64_t)((256u << 10) / row) + 1;
-    ferry_status st = ferry_backend_copy(be, y, b, row, FERRY_COPY_DEVICE_TO_DEVICE);
-    for (int64_t done = 1; done < N && st == FERRY_OK;) {
-        int64_t n = done < N - done ? done : N - done;
-        n = n < cap ? n : cap;
-        st = ferry_backend_copy(be, y + done * D, y, (size_t)n * row, FERRY_COPY_DEVICE_TO_DEVICE);
-        done += n;
-    }
-    return st;
-}
-
 /* dst(n) = src, or zeros when src is NULL. */
 static ferry_status copy_or_zero(ferry_backend *be, float *dst, const float *src, int64_t n) {
     if (src == NULL)
@@ -236,7 +220,7 @@ static ferry_status lstm_layer_forward(ferry_lstm *m, ferry_ctx *ctx, int l, int
     if (st == FERRY_OK)
         st = ferry_backend_axpy(be, G4, 1.0f, ferry_params_data(m->P, m->b_hh[l]), bias);
     if (st == FERRY_OK)
-        st = broadcast_rows(be, T * B, G4, bias, gates);
+        st = ferry__nn_broadcast_rows(be, T * B, G4, bias, gates);
     if (st == FERRY_OK)
         st = ferry_backend_gemm(be, 0, 1, T * B, G4, C, 1.0f, x, C,
                                 ferry_params_data(m->P, m->w_ih[l]), C, 1.0f, gates, G4);
