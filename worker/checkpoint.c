@@ -81,8 +81,15 @@ static ferry_status check_header(const char *path, const ck_header *h, const fer
     if (h->version != CK_VERSION)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: checkpoint version %u, this build reads %u",
                             path, h->version, CK_VERSION);
-    if (h->V != lm->cfg.V || h->E != lm->cfg.E || h->H != lm->cfg.H || h->L != lm->cfg.L ||
-        h->numel != lm->P.numel)
+    int same_shape =
+        h->V == lm->cfg.V && h->E == lm->cfg.E && h->H == lm->cfg.H && h->L == lm->cfg.L;
+    if (same_shape && h->numel != lm->P.numel)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "%s was written by a %s trainer; this one is %s (the embedding and "
+                            "decoder live on ferry-ps only in distributed runs)",
+                            path, ferry_lm_is_remote(lm) ? "local" : "distributed",
+                            ferry_lm_is_remote(lm) ? "distributed" : "local");
+    if (!same_shape)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "%s holds a model of shape V=%lld E=%lld H=%lld L=%d, this model is "
                             "V=%lld E=%lld H=%lld L=%d",

@@ -391,6 +391,9 @@ static ferry_status trainer_setup(trainer *t) {
             return st;
         FERRY_LOG_INFO("resumed from %s: epoch %d done, step %lld, lr %g", cfg->load, info.epoch,
                        (long long)info.step, (double)info.lr);
+        if (t->cluster != NULL)
+            FERRY_LOG_INFO("the embedding and decoder are those ferry-ps holds now: start it "
+                           "with --restore FILE to resume them from its checkpoint");
     }
     FERRY_LOG_INFO("model: V=%lld E=%d H=%d L=%d, %lld parameters; %s lr %g, batch %d, bptt %d, "
                    "clip %g, loss %s, device %s",
@@ -417,6 +420,27 @@ static void trainer_teardown(trainer *t) {
     ferry_backend_destroy(t->be);
 }
 
+/* The trainer's own parameters and optimizer state, and, when distributed, a
+ * checkpoint of every ferry-ps shard (written by each server into its
+ * --checkpoint-dir, restored with ferry-ps --restore). */
+static ferry_status save_checkpoint(trainer *t, int epochs_done) {
+    ferry_status st = ferry_checkpoint_save(t->cfg->save, t->lm, t->opt,
+                                            ferry_vocab_hash(ferry_corpus_vocab(t->corpus)),
+                                            epochs_done, t->step, t->lr);
+    if (st != FERRY_OK || t->cluster == NULL)
+        return st;
+    st = ferry_cluster_checkpoint(t->cluster, NULL, (uint64_t)t->step);
+    if (st == FERRY_ERR_UNSUPPORTED) {
+        FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): start them with "
+                       "--checkpoint-dir DIR to keep the embedding and decoder too",
+                       ferry_error_last());
+        return FERRY_OK;
+    }
+    if (st == FERRY_OK)
+        FERRY_LOG_INFO("every ferry-ps checkpointed its shards at step %lld", (long long)t->step);
+    return st;
+}
+
 ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
     trainer t;
     memset(&t, 0, sizeof t);
@@ -432,9 +456,7 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
             /* Keep what was trained: checkpoint the interrupted epoch as not done. */
             FERRY_LOG_INFO("stopping on signal after step %lld", (long long)t.step);
             if (cfg->save != NULL)
-                st = ferry_checkpoint_save(cfg->save, t.lm, t.opt,
-                                           ferry_vocab_hash(ferry_corpus_vocab(t.corpus)),
-                                           t.epoch - 1, t.step, t.lr);
+                st = save_checkpoint(&t, t.epoch - 1);
             trainer_teardown(&t);
             return st;
         }
@@ -443,10 +465,7 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
         t.lr = (float)ferry_lr_schedule_epoch_end(&t.sched, t.epoch, val, t.lr);
         if ((st = ferry_optim_set_lr(t.opt, t.lr)) != FERRY_OK)
             break;
-        if (cfg->save != NULL &&
-            (st = ferry_checkpoint_save(cfg->save, t.lm, t.opt,
-                                        ferry_vocab_hash(ferry_corpus_vocab(t.corpus)), t.epoch,
-                                        t.step, t.lr)) != FERRY_OK)
+        if (cfg->save != NULL && (st = save_checkpoint(&t, t.epoch)) != FERRY_OK)
             break;
     }
     if (st == FERRY_OK) {
