@@ -207,7 +207,7 @@ static void call_cleanup(client_call *c) {
  * completes each batch by then; no timeout is needed here. */
 static void cq_wait_all(grpc_completion_queue *cq, int started) {
     for (int i = 0; i < started; i++) {
-        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev = ferry__grpc_cq_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC));
         FERRY_ASSERT(ev.type == GRPC_OP_COMPLETE);
     }
 }

@@ -285,7 +285,7 @@ static void poll_loop(ferry_rpc_server *srv) {
             until = srv->cancel_at;
             pthread_mutex_unlock(&srv->mu);
         }
-        grpc_event ev = grpc_completion_queue_next(srv->cq, until, NULL);
+        grpc_event ev = ferry__grpc_cq_next(srv->cq, until);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             return;
         if (ev.type == GRPC_QUEUE_TIMEOUT) {

@@ -3,6 +3,7 @@
  * place, ferry_status <-> grpc_status_code, channel arguments, and the library
  * lifetime. server.c and client.c build on it. */
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -302,4 +303,43 @@ gpr_timespec ferry__grpc_deadline_in(int ms) {
     /* Relative: gpr_time_from_millis(ms, GPR_CLOCK_MONOTONIC) alone would be an
      * absolute instant shortly after boot. */
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+/* ---- Completion-queue waits with a short spin ------------------------------------- */
+
+static _Atomic int spin_us = -1; /* -1: not yet read from FERRY_RPC_SPIN_US */
+
+void ferry_rpc_set_spin_us(int us) {
+    atomic_store(&spin_us, us < 0 ? 0 : us);
+}
+
+int ferry_rpc_get_spin_us(void) {
+    int us = atomic_load(&spin_us);
+    if (us < 0) {
+        const char *env = getenv("FERRY_RPC_SPIN_US");
+        char *end = NULL;
+        long v = env != NULL ? strtol(env, &end, 10) : -1;
+        us = env != NULL && end != env && *end == '\0' && v >= 0 && v <= 1000000
+                 ? (int)v
+                 : FERRY_RPC_DEFAULT_SPIN_US;
+        atomic_store(&spin_us, us);
+    }
+    return us;
+}
+
+grpc_event ferry__grpc_cq_next(grpc_completion_queue *cq, gpr_timespec until) {
+    int us = ferry_rpc_get_spin_us();
+    if (us > 0) {
+        gpr_timespec end =
+            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_micros(us, GPR_TIMESPAN));
+        if (gpr_time_cmp(until, end) < 0)
+            end = until;
+        gpr_timespec now = gpr_inf_past(GPR_CLOCK_MONOTONIC);
+        do {
+            grpc_event ev = grpc_completion_queue_next(cq, now, NULL);
+            if (ev.type != GRPC_QUEUE_TIMEOUT)
+                return ev;
+        } while (gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), end) < 0);
+    }
+    return grpc_completion_queue_next(cq, until, NULL);
 }

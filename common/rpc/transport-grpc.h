@@ -48,6 +48,12 @@ grpc_byte_buffer *ferry__grpc_bb_owned(const ferry__rpc_wire *w, ferry_rpc_msg *
 ferry_status ferry__grpc_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
                                 const ferry__rpc_limits *lim, ferry_rpc_msg *out);
 
+/* grpc_completion_queue_next that first polls without blocking for the process's
+ * spin window (ferry_rpc_set_spin_us) before it blocks until `until`. On VMs whose
+ * idle cores sleep deeply, each blocking wait costs a wake-up of 50-100 us; a reply
+ * or the next request that arrives inside the window skips it. */
+grpc_event ferry__grpc_cq_next(grpc_completion_queue *cq, gpr_timespec until);
+
 /* Status mapping (see rpc.h, ferry_rpc_handler). */
 grpc_status_code ferry__grpc_code_from_status(ferry_status st);
 ferry_status ferry__grpc_status_from_code(grpc_status_code code);

@@ -189,6 +189,15 @@ ferry_status ferry_rpc_msg_take(ferry_rpc_msg *m, int i, ferry_rpc_tensor *out);
 /* The first tensor named `name`, or NULL. */
 const ferry_rpc_tensor *ferry_rpc_msg_find(const ferry_rpc_msg *m, const char *name);
 
+/* Completion-queue waits (clients awaiting replies, server threads after a call)
+ * poll without blocking for this many microseconds before they sleep, which saves
+ * the 50-100 us wake-up of an idle core on VMs with deep idle states. Default
+ * FERRY_RPC_DEFAULT_SPIN_US, or the FERRY_RPC_SPIN_US environment variable; 0 turns
+ * spinning off. Process-wide; thread-safe. */
+#define FERRY_RPC_DEFAULT_SPIN_US 100
+void ferry_rpc_set_spin_us(int us);
+int ferry_rpc_get_spin_us(void);
+
 /* ---- Server -------------------------------------------------------------- */
 
 typedef struct ferry_rpc_server ferry_rpc_server;
