@@ -163,7 +163,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ferry-trainer: --local and --ps exclude each other\n");
         return 2;
     }
-    cfg.local = cfg.ps == NULL;
     install_signals();
     ferry_status st = ferry_trainer_run(&cfg);
     if (st != FERRY_OK) {

@@ -122,9 +122,13 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
     if (placement == NULL) {
         if ((st = lm_declare_full(lm, &lm->P)) != FERRY_OK)
             goto fail;
-    } else if ((st = ferry_lstm_init(&lm->rnn, &lm->P, "lstm", cfg->E, cfg->H, cfg->L,
-                                     cfg->dropout)) != FERRY_OK) {
-        goto fail;
+    } else {
+        /* The local embedding and decoder only served to learn the full layout. */
+        memset(&lm->emb, 0, sizeof lm->emb);
+        memset(&lm->dec, 0, sizeof lm->dec);
+        if ((st = ferry_lstm_init(&lm->rnn, &lm->P, "lstm", cfg->E, cfg->H, cfg->L,
+                                  cfg->dropout)) != FERRY_OK)
+            goto fail;
     }
     for (int l = 0; l < cfg->L && cfg->stiefel_beta > 0.0f; l++) {
         st = ferry_params_set_constraint(&lm->P, lm->rnn.w_hh[l], FERRY_CONSTRAINT_STIEFEL,

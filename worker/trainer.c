@@ -15,10 +15,8 @@
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
-#include "optim/clip.h"
 #include "optim/optim.h"
 #include "optim/schedule.h"
-#include "optim/stiefel.h"
 #include "progress.h"
 #include "trainer.h"
 
@@ -121,7 +119,6 @@ typedef struct trainer {
     int epoch;       /* current epoch, 1-based */
     int64_t step;    /* optimizer steps done in total */
     float lr;
-    double penalty;  /* Stiefel penalty of the last step (beta sum ||C||^2) */
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
 } trainer;
@@ -138,12 +135,11 @@ static ferry_status make_batches(const ferry_trainer_config *cfg, const ferry_co
     return ferry_batch_create(ids, n, B, out);
 }
 
-static ferry_status window_tensors(const ferry_window *w, ferry_tensor *in, ferry_tensor *tg) {
+static void window_tensors(const ferry_window *w, ferry_tensor *in, ferry_tensor *tg) {
     ferry_backend *host = ferry_backend_cpu();
     ferry_shape s = ferry_shape_2d(w->T, w->B);
     *in = ferry_tensor_wrap(host, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w->inputs);
     *tg = ferry_tensor_wrap(host, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w->targets);
-    return FERRY_OK;
 }
 
 /* Perplexity of a split: exp(mean cross-entropy per token), no dropout, carried
@@ -195,7 +191,6 @@ static ferry_status train_step(trainer *t, const ferry_window *w, double *loss_s
         return ferry_errorf(st, "step %lld: %s", (long long)t->step + 1, ferry_error_last());
     *loss_sum = r.loss_sum;
     *grad_norm = r.grad_norm;
-    t->penalty = r.penalty;
     t->penalty_sum += r.penalty;
     t->step++;
     return FERRY_OK;

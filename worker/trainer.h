@@ -14,8 +14,7 @@ enum { FERRY_LOSS_SCALE_MEAN = 0, FERRY_LOSS_SCALE_SUM_TIME = 1 };
 typedef struct ferry_trainer_config {
     const char *data;        /* corpus dir: train.txt, valid.txt, test.txt */
     const char *device;      /* cpu | cuda[:N] */
-    bool local;              /* the whole model in this process */
-    const char *ps;          /* host:port[,host:port...] of ferry-ps shards */
+    const char *ps;          /* host:port[,host:port...] of ferry-ps shards; NULL: local */
     int decoder_mode;        /* ferry_decoder_mode: logits | sharded-softmax */
     /* model */
     int emsize, nhid, nlayers;

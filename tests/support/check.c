@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "json.h"
 
 int ferry_check_close(const char *what, const float *a, const double *b, long n, double atol,
                       double rtol) {
@@ -43,6 +44,19 @@ int ferry_check_close_f(const char *what, const float *a, const float *b, long n
         return 0;
     }
     return 1;
+}
+
+int ferry_check_json(const struct ferry_json *node, const char *path, const float *got, long n,
+                     double atol, double rtol) {
+    double *want = NULL;
+    long m = ferry_json_tensor(ferry_json_path(node, path), &want, NULL, NULL);
+    int ok = m == n;
+    if (!ok)
+        fprintf(stderr, "  %s: %ld elements, want %ld\n", path, m, n);
+    else
+        ok = ferry_check_close(path, got, want, n, atol, rtol);
+    free(want);
+    return ok;
 }
 
 const char *ferry_test_path(const char *rel) {

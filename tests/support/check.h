@@ -77,6 +77,13 @@ int ferry_check_close_f(const char *what, const float *a, const float *b, long n
 #define CHECK_CLOSE_F(what, a, b, n, atol, rtol)                                 \
     CHECK(ferry_check_close_f(what, a, b, n, atol, rtol))
 
+/* n floats against the float64 tensor at `path` under `node` of a reference-vector
+ * file (tests/support/json.h): the element count must match and every element pass
+ * ferry_check_close. */
+struct ferry_json;
+int ferry_check_json(const struct ferry_json *node, const char *path, const float *got, long n,
+                     double atol, double rtol);
+
 /* Path of a file in the source tree: ferry_test_path("tests/data/x.json"). */
 const char *ferry_test_path(const char *rel);
 

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "cpu.h"
+#include "optim-consts.h"
 
 /* The update streams over 3-5 arrays; let GCC vectorise loops of unknown length at -O2
  * (its default "very cheap" cost model refuses). The sqrtf loops also need
@@ -17,65 +18,11 @@
 
 /* ---- per-rule constants ---- */
 
-/* Float32 constants of one update, computed once per call. */
-typedef struct optim_consts {
-    float scale;    /* gradient multiplier (clipping) */
-    float wd;       /* L2 weight decay folded into the gradient */
-    float neg_lr;   /* -lr (SGD, Adadelta), -clr (Adagrad), -lr/bc1 (Adam) */
-    float a, a1;    /* SGD: momentum, 1 - dampening; Adadelta: rho, 1 - rho;
-                       Adam: beta1, 1 - beta1 */
-    float b, b1;    /* Adam: beta2, 1 - beta2 */
-    float bc2_sqrt; /* Adam: sqrt(1 - beta2^t) */
-    float eps;
-    float decay; /* AdamW: 1 - lr * weight_decay */
-    int nesterov;
-} optim_consts;
-
-static void consts_init(const ferry_optim_update *u, optim_consts *c) {
-    c->scale = u->grad_scale;
-    c->wd = (float)u->weight_decay;
-    c->eps = (float)u->eps;
-    c->nesterov = u->nesterov;
-    c->neg_lr = (float)(-u->lr);
-    c->a = c->a1 = c->b = c->b1 = c->bc2_sqrt = 0.0f;
-    c->decay = 1.0f;
-    switch (u->kind) {
-    case FERRY_OPTIM_SGD:
-        c->a = (float)u->momentum;
-        c->a1 = (float)(1.0 - u->dampening);
-        break;
-    case FERRY_OPTIM_ADAGRAD:
-        /* clr = lr / (1 + (step - 1) * lr_decay), in double as torch does in Python. */
-        c->neg_lr = (float)(-(u->lr / (1.0 + (double)(u->step - 1) * u->lr_decay)));
-        break;
-    case FERRY_OPTIM_ADADELTA:
-        c->a = (float)u->rho;
-        c->a1 = (float)(1.0 - u->rho);
-        break;
-    case FERRY_OPTIM_ADAM:
-    case FERRY_OPTIM_ADAMW: {
-        double bc1 = 1.0 - pow(u->beta1, (double)u->step);
-        double bc2 = 1.0 - pow(u->beta2, (double)u->step);
-        c->a = (float)u->beta1;
-        c->a1 = (float)(1.0 - u->beta1);
-        c->b = (float)u->beta2;
-        c->b1 = (float)(1.0 - u->beta2);
-        c->neg_lr = (float)(-(u->lr / bc1));
-        c->bc2_sqrt = (float)sqrt(bc2);
-        if (u->kind == FERRY_OPTIM_ADAMW) {
-            c->decay = (float)(1.0 - u->lr * u->weight_decay);
-            c->wd = 0.0f; /* decoupled: never folded into the gradient */
-        }
-        break;
-    }
-    }
-}
-
 /* ---- update rules over n contiguous floats ---- */
 
 /* SGD: d = g*s (+ wd p); buf = fresh ? d : m buf + (1-damp) d;
  * d = nesterov ? d + m buf : buf; p += -lr d. Without momentum buf is absent. */
-static void sgd_span(const optim_consts *c, int64_t n, float *restrict p, const float *restrict g,
+static void sgd_span(const ferry_optim_consts *c, int64_t n, float *restrict p, const float *restrict g,
                      float *restrict buf, int fresh) {
     const float s = c->scale, wd = c->wd, m = c->a, damp1 = c->a1, nlr = c->neg_lr;
     if (buf == NULL) {
@@ -111,7 +58,7 @@ static void sgd_span(const optim_consts *c, int64_t n, float *restrict p, const 
 }
 
 /* Adagrad: d = g*s (+ wd p); sum += d*d; p += -clr d / (sqrt(sum) + eps). */
-static void adagrad_span(const optim_consts *c, int64_t n, float *restrict p,
+static void adagrad_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
                          const float *restrict g, float *restrict sum) {
     const float s = c->scale, wd = c->wd, nclr = c->neg_lr, eps = c->eps;
     for (int64_t i = 0; i < n; i++) {
@@ -127,7 +74,7 @@ static void adagrad_span(const optim_consts *c, int64_t n, float *restrict p,
 /* Adadelta: d = g*s (+ wd p); sq = rho sq + (1-rho) d^2;
  * delta = sqrt(acc + eps) / sqrt(sq + eps) * d; acc = rho acc + (1-rho) delta^2;
  * p += -lr delta. */
-static void adadelta_span(const optim_consts *c, int64_t n, float *restrict p,
+static void adadelta_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
                           const float *restrict g, float *restrict sq, float *restrict acc) {
     const float s = c->scale, wd = c->wd, rho = c->a, rho1 = c->a1, eps = c->eps;
     const float nlr = c->neg_lr;
@@ -146,7 +93,7 @@ static void adadelta_span(const optim_consts *c, int64_t n, float *restrict p,
 /* Adam(W): p *= 1 - lr wd (AdamW only); d = g*s (+ wd p, Adam only);
  * m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2;
  * p += (-lr/bc1) m / (sqrt(v)/sqrt(bc2) + eps). */
-static void adam_span(const optim_consts *c, int64_t n, float *restrict p, const float *restrict g,
+static void adam_span(const ferry_optim_consts *c, int64_t n, float *restrict p, const float *restrict g,
                       float *restrict m, float *restrict v) {
     const float s = c->scale, wd = c->wd, b1 = c->a, b11 = c->a1, b2 = c->b, b21 = c->b1;
     const float nss = c->neg_lr, bc2s = c->bc2_sqrt, eps = c->eps, decay = c->decay;
@@ -164,7 +111,7 @@ static void adam_span(const optim_consts *c, int64_t n, float *restrict p, const
 }
 
 /* One span of any rule: n floats of param/slots at p/s0/s1 with gradient g. */
-static void update_span(const ferry_optim_update *u, const optim_consts *c, int64_t n, float *p,
+static void update_span(const ferry_optim_update *u, const ferry_optim_consts *c, int64_t n, float *p,
                         const float *g, float *s0, float *s1, int fresh) {
     switch (u->kind) {
     case FERRY_OPTIM_SGD:
@@ -209,8 +156,8 @@ ferry_status ferry__cpu_optim_update(ferry_backend *be, const ferry_optim_update
     if (u->step < 1)
         return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: step %lld < 1",
                             (long long)u->step);
-    optim_consts c;
-    consts_init(u, &c);
+    ferry_optim_consts c;
+    ferry__optim_consts_init(u, &c);
     if (u->rows == NULL) {
         update_span(u, &c, u->n, u->param, u->grad, u->slot0, u->slot1, u->buf_fresh);
         return FERRY_OK;

@@ -7,53 +7,11 @@
 #include <math.h>
 
 #include "ops.cuh"
+#include "optim-consts.h"
 
-/* Float32 constants of one update (see optim.c's optim_consts). */
-typedef struct consts {
-    int kind, has_buf, nesterov;
-    float scale, wd, neg_lr, a, a1, b, b1, bc2_sqrt, eps, decay;
-} consts;
-
-static void consts_init(const ferry_optim_update *u, consts *c) {
-    c->kind = (int)u->kind;
-    c->has_buf = u->kind == FERRY_OPTIM_SGD && u->momentum != 0.0;
-    c->nesterov = u->nesterov;
-    c->scale = u->grad_scale;
-    c->wd = (float)u->weight_decay;
-    c->eps = (float)u->eps;
-    c->neg_lr = (float)(-u->lr);
-    c->a = c->a1 = c->b = c->b1 = c->bc2_sqrt = 0.0f;
-    c->decay = 1.0f;
-    switch (u->kind) {
-    case FERRY_OPTIM_SGD:
-        c->a = (float)u->momentum;
-        c->a1 = (float)(1.0 - u->dampening);
-        break;
-    case FERRY_OPTIM_ADAGRAD:
-        c->neg_lr = (float)(-(u->lr / (1.0 + (double)(u->step - 1) * u->lr_decay)));
-        break;
-    case FERRY_OPTIM_ADADELTA:
-        c->a = (float)u->rho;
-        c->a1 = (float)(1.0 - u->rho);
-        break;
-    case FERRY_OPTIM_ADAM:
-    case FERRY_OPTIM_ADAMW: {
-        double bc1 = 1.0 - pow(u->beta1, (double)u->step);
-        double bc2 = 1.0 - pow(u->beta2, (double)u->step);
-        c->a = (float)u->beta1;
-        c->a1 = (float)(1.0 - u->beta1);
-        c->b = (float)u->beta2;
-        c->b1 = (float)(1.0 - u->beta2);
-        c->neg_lr = (float)(-(u->lr / bc1));
-        c->bc2_sqrt = (float)sqrt(bc2);
-        if (u->kind == FERRY_OPTIM_ADAMW) {
-            c->decay = (float)(1.0 - u->lr * u->weight_decay);
-            c->wd = 0.0f;
-        }
-        break;
-    }
-    }
-}
+/* The update's float32 constants come from ferry__optim_consts_init (optim-consts.h),
+ * shared with the CPU backend. */
+typedef ferry_optim_consts consts;
 
 /* One element of any rule: p, gradient g, state s0/s1 (NULL where unused). */
 __device__ static void update_one(const consts &c, float *p, float g, float *s0, float *s1,
@@ -166,7 +124,7 @@ ferry_status ferry__cuda_optim_update(ferry_backend *be, const ferry_optim_updat
         return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: step %lld < 1",
                             (long long)u->step);
     consts c;
-    consts_init(u, &c);
+    ferry__optim_consts_init(u, &c);
     float *s0 = slots >= 1 ? u->slot0 : NULL, *s1 = slots >= 2 ? u->slot1 : NULL;
     if (u->rows == NULL) {
         k_dense<<<ferry__cuda_blocks(u->n), FERRY_CUDA_THREADS, 0, cu->stream>>>(
