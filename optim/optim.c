@@ -122,7 +122,7 @@ ferry_status ferry_optim_config_check(const ferry_optim_config *c) {
 }
 
 /* Slots the configuration needs. */
-static int slots_needed(const ferry_optim_config *c) {
+int ferry_optim_slots(const ferry_optim_config *c) {
     switch (c->kind) {
     case FERRY_OPTIM_SGD:
         return c->momentum != 0.0 ? 1 : 0;
@@ -192,7 +192,7 @@ ferry_status ferry_optim_create(const ferry_params *P, const ferry_optim_config 
     o->be = P->be;
     o->numel = P->numel;
     o->count = P->count;
-    o->nslots = slots_needed(cfg);
+    o->nslots = ferry_optim_slots(cfg);
     o->table_rows = calloc((size_t)P->count + 1, sizeof *o->table_rows);
     if (o->table_rows == NULL)
         goto fail;

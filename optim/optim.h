@@ -60,6 +60,10 @@ const char *ferry_optim_kind_name(ferry_optim_kind kind);
  * kind. FERRY_ERR_INVALID naming the offending field. */
 ferry_status ferry_optim_config_check(const ferry_optim_config *cfg);
 
+/* Per-element state slots the optimizer keeps (0, 1 or 2 floats per parameter
+ * element): what ferry_optim_create will allocate, for budgets checked beforehand. */
+int ferry_optim_slots(const ferry_optim_config *cfg);
+
 /* Creates an optimizer for the allocated block P: the state slots the kind needs
  * (sgd: 1 with momentum, else 0; adagrad: 1, filled with initial_accumulator; adadelta,
  * adam, adamw: 2; zero-filled) are allocated on P->be with P's layout. P itself is not

@@ -3,7 +3,12 @@
  * Backward. A context lives from its first saving Forward until Step or
  * ReleaseContext retires it, or until the sweep frees it after `ttl` seconds without
  * a call (its trainer died). Contexts are reference-counted so that a sweep or a
- * retire never frees one a handler is still using. */
+ * retire never frees one a handler is still using.
+ *
+ * Budgets: a context's memory is charged before it is allocated (ferry__ps_ctx_charge:
+ * saved inputs, gradient growth), against the per-context and the all-contexts
+ * budget; when a call ends the charge is replaced by what the context really holds
+ * (Stats reports that). The number of live contexts is bounded too. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,8 +24,10 @@ static uint64_t ctx_hash(uint64_t id) {
     return id;
 }
 
-ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s) {
+ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
+                                      const ferry__ps_limits *lim) {
     memset(t, 0, sizeof *t);
+    t->lim = *lim;
     t->buckets = calloc(CTX_BUCKETS, sizeof *t->buckets);
     if (t->buckets == NULL)
         return FERRY_ERR_NOMEM;
@@ -84,10 +91,27 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
     while (c != NULL && c->id != id)
         c = c->next;
     if (c == NULL && create) {
+        if (t->count >= t->lim.contexts) {
+            pthread_mutex_unlock(&t->mu);
+            return ferry_errorf(FERRY_ERR_RESOURCE,
+                                "context %#llx: %lld contexts are live, the most this server "
+                                "holds (--max-contexts); idle ones are swept after %g s",
+                                (unsigned long long)id, (long long)t->count, t->ttl_s);
+        }
+        long long used = atomic_fetch_add(&t->bytes, (long long)sizeof *c);
+        if (used + (long long)sizeof *c > t->lim.contexts_bytes) {
+            atomic_fetch_sub(&t->bytes, (long long)sizeof *c);
+            pthread_mutex_unlock(&t->mu);
+            return ferry__ps_over_budget("a new context", (int64_t)sizeof *c,
+                                         "the budget of all contexts", t->lim.contexts_bytes,
+                                         used, "--max-contexts-mb");
+        }
         if ((c = calloc(1, sizeof *c)) == NULL) {
+            atomic_fetch_sub(&t->bytes, (long long)sizeof *c);
             pthread_mutex_unlock(&t->mu);
             return FERRY_ERR_NOMEM;
         }
+        c->bytes = (int64_t)sizeof *c;
         c->id = id;
         pthread_mutex_init(&c->mu, NULL);
         c->next = *head;
@@ -119,28 +143,40 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
     return FERRY_OK;
 }
 
-/* Bytes a gradient table uses: the dense ranges written so far and every row-sparse
- * table. (ferry_grads_init reserves the whole block's dense floats, but the pages of
- * ranges never written, such as an embedding's, stay untouched.) */
-static int64_t grads_bytes(const ferry_grads *G) {
-    int64_t n = G->P->count * (int64_t)(1 + sizeof(ferry_rowgrad));
-    for (int i = 0; i < G->P->count; i++) {
-        const ferry_param *p = &G->P->items[i];
-        const ferry_rowgrad *rg = &G->rows[i];
-        if (G->touched[i] && !(p->flags & FERRY_PARAM_ROW_SPARSE))
-            n += p->numel * (int64_t)sizeof(float);
-        n += rg->cap * rg->D * (int64_t)sizeof(float) + rg->cap * (int64_t)sizeof(int64_t) +
-             rg->hash_cap * (int64_t)sizeof(int64_t);
+ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int64_t bytes,
+                                  const char *what) {
+    if (bytes <= 0)
+        return FERRY_OK;
+    if (bytes > t->lim.context_bytes - c->bytes)
+        return ferry__ps_over_budget(what, bytes, "the per-context budget", t->lim.context_bytes,
+                                     c->bytes, "--max-context-mb");
+    long long used = atomic_fetch_add(&t->bytes, (long long)bytes);
+    if (used + bytes > t->lim.contexts_bytes || used + bytes < used) {
+        atomic_fetch_sub(&t->bytes, (long long)bytes);
+        return ferry__ps_over_budget(what, bytes, "the budget of all contexts",
+                                     t->lim.contexts_bytes, used, "--max-contexts-mb");
     }
-    return n;
+    c->bytes += bytes;
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_ctx_charge_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
+                                        const ferry_grads *G, int64_t new_rows) {
+    return ferry__ps_ctx_charge(t, c, ferry_grads_growth_bound(G, new_rows), "gradient storage");
+}
+
+/* What c really holds: itself, its module list, gradients and saved Forwards. */
+static int64_t ctx_bytes(const ferry__ps_ctx *c) {
+    int64_t bytes = (int64_t)sizeof *c + c->cap * (int64_t)sizeof *c->mods;
+    for (int i = 0; i < c->nmods; i++)
+        bytes += ferry_grads_bytes(&c->mods[i].G);
+    for (const ferry__ps_call *call = c->calls; call != NULL; call = call->next)
+        bytes += (int64_t)(sizeof *call + call->saved.bytes);
+    return bytes;
 }
 
 void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
-    int64_t bytes = (int64_t)sizeof *c + c->cap * (int64_t)sizeof *c->mods;
-    for (int i = 0; i < c->nmods; i++)
-        bytes += grads_bytes(&c->mods[i].G);
-    for (const ferry__ps_call *call = c->calls; call != NULL; call = call->next)
-        bytes += (int64_t)(sizeof *call + call->saved.bytes);
+    int64_t bytes = ctx_bytes(c);
     atomic_fetch_add(&t->bytes, bytes - c->bytes);
     c->bytes = bytes;
     pthread_mutex_unlock(&c->mu);
@@ -163,13 +199,21 @@ void ferry__ps_ctx_retire(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int stepped)
     atomic_fetch_add(stepped ? &t->stepped : &t->released, 1);
 }
 
-ferry_status ferry__ps_ctx_grads(ferry__ps_ctx *c, ferry__ps_module *m, ferry_grads **out) {
+ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
+                                 ferry_grads **out) {
     for (int i = 0; i < c->nmods; i++) {
         if (c->mods[i].mod == m) {
             *out = &c->mods[i].G;
             return FERRY_OK;
         }
     }
+    /* The list entry, gradient flags and per-parameter tables: a few hundred bytes
+     * (the gradient storage is charged as it grows). */
+    ferry_status st = ferry__ps_ctx_charge(
+        t, c, (int64_t)sizeof *c->mods + m->P.count * (int64_t)(1 + sizeof(ferry_rowgrad)),
+        "a module's gradient table");
+    if (st != FERRY_OK)
+        return st;
     if (c->nmods == c->cap) {
         int cap = c->cap ? 2 * c->cap : 4;
         ferry__ps_ctx_mod *mods = realloc(c->mods, (size_t)cap * sizeof *mods);
@@ -181,8 +225,7 @@ ferry_status ferry__ps_ctx_grads(ferry__ps_ctx *c, ferry__ps_module *m, ferry_gr
     ferry__ps_ctx_mod *cm = &c->mods[c->nmods];
     memset(cm, 0, sizeof *cm);
     cm->mod = m;
-    ferry_status st = ferry_grads_init(&cm->G, &m->P);
-    if (st != FERRY_OK)
+    if ((st = ferry_grads_init(&cm->G, &m->P)) != FERRY_OK)
         return st;
     c->nmods++;
     *out = &cm->G;
@@ -254,6 +297,10 @@ int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t) {
         ctx_free(t, c);
         atomic_fetch_add(&t->swept, 1);
     }
+    /* The contexts of dead trainers are gone: give their pages back to the system
+     * rather than keep them for steps that may never come. */
+    if (n > 0)
+        ferry_rpc_release_idle_memory();
     return n;
 }
 

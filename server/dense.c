@@ -22,11 +22,24 @@ void ferry__ps_saved_free(ferry__ps_saved *sv) {
     memset(sv, 0, sizeof *sv);
 }
 
+/* Charges n bytes kept past the call to the context (its budgets). */
+static ferry_status saved_charge(ferry__ps_saved *sv, size_t n, const char *name) {
+    if (sv->ctx == NULL)
+        return FERRY_OK;
+    char what[FERRY_RPC_NAME_MAX + 32];
+    (void)snprintf(what, sizeof what, "saved tensor '%s'", name);
+    return ferry__ps_ctx_charge(sv->table, sv->ctx, (int64_t)n, what);
+}
+
 ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i) {
     FERRY_ASSERT(sv->nt < 3);
-    ferry_rpc_tensor *t = &sv->t[sv->nt];
-    ferry_status st = ferry_rpc_msg_take(req, i, t);
+    if (i < 0 || i >= req->ntensors)
+        return ferry_errorf(FERRY_ERR_INVALID, "tensor index %d outside the request", i);
+    ferry_status st = saved_charge(sv, req->tensors[i].nbytes, req->tensors[i].name);
     if (st != FERRY_OK)
+        return st;
+    ferry_rpc_tensor *t = &sv->t[sv->nt];
+    if ((st = ferry_rpc_msg_take(req, i, t)) != FERRY_OK)
         return st;
     if (t->release == NULL) {
         /* A borrowed tensor cannot be kept past the call: copy it. */
@@ -45,6 +58,9 @@ ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i
 
 ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, void **data) {
     FERRY_ASSERT(sv->nt < 3);
+    ferry_status st = saved_charge(sv, n, "(activation)");
+    if (st != FERRY_OK)
+        return st;
     void *p = ferry_rpc_buf_alloc(n);
     if (p == NULL)
         return ferry_errorf(FERRY_ERR_NOMEM, "cannot allocate %zu bytes for a saved activation", n);

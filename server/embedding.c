@@ -31,6 +31,13 @@ static ferry_status embedding_forward(ferry__ps_module *m, const Ferry__ForwardR
         return st;
     int64_t U = req->tensors[ii].dim[0], E = m->cols;
     int64_t lo = m->cfg.row_begin, hi = m->cfg.row_begin + m->rows;
+    /* The reply first: one too large to send is refused before anything else is
+     * allocated for it. */
+    int64_t dim[2] = {U, E};
+    float *rows; /* (U, E) */
+    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, "rows", (void **)&rows)) !=
+        FERRY_OK)
+        return st;
     int64_t *ids = malloc((size_t)(U > 0 ? U : 1) * sizeof *ids);
     int32_t *local = NULL;
     if (ids == NULL)
@@ -56,11 +63,7 @@ static ferry_status embedding_forward(ferry__ps_module *m, const Ferry__ForwardR
         goto done;
     for (int64_t u = 0; u < U; u++)
         local[u] = (int32_t)(ids[u] - lo);
-    int64_t dim[2] = {U, E};
-    float *rows; /* (U, E) */
-    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, "rows", (void **)&rows)) ==
-            FERRY_OK &&
-        U > 0)
+    if (U > 0)
         st = ferry_backend_gather_rows(m->P.be, U, E, local, ferry_params_data(&m->P, m->w), rows);
 done:
     free(ids);

@@ -32,6 +32,11 @@ ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_
                               "%s '%s': context %#llx already has a Forward with call id %llu",
                               m->kind->name, m->name, (unsigned long long)q->ctx_id,
                               (unsigned long long)q->call_id);
+        sv.table = t; /* what the Forward keeps is charged to this context */
+        sv.ctx = c;
+        /* The pending-call record itself. */
+        if (st == FERRY_OK)
+            st = ferry__ps_ctx_charge(t, c, (int64_t)sizeof(ferry__ps_call), "a pending call");
     }
     uint64_t version = 0;
     if (st == FERRY_OK) {
@@ -44,7 +49,7 @@ ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_
         /* The module joins the context now, so that Step advances its optimizer even
          * if no gradient reaches it (the step counter stays in line with the trainer). */
         ferry_grads *G;
-        st = ferry__ps_ctx_grads(c, m, &G);
+        st = ferry__ps_ctx_grads(t, c, m, &G);
         if (st == FERRY_OK)
             st = ferry__ps_ctx_save(c, m, q->call_id, &sv);
     }
@@ -78,7 +83,11 @@ ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry
                           m->kind->name, m->name, (unsigned long long)q->ctx_id,
                           (unsigned long long)q->call_id);
     else
-        st = ferry__ps_ctx_grads(c, m, &G);
+        st = ferry__ps_ctx_grads(t, c, m, &G);
+    /* The gradient storage this Backward can add (the rows of the Forward it answers,
+     * or a dense block on first use) is charged before it is taken. */
+    if (st == FERRY_OK)
+        st = ferry__ps_ctx_charge_grads(t, c, G, call->saved.N);
     if (st == FERRY_OK) {
         pthread_rwlock_rdlock(&m->lock);
         st = m->kind->backward(m, q, &call->saved, req, G, reply);
@@ -101,12 +110,16 @@ ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry
  * one Step of one context applies the penalty once (a second trainer's context is a
  * second optimizer step and adds it once more, computed from W as it is then).
  * Context mutex held; `locked`: the caller holds the module's write lock. */
-static ferry_status ctx_mod_penalty(ferry__ps_ctx_mod *cm, int locked) {
+static ferry_status ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
+                                    ferry__ps_ctx_mod *cm, int locked) {
     if (cm->penalty_done || !ferry__ps_constrained(cm->mod))
         return FERRY_OK;
+    ferry_status st = ferry__ps_ctx_charge_grads(t, c, &cm->G, 0);
+    if (st != FERRY_OK)
+        return st;
     if (!locked)
         pthread_rwlock_rdlock(&cm->mod->lock);
-    ferry_status st = ferry__ps_constraint_penalty(cm->mod, &cm->G, &cm->penalty, &cm->feasibility);
+    st = ferry__ps_constraint_penalty(cm->mod, &cm->G, &cm->penalty, &cm->feasibility);
     if (!locked)
         pthread_rwlock_unlock(&cm->mod->lock);
     cm->penalty_done = st == FERRY_OK;
@@ -141,7 +154,7 @@ ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req, ferr
         if (!name_listed(cm->mod->name, q->modules, q->n_modules))
             continue;
         double ss = 0.0;
-        if ((st = ctx_mod_penalty(cm, 0)) != FERRY_OK ||
+        if ((st = ctx_mod_penalty(t, c, cm, 0)) != FERRY_OK ||
             (st = ferry_grads_sumsq(&cm->G, &ss)) != FERRY_OK)
             break;
         ferry__metric__init(&metrics[r.n_per_module]);
@@ -205,7 +218,7 @@ ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc
         if (q->lr > 0.0)
             st = ferry_optim_set_lr(m->opt, q->lr);
         if (st == FERRY_OK)
-            st = ctx_mod_penalty(&c->mods[i], 1);
+            st = ctx_mod_penalty(t, c, &c->mods[i], 1);
         if (st == FERRY_OK)
             st = ferry_optim_step(m->opt, &m->P, &c->mods[i].G, (float)scale);
         if (st == FERRY_OK)

@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
     ferry_ps_config_default(&cfg);
     cfg.handle_signals = 1;
     int log_level = FERRY_LOG_LEVEL_INFO, max_message_mb = 256;
+    int max_module_mb = 0, max_model_mb = 0, max_context_mb = 0, max_contexts_mb = 0;
     const char *port_file = NULL;
     const ferry_flag flags[] = {
         {.name = "listen",
@@ -64,6 +65,43 @@ int main(int argc, char **argv) {
          .min = 1,
          .max = 2047,
          .help = "largest request or reply, in MiB"},
+        {.name = "max-module-mb",
+         .type = FERRY_FLAG_INT,
+         .ptr = &max_module_mb,
+         .min = 0,
+         .max = 1 << 30,
+         .help = "largest module (weights + optimizer state), in MiB (0: 2048)"},
+        {.name = "max-model-mb",
+         .type = FERRY_FLAG_INT,
+         .ptr = &max_model_mb,
+         .min = 0,
+         .max = 1 << 30,
+         .help = "all modules together, in MiB (0: half the physical memory)"},
+        {.name = "max-context-mb",
+         .type = FERRY_FLAG_INT,
+         .ptr = &max_context_mb,
+         .min = 0,
+         .max = 1 << 30,
+         .help = "one context's saved inputs and gradients, and one call's scratch, in MiB "
+                 "(0: 1024)"},
+        {.name = "max-contexts-mb",
+         .type = FERRY_FLAG_INT,
+         .ptr = &max_contexts_mb,
+         .min = 0,
+         .max = 1 << 30,
+         .help = "all contexts together, in MiB (0: a quarter of the physical memory)"},
+        {.name = "max-contexts",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_contexts,
+         .min = 0,
+         .max = 1 << 24,
+         .help = "contexts alive at once (0: 16384)"},
+        {.name = "checkpoint-keep",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.checkpoint_keep,
+         .min = 0,
+         .max = 1 << 20,
+         .help = "checkpoints kept in --checkpoint-dir, older ones deleted (0: 4)"},
         {.name = "checkpoint-dir",
          .type = FERRY_FLAG_STRING,
          .ptr = &cfg.checkpoint_dir,
@@ -101,6 +139,10 @@ int main(int argc, char **argv) {
         return 0;
     ferry_log_set_level((ferry_log_level)log_level);
     cfg.max_message_bytes = (size_t)max_message_mb << 20;
+    cfg.max_module_bytes = (size_t)max_module_mb << 20;
+    cfg.max_model_bytes = (size_t)max_model_mb << 20;
+    cfg.max_context_bytes = (size_t)max_context_mb << 20;
+    cfg.max_contexts_bytes = (size_t)max_contexts_mb << 20;
     ferry_ps_server *s;
     ferry_status st = ferry_ps_server_create(&cfg, &s);
     if (st != FERRY_OK) {

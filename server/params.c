@@ -5,11 +5,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "checked.h"
 #include "log.h"
 #include "server/ps-impl.h"
 
 /* Resolves [row_begin, row_begin + row_count) to local rows; row_count 0 means the
- * whole shard. */
+ * whole shard. Both numbers come from the wire: the check never forms an
+ * overflowing sum. */
 static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, int64_t row_count,
                                  int64_t *lo, int64_t *n) {
     int64_t first = m->cfg.row_begin, end = m->cfg.row_begin + m->rows;
@@ -18,12 +20,12 @@ static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, i
         *n = m->rows;
         return FERRY_OK;
     }
-    if (row_count < 0 || row_begin < first || row_begin + row_count > end)
+    if (!ferry_checked_range(row_begin, row_count, first, end))
         return ferry_errorf(FERRY_ERR_RANGE,
-                            "%s '%s': rows [%lld, %lld) outside this shard's "
+                            "%s '%s': rows (begin %lld, count %lld) outside this shard's "
                             "rows [%lld, %lld)",
-                            m->kind->name, m->name, (long long)row_begin,
-                            (long long)(row_begin + row_count), (long long)first, (long long)end);
+                            m->kind->name, m->name, (long long)row_begin, (long long)row_count,
+                            (long long)first, (long long)end);
     *lo = row_begin - first;
     *n = row_count;
     return FERRY_OK;

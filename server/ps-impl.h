@@ -20,6 +20,23 @@
 #include "optim/optim.h"
 #include "server/ps.h"
 
+/* ---- budgets ---------------------------------------------------------------- */
+
+/* A server's budgets in bytes (ferry_ps_config's with defaults applied). */
+typedef struct ferry__ps_limits {
+    int64_t module_bytes;   /* one module: weights + optimizer slots */
+    int64_t model_bytes;    /* all modules */
+    int64_t context_bytes;  /* one context; one call's scratch */
+    int64_t contexts_bytes; /* all contexts */
+    int64_t contexts;       /* live contexts */
+} ferry__ps_limits;
+
+/* Resolves cfg's budgets (0: the defaults, from the machine's physical memory). */
+void ferry__ps_limits_resolve(const ferry_ps_config *cfg, ferry__ps_limits *out);
+/* FERRY_ERR_RESOURCE: "<what> needs N MiB, over <budget> (M MiB, U MiB in use; <flag>)". */
+ferry_status ferry__ps_over_budget(const char *what, int64_t need, const char *budget,
+                                   int64_t limit, int64_t used, const char *flag);
+
 /* ---- modules ---------------------------------------------------------------- */
 
 /* A module's configuration after defaults are applied; two CreateModule calls
@@ -38,13 +55,19 @@ typedef struct ferry__ps_module_config {
     int polar;                          /* option polar=1: polar factor of the drawn weight */
 } ferry__ps_module_config;
 
-/* What a Forward keeps for its Backward: up to three owned buffers. */
+struct ferry__ps_ctx_table;
+struct ferry__ps_ctx;
+
+/* What a Forward keeps for its Backward: up to three owned buffers, each charged
+ * to the context's budget before it is allocated (or kept, when taken). */
 typedef struct ferry__ps_saved {
     int mode;
     int64_t N;
     ferry_rpc_tensor t[3]; /* owned: release(release_user) frees each */
     int nt;
     size_t bytes;
+    struct ferry__ps_ctx_table *table; /* the context charged, set by the handler */
+    struct ferry__ps_ctx *ctx;
 } ferry__ps_saved;
 
 void ferry__ps_saved_free(ferry__ps_saved *sv); /* frees the buffers; NULL is a no-op */
@@ -87,8 +110,13 @@ struct ferry__ps_module {
     int64_t cols; /* weight columns */
     ferry_optim *opt;
     pthread_rwlock_t lock;
-    uint64_t version; /* bumped by Step and SetParams, under the write lock */
+    uint64_t version;   /* bumped by Step and SetParams, under the write lock */
+    int64_t bytes;      /* weights + optimizer slots, as charged to the model budget */
+    int64_t call_bytes; /* scratch one call may allocate (the per-context budget) */
 };
+
+/* FERRY_ERR_RESOURCE unless `bytes` of transient scratch fit m->call_bytes. */
+ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, const char *what);
 
 /* ---- module helpers (dense.c) ---- */
 
@@ -139,9 +167,11 @@ typedef struct ferry__ps_registry {
     pthread_mutex_t mu;
     ferry__ps_module **mods;
     int count, cap;
+    int64_t bytes; /* sum of the modules' bytes */
+    ferry__ps_limits lim;
 } ferry__ps_registry;
 
-void ferry__ps_registry_init(ferry__ps_registry *r);
+void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim);
 void ferry__ps_registry_deinit(ferry__ps_registry *r);
 /* CreateModule: idempotent by name. *created = 1 for a new module, 0 when one with
  * the same configuration exists (its parameters are left alone). FERRY_ERR_EXISTS
@@ -151,8 +181,9 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
                                        int *created, ferry__ps_module **out);
 /* The module named `name`, or NULL with FERRY_ERR_NOT_FOUND set through ferry_errorf. */
 ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name);
-/* A snapshot of the module list (modules live as long as the registry). */
-int ferry__ps_registry_list(ferry__ps_registry *r, ferry__ps_module **out, int cap);
+/* A snapshot of the whole module list in a new array (free it); modules live as
+ * long as the registry. NULL with *n = 0 when empty or out of memory. */
+ferry__ps_module **ferry__ps_registry_list(ferry__ps_registry *r, int *n);
 int ferry__ps_registry_count(ferry__ps_registry *r);
 
 /* ---- contexts (ctx-table.c) ---- */
@@ -182,7 +213,7 @@ typedef struct ferry__ps_ctx {
     ferry__ps_ctx_mod *mods; /* modules touched, in order */
     int nmods, cap;
     ferry__ps_call *calls;      /* saved Forwards awaiting Backward */
-    int64_t bytes;              /* memory held, as last accounted */
+    int64_t bytes;              /* memory held: as last measured, plus charges since */
     struct ferry__ps_ctx *next; /* hash chain */
 } ferry__ps_ctx;
 
@@ -191,11 +222,13 @@ typedef struct ferry__ps_ctx_table {
     ferry__ps_ctx **buckets;
     int64_t nbuckets, count;
     double ttl_s;
+    ferry__ps_limits lim;
     atomic_llong bytes; /* sum of every context's bytes */
     atomic_llong created, swept, stepped, released;
 } ferry__ps_ctx_table;
 
-ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s);
+ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
+                                      const ferry__ps_limits *lim);
 void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t);
 /* Finds (or with create, makes) context id, refreshes its lease, and returns it
  * locked. FERRY_ERR_NOT_FOUND with a message for an unknown, stepped, released or
@@ -207,8 +240,18 @@ void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c);
 /* Marks a locked context stepped/released: later calls get NOT_FOUND, and it is
  * freed once the last holder releases it. */
 void ferry__ps_ctx_retire(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int stepped);
+/* Charges `bytes` more to context c (locked) before they are allocated:
+ * FERRY_ERR_RESOURCE naming the per-context or the all-contexts budget when either
+ * would be exceeded (nothing is charged then). */
+ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int64_t bytes,
+                                  const char *what);
+/* Charges the most that G can grow by when row-sparse parameters receive up to
+ * new_rows more rows and dense ones are first touched. */
+ferry_status ferry__ps_ctx_charge_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
+                                        const ferry_grads *G, int64_t new_rows);
 /* The gradients of module m in context c, created (zero) on first use. */
-ferry_status ferry__ps_ctx_grads(ferry__ps_ctx *c, ferry__ps_module *m, ferry_grads **out);
+ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
+                                 ferry_grads **out);
 /* Stores a saved Forward (moved from *sv, which is zeroed). FERRY_ERR_EXISTS if
  * that call id already has one for m. */
 ferry_status ferry__ps_ctx_save(ferry__ps_ctx *c, ferry__ps_module *m, uint64_t call_id,
@@ -236,13 +279,28 @@ ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req, fer
 ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
 
 ferry__ps_registry *ferry__ps_server_registry(ferry_ps_server *s);
+/* The handler of every method (the rpc layer's ferry_rpc_handler; user is the
+ * server): tests and fuzz targets call it directly. */
+ferry_status ferry__ps_dispatch(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply);
+/* A server without the network, answering only ferry__ps_dispatch (fuzz targets);
+ * cfg->listen is ignored. Destroy with ferry_ps_server_destroy. */
+ferry_status ferry__ps_server_create_local(const ferry_ps_config *cfg, ferry_ps_server **out);
+int ferry__ps_server_port(const ferry_ps_server *s); /* 0 without the network */
+/* Resident memory of this process (VmRSS), or 0 when unknown. */
+int64_t ferry__ps_rss_bytes(void);
 ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s);
 
 /* ---- checkpoints (checkpoint.c) ---- */
 
-/* Writes every module (config, version, parameters, optimizer state) to path
- * atomically (a temporary file renamed over it); *bytes receives the size. */
-ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *path, uint64_t *bytes);
+/* Writes every module (config, version, parameters, optimizer state) to file `name`
+ * in directory `dir` atomically: a new temporary file (O_EXCL, never a symlink's
+ * target), fsync, rename over the name (which replaces a symlink, never follows
+ * it), fsync of the directory. Refused with FERRY_ERR_RESOURCE when the file
+ * system lacks the room. *bytes receives the size. Afterwards only the newest
+ * `keep` ferry-ps checkpoints in dir are kept (keep <= 0: all). */
+ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
+                                        int keep, uint64_t *bytes);
 /* Recreates the modules of a checkpoint in an empty registry. */
 ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path);
 

@@ -69,11 +69,23 @@ typedef struct ferry_ps_config {
     int shutdown_grace_ms;      /* in-flight calls get this long on SIGTERM or stop */
     int handle_signals;         /* run(): SIGINT/SIGTERM stop the server */
     const char *restore;        /* a checkpoint file to recreate the modules from, or NULL */
+    /* Budgets: every allocation a request can cause is bounded by one of these and
+     * refused with FERRY_ERR_RESOURCE (RESOURCE_EXHAUSTED) naming it. 0 takes the
+     * default. Replies are bounded by max_message_bytes before they are built. */
+    size_t max_module_bytes;   /* one module: weights + optimizer state (2 GiB) */
+    size_t max_model_bytes;    /* all modules together (half the physical memory) */
+    size_t max_context_bytes;  /* one context's saved inputs and gradients; also one
+                                  call's scratch (1 GiB) */
+    size_t max_contexts_bytes; /* every context together (a quarter of physical memory) */
+    int max_contexts;          /* contexts alive at once (16384) */
+    int checkpoint_keep;       /* ferry-ps checkpoints kept in checkpoint_dir; older ones
+                                  are deleted after each write (4) */
 } ferry_ps_config;
 
 typedef struct ferry_ps_server ferry_ps_server;
 
-/* Defaults: listen 127.0.0.1:7000, 2 threads, TTL 60 s, grace 5000 ms, no signals. */
+/* Defaults: listen 127.0.0.1:7000, 2 threads, TTL 60 s, grace 5000 ms, no signals;
+ * budgets 0 (their defaults, see above). */
 void ferry_ps_config_default(ferry_ps_config *cfg);
 
 /* Binds the address and starts answering calls on cfg->threads threads; logs

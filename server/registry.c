@@ -4,11 +4,13 @@
  * untouched, and a conflicting one gets ALREADY_EXISTS naming the first differing
  * field. A new module gets its parameter block, initial values and optimizer here. */
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "log.h"
 #include "optim/stiefel.h" /* ferry_stiefel_polar */
 #include "server/ps-impl.h"
@@ -27,9 +29,11 @@ static const ferry__ps_kind *kind_find(const char *name) {
 
 static ferry_status parse_int(const char *key, const char *v, int64_t *out) {
     char *end;
+    errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (end == v || *end != '\0')
-        return ferry_errorf(FERRY_ERR_INVALID, "option %s: '%s' is not an integer", key, v);
+    if (end == v || *end != '\0' || errno == ERANGE)
+        return ferry_errorf(FERRY_ERR_INVALID, "option %s: '%.32s' is not a 64-bit integer", key,
+                            v);
     *out = x;
     return FERRY_OK;
 }
@@ -162,12 +166,16 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     c->dims[1] = p->dims[1];
     int linear = strcmp(p->kind, "linear") == 0;
     int64_t R = linear ? c->dims[1] : c->dims[0]; /* global rows */
+    /* row_begin and row_count come from the wire: checked without forming a sum
+     * that could overflow. row_count 0 means "to the end". */
     c->row_begin = p->row_begin;
-    c->row_count = p->row_count != 0 ? p->row_count : R - p->row_begin;
-    if (c->row_begin < 0 || c->row_count < 1 || c->row_begin + c->row_count > R)
-        return ferry_errorf(FERRY_ERR_RANGE, "module '%s': rows [%lld, %lld) outside [0, %lld)",
-                            name, (long long)c->row_begin, (long long)(c->row_begin + c->row_count),
-                            (long long)R);
+    c->row_count = p->row_count;
+    if (c->row_count == 0 && c->row_begin >= 0 && c->row_begin <= R)
+        c->row_count = R - c->row_begin;
+    if (c->row_count < 1 || !ferry_checked_range(c->row_begin, c->row_count, 0, R))
+        return ferry_errorf(FERRY_ERR_RANGE,
+                            "module '%s': rows (begin %lld, count %lld) outside [0, %lld)", name,
+                            (long long)c->row_begin, (long long)c->row_count, (long long)R);
     c->init_seed = p->init_seed;
     c->init_scale = p->init_scale != 0.0 ? p->init_scale : 0.1;
     if (!(c->init_scale > 0.0) || !isfinite(c->init_scale))
@@ -278,8 +286,9 @@ static void module_init_uniform(ferry__ps_module *m) {
     const ferry__ps_module_config *c = &m->cfg;
     float scale = (float)c->init_scale;
     float *W = ferry_params_data(&m->P, m->w); /* (rows, cols) */
+    /* Unsigned: any weight_offset/bias_offset a request gives wraps, never overflows. */
     for (int64_t r = 0; r < m->rows; r++) {
-        uint64_t base = (uint64_t)(c->weight_offset + (c->row_begin + r) * m->cols);
+        uint64_t base = (uint64_t)c->weight_offset + (uint64_t)(c->row_begin + r) * (uint64_t)m->cols;
         for (int64_t j = 0; j < m->cols; j++)
             W[r * m->cols + j] =
                 (2.0f * ferry_rand_uniform(c->init_seed, base + (uint64_t)j) - 1.0f) * scale;
@@ -287,8 +296,8 @@ static void module_init_uniform(ferry__ps_module *m) {
     if (m->b >= 0) {
         float *b = ferry_params_data(&m->P, m->b); /* (rows) */
         for (int64_t r = 0; r < m->rows; r++)
-            b[r] = (2.0f * ferry_rand_uniform(c->init_seed,
-                                              (uint64_t)(c->bias_offset + c->row_begin + r)) -
+            b[r] = (2.0f * ferry_rand_uniform(c->init_seed, (uint64_t)c->bias_offset +
+                                                                (uint64_t)(c->row_begin + r)) -
                     1.0f) *
                    scale;
     }
@@ -317,7 +326,29 @@ static ferry_status module_set_initial(ferry__ps_module *m, const ferry_rpc_msg 
     return FERRY_OK;
 }
 
-static ferry_status module_build(const char *name, const ferry__ps_module_config *c,
+/* Weights and optimizer slots of a declared (not yet allocated) module, checked
+ * against the per-module budget and what is left of the model budget. Registry
+ * lock held. */
+static ferry_status module_budget(ferry__ps_registry *r, ferry__ps_module *m) {
+    int64_t per = (int64_t)(1 + ferry_optim_slots(&m->cfg.optim)) * (int64_t)sizeof(float), bytes;
+    char what[FERRY_RPC_NAME_MAX + 64];
+    (void)snprintf(what, sizeof what, "%s '%s' (weights + optimizer state)", m->kind->name,
+                   m->name);
+    if (!ferry_checked_mul(m->P.numel, per, &bytes) ||
+        !ferry_checked_add(bytes, m->rows, &bytes)) /* + the optimizer's per-row flags */
+        bytes = INT64_MAX;
+    if (bytes > r->lim.module_bytes)
+        return ferry__ps_over_budget(what, bytes, "the per-module budget", r->lim.module_bytes, 0,
+                                     "--max-module-mb");
+    if (bytes > r->lim.model_bytes - r->bytes)
+        return ferry__ps_over_budget(what, bytes, "the budget of all modules", r->lim.model_bytes,
+                                     r->bytes, "--max-model-mb");
+    m->bytes = bytes;
+    return FERRY_OK;
+}
+
+static ferry_status module_build(ferry__ps_registry *r, const char *name,
+                                 const ferry__ps_module_config *c,
                                  const Ferry__ModuleConfig *proto, const ferry_rpc_msg *req,
                                  ferry__ps_module **out) {
     ferry__ps_module *m = calloc(1, sizeof *m);
@@ -339,7 +370,9 @@ static ferry_status module_build(const char *name, const ferry__ps_module_config
     if ((m->config_packed = malloc(m->config_len ? m->config_len : 1)) == NULL)
         goto fail;
     (void)protobuf_c_message_pack(&proto->base, m->config_packed);
-    if ((st = m->kind->declare(m)) != FERRY_OK || (st = ferry_params_alloc(&m->P)) != FERRY_OK)
+    m->call_bytes = r->lim.context_bytes;
+    if ((st = m->kind->declare(m)) != FERRY_OK || (st = module_budget(r, m)) != FERRY_OK ||
+        (st = ferry_params_alloc(&m->P)) != FERRY_OK)
         goto fail;
     module_init_uniform(m);
     /* polar=1: start on the manifold as cdopt does (W <- U V^T of its thin SVD, so
@@ -375,9 +408,10 @@ static ferry_status check_name(const char *name) {
 
 /* ---- the registry ---- */
 
-void ferry__ps_registry_init(ferry__ps_registry *r) {
+void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim) {
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
+    r->lim = *lim;
 }
 
 void ferry__ps_registry_deinit(ferry__ps_registry *r) {
@@ -405,13 +439,14 @@ ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *nam
     return m;
 }
 
-int ferry__ps_registry_list(ferry__ps_registry *r, ferry__ps_module **out, int cap) {
+ferry__ps_module **ferry__ps_registry_list(ferry__ps_registry *r, int *n) {
     pthread_mutex_lock(&r->mu);
-    int n = r->count < cap ? r->count : cap;
-    for (int i = 0; i < n; i++)
-        out[i] = r->mods[i];
+    ferry__ps_module **out = r->count > 0 ? malloc((size_t)r->count * sizeof *out) : NULL;
+    *n = out != NULL ? r->count : 0;
+    if (out != NULL)
+        memcpy(out, r->mods, (size_t)r->count * sizeof *out);
     pthread_mutex_unlock(&r->mu);
-    return n;
+    return out;
 }
 
 int ferry__ps_registry_count(ferry__ps_registry *r) {
@@ -447,8 +482,9 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
             else
                 r->mods = mods, r->cap = cap;
         }
-        if (st == FERRY_OK && (st = module_build(name, &c, cfg, req, &m)) == FERRY_OK) {
+        if (st == FERRY_OK && (st = module_build(r, name, &c, cfg, req, &m)) == FERRY_OK) {
             r->mods[r->count++] = m;
+            r->bytes += m->bytes;
             *created = 1;
         }
     }

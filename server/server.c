@@ -23,6 +23,8 @@ struct ferry_ps_server {
     ferry_rpc_server *rpc;
     ferry__ps_registry reg;
     ferry__ps_ctx_table ctxs;
+    ferry__ps_limits lim;
+    pthread_mutex_t checkpoint_mu; /* one checkpoint written at a time */
     uint64_t incarnation;
     double t_start;
     pthread_mutex_t mu;       /* guards everything below */
@@ -65,9 +67,13 @@ static ferry_status on_hello(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
     const Ferry__HelloRequest *q = req->head;
     FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)", q->client_id[0] ? q->client_id : "?",
                     q->worker_id, q->version);
-    ferry__ps_module *mods[256];
-    char *names[256];
-    int n = ferry__ps_registry_list(&s->reg, mods, 256);
+    int n;
+    ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
+    char **names = malloc((size_t)(n > 0 ? n : 1) * sizeof *names);
+    if (names == NULL) {
+        free(mods);
+        return FERRY_ERR_NOMEM;
+    }
     for (int i = 0; i < n; i++)
         names[i] = mods[i]->name;
     char id[sizeof s->server_id];
@@ -81,7 +87,10 @@ static ferry_status on_hello(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
     r.modules = names;
     r.max_message_bytes =
         s->cfg.max_message_bytes ? s->cfg.max_message_bytes : FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES;
-    return ferry_rpc_msg_set_head(reply, &r.base);
+    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    free(names);
+    free(mods);
+    return st;
 }
 
 static ferry_status on_create_module(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
@@ -128,7 +137,9 @@ static ferry_status on_stats(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
         return FERRY_ERR_NOMEM;
     b->prefix = q->prefix;
     ferry_rpc_server_stats rs;
-    ferry_rpc_server_get_stats(s->rpc, &rs);
+    memset(&rs, 0, sizeof rs);
+    if (s->rpc != NULL)
+        ferry_rpc_server_get_stats(s->rpc, &rs);
     int64_t live = ferry__ps_ctx_live(&s->ctxs);
     long long bytes = atomic_load(&s->ctxs.bytes);
     int nmods = ferry__ps_registry_count(&s->reg);
@@ -139,15 +150,24 @@ static ferry_status on_stats(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
     stat_add(b, "contexts_released", (double)atomic_load(&s->ctxs.released));
     stat_add(b, "contexts_swept", (double)atomic_load(&s->ctxs.swept));
     stat_add(b, "modules", (double)nmods);
+    pthread_mutex_lock(&s->reg.mu);
+    stat_add(b, "module_bytes", (double)s->reg.bytes);
+    pthread_mutex_unlock(&s->reg.mu);
+    stat_add(b, "budget_module_bytes", (double)s->lim.module_bytes);
+    stat_add(b, "budget_model_bytes", (double)s->lim.model_bytes);
+    stat_add(b, "budget_context_bytes", (double)s->lim.context_bytes);
+    stat_add(b, "budget_contexts_bytes", (double)s->lim.contexts_bytes);
+    stat_add(b, "budget_contexts", (double)s->lim.contexts);
+    stat_add(b, "rss_bytes", (double)ferry__ps_rss_bytes());
     stat_add(b, "calls", (double)rs.calls);
     stat_add(b, "errors", (double)rs.errors);
     stat_add(b, "in_flight", (double)rs.in_flight);
     stat_add(b, "bytes_in", (double)rs.bytes_in);
     stat_add(b, "bytes_out", (double)rs.bytes_out);
     stat_add(b, "uptime_s", ferry_now() - s->t_start);
-    ferry__ps_module *mods[32];
-    int n = ferry__ps_registry_list(&s->reg, mods, 32);
-    for (int i = 0; i < n; i++) {
+    int n;
+    ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
+    for (int i = 0; i < n && b->n < sizeof b->items / sizeof b->items[0]; i++) {
         char name[FERRY_RPC_NAME_MAX + 16];
         double penalty = 0.0, feasibility = 0.0;
         pthread_rwlock_rdlock(&mods[i]->lock);
@@ -164,6 +184,7 @@ static ferry_status on_stats(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
             stat_add(b, name, feasibility);
         }
     }
+    free(mods);
     char text[512], id[sizeof s->server_id];
     server_id_copy(s, id);
     (void)snprintf(text, sizeof text,
@@ -181,31 +202,58 @@ static ferry_status on_stats(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_m
     return st;
 }
 
-/* A checkpoint file inside --checkpoint-dir: the requested name, or a default. */
-static ferry_status checkpoint_path(ferry_ps_server *s, const char *name, uint64_t step, char *out,
+/* The file name a Checkpoint writes inside --checkpoint-dir: the requested name, or
+ * a default. Names are plain file names ([A-Za-z0-9._-], not starting with '.'), so
+ * no request can reach outside the directory. */
+static ferry_status checkpoint_name(ferry_ps_server *s, const char *name, uint64_t step, char *out,
                                     size_t cap) {
     if (s->checkpoint_dir[0] == '\0')
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "this ferry-ps has no --checkpoint-dir: it cannot write checkpoints");
-    if (strchr(name, '/') != NULL || strcmp(name, "..") == 0 || strcmp(name, ".") == 0)
+    size_t n = strlen(name);
+    int ok = n < 128 && name[0] != '.';
+    for (size_t i = 0; ok && i < n; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '.' || ch == '_' || ch == '-';
+    }
+    if (!ok)
         return ferry_errorf(FERRY_ERR_INVALID,
-                            "checkpoint path '%s' must be a file name inside --checkpoint-dir",
+                            "checkpoint path '%.64s' must be a file name inside --checkpoint-dir "
+                            "(up to 127 of [A-Za-z0-9._-], not starting with '.')",
                             name);
-    int n = name[0] != '\0' ? snprintf(out, cap, "%s/%s", s->checkpoint_dir, name)
-                            : snprintf(out, cap, "%s/ferry-ps-%d-step%llu.ckpt", s->checkpoint_dir,
-                                       ferry_rpc_server_port(s->rpc), (unsigned long long)step);
-    if (n < 0 || (size_t)n >= cap)
-        return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
+    int k = n > 0 ? snprintf(out, cap, "%s", name)
+                  : snprintf(out, cap, "ferry-ps-%d-step%llu.ckpt", ferry__ps_server_port(s),
+                             (unsigned long long)step);
+    if (k < 0 || (size_t)k >= cap)
+        return ferry_errorf(FERRY_ERR_INVALID, "checkpoint name too long");
     return FERRY_OK;
+}
+
+/* Writes a checkpoint, one at a time: a second request while one is being written
+ * is refused with FERRY_ERR_BUSY rather than queued. */
+static ferry_status checkpoint_write(ferry_ps_server *s, const char *name, uint64_t step,
+                                     char *path, size_t cap, uint64_t *bytes) {
+    char file[160];
+    ferry_status st = checkpoint_name(s, name, step, file, sizeof file);
+    if (st != FERRY_OK)
+        return st;
+    if (snprintf(path, cap, "%s/%s", s->checkpoint_dir, file) >= (int)cap)
+        return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
+    if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
+        return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
+                                            "is done");
+    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, s->cfg.checkpoint_keep,
+                                    bytes);
+    pthread_mutex_unlock(&s->checkpoint_mu);
+    return st;
 }
 
 static ferry_status on_checkpoint(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__CheckpointRequest *q = req->head;
     char path[1280];
     uint64_t bytes = 0;
-    ferry_status st = checkpoint_path(s, q->path, q->step, path, sizeof path);
-    if (st == FERRY_OK)
-        st = ferry__ps_checkpoint_write(&s->reg, path, &bytes);
+    ferry_status st = checkpoint_write(s, q->path, q->step, path, sizeof path, &bytes);
     if (st != FERRY_OK)
         return st;
     Ferry__CheckpointReply r;
@@ -220,9 +268,7 @@ static ferry_status on_shutdown(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rp
     if (q->checkpoint) {
         char path[1280];
         uint64_t bytes;
-        ferry_status st = checkpoint_path(s, "", 0, path, sizeof path);
-        if (st == FERRY_OK)
-            st = ferry__ps_checkpoint_write(&s->reg, path, &bytes);
+        ferry_status st = checkpoint_write(s, "", 0, path, sizeof path, &bytes);
         if (st != FERRY_OK) {
             char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
@@ -239,8 +285,8 @@ static ferry_status on_shutdown(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rp
     return st;
 }
 
-static ferry_status dispatch(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                             ferry_rpc_msg *reply) {
+ferry_status ferry__ps_dispatch(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply) {
     ferry_ps_server *s = user;
     ferry_status st;
     ferry_error_clear();
@@ -303,8 +349,9 @@ static uint64_t random_u64(void) {
     return x != 0 ? x : 1;
 }
 
-static ferry_status config_check(const ferry_ps_config *cfg) {
-    if (cfg->listen == NULL || cfg->listen[0] == '\0' || strlen(cfg->listen) >= 128)
+static ferry_status config_check(const ferry_ps_config *cfg, int network) {
+    if (network &&
+        (cfg->listen == NULL || cfg->listen[0] == '\0' || strlen(cfg->listen) >= 128))
         return ferry_errorf(FERRY_ERR_INVALID, "ferry-ps needs a listen address (HOST:PORT)");
     if (cfg->threads < 1 || cfg->threads > 64)
         return ferry_errorf(FERRY_ERR_INVALID, "threads %d outside 1..64", cfg->threads);
@@ -313,6 +360,8 @@ static ferry_status config_check(const ferry_ps_config *cfg) {
                             cfg->context_ttl_s);
     if (cfg->shutdown_grace_ms < 0)
         return ferry_errorf(FERRY_ERR_INVALID, "negative shutdown grace");
+    if (cfg->max_contexts < 0 || cfg->checkpoint_keep < 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "negative max_contexts or checkpoint_keep");
     if (cfg->checkpoint_dir != NULL && cfg->checkpoint_dir[0] != '\0') {
         if (strlen(cfg->checkpoint_dir) >= 1024)
             return ferry_errorf(FERRY_ERR_INVALID, "checkpoint directory name too long");
@@ -323,8 +372,9 @@ static ferry_status config_check(const ferry_ps_config *cfg) {
     return FERRY_OK;
 }
 
-ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server **out) {
-    ferry_status st = config_check(cfg);
+/* Everything but the network: registry, contexts, budgets, a restored checkpoint. */
+static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps_server **out) {
+    ferry_status st = config_check(cfg, network);
     if (st != FERRY_OK)
         return st;
     ferry_ps_server *s = calloc(1, sizeof *s);
@@ -335,12 +385,17 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     s->cfg.checkpoint_dir = NULL;
     s->cfg.server_id = NULL;
     s->cfg.restore = NULL;
+    if (s->cfg.checkpoint_keep == 0)
+        s->cfg.checkpoint_keep = 4;
     if (cfg->checkpoint_dir != NULL)
         (void)snprintf(s->checkpoint_dir, sizeof s->checkpoint_dir, "%s", cfg->checkpoint_dir);
     pthread_mutex_init(&s->mu, NULL);
-    ferry__ps_registry_init(&s->reg);
-    if ((st = ferry__ps_ctx_table_init(&s->ctxs, cfg->context_ttl_s)) != FERRY_OK) {
+    pthread_mutex_init(&s->checkpoint_mu, NULL);
+    ferry__ps_limits_resolve(cfg, &s->lim);
+    ferry__ps_registry_init(&s->reg, &s->lim);
+    if ((st = ferry__ps_ctx_table_init(&s->ctxs, cfg->context_ttl_s, &s->lim)) != FERRY_OK) {
         ferry__ps_registry_deinit(&s->reg);
+        pthread_mutex_destroy(&s->checkpoint_mu);
         pthread_mutex_destroy(&s->mu);
         free(s);
         return st;
@@ -353,6 +408,19 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
         ferry_ps_server_destroy(s);
         return st;
     }
+    *out = s;
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_server_create_local(const ferry_ps_config *cfg, ferry_ps_server **out) {
+    return server_new(cfg, 0, out);
+}
+
+ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server **out) {
+    ferry_ps_server *s;
+    ferry_status st = server_new(cfg, 1, &s);
+    if (st != FERRY_OK)
+        return st;
     ferry_rpc_server_config rc;
     memset(&rc, 0, sizeof rc);
     rc.listen = cfg->listen;
@@ -360,7 +428,7 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     rc.max_message_bytes = cfg->max_message_bytes;
     rc.user = s;
     for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
-        rc.handlers[m] = dispatch;
+        rc.handlers[m] = ferry__ps_dispatch;
     if ((st = ferry_rpc_server_create(&rc, &s->rpc)) != FERRY_OK) {
         ferry_ps_server_destroy(s);
         return st;
@@ -376,12 +444,24 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     FERRY_LOG_INFO("listening on %s (id %s, incarnation %016llx, %d threads, context ttl %g s)",
                    s->address, s->server_id, (unsigned long long)s->incarnation, cfg->threads,
                    cfg->context_ttl_s);
+    FERRY_LOG_INFO("budgets: module %.0f MiB, all modules %.0f MiB, context %.0f MiB, all "
+                   "contexts %.0f MiB, %lld contexts, message %.0f MiB",
+                   (double)s->lim.module_bytes / 1048576.0, (double)s->lim.model_bytes / 1048576.0,
+                   (double)s->lim.context_bytes / 1048576.0,
+                   (double)s->lim.contexts_bytes / 1048576.0, (long long)s->lim.contexts,
+                   (double)(cfg->max_message_bytes ? cfg->max_message_bytes
+                                                   : FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES) /
+                       1048576.0);
     *out = s;
     return FERRY_OK;
 }
 
 int ferry_ps_server_port(const ferry_ps_server *s) {
-    return ferry_rpc_server_port(s->rpc);
+    return s->rpc != NULL ? ferry_rpc_server_port(s->rpc) : 0;
+}
+
+int ferry__ps_server_port(const ferry_ps_server *s) {
+    return ferry_ps_server_port(s);
 }
 
 const char *ferry_ps_server_address(const ferry_ps_server *s) {
@@ -512,6 +592,7 @@ void ferry_ps_server_destroy(ferry_ps_server *s) {
     ferry_rpc_server_destroy(s->rpc);
     ferry__ps_ctx_table_deinit(&s->ctxs);
     ferry__ps_registry_deinit(&s->reg);
+    pthread_mutex_destroy(&s->checkpoint_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "log.h"
 #include "server/ps-impl.h"
 
@@ -50,6 +51,14 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
     const float *h = req->tensors[ih].data; /* (N, H) */
     if ((st = ferry__ps_check_finite(m, "hidden", h, N * H)) != FERRY_OK)
         return st;
+    /* The logits z (N, V_s) are the big buffer: kept for Backward they are charged to
+     * the context, otherwise they are one call's scratch. */
+    size_t zbytes;
+    if (!ferry_checked_bytes(N, Vs, sizeof(float), &zbytes))
+        zbytes = (size_t)INT64_MAX;
+    if (save == NULL && (st = ferry__ps_scratch_check(m, (int64_t)zbytes,
+                                                      "logits (N x V_s floats)")) != FERRY_OK)
+        return st;
     /* Buffers: z (N, V_s) and local targets (N), kept for backward when saving. */
     float *z = NULL;
     int32_t *lt = NULL;
@@ -71,7 +80,7 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
         save->mode = DECODER_PARTIALS;
         save->N = N;
         if ((st = ferry__ps_saved_take(save, req, ih)) != FERRY_OK || /* t[0]: h (N, H) */
-            (st = ferry__ps_saved_alloc(save, (size_t)(N * Vs) * sizeof *z, (void **)&z)) !=
+            (st = ferry__ps_saved_alloc(save, zbytes, (void **)&z)) !=
                 FERRY_OK || /* t[1]: z (N, V_s) */
             (st = ferry__ps_saved_alloc(save, (size_t)N * sizeof *lt, (void **)&lt)) !=
                 FERRY_OK) { /* t[2]: local targets (N) */
@@ -80,7 +89,7 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
         }
         h = save->t[0].data;
     } else {
-        z = malloc((size_t)(N * Vs > 0 ? N * Vs : 1) * sizeof *z);
+        z = malloc(zbytes > 0 ? zbytes : 1);
         lt = malloc((size_t)(N > 0 ? N : 1) * sizeof *lt);
         if (z == NULL || lt == NULL)
             st = FERRY_ERR_NOMEM;

@@ -128,12 +128,8 @@ ferry_status ferry_grads_init(ferry_grads *G, const ferry_params *P) {
         ferry_grads_deinit(G);
         return FERRY_ERR_NOMEM;
     }
-    ferry_status st = ferry_backend_alloc(P->be, (size_t)(P->numel ? P->numel : 16) * 4,
-                                          (void **)&G->dense);
-    if (st != FERRY_OK) {
-        ferry_grads_deinit(G);
-        return st;
-    }
+    /* The dense block is allocated when a dense parameter first gets a gradient, so
+     * the gradients of a row-sparse table take memory only for the rows touched. */
     for (int i = 0; i < P->count; i++)
         G->rows[i].D = P->items[i].shape.ndim == 2 ? P->items[i].shape.dim[1] : 1;
     return FERRY_OK;
@@ -149,7 +145,8 @@ void ferry_grads_deinit(ferry_grads *G) {
             ferry_backend_free(G->P->be, G->rows[i].values);
         }
     }
-    ferry_backend_free(G->P->be, G->dense);
+    if (G->dense != NULL)
+        ferry_backend_free(G->P->be, G->dense);
     free(G->rows);
     free(G->touched);
     memset(G, 0, sizeof *G);
@@ -172,6 +169,12 @@ float *ferry_grads_dense(ferry_grads *G, int index) {
                            p->name);
         return NULL;
     }
+    if (G->dense == NULL) {
+        ferry_status st = ferry_backend_alloc(G->P->be, (size_t)(G->P->numel ? G->P->numel : 16) * 4,
+                                              (void **)&G->dense);
+        if (st != FERRY_OK)
+            return NULL;
+    }
     float *g = G->dense + p->offset;
     if (!G->touched[index]) {
         if (ferry_backend_fill(G->P->be, g, p->numel, 0.0f) != FERRY_OK)
@@ -183,6 +186,48 @@ float *ferry_grads_dense(ferry_grads *G, int index) {
 
 ferry_rowgrad *ferry_grads_rows(ferry_grads *G, int index) {
     return &G->rows[index];
+}
+
+static int64_t rowgrad_bytes(const ferry_rowgrad *rg, int64_t cap, int64_t hash_cap) {
+    return cap * (rg->D * (int64_t)sizeof(float) + (int64_t)sizeof(int64_t)) +
+           hash_cap * (int64_t)sizeof(int64_t);
+}
+
+int64_t ferry_grads_bytes(const ferry_grads *G) {
+    int64_t n = G->P->count * (int64_t)(1 + sizeof(ferry_rowgrad));
+    if (G->dense != NULL)
+        n += (G->P->numel ? G->P->numel : 16) * (int64_t)sizeof(float);
+    for (int i = 0; i < G->P->count; i++)
+        n += rowgrad_bytes(&G->rows[i], G->rows[i].cap, G->rows[i].hash_cap);
+    return n;
+}
+
+int64_t ferry_grads_growth_bound(const ferry_grads *G, int64_t new_rows) {
+    int64_t n = 0;
+    int dense = 0;
+    for (int i = 0; i < G->P->count; i++) {
+        const ferry_rowgrad *rg = &G->rows[i];
+        if (!(G->P->items[i].flags & FERRY_PARAM_ROW_SPARSE)) {
+            dense = 1;
+            continue;
+        }
+        /* As ferry_grads_row_slots grows it: capacity to the next power of two
+         * (>= 64), the hash table to >= twice that, and during the copy the old
+         * values are still held. */
+        int64_t count = G->touched[i] ? rg->count : 0, want = count + new_rows, cap = rg->cap;
+        if (want <= cap)
+            continue;
+        int64_t ncap = cap ? cap : 64, hcap = 64;
+        while (ncap < want)
+            ncap *= 2;
+        while (hcap < 2 * ncap)
+            hcap *= 2;
+        n += rowgrad_bytes(rg, ncap, hcap) - rowgrad_bytes(rg, cap, rg->hash_cap) +
+             cap * rg->D * (int64_t)sizeof(float);
+    }
+    if (dense && G->dense == NULL)
+        n += (G->P->numel ? G->P->numel : 16) * (int64_t)sizeof(float);
+    return n;
 }
 
 static uint64_t row_hash(int64_t row) {

@@ -85,7 +85,8 @@ typedef struct ferry_rowgrad {
 
 typedef struct ferry_grads {
     const ferry_params *P;
-    float *dense;       /* backend: P->numel floats; only touched params are valid */
+    float *dense;       /* backend: P->numel floats, allocated at the first dense
+                           gradient (NULL before); only touched params are valid */
     uint8_t *touched;   /* host: per parameter, 1 once it has a gradient */
     ferry_rowgrad *rows; /* host array, one per parameter (used for ROW_SPARSE ones) */
 } ferry_grads;
@@ -105,6 +106,13 @@ float *ferry_grads_dense(ferry_grads *G, int index);
 ferry_status ferry_grads_row_slots(ferry_grads *G, int index, int64_t count, const int32_t *ids,
                                    int32_t *slots);
 ferry_rowgrad *ferry_grads_rows(ferry_grads *G, int index);
+/* Host and backend bytes G holds now: the dense block once a dense parameter got a
+ * gradient, and each row-sparse table's capacity. */
+int64_t ferry_grads_bytes(const ferry_grads *G);
+/* The most G can grow by when each row-sparse parameter receives up to new_rows
+ * rows it does not hold yet and the dense parameters get gradients (for budgets
+ * checked before the memory is taken). */
+int64_t ferry_grads_growth_bound(const ferry_grads *G, int64_t new_rows);
 /* Sum of squares of every gradient held (dense and row-sparse), in double. */
 ferry_status ferry_grads_sumsq(const ferry_grads *G, double *out);
 /* Multiplies every gradient held by s. */

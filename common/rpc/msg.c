@@ -172,6 +172,21 @@ void ferry_rpc_buf_free(void *p) {
     free((char *)p - BUF_HEADER);
 }
 
+void ferry_rpc_release_idle_memory(void) {
+    void *idle[BUF_CACHE_SLOTS];
+    pthread_mutex_lock(&buf_cache.mu);
+    int n = buf_cache.n;
+    memcpy(idle, buf_cache.buf, (size_t)n * sizeof *idle);
+    buf_cache.n = 0;
+    buf_cache.bytes = 0;
+    pthread_mutex_unlock(&buf_cache.mu);
+    for (int i = 0; i < n; i++)
+        free((char *)idle[i] - BUF_HEADER);
+#if defined(__GLIBC__)
+    (void)malloc_trim(0);
+#endif
+}
+
 ferry_status ferry_rpc_tune_malloc(size_t keep_bytes) {
 #if defined(__GLIBC__)
     if (keep_bytes == 0)
@@ -292,13 +307,27 @@ ferry_status ferry_rpc_msg_set_head(ferry_rpc_msg *m, const struct ProtobufCMess
     return FERRY_OK;
 }
 
+/* Refuses a tensor that would take the message past its byte budget, before any
+ * memory is allocated for it. */
+static ferry_status msg_budget(ferry_rpc_msg *m, const char *name, size_t nbytes) {
+    if (m->max_bytes == 0 || (nbytes <= m->max_bytes && m->payload <= m->max_bytes - nbytes))
+        return FERRY_OK;
+    return ferry_errorf(FERRY_ERR_RESOURCE,
+                        "tensor '%s' of %zu bytes would make the message %zu+ bytes, over the "
+                        "%zu-byte message limit (--max-message-mb)",
+                        name, nbytes, m->payload, m->max_bytes);
+}
+
 ferry_status ferry_rpc_msg_add(ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
     ferry_status st = ferry__rpc_tensor_check(t);
     if (st != FERRY_OK)
         return st;
+    if ((st = msg_budget(m, t->name, t->nbytes)) != FERRY_OK)
+        return st;
     if ((st = ferry__rpc_msg_reserve(m, FERRY_RPC_MAX_TENSORS)) != FERRY_OK)
         return st;
     m->tensors[m->ntensors++] = *t;
+    m->payload += t->nbytes;
     return FERRY_OK;
 }
 
@@ -319,7 +348,8 @@ ferry_status ferry_rpc_msg_alloc(ferry_rpc_msg *m, int dtype, int ndim, const in
     ferry_status st = ferry_rpc_tensor_nbytes(dtype, ndim, t.dim, &t.nbytes);
     if (st != FERRY_OK)
         return st;
-    if ((st = ferry__rpc_msg_reserve(m, FERRY_RPC_MAX_TENSORS)) != FERRY_OK)
+    if ((st = msg_budget(m, t.name, t.nbytes)) != FERRY_OK ||
+        (st = ferry__rpc_msg_reserve(m, FERRY_RPC_MAX_TENSORS)) != FERRY_OK)
         return st;
     if (t.nbytes > 0) {
         if ((t.data = ferry_rpc_buf_alloc(t.nbytes)) == NULL)
@@ -328,6 +358,7 @@ ferry_status ferry_rpc_msg_alloc(ferry_rpc_msg *m, int dtype, int ndim, const in
         t.release_user = t.data;
     }
     m->tensors[m->ntensors++] = t;
+    m->payload += t.nbytes;
     *data = t.data;
     return FERRY_OK;
 }

@@ -210,6 +210,7 @@ static void call_serve(server_call *c) {
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
+    reply.max_bytes = srv->lim.max_message_bytes; /* refused before it is built */
     ferry_status st = ferry__grpc_decode(c->req_bb, mi->request, &srv->lim, &req);
     grpc_byte_buffer_destroy(c->req_bb); /* the payloads were copied out */
     c->req_bb = NULL;

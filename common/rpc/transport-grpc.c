@@ -169,6 +169,7 @@ grpc_status_code ferry__grpc_code_from_status(ferry_status st) {
     case FERRY_ERR_UNAVAILABLE:
         return GRPC_STATUS_UNAVAILABLE;
     case FERRY_ERR_NOMEM:
+    case FERRY_ERR_RESOURCE:
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
     default:
         return GRPC_STATUS_INTERNAL;

@@ -39,8 +39,10 @@
  * FERRY_ERR_UNAVAILABLE (or FERRY_ERR_TIMEOUT once the deadline passes) within the
  * deadline; the server's own checks arrive as FERRY_ERR_NOT_FOUND (unknown module or
  * context), FERRY_ERR_SHAPE / FERRY_ERR_INVALID / FERRY_ERR_NUMERIC (bad input),
- * FERRY_ERR_RANGE (ids or rows out of range, message over the size limit),
- * FERRY_ERR_EXISTS (a module of that name with another configuration).
+ * FERRY_ERR_RANGE (ids or rows out of range, a request over the size limit),
+ * FERRY_ERR_RESOURCE (a request that would take the server past one of its memory
+ * budgets, or a reply over the message limit; the message names the budget and its
+ * flag), FERRY_ERR_EXISTS (a module of that name with another configuration).
  *
  * Threads: a cluster and its remote modules may be used from several threads at
  * once; a distributed context is used by one thread at a time. */

@@ -129,6 +129,11 @@ void ferry_rpc_buf_free(void *p);
  * FERRY_ERR_UNSUPPORTED without glibc. */
 ferry_status ferry_rpc_tune_malloc(size_t keep_bytes);
 
+/* Returns idle memory to the system: the recycled receive buffers and malloc's
+ * free pages (malloc_trim). For after a burst, such as freeing dead trainers'
+ * state; the next large message pays the page faults again. */
+void ferry_rpc_release_idle_memory(void);
+
 /* A header plus tensors. Read the public fields; change them only through the
  * ferry_rpc_msg_* functions. Not thread-safe per object. */
 typedef struct ferry_rpc_msg {
@@ -143,6 +148,10 @@ typedef struct ferry_rpc_msg {
     const void *head_desc; /* ProtobufCMessageDescriptor of head or head_bytes */
     uint8_t *head_bytes;   /* header packed by ferry_rpc_msg_set_head */
     size_t head_len;
+    size_t payload;   /* tensor bytes added so far */
+    size_t max_bytes; /* 0, or the most tensor bytes this message may carry (a server
+                         sets it on every reply to the message limit, so a reply
+                         too large to send is refused before it is built) */
 } ferry_rpc_msg;
 
 /* Makes *m an empty message. No allocation; cannot fail. */

@@ -25,7 +25,8 @@ extern "C" {
     X(ERR_EXISTS,     -12,  "already exists with a different configuration") \
     X(ERR_UNAVAILABLE,-13,  "peer unavailable")                              \
     X(ERR_UNSUPPORTED,-14,  "not supported")                                 \
-    X(ERR_NUMERIC,    -15,  "non-finite value")
+    X(ERR_NUMERIC,    -15,  "non-finite value")                              \
+    X(ERR_RESOURCE,   -16,  "resource budget exhausted")
 
 typedef enum ferry_status {
 #define FERRY_STATUS_ENUM_(name, code, text) FERRY_##name = code,

@@ -1,0 +1,66 @@
+/* budget.c - the memory budgets of a ferry-ps. Every allocation a request can cause
+ * is bounded by one of them: a module's weights and optimizer state (per module and
+ * for all modules), what a context keeps between calls (per context and for all
+ * contexts, charged before allocating: ctx-table.c), the scratch one call may use,
+ * and the reply (the rpc layer refuses a reply over the message limit before it is
+ * built). A refusal is FERRY_ERR_RESOURCE, sent as RESOURCE_EXHAUSTED, and names the
+ * budget and the flag that sets it. */
+#include <stdio.h>
+#include <unistd.h>
+
+#include "server/ps-impl.h"
+
+#define MIB (1024.0 * 1024.0)
+
+static int64_t physical_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return (int64_t)8 << 30; /* unknown: assume a small 8 GiB machine */
+    return (int64_t)pages * (int64_t)page;
+}
+
+static int64_t pick(size_t given, int64_t dflt) {
+    if (given == 0)
+        return dflt;
+    return given > (size_t)INT64_MAX ? INT64_MAX : (int64_t)given;
+}
+
+void ferry__ps_limits_resolve(const ferry_ps_config *cfg, ferry__ps_limits *out) {
+    int64_t phys = physical_bytes();
+    out->module_bytes = pick(cfg->max_module_bytes, (int64_t)2 << 30);
+    out->model_bytes = pick(cfg->max_model_bytes, phys / 2);
+    out->context_bytes = pick(cfg->max_context_bytes, (int64_t)1 << 30);
+    out->contexts_bytes = pick(cfg->max_contexts_bytes, phys / 4);
+    out->contexts = cfg->max_contexts > 0 ? cfg->max_contexts : 16384;
+}
+
+ferry_status ferry__ps_over_budget(const char *what, int64_t need, const char *budget,
+                                   int64_t limit, int64_t used, const char *flag) {
+    if (used > 0)
+        return ferry_errorf(FERRY_ERR_RESOURCE,
+                            "%s needs %.1f MiB, over %s (%.1f MiB, %.1f MiB in use; %s)", what,
+                            (double)need / MIB, budget, (double)limit / MIB, (double)used / MIB,
+                            flag);
+    return ferry_errorf(FERRY_ERR_RESOURCE, "%s needs %.1f MiB, over %s (%.1f MiB; %s)", what,
+                        (double)need / MIB, budget, (double)limit / MIB, flag);
+}
+
+ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, const char *what) {
+    if (bytes >= 0 && bytes <= m->call_bytes)
+        return FERRY_OK;
+    char w[FERRY_RPC_NAME_MAX + 96];
+    (void)snprintf(w, sizeof w, "%s '%s': %s", m->kind->name, m->name, what);
+    return ferry__ps_over_budget(w, bytes < 0 ? INT64_MAX : bytes, "the per-call budget",
+                                 m->call_bytes, 0, "--max-context-mb");
+}
+
+int64_t ferry__ps_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL)
+        return 0;
+    long long size = 0, resident = 0;
+    int n = fscanf(f, "%lld %lld", &size, &resident);
+    (void)fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    return n == 2 && page > 0 ? (int64_t)resident * page : 0;
+}
