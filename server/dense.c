@@ -56,9 +56,9 @@ ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i
     return FERRY_OK;
 }
 
-ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, void **data) {
+ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, const char *name, void **data) {
     FERRY_ASSERT(sv->nt < 3);
-    ferry_status st = saved_charge(sv, n, "(activation)");
+    ferry_status st = saved_charge(sv, n, name);
     if (st != FERRY_OK)
         return st;
     void *p = ferry_rpc_buf_alloc(n);

@@ -55,7 +55,8 @@ static ferry_status embedding_forward(ferry__ps_module *m, const Ferry__ForwardR
     }
     if (save != NULL) {
         save->N = U;
-        st = ferry__ps_saved_alloc(save, (size_t)(U > 0 ? U : 1) * sizeof *local, (void **)&local);
+        st = ferry__ps_saved_alloc(save, (size_t)(U > 0 ? U : 1) * sizeof *local, "row indices",
+                                   (void **)&local);
     } else if ((local = malloc((size_t)(U > 0 ? U : 1) * sizeof *local)) == NULL) {
         st = FERRY_ERR_NOMEM;
     }

@@ -73,8 +73,9 @@ typedef struct ferry__ps_saved {
 void ferry__ps_saved_free(ferry__ps_saved *sv); /* frees the buffers; NULL is a no-op */
 /* Moves tensor i of req into the next slot of sv. */
 ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i);
-/* A new owned uninitialised buffer of n bytes in the next slot; *data receives it. */
-ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, void **data);
+/* A new owned uninitialised buffer of n bytes in the next slot (`name` for the
+ * budget's message); *data receives it. */
+ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, const char *name, void **data);
 
 typedef struct ferry__ps_module ferry__ps_module;
 

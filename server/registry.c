@@ -334,8 +334,7 @@ static ferry_status module_budget(ferry__ps_registry *r, ferry__ps_module *m) {
     char what[FERRY_RPC_NAME_MAX + 64];
     (void)snprintf(what, sizeof what, "%s '%s' (weights + optimizer state)", m->kind->name,
                    m->name);
-    if (!ferry_checked_mul(m->P.numel, per, &bytes) ||
-        !ferry_checked_add(bytes, m->rows, &bytes)) /* + the optimizer's per-row flags */
+    if (!ferry_checked_mul(m->P.numel, per, &bytes))
         bytes = INT64_MAX;
     if (bytes > r->lim.module_bytes)
         return ferry__ps_over_budget(what, bytes, "the per-module budget", r->lim.module_bytes, 0,

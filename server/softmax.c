@@ -80,9 +80,9 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
         save->mode = DECODER_PARTIALS;
         save->N = N;
         if ((st = ferry__ps_saved_take(save, req, ih)) != FERRY_OK || /* t[0]: h (N, H) */
-            (st = ferry__ps_saved_alloc(save, zbytes, (void **)&z)) !=
+            (st = ferry__ps_saved_alloc(save, zbytes, "logits (N x V_s)", (void **)&z)) !=
                 FERRY_OK || /* t[1]: z (N, V_s) */
-            (st = ferry__ps_saved_alloc(save, (size_t)N * sizeof *lt, (void **)&lt)) !=
+            (st = ferry__ps_saved_alloc(save, (size_t)N * sizeof *lt, "targets", (void **)&lt)) !=
                 FERRY_OK) { /* t[2]: local targets (N) */
             free(gt);
             return st;

@@ -313,9 +313,9 @@ static ferry_status msg_budget(ferry_rpc_msg *m, const char *name, size_t nbytes
     if (m->max_bytes == 0 || (nbytes <= m->max_bytes && m->payload <= m->max_bytes - nbytes))
         return FERRY_OK;
     return ferry_errorf(FERRY_ERR_RESOURCE,
-                        "tensor '%s' of %zu bytes would make the message %zu+ bytes, over the "
-                        "%zu-byte message limit (--max-message-mb)",
-                        name, nbytes, m->payload, m->max_bytes);
+                        "tensor '%s' of %zu bytes does not fit the %zu-byte message limit (%zu "
+                        "bytes already in the message; --max-message-mb)",
+                        name, nbytes, m->max_bytes, m->payload);
 }
 
 ferry_status ferry_rpc_msg_add(ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
