@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds ferry and runs the whole test suite twice: a Release build with warnings as
-# errors, then a Debug build under AddressSanitizer + UndefinedBehaviorSanitizer.
+# errors, then a Debug build under AddressSanitizer + UndefinedBehaviorSanitizer; then
+# every libFuzzer target for a bounded time (scripts/fuzz.sh, clang, ASan + UBSan).
 # Installs missing Debian packages first. Usage: scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +20,9 @@ if [ "${1:-}" != "--no-sanitize" ]; then
     cmake --build build-asan -j"$jobs"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
         ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE slow
+fi
+
+if [ "${1:-}" != "--no-sanitize" ]; then
+    echo "== fuzz targets, bounded (scripts/fuzz.sh --seconds 15) =="
+    bash scripts/fuzz.sh --seconds 15
 fi

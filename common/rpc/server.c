@@ -42,7 +42,14 @@ struct ferry_rpc_server {
 
     atomic_uint_fast64_t calls, errors, bytes_in, bytes_out;
     atomic_int_fast64_t in_flight;
+
+    /* FERRY_RPC_RECORD=DIR: the first RECORD_MAX requests of each method are written
+     * to DIR/<Method>-<n>.bin as they arrived (the fuzz targets' seeds). */
+    char record_dir[512];
+    atomic_int recorded[FERRY_RPC_METHOD_COUNT];
 };
+
+#define RECORD_MAX 16
 
 typedef enum call_state {
     CALL_WAIT_NEW, /* posted, waiting for a client */
@@ -207,6 +214,15 @@ static void call_serve(server_call *c) {
         return;
     }
     atomic_fetch_add(&srv->bytes_in, grpc_byte_buffer_length(c->req_bb));
+    if (srv->record_dir[0] != '\0') {
+        int n = atomic_fetch_add(&srv->recorded[c->method], 1);
+        if (n < RECORD_MAX) {
+            char path[640];
+            (void)snprintf(path, sizeof path, "%s/%s-%02d.bin", srv->record_dir, mi->name, n);
+            if (ferry__grpc_bb_save(c->req_bb, path) != FERRY_OK)
+                FERRY_LOG_WARN("rpc server: cannot record %s", path);
+        }
+    }
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
@@ -379,6 +395,11 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
     FERRY_ASSERT(pthread_cond_init(&srv->cv, NULL) == 0);
     srv->user = cfg->user;
     srv->slots = slots;
+    const char *record = getenv("FERRY_RPC_RECORD");
+    if (record != NULL && record[0] != '\0' && strlen(record) < sizeof srv->record_dir) {
+        memcpy(srv->record_dir, record, strlen(record) + 1);
+        FERRY_LOG_INFO("rpc server: recording requests into %s (FERRY_RPC_RECORD)", record);
+    }
     srv->lim =
         (ferry__rpc_limits){.max_message_bytes = max_bytes, .max_tensors = FERRY_RPC_MAX_TENSORS};
     ferry__grpc_init();

@@ -4,6 +4,7 @@
  * lifetime. server.c and client.c build on it. */
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,24 @@ ferry_status ferry__grpc_decode(grpc_byte_buffer *bb, const ProtobufCMessageDesc
     ferry_status st = ferry__rpc_decode(&src, desc, lim, out);
     grpc_byte_buffer_reader_destroy(&r);
     return st;
+}
+
+ferry_status ferry__grpc_bb_save(grpc_byte_buffer *bb, const char *path) {
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return FERRY_ERR_FORMAT;
+    FILE *f = fopen(path, "wb");
+    int ok = f != NULL;
+    grpc_slice s;
+    while (grpc_byte_buffer_reader_next(&r, &s)) {
+        ok = ok && fwrite(GRPC_SLICE_START_PTR(s), 1, GRPC_SLICE_LENGTH(s), f) ==
+                       GRPC_SLICE_LENGTH(s);
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&r);
+    if (f != NULL && fclose(f) != 0)
+        ok = 0;
+    return ok ? FERRY_OK : FERRY_ERR_IO;
 }
 
 /* ---- Status codes ---------------------------------------------------------------------- */

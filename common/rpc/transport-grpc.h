@@ -69,4 +69,7 @@ size_t ferry__grpc_fill_args(grpc_arg *a, size_t max_message_bytes, int client);
 /* A deadline ms milliseconds from now (monotonic clock). */
 gpr_timespec ferry__grpc_deadline_in(int ms);
 
+/* Writes the whole message bb holds to path (a recorded request). */
+ferry_status ferry__grpc_bb_save(grpc_byte_buffer *bb, const char *path);
+
 #endif /* FERRY_RPC_TRANSPORT_GRPC_H */
