@@ -113,7 +113,8 @@ static void retain(int dirfd, const char *dir, const char *current, int keep) {
         n++;
     }
     (void)closedir(d);
-    qsort(files, n, sizeof *files, newer_first);
+    if (n > 1)
+        qsort(files, n, sizeof *files, newer_first);
     for (size_t i = keep > 1 ? (size_t)keep - 1 : 0; keep > 0 && i < n; i++) {
         if (unlinkat(dirfd, files[i].name, 0) == 0)
             FERRY_LOG_INFO("checkpoint %s/%s deleted (--checkpoint-keep %d)", dir, files[i].name,
