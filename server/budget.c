@@ -37,21 +37,20 @@ void ferry__ps_limits_resolve(const ferry_ps_config *cfg, ferry__ps_limits *out)
 ferry_status ferry__ps_over_budget(const char *what, int64_t need, const char *budget,
                                    int64_t limit, int64_t used, const char *flag) {
     if (used > 0)
-        return ferry_errorf(FERRY_ERR_RESOURCE,
-                            "%s needs %.1f MiB, over %s (%.1f MiB, %.1f MiB in use; %s)", what,
-                            (double)need / MIB, budget, (double)limit / MIB, (double)used / MIB,
-                            flag);
+        return ferry_errorf(
+            FERRY_ERR_RESOURCE, "%s needs %.1f MiB, over %s (%.1f MiB, %.1f MiB in use; %s)", what,
+            (double)need / MIB, budget, (double)limit / MIB, (double)used / MIB, flag);
     return ferry_errorf(FERRY_ERR_RESOURCE, "%s needs %.1f MiB, over %s (%.1f MiB; %s)", what,
                         (double)need / MIB, budget, (double)limit / MIB, flag);
 }
 
 ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, const char *what) {
-    if (bytes >= 0 && bytes <= m->call_bytes)
+    if (bytes >= 0 && bytes <= m->lim->context_bytes)
         return FERRY_OK;
     char w[FERRY_RPC_NAME_MAX + 96];
     (void)snprintf(w, sizeof w, "%s '%s': %s", m->kind->name, m->name, what);
     return ferry__ps_over_budget(w, bytes < 0 ? INT64_MAX : bytes, "the per-call budget",
-                                 m->call_bytes, 0, "--max-context-mb");
+                                 m->lim->context_bytes, 0, "--max-context-mb");
 }
 
 int64_t ferry__ps_rss_bytes(void) {

@@ -27,7 +27,7 @@ static uint64_t ctx_hash(uint64_t id) {
 ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
                                       const ferry__ps_limits *lim) {
     memset(t, 0, sizeof *t);
-    t->lim = *lim;
+    t->lim = lim;
     t->buckets = calloc(CTX_BUCKETS, sizeof *t->buckets);
     if (t->buckets == NULL)
         return FERRY_ERR_NOMEM;
@@ -91,7 +91,7 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
     while (c != NULL && c->id != id)
         c = c->next;
     if (c == NULL && create) {
-        if (t->count >= t->lim.contexts) {
+        if (t->count >= t->lim->contexts) {
             pthread_mutex_unlock(&t->mu);
             return ferry_errorf(FERRY_ERR_RESOURCE,
                                 "context %#llx: %lld contexts are live, the most this server "
@@ -99,12 +99,12 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
                                 (unsigned long long)id, (long long)t->count, t->ttl_s);
         }
         long long used = atomic_fetch_add(&t->bytes, (long long)sizeof *c);
-        if (used + (long long)sizeof *c > t->lim.contexts_bytes) {
+        if (used + (long long)sizeof *c > t->lim->contexts_bytes) {
             atomic_fetch_sub(&t->bytes, (long long)sizeof *c);
             pthread_mutex_unlock(&t->mu);
             return ferry__ps_over_budget("a new context", (int64_t)sizeof *c,
-                                         "the budget of all contexts", t->lim.contexts_bytes,
-                                         used, "--max-contexts-mb");
+                                         "the budget of all contexts", t->lim->contexts_bytes, used,
+                                         "--max-contexts-mb");
         }
         if ((c = calloc(1, sizeof *c)) == NULL) {
             atomic_fetch_sub(&t->bytes, (long long)sizeof *c);
@@ -144,25 +144,36 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
 }
 
 ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int64_t bytes,
-                                  const char *what) {
+                                  const char *what, const char *name) {
     if (bytes <= 0)
         return FERRY_OK;
-    if (bytes > t->lim.context_bytes - c->bytes)
-        return ferry__ps_over_budget(what, bytes, "the per-context budget", t->lim.context_bytes,
-                                     c->bytes, "--max-context-mb");
-    long long used = atomic_fetch_add(&t->bytes, (long long)bytes);
-    if (used + bytes > t->lim.contexts_bytes || used + bytes < used) {
+    const char *budget = NULL, *flag = NULL;
+    int64_t limit = 0, used = 0;
+    if (bytes > t->lim->context_bytes - c->bytes) {
+        budget = "the per-context budget", flag = "--max-context-mb";
+        limit = t->lim->context_bytes, used = c->bytes;
+    } else {
+        used = atomic_fetch_add(&t->bytes, (long long)bytes);
+        if (used + bytes <= t->lim->contexts_bytes && used + bytes >= used) {
+            c->bytes += bytes;
+            return FERRY_OK;
+        }
         atomic_fetch_sub(&t->bytes, (long long)bytes);
-        return ferry__ps_over_budget(what, bytes, "the budget of all contexts",
-                                     t->lim.contexts_bytes, used, "--max-contexts-mb");
+        budget = "the budget of all contexts", flag = "--max-contexts-mb";
+        limit = t->lim->contexts_bytes;
     }
-    c->bytes += bytes;
-    return FERRY_OK;
+    char w[FERRY_RPC_NAME_MAX + 64];
+    if (name != NULL)
+        (void)snprintf(w, sizeof w, "%s '%s'", what, name);
+    else
+        (void)snprintf(w, sizeof w, "%s", what);
+    return ferry__ps_over_budget(w, bytes, budget, limit, used, flag);
 }
 
 ferry_status ferry__ps_ctx_charge_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
                                         const ferry_grads *G, int64_t new_rows) {
-    return ferry__ps_ctx_charge(t, c, ferry_grads_growth_bound(G, new_rows), "gradient storage");
+    return ferry__ps_ctx_charge(t, c, ferry_grads_growth_bound(G, new_rows), "gradient storage",
+                                NULL);
 }
 
 /* What c really holds: itself, its module list, gradients and saved Forwards. */
@@ -211,7 +222,7 @@ ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry
      * (the gradient storage is charged as it grows). */
     ferry_status st = ferry__ps_ctx_charge(
         t, c, (int64_t)sizeof *c->mods + m->P.count * (int64_t)(1 + sizeof(ferry_rowgrad)),
-        "a module's gradient table");
+        "a module's gradient table", NULL);
     if (st != FERRY_OK)
         return st;
     if (c->nmods == c->cap) {

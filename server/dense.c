@@ -24,17 +24,13 @@ void ferry__ps_saved_free(ferry__ps_saved *sv) {
 
 /* Charges n bytes kept past the call to the context (its budgets). */
 static ferry_status saved_charge(ferry__ps_saved *sv, size_t n, const char *name) {
-    if (sv->ctx == NULL)
-        return FERRY_OK;
-    char what[FERRY_RPC_NAME_MAX + 32];
-    (void)snprintf(what, sizeof what, "saved tensor '%s'", name);
-    return ferry__ps_ctx_charge(sv->table, sv->ctx, (int64_t)n, what);
+    return sv->ctx != NULL
+               ? ferry__ps_ctx_charge(sv->table, sv->ctx, (int64_t)n, "saved tensor", name)
+               : FERRY_OK;
 }
 
 ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i) {
-    FERRY_ASSERT(sv->nt < 3);
-    if (i < 0 || i >= req->ntensors)
-        return ferry_errorf(FERRY_ERR_INVALID, "tensor index %d outside the request", i);
+    FERRY_ASSERT(sv->nt < 3 && i >= 0 && i < req->ntensors); /* i from ferry__ps_input */
     ferry_status st = saved_charge(sv, req->tensors[i].nbytes, req->tensors[i].name);
     if (st != FERRY_OK)
         return st;

@@ -36,7 +36,8 @@ ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_
         sv.ctx = c;
         /* The pending-call record itself. */
         if (st == FERRY_OK)
-            st = ferry__ps_ctx_charge(t, c, (int64_t)sizeof(ferry__ps_call), "a pending call");
+            st =
+                ferry__ps_ctx_charge(t, c, (int64_t)sizeof(ferry__ps_call), "a pending call", NULL);
     }
     uint64_t version = 0;
     if (st == FERRY_OK) {
@@ -110,8 +111,8 @@ ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry
  * one Step of one context applies the penalty once (a second trainer's context is a
  * second optimizer step and adds it once more, computed from W as it is then).
  * Context mutex held; `locked`: the caller holds the module's write lock. */
-static ferry_status ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
-                                    ferry__ps_ctx_mod *cm, int locked) {
+static ferry_status ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_ctx_mod *cm,
+                                    int locked) {
     if (cm->penalty_done || !ferry__ps_constrained(cm->mod))
         return FERRY_OK;
     ferry_status st = ferry__ps_ctx_charge_grads(t, c, &cm->G, 0);

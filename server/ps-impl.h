@@ -111,12 +111,12 @@ struct ferry__ps_module {
     int64_t cols; /* weight columns */
     ferry_optim *opt;
     pthread_rwlock_t lock;
-    uint64_t version;   /* bumped by Step and SetParams, under the write lock */
-    int64_t bytes;      /* weights + optimizer slots, as charged to the model budget */
-    int64_t call_bytes; /* scratch one call may allocate (the per-context budget) */
+    uint64_t version;            /* bumped by Step and SetParams, under the write lock */
+    int64_t bytes;               /* weights + optimizer slots, as charged to the model budget */
+    const ferry__ps_limits *lim; /* the server's budgets */
 };
 
-/* FERRY_ERR_RESOURCE unless `bytes` of transient scratch fit m->call_bytes. */
+/* FERRY_ERR_RESOURCE unless `bytes` of one call's scratch fit the per-context budget. */
 ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, const char *what);
 
 /* ---- module helpers (dense.c) ---- */
@@ -168,8 +168,8 @@ typedef struct ferry__ps_registry {
     pthread_mutex_t mu;
     ferry__ps_module **mods;
     int count, cap;
-    int64_t bytes; /* sum of the modules' bytes */
-    ferry__ps_limits lim;
+    int64_t bytes;               /* sum of the modules' bytes */
+    const ferry__ps_limits *lim; /* the server's, which outlives the registry */
 } ferry__ps_registry;
 
 void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim);
@@ -223,8 +223,8 @@ typedef struct ferry__ps_ctx_table {
     ferry__ps_ctx **buckets;
     int64_t nbuckets, count;
     double ttl_s;
-    ferry__ps_limits lim;
-    atomic_llong bytes; /* sum of every context's bytes */
+    const ferry__ps_limits *lim; /* the server's, which outlives the table */
+    atomic_llong bytes;          /* sum of every context's bytes */
     atomic_llong created, swept, stepped, released;
 } ferry__ps_ctx_table;
 
@@ -243,9 +243,10 @@ void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c);
 void ferry__ps_ctx_retire(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int stepped);
 /* Charges `bytes` more to context c (locked) before they are allocated:
  * FERRY_ERR_RESOURCE naming the per-context or the all-contexts budget when either
- * would be exceeded (nothing is charged then). */
+ * would be exceeded (nothing is charged then); the message says "<what> '<name>'"
+ * (name may be NULL), formatted only on refusal. */
 ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int64_t bytes,
-                                  const char *what);
+                                  const char *what, const char *name);
 /* Charges the most that G can grow by when row-sparse parameters receive up to
  * new_rows more rows and dense ones are first touched. */
 ferry_status ferry__ps_ctx_charge_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c,

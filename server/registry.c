@@ -288,7 +288,8 @@ static void module_init_uniform(ferry__ps_module *m) {
     float *W = ferry_params_data(&m->P, m->w); /* (rows, cols) */
     /* Unsigned: any weight_offset/bias_offset a request gives wraps, never overflows. */
     for (int64_t r = 0; r < m->rows; r++) {
-        uint64_t base = (uint64_t)c->weight_offset + (uint64_t)(c->row_begin + r) * (uint64_t)m->cols;
+        uint64_t base =
+            (uint64_t)c->weight_offset + (uint64_t)(c->row_begin + r) * (uint64_t)m->cols;
         for (int64_t j = 0; j < m->cols; j++)
             W[r * m->cols + j] =
                 (2.0f * ferry_rand_uniform(c->init_seed, base + (uint64_t)j) - 1.0f) * scale;
@@ -331,25 +332,25 @@ static ferry_status module_set_initial(ferry__ps_module *m, const ferry_rpc_msg 
  * lock held. */
 static ferry_status module_budget(ferry__ps_registry *r, ferry__ps_module *m) {
     int64_t per = (int64_t)(1 + ferry_optim_slots(&m->cfg.optim)) * (int64_t)sizeof(float), bytes;
+    if (!ferry_checked_mul(m->P.numel, per, &bytes))
+        bytes = INT64_MAX;
+    int whole = bytes > r->lim->module_bytes;
+    if (!whole && bytes <= r->lim->model_bytes - r->bytes) {
+        m->bytes = bytes;
+        return FERRY_OK;
+    }
     char what[FERRY_RPC_NAME_MAX + 64];
     (void)snprintf(what, sizeof what, "%s '%s' (weights + optimizer state)", m->kind->name,
                    m->name);
-    if (!ferry_checked_mul(m->P.numel, per, &bytes))
-        bytes = INT64_MAX;
-    if (bytes > r->lim.module_bytes)
-        return ferry__ps_over_budget(what, bytes, "the per-module budget", r->lim.module_bytes, 0,
-                                     "--max-module-mb");
-    if (bytes > r->lim.model_bytes - r->bytes)
-        return ferry__ps_over_budget(what, bytes, "the budget of all modules", r->lim.model_bytes,
-                                     r->bytes, "--max-model-mb");
-    m->bytes = bytes;
-    return FERRY_OK;
+    return whole ? ferry__ps_over_budget(what, bytes, "the per-module budget", r->lim->module_bytes,
+                                         0, "--max-module-mb")
+                 : ferry__ps_over_budget(what, bytes, "the budget of all modules",
+                                         r->lim->model_bytes, r->bytes, "--max-model-mb");
 }
 
 static ferry_status module_build(ferry__ps_registry *r, const char *name,
-                                 const ferry__ps_module_config *c,
-                                 const Ferry__ModuleConfig *proto, const ferry_rpc_msg *req,
-                                 ferry__ps_module **out) {
+                                 const ferry__ps_module_config *c, const Ferry__ModuleConfig *proto,
+                                 const ferry_rpc_msg *req, ferry__ps_module **out) {
     ferry__ps_module *m = calloc(1, sizeof *m);
     if (m == NULL)
         return FERRY_ERR_NOMEM;
@@ -369,7 +370,7 @@ static ferry_status module_build(ferry__ps_registry *r, const char *name,
     if ((m->config_packed = malloc(m->config_len ? m->config_len : 1)) == NULL)
         goto fail;
     (void)protobuf_c_message_pack(&proto->base, m->config_packed);
-    m->call_bytes = r->lim.context_bytes;
+    m->lim = r->lim;
     if ((st = m->kind->declare(m)) != FERRY_OK || (st = module_budget(r, m)) != FERRY_OK ||
         (st = ferry_params_alloc(&m->P)) != FERRY_OK)
         goto fail;
@@ -410,7 +411,7 @@ static ferry_status check_name(const char *name) {
 void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim) {
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
-    r->lim = *lim;
+    r->lim = lim;
 }
 
 void ferry__ps_registry_deinit(ferry__ps_registry *r) {

@@ -243,8 +243,8 @@ static ferry_status checkpoint_write(ferry_ps_server *s, const char *name, uint6
     if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
         return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
                                             "is done");
-    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, s->cfg.checkpoint_keep,
-                                    bytes);
+    st =
+        ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, s->cfg.checkpoint_keep, bytes);
     pthread_mutex_unlock(&s->checkpoint_mu);
     return st;
 }
@@ -350,8 +350,7 @@ static uint64_t random_u64(void) {
 }
 
 static ferry_status config_check(const ferry_ps_config *cfg, int network) {
-    if (network &&
-        (cfg->listen == NULL || cfg->listen[0] == '\0' || strlen(cfg->listen) >= 128))
+    if (network && (cfg->listen == NULL || cfg->listen[0] == '\0' || strlen(cfg->listen) >= 128))
         return ferry_errorf(FERRY_ERR_INVALID, "ferry-ps needs a listen address (HOST:PORT)");
     if (cfg->threads < 1 || cfg->threads > 64)
         return ferry_errorf(FERRY_ERR_INVALID, "threads %d outside 1..64", cfg->threads);
@@ -392,7 +391,7 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->checkpoint_mu, NULL);
     ferry__ps_limits_resolve(cfg, &s->lim);
-    ferry__ps_registry_init(&s->reg, &s->lim);
+    ferry__ps_registry_init(&s->reg, &s->lim); /* both point at s->lim */
     if ((st = ferry__ps_ctx_table_init(&s->ctxs, cfg->context_ttl_s, &s->lim)) != FERRY_OK) {
         ferry__ps_registry_deinit(&s->reg);
         pthread_mutex_destroy(&s->checkpoint_mu);

@@ -56,8 +56,8 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
     size_t zbytes;
     if (!ferry_checked_bytes(N, Vs, sizeof(float), &zbytes))
         zbytes = (size_t)INT64_MAX;
-    if (save == NULL && (st = ferry__ps_scratch_check(m, (int64_t)zbytes,
-                                                      "logits (N x V_s floats)")) != FERRY_OK)
+    if (save == NULL &&
+        (st = ferry__ps_scratch_check(m, (int64_t)zbytes, "logits (N x V_s floats)")) != FERRY_OK)
         return st;
     /* Buffers: z (N, V_s) and local targets (N), kept for backward when saving. */
     float *z = NULL;

@@ -58,8 +58,7 @@ static void daemon_start(psd *d, const char *restore) {
         if (asan != NULL) {
             static char opts[1024];
             (void)snprintf(opts, sizeof opts,
-                           "%s:quarantine_size_mb=0:allocator_release_to_os_interval_ms=50",
-                           asan);
+                           "%s:quarantine_size_mb=0:allocator_release_to_os_interval_ms=50", asan);
             (void)setenv("ASAN_OPTIONS", opts, 1);
         }
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -67,33 +66,13 @@ static void daemon_start(psd *d, const char *restore) {
             (void)dup2(fd, 2);
             (void)close(fd);
         }
-        const char *argv[32] = {bin,
-                                "--listen",
-                                "127.0.0.1:0",
-                                "--port-file",
-                                port_file,
-                                "--threads",
-                                "2",
-                                "--context-ttl",
-                                "1",
-                                "--max-message-mb",
-                                "8",
-                                "--max-module-mb",
-                                "64",
-                                "--max-model-mb",
-                                "100",
-                                "--max-context-mb",
-                                "16",
-                                "--max-contexts-mb",
-                                "128",
-                                "--max-contexts",
-                                "4000",
-                                "--checkpoint-dir",
-                                ckpt,
-                                "--checkpoint-keep",
-                                "2",
-                                "--log-level",
-                                "warn"};
+        const char *argv[32] = {bin,       "--listen",          "127.0.0.1:0", "--port-file",
+                                port_file, "--threads",         "2",           "--context-ttl",
+                                "1",       "--max-message-mb",  "8",           "--max-module-mb",
+                                "64",      "--max-model-mb",    "100",         "--max-context-mb",
+                                "16",      "--max-contexts-mb", "128",         "--max-contexts",
+                                "4000",    "--checkpoint-dir",  ckpt,          "--checkpoint-keep",
+                                "2",       "--log-level",       "warn"};
         int argc = 27;
         if (restore != NULL) {
             argv[argc++] = "--restore";
@@ -190,8 +169,8 @@ static void put_varint(buf *b, uint64_t v) {
 
 /* Field 15 (a Tensor), written by hand so that it can lie: dtype, shape, name and
  * `nbytes` of payload whatever the shape says. */
-static void put_tensor_n(buf *b, uint64_t dtype, const uint64_t *dims, int ndim,
-                         const char *name, size_t name_len, const void *data, size_t nbytes) {
+static void put_tensor_n(buf *b, uint64_t dtype, const uint64_t *dims, int ndim, const char *name,
+                         size_t name_len, const void *data, size_t nbytes) {
     buf t = {0};
     put_varint(&t, 1 << 3);
     put_varint(&t, dtype);
@@ -373,8 +352,7 @@ static ferry_status step(psd *d, uint64_t ctx, double scale) {
     return st;
 }
 
-static ferry_status get_params(psd *d, const char *module, int64_t row_begin,
-                               int64_t row_count) {
+static ferry_status get_params(psd *d, const char *module, int64_t row_begin, int64_t row_count) {
     Ferry__GetParamsRequest q;
     ferry__get_params_request__init(&q);
     q.module = STR(module);
@@ -503,8 +481,7 @@ TEST(hostile_requests) {
     fwd_head(&b, 7, 1, "emb", NULL);
     uint64_t rank5[5] = {1, 1, 1, 1, 4};
     put_tensor(&b, FERRY_RPC_DTYPE_I32, rank5, 5, "ids", ids, 16);
-    expect(&d, "rank above 4", send_raw(&d, FERRY_RPC_FORWARD, &b, NULL), FERRY_ERR_FORMAT,
-           "rank");
+    expect(&d, "rank above 4", send_raw(&d, FERRY_RPC_FORWARD, &b, NULL), FERRY_ERR_FORMAT, "rank");
     RESET();
     fwd_head(&b, 7, 1, "emb", NULL);
     put_tensor(&b, 99, dims1, 1, "ids", ids, 16);
@@ -527,9 +504,8 @@ TEST(hostile_requests) {
         ferry_rpc_msg reply;
         ferry_rpc_msg_init(&reply);
         put(&b, "x", 1);
-        ferry_status st =
-            ferry__rpc_call_raw(d.c, "/ferry.Ferry/DropTables", b.p, b.n, FERRY_RPC_HELLO, &reply,
-                                5000);
+        ferry_status st = ferry__rpc_call_raw(d.c, "/ferry.Ferry/DropTables", b.p, b.n,
+                                              FERRY_RPC_HELLO, &reply, 5000);
         ferry_rpc_msg_deinit(&reply);
         expect(&d, "unknown method", st, FERRY_ERR_UNSUPPORTED, "unknown method");
         RESET();
@@ -652,8 +628,10 @@ TEST(hostile_requests) {
         }
         double held = stat_value(&d, "context_bytes") - held0;
         int64_t vm = mem_bytes(d.pid, 1) - vm0;
-        fprintf(stderr, "  16 contexts with one touched row of a 51 MB table: %.0f bytes held "
-                        "(Stats), address space +%.1f MiB\n", held, (double)vm / 1048576.0);
+        fprintf(stderr,
+                "  16 contexts with one touched row of a 51 MB table: %.0f bytes held "
+                "(Stats), address space +%.1f MiB\n",
+                held, (double)vm / 1048576.0);
         CHECK(held > 0.0 && held < 16 * 64.0 * 1024.0);
         CHECK(vm < (int64_t)64 << 20);
         expect(&d, "gradient storage grows with rows touched", step(&d, 20, 1.0), FERRY_OK, NULL);
@@ -685,10 +663,10 @@ TEST(hostile_requests) {
         expect(&d, "Step with a NaN scale", step(&d, 13, NAN), FERRY_ERR_NUMERIC, "scale");
         CHECK_OK(step(&d, 13, 1.0));
         expect(&d, "double Step", step(&d, 13, 1.0), FERRY_ERR_NOT_FOUND, "unknown context");
-        expect(&d, "Backward in context 0", emb_backward(&d, 0, 1, g, 4, E_DIM),
-               FERRY_ERR_INVALID, "context id 0");
-        expect(&d, "SetParams with NaN", set_params(&d, "emb", 0, 1, E_DIM, NAN),
-               FERRY_ERR_NUMERIC, "weight[0]");
+        expect(&d, "Backward in context 0", emb_backward(&d, 0, 1, g, 4, E_DIM), FERRY_ERR_INVALID,
+               "context id 0");
+        expect(&d, "SetParams with NaN", set_params(&d, "emb", 0, 1, E_DIM, NAN), FERRY_ERR_NUMERIC,
+               "weight[0]");
         expect(&d, "SetParams of the wrong width", set_params(&d, "emb", 0, 1, E_DIM + 1, 1.f),
                FERRY_ERR_SHAPE, "must be");
         expect(&d, "unknown module", get_params(&d, "nope", 0, 0), FERRY_ERR_NOT_FOUND,
@@ -714,9 +692,8 @@ TEST(hostile_requests) {
             (void)snprintf(name, sizeof name, "loop%d.ckpt", i);
             CHECK_OK(checkpoint(&d, name));
         }
-        expect(&d, "Checkpoint in a loop keeps 2 files", count_files(dir) == 2 ? FERRY_OK
-                                                                              : FERRY_ERR_IO,
-               FERRY_OK, NULL);
+        expect(&d, "Checkpoint in a loop keeps 2 files",
+               count_files(dir) == 2 ? FERRY_OK : FERRY_ERR_IO, FERRY_OK, NULL);
         /* A symlink planted where the checkpoint goes: replaced, never followed. */
         char victim[512], link[512];
         (void)snprintf(victim, sizeof victim, "%s/victim", d.dir);

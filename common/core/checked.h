@@ -13,10 +13,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-static inline int ferry_checked_add(int64_t a, int64_t b, int64_t *out) {
-    return !__builtin_add_overflow(a, b, out);
-}
-
 static inline int ferry_checked_mul(int64_t a, int64_t b, int64_t *out) {
     return !__builtin_mul_overflow(a, b, out);
 }
@@ -25,8 +21,8 @@ static inline int ferry_checked_mul(int64_t a, int64_t b, int64_t *out) {
  * begin + count <= hi, decided without ever forming an overflowing sum. */
 static inline int ferry_checked_range(int64_t begin, int64_t count, int64_t lo, int64_t hi) {
     int64_t end;
-    return count >= 0 && begin >= lo && begin <= hi && !__builtin_add_overflow(begin, count, &end) &&
-           end <= hi;
+    return count >= 0 && begin >= lo && begin <= hi &&
+           !__builtin_add_overflow(begin, count, &end) && end <= hi;
 }
 
 /* *out = a * b * elem bytes for non-negative a, b; 0 on a negative factor or an

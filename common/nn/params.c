@@ -145,8 +145,7 @@ void ferry_grads_deinit(ferry_grads *G) {
             ferry_backend_free(G->P->be, G->rows[i].values);
         }
     }
-    if (G->dense != NULL)
-        ferry_backend_free(G->P->be, G->dense);
+    ferry_backend_free(G->P->be, G->dense); /* NULL until a dense gradient came */
     free(G->rows);
     free(G->touched);
     memset(G, 0, sizeof *G);
@@ -162,6 +161,11 @@ void ferry_grads_zero(ferry_grads *G) {
     }
 }
 
+/* Floats of the dense gradient block: the parameter block's layout. */
+static int64_t dense_floats(const ferry_params *P) {
+    return P->numel ? P->numel : 16;
+}
+
 float *ferry_grads_dense(ferry_grads *G, int index) {
     const ferry_param *p = &G->P->items[index];
     if (p->flags & FERRY_PARAM_ROW_SPARSE) {
@@ -170,7 +174,7 @@ float *ferry_grads_dense(ferry_grads *G, int index) {
         return NULL;
     }
     if (G->dense == NULL) {
-        ferry_status st = ferry_backend_alloc(G->P->be, (size_t)(G->P->numel ? G->P->numel : 16) * 4,
+        ferry_status st = ferry_backend_alloc(G->P->be, (size_t)dense_floats(G->P) * sizeof(float),
                                               (void **)&G->dense);
         if (st != FERRY_OK)
             return NULL;
@@ -196,7 +200,7 @@ static int64_t rowgrad_bytes(const ferry_rowgrad *rg, int64_t cap, int64_t hash_
 int64_t ferry_grads_bytes(const ferry_grads *G) {
     int64_t n = G->P->count * (int64_t)(1 + sizeof(ferry_rowgrad));
     if (G->dense != NULL)
-        n += (G->P->numel ? G->P->numel : 16) * (int64_t)sizeof(float);
+        n += dense_floats(G->P) * (int64_t)sizeof(float);
     for (int i = 0; i < G->P->count; i++)
         n += rowgrad_bytes(&G->rows[i], G->rows[i].cap, G->rows[i].hash_cap);
     return n;
@@ -226,7 +230,7 @@ int64_t ferry_grads_growth_bound(const ferry_grads *G, int64_t new_rows) {
              cap * rg->D * (int64_t)sizeof(float);
     }
     if (dense && G->dense == NULL)
-        n += (G->P->numel ? G->P->numel : 16) * (int64_t)sizeof(float);
+        n += dense_floats(G->P) * (int64_t)sizeof(float);
     return n;
 }
 

@@ -309,13 +309,18 @@ ferry_status ferry_rpc_msg_set_head(ferry_rpc_msg *m, const struct ProtobufCMess
 
 /* Refuses a tensor that would take the message past its byte budget, before any
  * memory is allocated for it. */
-static ferry_status msg_budget(ferry_rpc_msg *m, const char *name, size_t nbytes) {
-    if (m->max_bytes == 0 || (nbytes <= m->max_bytes && m->payload <= m->max_bytes - nbytes))
+static ferry_status msg_budget(const ferry_rpc_msg *m, const char *name, size_t nbytes) {
+    if (m->max_bytes == 0)
+        return FERRY_OK;
+    size_t payload = 0; /* a reply holds a handful of tensors */
+    for (int i = 0; i < m->ntensors; i++)
+        payload += m->tensors[i].nbytes;
+    if (nbytes <= m->max_bytes && payload <= m->max_bytes - nbytes)
         return FERRY_OK;
     return ferry_errorf(FERRY_ERR_RESOURCE,
                         "tensor '%s' of %zu bytes does not fit the %zu-byte message limit (%zu "
                         "bytes already in the message; --max-message-mb)",
-                        name, nbytes, m->max_bytes, m->payload);
+                        name, nbytes, m->max_bytes, payload);
 }
 
 ferry_status ferry_rpc_msg_add(ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
@@ -327,7 +332,6 @@ ferry_status ferry_rpc_msg_add(ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
     if ((st = ferry__rpc_msg_reserve(m, FERRY_RPC_MAX_TENSORS)) != FERRY_OK)
         return st;
     m->tensors[m->ntensors++] = *t;
-    m->payload += t->nbytes;
     return FERRY_OK;
 }
 
@@ -358,7 +362,6 @@ ferry_status ferry_rpc_msg_alloc(ferry_rpc_msg *m, int dtype, int ndim, const in
         t.release_user = t.data;
     }
     m->tensors[m->ntensors++] = t;
-    m->payload += t.nbytes;
     *data = t.data;
     return FERRY_OK;
 }

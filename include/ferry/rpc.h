@@ -148,7 +148,6 @@ typedef struct ferry_rpc_msg {
     const void *head_desc; /* ProtobufCMessageDescriptor of head or head_bytes */
     uint8_t *head_bytes;   /* header packed by ferry_rpc_msg_set_head */
     size_t head_len;
-    size_t payload;   /* tensor bytes added so far */
     size_t max_bytes; /* 0, or the most tensor bytes this message may carry (a server
                          sets it on every reply to the message limit, so a reply
                          too large to send is refused before it is built) */

@@ -25,7 +25,7 @@
 #define FUZZ_ASSERT(c)                                                                             \
     do {                                                                                           \
         if (!(c)) {                                                                                \
-            fprintf(stderr, "fuzz_ps: %s failed: %s\n", #c, ferry_error_last());                  \
+            fprintf(stderr, "fuzz_ps: %s failed: %s\n", #c, ferry_error_last());                   \
             abort();                                                                               \
         }                                                                                          \
     } while (0)
@@ -88,7 +88,7 @@ static void create(ferry_ps_server *s, const char *name, const char *kind, int64
     Ferry__Constraint k;
     ferry__constraint__init(&k);
     int64_t dims[2] = {d0, d1};
-    oc.name = (char *)(uintptr_t)"sgd";
+    oc.name = (char *)(uintptr_t) "sgd";
     oc.lr = 0.1;
     oc.momentum = 0.9;
     mc.kind = (char *)(uintptr_t)kind;
@@ -101,7 +101,7 @@ static void create(ferry_ps_server *s, const char *name, const char *kind, int64
         k.kind = (char *)(uintptr_t)constraint;
         k.beta = 0.1;
         mc.constraint = &k;
-        mc.options = (char *)(uintptr_t)"polar=1";
+        mc.options = (char *)(uintptr_t) "polar=1";
     }
     q.name = (char *)(uintptr_t)name;
     q.config = &mc;
