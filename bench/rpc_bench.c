@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "ferry.pb-c.h"
-#include "ferry/rpc.h"
-#include "log.h"
+#include "common/rpc/rpc.h"
+#include "common/core/log.h"
 
 #define MIB       (1u << 20)
 #define TCP_CHUNK (128u << 10)

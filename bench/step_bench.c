@@ -12,11 +12,10 @@
 
 #include <cblas.h>
 
-#include "backend/cpu/cpu.h"
-#include "bench_util.h"
-#include "log.h"
-#include "optim/clip.h"
-#include "optim/optim.h"
+#include "common/backend/cpu/cpu.h"
+#include "bench/bench_util.h"
+#include "common/core/log.h"
+#include "ferry/optim.h"
 #include "worker/model.h"
 
 typedef struct bench_config {

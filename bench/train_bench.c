@@ -28,11 +28,11 @@
 
 #include <cblas.h>
 
-#include "backend/cpu/cpu.h"
-#include "bench_util.h"
+#include "common/backend/cpu/cpu.h"
+#include "bench/bench_util.h"
 #include "ferry.pb-c.h"
-#include "ferry/rpc.h"
-#include "log.h"
+#include "common/rpc/rpc.h"
+#include "common/core/log.h"
 #include "worker/batch.h"
 #include "worker/corpus.h"
 #include "worker/model.h"

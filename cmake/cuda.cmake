@@ -1,7 +1,7 @@
 # The optional CUDA backend (common/backend/cuda/*.cu). FERRY_CUDA=AUTO builds it when
 # nvcc, the CUDA toolkit (cudart, cuBLAS) and cuDNN are all found; ON fails without
 # them; OFF keeps the CPU-only build. The kernels form one object library whose
-# objects join libferry; only common/tensor/backend.c sees FERRY_CUDA. One GPU
+# objects form libferry-cuda, a library of its own (see ferry_add_cuda_backend). One GPU
 # architecture (CMAKE_CUDA_ARCHITECTURES, default 90) keeps the compile to ~a minute.
 set(FERRY_CUDA AUTO CACHE STRING "CUDA backend: AUTO, ON or OFF")
 set_property(CACHE FERRY_CUDA PROPERTY STRINGS AUTO ON OFF)
@@ -51,29 +51,43 @@ if(NOT _ferry_cuda STREQUAL "OFF")
   endif()
 endif()
 
-# Adds the CUDA backend to the libferry target `lib` (called from common/).
-function(ferry_add_cuda_backend lib)
+# libferry-cuda: the kernels, cuBLAS/cuDNN glue and ferry_cuda_register (include/ferry/cuda.h)
+# as a library of its own, so that libferry itself never links a CUDA library. Programs
+# that want GPUs link it besides libferry (ferry_link_cuda below for in-tree ones).
+function(ferry_add_cuda_backend)
   if(NOT FERRY_HAVE_CUDA)
     return()
   endif()
   file(GLOB _cu CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/common/backend/cuda/*.cu)
-  add_library(ferry_cuda OBJECT ${_cu})
+  add_library(ferry_cuda_kernels OBJECT ${_cu})
   # The project's C flags (-fno-math-errno, sanitizers, -march) are not nvcc flags.
-  set_target_properties(ferry_cuda PROPERTIES COMPILE_OPTIONS "" CUDA_STANDARD 17
+  set_target_properties(ferry_cuda_kernels PROPERTIES COMPILE_OPTIONS "" CUDA_STANDARD 17
     CUDA_STANDARD_REQUIRED ON POSITION_INDEPENDENT_CODE ON)
   # --fmad=false: no contraction of a*b+c, so elementwise kernels (the optimizer
   # updates above all) round exactly like the CPU oracle.
-  target_compile_options(ferry_cuda PRIVATE --fmad=false -Xcompiler=-Wall,-Wextra)
+  target_compile_options(ferry_cuda_kernels PRIVATE --fmad=false -Xcompiler=-Wall,-Wextra)
   if(FERRY_WERROR)
-    target_compile_options(ferry_cuda PRIVATE -Werror=all-warnings)
+    target_compile_options(ferry_cuda_kernels PRIVATE -Werror=all-warnings)
   endif()
-  target_include_directories(ferry_cuda PRIVATE
-    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/common ${PROJECT_SOURCE_DIR}/common/core
-    ${PROJECT_SOURCE_DIR}/common/tensor ${CUDNN_INCLUDE_DIR})
-  target_link_libraries(ferry_cuda PRIVATE CUDA::cudart CUDA::cublas)
-  target_sources(${lib} PRIVATE $<TARGET_OBJECTS:ferry_cuda>)
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/common/tensor/backend.c
-    TARGET_DIRECTORY ${lib} PROPERTIES COMPILE_DEFINITIONS FERRY_CUDA=1)
-  target_link_libraries(${lib} PUBLIC CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY})
+  target_include_directories(ferry_cuda_kernels PRIVATE
+    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${CUDNN_INCLUDE_DIR})
+  add_library(ferry_cuda STATIC $<TARGET_OBJECTS:ferry_cuda_kernels>
+    ${PROJECT_SOURCE_DIR}/common/backend/cuda/register.c)
+  set_target_properties(ferry_cuda PROPERTIES OUTPUT_NAME ferry-cuda EXPORT_NAME ferry-cuda
+    POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(ferry_cuda PRIVATE ${PROJECT_SOURCE_DIR}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:include>)
+  target_link_libraries(ferry_cuda PUBLIC CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY}
+    PRIVATE $<BUILD_INTERFACE:ferry_warnings>)
+  add_library(ferry::ferry-cuda ALIAS ferry_cuda)
   message(STATUS "CUDA backend: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${CUDNN_LIBRARY})")
+endfunction()
+
+# Links libferry-cuda into an in-tree program and defines FERRY_WITH_CUDA for it (its
+# main then calls ferry_cuda_register); a no-op in a CPU-only build.
+function(ferry_link_cuda target)
+  if(TARGET ferry_cuda)
+    target_link_libraries(${target} PRIVATE ferry_cuda)
+    target_compile_definitions(${target} PRIVATE FERRY_WITH_CUDA=1)
+  endif()
 endfunction()

@@ -1,5 +1,6 @@
 /* classic_lm.c - tutorial: the classic parameter-server language model, built on
- * ferry's remote-module API (include/ferry/ferry.h) and libferry's nn layers. The
+ * ferry's remote-module API (<ferry/ferry.h>) and libferry's nn layers, using only the
+ * installed public headers. The
  * embedding table and the output layer live on ferry-ps, which also runs their
  * optimizer; only the LSTM lives in this process. Every step the (N, V) logits come
  * back from the server and their gradient goes out again: the design ferry-trainer's
@@ -14,11 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend/cpu/cpu.h" /* ferry_cpu_ensure_blas_kernels */
-#include "dist/tape.h"       /* remote calls recorded on the local autograd tape */
-#include "ferry/ferry.h"     /* clusters, remote modules, distributed contexts */
-#include "nn/nn.h"           /* ferry_lstm_*, ferry_xent_forward, parameter blocks */
-#include "optim/optim.h"     /* the local optimizer */
+#include <ferry/backend.h> /* ferry_cpu_ensure_blas_kernels, ferry_backend_cpu */
+#include <ferry/ferry.h>   /* clusters, remote modules, remote calls on the local tape */
+#include <ferry/nn.h>      /* ferry_lstm_*, parameter blocks, autograd contexts */
+#include <ferry/optim.h>   /* the local optimizer and global-norm clipping */
 
 enum { V = 64, E = 32, H = 64, T = 12, B = 8 }; /* vocabulary, sizes, window (T, B) */
 

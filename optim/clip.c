@@ -2,7 +2,7 @@
  * sum of squares over several gradient sets. */
 #include <math.h>
 
-#include "optim/clip.h"
+#include "ferry/optim.h"
 
 ferry_status ferry_clip_coef(double total_sumsq, float max_norm, float *scale_out,
                              double *norm_out) {

@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "optim/optim.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
+#include "ferry/optim.h"
 
 struct ferry_optim {
     ferry_optim_config cfg;

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/core/log.h"
 #include "optim/schedule.h"
 
 static const char *const schedule_names[] = {"none", "step", "plateau"};

@@ -21,7 +21,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/core/log.h"
 #include "server/ps-impl.h"
 
 #define CKPT_MAGIC      "FERRYPS1"

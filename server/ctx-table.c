@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/core/log.h"
 #include "server/ps-impl.h"
 
 #define CTX_BUCKETS 1024 /* power of two; chains stay short for thousands of contexts */

@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
 #include "server/ps-impl.h"
 
 static ferry_status embedding_declare(ferry__ps_module *m) {

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/core/log.h"
 #include "server/ps-impl.h"
 
 ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {

@@ -4,10 +4,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend/cpu/cpu.h"
-#include "ferry/rpc.h"
-#include "flags.h"
-#include "log.h"
+#ifdef FERRY_WITH_CUDA
+#include "ferry/cuda.h"
+#endif
+#include "common/backend/cpu/cpu.h"
+#include "common/rpc/rpc.h"
+#include "common/core/flags.h"
+#include "common/core/log.h"
 #include "server/ps.h"
 
 /* Writes the bound port for scripts that started the server on port 0. */
@@ -26,6 +29,9 @@ static int write_port_file(const char *path, int port) {
 
 int main(int argc, char **argv) {
     ferry_cpu_ensure_blas_kernels(argv);
+#ifdef FERRY_WITH_CUDA
+    ferry_cuda_register(); /* --device cuda[:N] */
+#endif
     ferry_log_init("ferry-ps");
     /* Large RPC payloads: keep freed pages instead of faulting them in again. */
     (void)ferry_rpc_tune_malloc(0);

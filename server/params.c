@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "checked.h"
-#include "log.h"
+#include "common/core/checked.h"
+#include "common/core/log.h"
 #include "server/ps-impl.h"
 
 /* Resolves [row_begin, row_begin + row_count) to local rows; row_count 0 means the

@@ -15,9 +15,9 @@
 #include <stdint.h>
 
 #include "ferry.pb-c.h" /* Ferry__*Request, Ferry__*Reply */
-#include "ferry/rpc.h"
-#include "nn/params.h"
-#include "optim/optim.h"
+#include "common/rpc/rpc.h"
+#include "ferry/params.h"
+#include "ferry/optim.h"
 #include "server/ps.h"
 
 /* ---- budgets ---------------------------------------------------------------- */

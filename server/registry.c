@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checked.h"
-#include "log.h"
-#include "optim/stiefel.h" /* ferry_stiefel_polar */
+#include "common/core/checked.h"
+#include "common/core/log.h"
+#include "common/nn/constraint.h" /* ferry_stiefel_polar */
 #include "server/ps-impl.h"
 
 /* ---- configuration ---- */

@@ -11,8 +11,8 @@
 
 #include <uv.h>
 
-#include "ferry/ferry.h" /* FERRY_VERSION */
-#include "log.h"
+#include "ferry/version.h"
+#include "common/core/log.h"
 #include "server/ps-impl.h"
 
 struct ferry_ps_server {

@@ -4,8 +4,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "optim/clip.h"
-#include "optim/optim.h"
+#include "ferry/optim.h"
 
 TEST(coef_matches_torch_formula) {
     float scale = 0.0f;

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "log.h"           /* ferry_now */
+#include "common/core/log.h"           /* ferry_now */
 #include "worker/corpus.h" /* ferry_corpus_*, ferry_vocab_* */
 
 /* ---- helpers ------------------------------------------------------------------------- */

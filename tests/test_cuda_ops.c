@@ -7,9 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef FERRY_WITH_CUDA
+#include "common/tensor/backend.h"
+#include "ferry/cuda.h"
+#endif
 #include "check.h"
 #include "ferry/ferry.h"
-#include "optim/optim.h"
+#include "ferry/optim.h"
 #include "worker/model.h"
 
 #define RTOL 1e-4
@@ -21,6 +25,9 @@ static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static ferry_backend *gpu(void) {
     if (gpu_be != NULL)
         return gpu_be;
+#ifdef FERRY_WITH_CUDA
+    ferry_cuda_register();
+#endif
     ferry_status st = ferry_backend_create("cuda:0", &gpu_be);
     if (st != FERRY_OK) {
         char why[512];

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "flags.h" /* ferry_flags_parse, ferry_flags_usage */
+#include "common/core/flags.h" /* ferry_flags_parse, ferry_flags_usage */
 
 typedef struct config {
     int epochs;

@@ -5,10 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/vmath.h" /* ferry__vexpf, ferry__vsigmoidf, ferry__vtanhf */
+#include "common/tensor/backend.h"
+#include "common/backend/cpu/vmath.h" /* ferry__vexpf, ferry__vsigmoidf, ferry__vtanhf */
 #include "check.h"
 #include "gradcheck.h" /* ferry_gradcheck_fill */
-#include "nn/nn.h"
+#include "ferry/nn.h"
 
 /* |a - ref| in units of the float spacing at ref (subnormal spacing below). */
 static double ulps(float a, double ref) {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "nn/nn.h"
+#include "ferry/nn.h"
 
 /* The last error message must contain every one of the given fragments. */
 static void expect_msg(const char *a, const char *b, const char *c) {

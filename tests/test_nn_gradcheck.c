@@ -8,7 +8,7 @@
 
 #include "check.h"
 #include "gradcheck.h" /* ferry_gradcheck, ferry_gradcheck_fill, ferry_gradcheck_dot */
-#include "nn/nn.h"
+#include "ferry/nn.h"
 
 /* Tolerances for float32 layers with the loss summed in double: the FD noise is
  * about 1e-6 and the truncation error about 1e-5 at eps = 1e-2. */

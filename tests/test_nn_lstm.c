@@ -6,9 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tensor/backend.h"
 #include "check.h"
 #include "gradcheck.h" /* ferry_gradcheck, ferry_gradcheck_fill, ferry_gradcheck_dot */
-#include "nn/nn.h"
+#include "ferry/nn.h"
 
 typedef struct lstm_case {
     ferry_ctx *ctx;

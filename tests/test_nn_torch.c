@@ -10,7 +10,7 @@
 
 #include "check.h"
 #include "json.h" /* ferry_json_* */
-#include "nn/nn.h"
+#include "ferry/nn.h"
 
 #define ATOL 1e-5
 #define RTOL 1e-4

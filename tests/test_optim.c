@@ -6,9 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/tensor/backend.h"
 #include "check.h"
 #include "json.h"
-#include "optim/optim.h"
+#include "ferry/optim.h"
 
 #define ATOL 1e-6
 #define RTOL 1e-5

@@ -12,7 +12,7 @@
 
 #include "check.h"
 #include "ferry/ferry.h"
-#include "log.h"
+#include "common/core/log.h"
 #include "server/ps.h"
 
 static ferry_ps_server *server_up(double ttl_s, const char *ckpt_dir, const char *restore) {

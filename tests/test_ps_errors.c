@@ -9,9 +9,9 @@
 #include "check.h"
 #include "ferry.pb-c.h"
 #include "ferry/ferry.h"
-#include "ferry/rpc.h"
-#include "log.h"
-#include "rpc/testing.h"
+#include "common/rpc/rpc.h"
+#include "common/core/log.h"
+#include "common/rpc/testing.h"
 #include "server/ps.h"
 
 static ferry_ps_server *server_up(size_t max_message_bytes) {

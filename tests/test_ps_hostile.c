@@ -22,8 +22,8 @@
 
 #include "check.h"
 #include "ferry.pb-c.h"
-#include "ferry/rpc.h"
-#include "rpc/testing.h"
+#include "common/rpc/rpc.h"
+#include "common/rpc/testing.h"
 #include "server/ps.h"
 
 /* protobuf-c's string fields are char *: a literal goes in through this. */

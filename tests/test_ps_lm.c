@@ -10,10 +10,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "dist/tape.h"
 #include "ferry/ferry.h"
-#include "optim/clip.h"
-#include "optim/optim.h"
+#include "ferry/optim.h"
 #include "server/ps.h"
 #include "worker/model.h"
 

@@ -8,9 +8,8 @@
 
 #include "check.h"
 #include "ferry/ferry.h"
-#include "nn/nn.h"
-#include "optim/clip.h"
-#include "optim/optim.h"
+#include "ferry/nn.h"
+#include "ferry/optim.h"
 #include "server/ps.h"
 
 #define SEED  42u

@@ -14,11 +14,10 @@
 #include "check.h"
 #include "ferry.pb-c.h" /* Ferry__StatsRequest: Stats read over a raw client */
 #include "ferry/ferry.h"
-#include "ferry/rpc.h"
+#include "common/rpc/rpc.h"
 #include "gradcheck.h" /* ferry_gradcheck, ferry_gradcheck_fill, ferry_gradcheck_dot */
-#include "nn/nn.h"
-#include "optim/clip.h"
-#include "optim/optim.h"
+#include "ferry/nn.h"
+#include "ferry/optim.h"
 #include "optim/stiefel.h"
 #include "server/ps.h"
 

@@ -18,9 +18,9 @@
 
 #include "check.h"
 #include "ferry.pb-c.h"
-#include "ferry/rpc.h"
-#include "log.h"
-#include "rpc/testing.h"
+#include "common/rpc/rpc.h"
+#include "common/core/log.h"
+#include "common/rpc/testing.h"
 
 /* ---- Test server ------------------------------------------------------------------- */
 

@@ -8,8 +8,8 @@
 
 #include "check.h"
 #include "ferry.pb-c.h"
-#include "ferry/rpc.h"
-#include "rpc/codec.h"
+#include "common/rpc/rpc.h"
+#include "common/rpc/codec.h"
 
 static const ferry__rpc_limits limits = {.max_message_bytes = 64u << 20, .max_tensors = 64};
 

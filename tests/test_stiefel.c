@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/tensor/backend.h"
 #include "check.h"
 #include "json.h"
 #include "optim/stiefel.h"

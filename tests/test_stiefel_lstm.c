@@ -11,7 +11,7 @@
 #include "check.h"
 #include "gradcheck.h" /* ferry_gradcheck, ferry_gradcheck_fill, ferry_gradcheck_dot */
 #include "json.h"      /* ferry_json_* */
-#include "nn/nn.h"
+#include "ferry/nn.h"
 #include "optim/stiefel.h"
 
 #define ATOL 1e-5

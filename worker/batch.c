@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "worker/batch.h"
-#include "log.h" /* FERRY_ASSERT */
+#include "common/core/log.h" /* FERRY_ASSERT */
 
 struct ferry_batches {
     int32_t *data; /* (nstep, B): data[t*B + b] = stream[b*nstep + t] */

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "log.h"
+#include "worker/checkpoint.h"
+#include "common/core/log.h"
 
 #define CK_MAGIC "FERRYCK1"
 #define CK_VERSION 1u

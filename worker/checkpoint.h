@@ -6,8 +6,8 @@
 
 #include <stdint.h>
 
-#include "model.h"
-#include "optim/optim.h"
+#include "worker/model.h"
+#include "ferry/optim.h"
 
 typedef struct ferry_checkpoint_info {
     int epoch;    /* epochs completed */

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "worker/corpus.h"
-#include "log.h" /* FERRY_ASSERT */
+#include "common/core/log.h" /* FERRY_ASSERT */
 
 #define FNV_OFFSET 0xcbf29ce484222325ULL
 #define FNV_PRIME  0x100000001b3ULL

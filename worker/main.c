@@ -6,11 +6,14 @@
 #include <unistd.h>
 #include <string.h>
 
-#include "backend/cpu/cpu.h"
-#include "ferry/rpc.h"
-#include "flags.h"
-#include "log.h"
-#include "trainer.h"
+#ifdef FERRY_WITH_CUDA
+#include "ferry/cuda.h"
+#endif
+#include "common/backend/cpu/cpu.h"
+#include "common/rpc/rpc.h"
+#include "common/core/flags.h"
+#include "common/core/log.h"
+#include "worker/trainer.h"
 
 static const char *preset_name(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
@@ -40,6 +43,9 @@ static void install_signals(void) {
 
 int main(int argc, char **argv) {
     ferry_cpu_ensure_blas_kernels(argv);
+#ifdef FERRY_WITH_CUDA
+    ferry_cuda_register(); /* --device cuda[:N] */
+#endif
     ferry_log_init("ferry-trainer");
     /* Large RPC payloads: keep freed pages instead of faulting them in again. */
     (void)ferry_rpc_tune_malloc(0);

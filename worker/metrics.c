@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "worker/metrics.h"
-#include "log.h" /* FERRY_ASSERT */
+#include "common/core/log.h" /* FERRY_ASSERT */
 
 struct ferry_metrics {
     FILE *f;

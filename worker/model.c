@@ -8,10 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/tape.h"
-#include "log.h"
-#include "model.h"
-#include "optim/clip.h"
+#include "common/tensor/backend.h"
+#include "ferry/ferry.h"
+#include "common/core/log.h"
+#include "worker/model.h"
+#include "ferry/optim.h"
 #include "optim/stiefel.h"
 
 /* ---- construction ---- */

@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "ferry/ferry.h"
-#include "nn/nn.h"
-#include "optim/optim.h"
+#include "ferry/nn.h"
+#include "ferry/optim.h"
 
 typedef struct ferry_lm_config {
     int64_t V;        /* vocabulary */

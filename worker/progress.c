@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "worker/progress.h"
-#include "log.h" /* ferry_log, ferry_now, FERRY_ASSERT */
+#include "common/core/log.h" /* ferry_log, ferry_now, FERRY_ASSERT */
 
 #define PROGRESS_LINE_MAX 512
 #define PROGRESS_BAR_MIN  10 /* narrower than this, the bar is left out */

@@ -8,17 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/cpu.h"
-#include "batch.h"
-#include "checkpoint.h"
-#include "corpus.h"
-#include "log.h"
-#include "metrics.h"
-#include "model.h"
-#include "optim/optim.h"
+#include "common/backend/cpu/cpu.h"
+#include "worker/batch.h"
+#include "worker/checkpoint.h"
+#include "worker/corpus.h"
+#include "common/core/log.h"
+#include "worker/metrics.h"
+#include "worker/model.h"
+#include "ferry/optim.h"
 #include "optim/schedule.h"
-#include "progress.h"
-#include "trainer.h"
+#include "worker/progress.h"
+#include "worker/trainer.h"
 
 /* The process's only global: set from a signal handler, read between steps. */
 static volatile sig_atomic_t stop_requested;

@@ -1,8 +1,8 @@
-/* arena.c - bump allocation over backend chunks; see arena.h. */
+/* arena.c - bump allocation over chunks from the arena's allocator; see arena.h. */
 #include <stdlib.h>
 
-#include "arena.h"
-#include "log.h"
+#include "common/core/arena.h"
+#include "common/core/log.h"
 
 typedef struct arena_chunk {
     struct arena_chunk *next;
@@ -11,17 +11,18 @@ typedef struct arena_chunk {
 } arena_chunk;
 
 struct ferry_arena {
-    ferry_backend *be;
+    ferry_arena_allocator mem;
     size_t chunk_bytes;
     arena_chunk *head; /* current chunk first */
     size_t used, peak;
 };
 
-ferry_status ferry_arena_create(ferry_backend *be, size_t chunk_bytes, ferry_arena **out) {
+ferry_status ferry_arena_create(const ferry_arena_allocator *mem, size_t chunk_bytes,
+                                ferry_arena **out) {
     ferry_arena *a = calloc(1, sizeof *a);
     if (a == NULL)
         return FERRY_ERR_NOMEM;
-    a->be = be;
+    a->mem = *mem;
     a->chunk_bytes = chunk_bytes ? chunk_bytes : (1u << 20);
     *out = a;
     return FERRY_OK;
@@ -31,7 +32,7 @@ static void arena_free_chunks(ferry_arena *a) {
     arena_chunk *c = a->head;
     while (c != NULL) {
         arena_chunk *next = c->next;
-        ferry_backend_free(a->be, c->base);
+        a->mem.free(a->mem.user, c->base);
         free(c);
         c = next;
     }
@@ -49,7 +50,7 @@ static arena_chunk *arena_new_chunk(ferry_arena *a, size_t size) {
     arena_chunk *c = calloc(1, sizeof *c);
     if (c == NULL)
         return NULL;
-    if (ferry_backend_alloc(a->be, size, (void **)&c->base) != FERRY_OK) {
+    if ((c->base = a->mem.alloc(a->mem.user, size)) == NULL) {
         free(c);
         return NULL;
     }

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "flags.h"
-#include "log.h" /* FERRY_ASSERT */
+#include "common/core/flags.h"
+#include "common/core/log.h" /* FERRY_ASSERT */
 
 /* ---- lookup -------------------------------------------------------------------------- */
 

@@ -8,10 +8,28 @@
 #include <string.h>
 #include <time.h>
 
-#include "log.h"
+#include "common/core/log.h"
 
 static _Atomic int log_level = FERRY_LOG_LEVEL_INFO;
 static char log_prog[32] = "ferry";
+/* The host program's sink; both words are read together under no lock, so a sink is
+ * published with its user pointer as one struct. */
+typedef struct log_route {
+    ferry_log_sink sink;
+    void *user;
+} log_route;
+static log_route log_routes[2];
+static _Atomic int log_route_cur = -1; /* index into log_routes, -1: stderr */
+
+void ferry_log_set_sink(ferry_log_sink sink, void *user) {
+    if (sink == NULL) {
+        atomic_store(&log_route_cur, -1);
+        return;
+    }
+    int next = atomic_load(&log_route_cur) == 0 ? 1 : 0;
+    log_routes[next] = (log_route){sink, user};
+    atomic_store(&log_route_cur, next);
+}
 
 ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out) {
     static const char *names[] = {"error", "warn", "info", "debug"};
@@ -54,6 +72,12 @@ static int log_prefix(char *buf, size_t cap, ferry_log_level level) {
 
 static void log_write(ferry_log_level level, const char *fmt, va_list ap) {
     char line[2048];
+    int route = atomic_load(&log_route_cur);
+    if (route >= 0) {
+        (void)vsnprintf(line, sizeof line, fmt, ap);
+        log_routes[route].sink(log_routes[route].user, level, line);
+        return;
+    }
     int n = log_prefix(line, sizeof line, level);
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);

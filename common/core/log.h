@@ -1,23 +1,10 @@
-/* log.h - leveled, timestamped log lines on stderr, and release-mode asserts.
- * The level comes from FERRY_LOG (error|warn|info|debug) or ferry_log_set_level. */
+/* log.h - leveled, timestamped log lines (stderr, or the host program's sink: see
+ * include/ferry/log.h), and release-mode asserts. */
 #ifndef FERRY_LOG_H
 #define FERRY_LOG_H
 
+#include "ferry/log.h" /* levels, level setting, sinks */
 #include "ferry/status.h"
-
-typedef enum ferry_log_level {
-    FERRY_LOG_LEVEL_ERROR = 0,
-    FERRY_LOG_LEVEL_WARN  = 1,
-    FERRY_LOG_LEVEL_INFO  = 2,
-    FERRY_LOG_LEVEL_DEBUG = 3,
-} ferry_log_level;
-
-/* Sets the process name printed on every line ("ferry-ps") and the level. */
-void ferry_log_init(const char *progname);
-void ferry_log_set_level(ferry_log_level level);
-ferry_log_level ferry_log_get_level(void);
-/* Parses "error", "warn", "info" or "debug"; FERRY_ERR_INVALID otherwise. */
-ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out);
 
 /* Writes one line: "2026-11-22T04:00:00.123Z I ferry-ps: text". Thread-safe. */
 void ferry_log(ferry_log_level level, const char *fmt, ...) FERRY_PRINTF(2, 3);

@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "common/dist/dist.h"
 #include "ferry.pb-c.h"
-#include "log.h"
+#include "common/core/log.h"
 
 /* ---- shared with decoder.c ---- */
 

@@ -8,9 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/dist.h"
+#include "common/dist/dist.h"
 #include "ferry.pb-c.h"
-#include "log.h"
+#include "common/core/log.h"
 
 void ferry_cluster_config_default(ferry_cluster_config *cfg) {
     memset(cfg, 0, sizeof *cfg);

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "common/dist/dist.h"
 #include "ferry.pb-c.h"
-#include "log.h"
-#include "optim/clip.h"
+#include "common/core/log.h"
+#include "ferry/optim.h"
 
 #define CTX_COUNTER_MASK ((UINT64_C(1) << 48) - 1)
 

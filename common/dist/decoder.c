@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "common/dist/dist.h"
 #include "ferry.pb-c.h"
-#include "log.h"
+#include "common/core/log.h"
 
 /* The state of one fan-out over a module's shards. */
 typedef struct fan {

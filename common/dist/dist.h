@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "ferry/ferry.h"
-#include "ferry/rpc.h"
+#include "common/rpc/rpc.h"
 
 #define FERRY_DIST_MAX_SERVERS 256
 

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dist.h"
+#include "common/dist/dist.h"
 #include "ferry.pb-c.h"
-#include "log.h"
-#include "optim/optim.h"
+#include "common/core/log.h"
+#include "ferry/optim.h"
 
 static const char *const kind_names[] = {"embedding", "decoder", "linear"};
 

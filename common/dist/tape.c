@@ -6,9 +6,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "dist/dist.h"
-#include "dist/tape.h"
-#include "log.h"
+#include "common/tensor/backend.h"
+#include "common/dist/dist.h"
+#include "ferry/ferry.h"
+#include "common/core/log.h"
 
 typedef struct remote_saved {
     ferry_remote *m;

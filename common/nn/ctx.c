@@ -3,9 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena.h"
-#include "ctx.h"
-#include "log.h"
+#include "common/tensor/backend.h"
+#include "common/core/arena.h"
+#include "ferry/autograd.h"
+#include "common/core/log.h"
 
 typedef struct tape_node {
     ferry_backward_fn fn;
@@ -36,6 +37,16 @@ struct ferry_ctx {
     int ngrads, cap_grads;
 };
 
+/* Arena chunks come from the backend (the host arena's from the CPU backend). */
+static void *backend_chunk_alloc(void *be, size_t nbytes) {
+    void *p = NULL;
+    return ferry_backend_alloc(be, nbytes, &p) == FERRY_OK ? p : NULL;
+}
+
+static void backend_chunk_free(void *be, void *p) {
+    ferry_backend_free(be, p);
+}
+
 ferry_status ferry_ctx_create(ferry_backend *be, ferry_ctx **out) {
     ferry_status st = FERRY_ERR_NOMEM;
     ferry_ctx *ctx = calloc(1, sizeof *ctx);
@@ -43,9 +54,11 @@ ferry_status ferry_ctx_create(ferry_backend *be, ferry_ctx **out) {
         return st;
     ctx->be = be;
     ctx->training = 1;
-    if ((st = ferry_arena_create(be, 4u << 20, &ctx->arena)) != FERRY_OK)
+    ferry_arena_allocator dev = {backend_chunk_alloc, backend_chunk_free, be};
+    ferry_arena_allocator host = {backend_chunk_alloc, backend_chunk_free, ferry_backend_cpu()};
+    if ((st = ferry_arena_create(&dev, 4u << 20, &ctx->arena)) != FERRY_OK)
         goto fail;
-    if ((st = ferry_arena_create(ferry_backend_cpu(), 256u << 10, &ctx->host_arena)) != FERRY_OK)
+    if ((st = ferry_arena_create(&host, 256u << 10, &ctx->host_arena)) != FERRY_OK)
         goto fail;
     *out = ctx;
     return FERRY_OK;

@@ -4,8 +4,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "log.h"
-#include "nn.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
+#include "ferry/nn.h"
 
 typedef struct dropout_saved {
     const float *mask; /* backend, numel floats */

@@ -5,8 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "nn.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
+#include "ferry/nn.h"
 
 typedef struct embedding_saved {
     ferry_embedding *m;

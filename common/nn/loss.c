@@ -12,8 +12,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "log.h"
-#include "nn.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
+#include "ferry/nn.h"
 
 typedef struct xent_saved {
     const ferry_tensor *logits; /* the gradient goes to this tensor */

@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "nn-impl.h"
-#include "nn.h"
-#include "optim/stiefel.h" /* ferry_stiefel_map, ferry_stiefel_map_backward */
+#include "common/core/log.h"
+#include "common/nn/nn-impl.h"
+#include "ferry/nn.h"
+#include "common/nn/constraint.h" /* ferry_stiefel_map, ferry_stiefel_map_backward */
 
 typedef struct lstm_layer_saved {
     const float *x;    /* (T, B, C_l) input of the layer (after inter-layer dropout) */

@@ -2,7 +2,7 @@
 #ifndef FERRY_NN_IMPL_H
 #define FERRY_NN_IMPL_H
 
-#include "backend.h"
+#include "common/tensor/backend.h"
 
 /* y(N, D) = b broadcast over rows (the bias before a GEMM with beta = 1). */
 ferry_status ferry__nn_broadcast_rows(ferry_backend *be, int64_t N, int64_t D, const float *b,

@@ -4,8 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "params.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
+#include "ferry/params.h"
 
 /* ---- blocks ---- */
 

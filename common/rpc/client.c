@@ -11,9 +11,9 @@
 
 #include <grpc/support/alloc.h>
 
-#include "log.h"
-#include "rpc/testing.h"
-#include "rpc/transport-grpc.h"
+#include "common/core/log.h"
+#include "common/rpc/testing.h"
+#include "common/rpc/transport-grpc.h"
 
 #define CQ_POOL 4 /* idle completion queues kept per client */
 

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "rpc/codec.h"
+#include "common/core/log.h"
+#include "common/rpc/codec.h"
 
 #define WIRE_LEN       2 /* protobuf wire type of length-delimited fields */
 #define KEY(field, wt) ((uint8_t)(((field) << 3) | (wt)))

@@ -12,7 +12,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
-#include "ferry/rpc.h"
+#include "common/rpc/rpc.h"
 
 /* Field number of `repeated Tensor tensors` in every message, and of
  * `bytes data` inside Tensor: both are written last. */

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "ferry.pb-c.h" /* ferry__*_descriptor */
-#include "log.h"
-#include "rpc/codec.h"
+#include "common/core/log.h"
+#include "common/rpc/codec.h"
 
 /* ---- Methods -------------------------------------------------------------- */
 

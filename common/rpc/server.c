@@ -11,8 +11,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "log.h"
-#include "rpc/transport-grpc.h"
+#include "common/core/log.h"
+#include "common/rpc/transport-grpc.h"
 
 #define CATCH_ALL       (-1) /* server_call.method of the unregistered slot */
 #define CATCH_ALL_SLOTS 2

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "ferry/rpc.h"
+#include "common/rpc/rpc.h"
 
 /* Sends n raw bytes as the request message of `path` ("/ferry.Ferry/Forward",
  * or any other path) and decodes a successful reply as reply_method's reply.

@@ -10,8 +10,8 @@
 
 #include <grpc/support/log.h>
 
-#include "log.h"
-#include "rpc/transport-grpc.h"
+#include "common/core/log.h"
+#include "common/rpc/transport-grpc.h"
 
 /* ---- Library lifetime -------------------------------------------------------- */
 

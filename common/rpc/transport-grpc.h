@@ -14,7 +14,7 @@
 #include <grpc/slice.h>
 #include <grpc/support/time.h>
 
-#include "rpc/codec.h"
+#include "common/rpc/codec.h"
 
 /* Trailing-metadata key carrying the exact ferry_status of a failed call. */
 #define FERRY_RPC_STATUS_KEY "ferry-status"

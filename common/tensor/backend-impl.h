@@ -5,7 +5,7 @@
 #ifndef FERRY_BACKEND_IMPL_H
 #define FERRY_BACKEND_IMPL_H
 
-#include "backend.h"
+#include "common/tensor/backend.h"
 
 typedef struct ferry_backend_ops {
     const char *name;
@@ -60,5 +60,10 @@ struct ferry_backend {
 
 /* Constructors, one per backend; registry code in backend.c picks by name. */
 ferry_status ferry__backend_cpu_create(ferry_backend **out);
+
+/* Makes the backend for device ordinal N ("cuda:N"). */
+typedef ferry_status (*ferry__backend_factory)(int ordinal, ferry_backend **out);
+/* Called by libferry-cuda's ferry_cuda_register (include/ferry/cuda.h). */
+void ferry__backend_register_cuda(ferry__backend_factory create);
 
 #endif /* FERRY_BACKEND_IMPL_H */

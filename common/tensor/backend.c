@@ -1,17 +1,22 @@
 /* backend.c - the backend registry and the thin dispatchers layers call. Each
  * dispatcher asserts its pointers, returns early on empty work, and forwards to
  * the backend's table; a missing op is FERRY_ERR_UNSUPPORTED. This is the only
- * file that knows which backends exist. */
+ * file that knows which backends exist (CUDA's registers itself). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend-impl.h"
-#include "log.h"
+#include "common/tensor/backend-impl.h"
+#include "common/core/log.h"
 
-#ifdef FERRY_CUDA
-ferry_status ferry__backend_cuda_create(int device, ferry_backend **out);
-#endif
+/* The CUDA backend lives in its own library (libferry-cuda); it registers its factory
+ * here (ferry_cuda_register), so a CPU-only libferry links no CUDA library. */
+static _Atomic(ferry__backend_factory) cuda_factory;
+
+void ferry__backend_register_cuda(ferry__backend_factory create) {
+    atomic_store(&cuda_factory, create);
+}
 
 ferry_status ferry_backend_create(const char *device, ferry_backend **out) {
     if (device == NULL || strcmp(device, "cpu") == 0)
@@ -25,15 +30,14 @@ ferry_status ferry_backend_create(const char *device, ferry_backend **out) {
                 return ferry_errorf(FERRY_ERR_INVALID, "bad device '%s' (cpu|cuda[:N])", device);
             ordinal = (int)v;
         }
-#ifdef FERRY_CUDA
-        return ferry__backend_cuda_create(ordinal, out);
-#else
-        (void)ordinal;
+        ferry__backend_factory create = atomic_load(&cuda_factory);
+        if (create != NULL)
+            return create(ordinal, out);
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "device '%s': this build has no CUDA backend (rebuild with "
-                            "-DFERRY_CUDA=ON on a machine with nvcc)",
+                            "device '%s': no CUDA backend in this program (build with "
+                            "-DFERRY_CUDA=ON on a machine with nvcc, link libferry-cuda and "
+                            "call ferry_cuda_register)",
                             device);
-#endif
     }
     return ferry_errorf(FERRY_ERR_INVALID, "unknown device '%s' (cpu|cuda[:N])", device);
 }

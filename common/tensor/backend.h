@@ -1,4 +1,5 @@
-/* backend.h - the compute backend interface every layer calls.
+/* backend.h - the compute ops every layer calls (lifetime and memory are public:
+ * include/ferry/backend.h).
  * A backend owns memory and runs the ops below on it. Layers validate shapes and
  * then call ferry_backend_*; they never know whether the CPU (OpenBLAS plus plain
  * loops) or CUDA runs the op. All pointers are backend memory, all matrices
@@ -11,22 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/backend.h"
 #include "ferry/tensor.h"
-
-typedef enum ferry_copy_kind {
-    FERRY_COPY_HOST_TO_DEVICE = 0,
-    FERRY_COPY_DEVICE_TO_HOST = 1,
-    FERRY_COPY_DEVICE_TO_DEVICE = 2,
-} ferry_copy_kind;
-
-/* Optimizer kinds, shared by the backend update kernels and optim/. */
-typedef enum ferry_optim_kind {
-    FERRY_OPTIM_SGD = 0,
-    FERRY_OPTIM_ADAGRAD = 1,
-    FERRY_OPTIM_ADADELTA = 2,
-    FERRY_OPTIM_ADAM = 3,
-    FERRY_OPTIM_ADAMW = 4,
-} ferry_optim_kind;
 
 /* One optimizer update over n floats (dense) or over U rows of width D (rows != NULL),
  * with torch 1.13's single-tensor formulas (see optim/optim.h). Slots hold the optimizer
@@ -56,26 +43,6 @@ typedef struct ferry_optim_update {
     uint8_t *row_seen;          /* rows form, SGD momentum: backend memory, one byte per table
                                    row, 1 once the row's buffer exists (0: buf = d, set 1) */
 } ferry_optim_update;
-
-/* ---- lifetime ---- */
-
-/* Creates the backend named by device: "cpu", or "cuda" / "cuda:N" in a CUDA build.
- * FERRY_ERR_UNSUPPORTED (with a message) when this build has no such backend. */
-ferry_status ferry_backend_create(const char *device, ferry_backend **out);
-void ferry_backend_destroy(ferry_backend *be); /* NULL is a no-op */
-const char *ferry_backend_name(const ferry_backend *be);
-/* 1 if the backend's memory is directly addressable by the host (CPU). */
-int ferry_backend_is_host(const ferry_backend *be);
-/* The process-wide CPU backend (created on first use, never destroyed). */
-ferry_backend *ferry_backend_cpu(void);
-
-/* ---- memory ---- */
-
-ferry_status ferry_backend_alloc(ferry_backend *be, size_t nbytes, void **out);
-void ferry_backend_free(ferry_backend *be, void *ptr);
-ferry_status ferry_backend_copy(ferry_backend *be, void *dst, const void *src, size_t nbytes,
-                                ferry_copy_kind kind);
-ferry_status ferry_backend_sync(ferry_backend *be);
 
 /* ---- dense math ---- */
 

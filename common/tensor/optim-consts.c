@@ -1,7 +1,7 @@
 /* optim-consts.c - see optim-consts.h. */
 #include <math.h>
 
-#include "optim-consts.h"
+#include "common/tensor/optim-consts.h"
 
 void ferry__optim_consts_init(const ferry_optim_update *u, ferry_optim_consts *c) {
     c->kind = (int)u->kind;

@@ -4,7 +4,7 @@
 #ifndef FERRY_OPTIM_CONSTS_H
 #define FERRY_OPTIM_CONSTS_H
 
-#include "backend.h"
+#include "common/tensor/backend.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "log.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
 
 ferry_shape ferry_shape_1d(int64_t d0) {
     ferry_shape s = {1, {d0, 0, 0, 0}};

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/rpc.h"
-#include "rpc/codec.h"
+#include "common/rpc/rpc.h"
+#include "common/rpc/codec.h"
 
 #define FUZZ_ASSERT(c)                                                                             \
     do {                                                                                           \

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "ferry.pb-c.h"
-#include "ferry/rpc.h"
-#include "log.h"
-#include "rpc/codec.h"
+#include "common/rpc/rpc.h"
+#include "common/core/log.h"
+#include "common/rpc/codec.h"
 #include "server/ps-impl.h"
 
 #ifndef FUZZ_METHOD

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "check.h"
-#include "json.h"
+#include "tests/support/check.h"
+#include "tests/support/json.h"
 
 int ferry_check_close(const char *what, const float *a, const double *b, long n, double atol,
                       double rtol) {

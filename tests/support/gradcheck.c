@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 ferry_gradcheck_opts ferry_gradcheck_defaults(void) {
     ferry_gradcheck_opts o = {1e-2, 1e-3, 0.0, 1e-2, 0};

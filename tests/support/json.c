@@ -2,7 +2,7 @@
  * of malloc'd nodes, the NULL-tolerant accessors, and the {shape, data} tensor decoder
  * the tests use to read reference vectors. Errors carry line and column through
  * ferry_errorf so a broken data file is diagnosed in one line. */
-#include "json.h"
+#include "tests/support/json.h"
 
 #include <errno.h>
 #include <limits.h>

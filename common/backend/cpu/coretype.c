@@ -11,8 +11,8 @@
 
 #include <cblas.h>
 
-#include "cpu.h"
-#include "log.h"
+#include "common/backend/cpu/cpu.h"
+#include "common/core/log.h"
 
 static const char *best_coretype(void) {
 #if defined(__x86_64__) && defined(__GNUC__)

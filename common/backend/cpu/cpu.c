@@ -5,8 +5,8 @@
 
 #include <cblas.h>
 
-#include "cpu.h"
-#include "log.h"
+#include "common/backend/cpu/cpu.h"
+#include "common/core/log.h"
 
 static ferry_status cpu_alloc(ferry_backend *be, size_t nbytes, void **out) {
     (void)be;

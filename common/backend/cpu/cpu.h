@@ -3,7 +3,7 @@
 #ifndef FERRY_CPU_H
 #define FERRY_CPU_H
 
-#include "backend-impl.h"
+#include "common/tensor/backend-impl.h"
 
 ferry_status ferry__cpu_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64_t N, int64_t K,
                              float alpha, const float *A, int64_t lda, const float *B,
@@ -41,13 +41,5 @@ ferry_status ferry__cpu_scatter_add_rows(ferry_backend *be, int64_t count, int64
 ferry_status ferry__cpu_dropout_mask(ferry_backend *be, int64_t n, float p, uint64_t seed,
                                      uint64_t offset, float *mask);
 ferry_status ferry__cpu_optim_update(ferry_backend *be, const ferry_optim_update *u);
-
-/* Sets OpenBLAS's thread count (1 = single-threaded GEMMs). */
-void ferry_cpu_set_threads(int n);
-
-/* Call first thing in main(): re-executes the process once with OPENBLAS_CORETYPE
- * set when OpenBLAS fell back to generic kernels on a CPU that offers AVX2/AVX-512
- * (hypervisors hiding the CPU model). Returns if nothing needs doing. */
-void ferry_cpu_ensure_blas_kernels(char **argv);
 
 #endif /* FERRY_CPU_H */

@@ -3,8 +3,8 @@
  * Each row is processed in blocks of FERRY_VLANES hidden units with the
  * vectorisable exp/sigmoid/tanh of vmath.h, then a scalar tail; both paths call
  * the same per-unit functions below, which are the plain reference formulas. */
-#include "cpu.h"
-#include "vmath.h"
+#include "common/backend/cpu/cpu.h"
+#include "common/backend/cpu/vmath.h"
 
 /* One hidden unit forward: z holds the four pre-activations (i, f, g, o) on entry
  * and the activations on return; returns c and h through the pointers. */

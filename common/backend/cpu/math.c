@@ -4,8 +4,8 @@
  * lets GCC vectorise them at -O2 without restrict; a scalar tail finishes. */
 #include <cblas.h>
 
-#include "cpu.h"
-#include "vmath.h"
+#include "common/backend/cpu/cpu.h"
+#include "common/backend/cpu/vmath.h"
 
 ferry_status ferry__cpu_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64_t N, int64_t K,
                              float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,

@@ -6,8 +6,8 @@
  * form is one span, the row form one span per touched row. */
 #include <math.h>
 
-#include "cpu.h"
-#include "optim-consts.h"
+#include "common/backend/cpu/cpu.h"
+#include "common/tensor/optim-consts.h"
 
 /* The update streams over 3-5 arrays; let GCC vectorise loops of unknown length at -O2
  * (its default "very cheap" cost model refuses). The sqrtf loops also need

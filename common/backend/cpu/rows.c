@@ -2,8 +2,8 @@
  * and the inverted-dropout mask from the shared counter-based generator. */
 #include <string.h>
 
-#include "cpu.h"
-#include "vmath.h" /* FERRY_VLANES */
+#include "common/backend/cpu/cpu.h"
+#include "common/backend/cpu/vmath.h" /* FERRY_VLANES */
 
 ferry_status ferry__cpu_gather_rows(ferry_backend *be, int64_t count, int64_t D, const int32_t *idx,
                                     const float *src, float *dst) {

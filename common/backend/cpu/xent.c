@@ -3,8 +3,8 @@
  * Rows are walked in blocks of FERRY_VLANES with per-lane partial maxima and
  * sums (vmath.h's idiom), so the exp pass vectorises; the lanes are combined in
  * a fixed order, so results do not depend on anything but the input. */
-#include "cpu.h"
-#include "vmath.h"
+#include "common/backend/cpu/cpu.h"
+#include "common/backend/cpu/vmath.h"
 
 /* Max of z[0..V). */
 static float row_max_of(const float *z, int64_t V) {

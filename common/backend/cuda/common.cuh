@@ -9,8 +9,8 @@
 #include <pthread.h>
 
 extern "C" {
-#include "backend-impl.h"
-#include "log.h"
+#include "common/tensor/backend-impl.h"
+#include "common/core/log.h"
 }
 
 #define FERRY_CUDA_NCLASS 48 /* size classes 2^8 .. 2^55 bytes */

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.cuh"
-#include "ops.cuh"
+#include "common/backend/cuda/common.cuh"
+#include "common/backend/cuda/ops.cuh"
 
 #define MIN_CLASS 8                   /* 256-byte blocks at least */
 #define STAGE_THRESHOLD (256u << 10)  /* copies above this go through the staging buffer */

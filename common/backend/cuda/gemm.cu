@@ -4,7 +4,7 @@
  * dimensions. FP32 math (no TF32), matching the CPU oracle within rounding. */
 #include <limits.h>
 
-#include "ops.cuh"
+#include "common/backend/cuda/ops.cuh"
 
 /* C(M,N) = beta == 0 ? 0 : beta * C, the K = 0 case (BLAS leaves it to convention). */
 __global__ static void k_scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {

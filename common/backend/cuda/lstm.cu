@@ -2,7 +2,7 @@
  * the state update forward, the pre-activation gradients backward. The GEMMs around
  * it are cuBLAS calls made by common/nn/lstm.c. Same formulas as the CPU oracle
  * (common/backend/cpu/lstm.c) with the CUDA math library's expf/tanhf. */
-#include "ops.cuh"
+#include "common/backend/cuda/ops.cuh"
 
 __device__ static inline float sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));

@@ -1,7 +1,7 @@
 /* math.cu - elementwise kernels: fill, axpy, scale, mul, add_bias, and sum_rows
  * (one thread per column summing rows in order, so it rounds exactly like the CPU
  * loop). Grid-stride loops over 64-bit indices. */
-#include "ops.cuh"
+#include "common/backend/cuda/ops.cuh"
 
 __global__ static void k_fill(float *x, int64_t n, float v) {
     FERRY_CUDA_FOR(i, n) x[i] = v;

@@ -3,7 +3,7 @@
 #ifndef FERRY_CUDA_OPS_CUH
 #define FERRY_CUDA_OPS_CUH
 
-#include "common.cuh"
+#include "common/backend/cuda/common.cuh"
 
 /* gemm.cu */
 ferry_status ferry__cuda_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64_t N, int64_t K,

@@ -6,8 +6,8 @@
  * CPU bit for bit. Row ids arrive in host memory and are staged to the device. */
 #include <math.h>
 
-#include "ops.cuh"
-#include "optim-consts.h"
+#include "common/backend/cuda/ops.cuh"
+#include "common/tensor/optim-consts.h"
 
 /* The update's float32 constants come from ferry__optim_consts_init (optim-consts.h),
  * shared with the CPU backend. */

@@ -2,7 +2,7 @@
  * so repeated ids accumulate in some order) and the inverted-dropout mask from the
  * same splitmix64 counter generator as ferry_rand_uniform, bit for bit. Index
  * arrays are device memory. */
-#include "ops.cuh"
+#include "common/backend/cuda/ops.cuh"
 
 __global__ static void k_gather(int64_t count, int64_t D, const int32_t *idx, const float *src,
                                 float *dst) {

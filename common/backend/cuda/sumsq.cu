@@ -1,7 +1,7 @@
 /* sumsq.cu - sum of squares accumulated in double: a fixed grid writes one double
  * partial per block, one block adds the partials in order, and the total comes back
  * to the host. No atomics, so the result is the same on every run. */
-#include "ops.cuh"
+#include "common/backend/cuda/ops.cuh"
 
 #define SUMSQ_BLOCKS 1024
 

@@ -5,7 +5,7 @@
  * row scales are device arrays, as every pointer of a backend op. */
 #include <limits.h>
 
-#include "ops.cuh"
+#include "common/backend/cuda/ops.cuh"
 
 /* Block-wide max; every thread gets the result. */
 __device__ static float block_max(float v) {

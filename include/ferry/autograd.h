@@ -17,8 +17,13 @@
 
 #include <stdint.h>
 
-#include "backend.h"
-#include "params.h"
+#include "ferry/backend.h"
+#include "ferry/tensor.h"
+#include "ferry/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define FERRY_NODE_MAX_IO 4
 
@@ -84,4 +89,7 @@ ferry_tensor *ferry_ctx_grad_of(ferry_ctx *ctx, const ferry_tensor *t);
  * gradient in place. */
 ferry_status ferry_ctx_grad_accumulate(ferry_ctx *ctx, const ferry_tensor *t, ferry_tensor *g);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* FERRY_CTX_H */

@@ -15,7 +15,12 @@
 
 #include <stdint.h>
 
-#include "backend.h"
+#include "ferry/backend.h"
+#include "ferry/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define FERRY_PARAM_NAME_MAX 64
 
@@ -25,7 +30,7 @@ enum {
 
 typedef enum ferry_constraint_kind {
     FERRY_CONSTRAINT_NONE = 0,
-    FERRY_CONSTRAINT_STIEFEL = 1, /* W^T W = I via cdopt's dissolving map; see optim/stiefel.h */
+    FERRY_CONSTRAINT_STIEFEL = 1, /* W^T W = I via cdopt's dissolving map; see ferry/nn.h (ferry_stiefel_map) and optim/stiefel.c */
 } ferry_constraint_kind;
 
 typedef struct ferry_param {
@@ -120,4 +125,7 @@ ferry_status ferry_grads_scale(ferry_grads *G, float s);
 /* Adds src's gradients into dst (same block); for tests and multi-trainer sums. */
 ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* FERRY_PARAMS_H */

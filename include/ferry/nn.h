@@ -19,8 +19,12 @@
 #ifndef FERRY_NN_H
 #define FERRY_NN_H
 
-#include "ctx.h"
-#include "params.h"
+#include "ferry/autograd.h"
+#include "ferry/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define FERRY_LSTM_MAX_LAYERS 8
 
@@ -121,4 +125,7 @@ ferry_status ferry_xent_forward(ferry_ctx *ctx, const ferry_tensor *logits,
                                 const ferry_tensor *targets, float scale, ferry_tensor **loss,
                                 double *loss_sum);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* FERRY_NN_H */

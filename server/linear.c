@@ -6,7 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/tensor/backend.h"
+#include "common/core/log.h"
 #include "optim/stiefel.h" /* ferry_stiefel_map, _map_backward, _add_penalty_grads */
 #include "server/ps-impl.h"
 

@@ -11,8 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checked.h"
-#include "log.h"
+#include "common/tensor/backend.h"
+#include "common/core/checked.h"
+#include "common/core/log.h"
 #include "server/ps-impl.h"
 
 enum { DECODER_LOGITS = 1, DECODER_PARTIALS = 2 };

@@ -1,0 +1,78 @@
+/* backend.h - where tensors live and ops run: "cpu" (OpenBLAS plus vectorised loops)
+ * or, in a build with the CUDA backend (ferry/cuda.h), "cuda[:N]". A backend owns
+ * memory; tensors (ferry/tensor.h), parameter blocks (ferry/params.h) and autograd
+ * contexts (ferry/autograd.h) are made on one.
+ *
+ *     ferry_cpu_ensure_blas_kernels(argv);    // first thing in main(): see below
+ *     ferry_backend *be;
+ *     ferry_backend_create("cpu", &be);       // or ferry_backend_cpu()
+ *     ...
+ *     ferry_backend_destroy(be);
+ *
+ * Thread-safety: a backend may be used by one thread at a time per stream; the CPU
+ * backend is reentrant. */
+#ifndef FERRY_BACKEND_PUBLIC_H
+#define FERRY_BACKEND_PUBLIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/status.h"
+#include "ferry/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ferry_copy_kind {
+    FERRY_COPY_HOST_TO_DEVICE = 0,
+    FERRY_COPY_DEVICE_TO_HOST = 1,
+    FERRY_COPY_DEVICE_TO_DEVICE = 2,
+} ferry_copy_kind;
+
+/* Optimizer kinds, shared by the backend update kernels and optim/. */
+typedef enum ferry_optim_kind {
+    FERRY_OPTIM_SGD = 0,
+    FERRY_OPTIM_ADAGRAD = 1,
+    FERRY_OPTIM_ADADELTA = 2,
+    FERRY_OPTIM_ADAM = 3,
+    FERRY_OPTIM_ADAMW = 4,
+} ferry_optim_kind;
+
+/* ---- lifetime ---- */
+
+/* Creates the backend named by device: "cpu", or "cuda" / "cuda:N" once the CUDA
+ * backend is registered (ferry_cuda_register, ferry/cuda.h). FERRY_ERR_UNSUPPORTED
+ * (with a message) when no such backend is registered, FERRY_ERR_INVALID for a name
+ * that is neither. */
+ferry_status ferry_backend_create(const char *device, ferry_backend **out);
+void ferry_backend_destroy(ferry_backend *be); /* NULL is a no-op */
+const char *ferry_backend_name(const ferry_backend *be);
+/* 1 if the backend's memory is directly addressable by the host (CPU). */
+int ferry_backend_is_host(const ferry_backend *be);
+/* The process-wide CPU backend (created on first use, never destroyed). */
+ferry_backend *ferry_backend_cpu(void);
+
+/* ---- memory ---- */
+
+ferry_status ferry_backend_alloc(ferry_backend *be, size_t nbytes, void **out);
+void ferry_backend_free(ferry_backend *be, void *ptr);
+ferry_status ferry_backend_copy(ferry_backend *be, void *dst, const void *src, size_t nbytes,
+                                ferry_copy_kind kind);
+ferry_status ferry_backend_sync(ferry_backend *be);
+
+/* ---- the CPU backend's OpenBLAS ---- */
+
+/* Call first thing in main() with main's argv: re-executes the process once with
+ * OPENBLAS_CORETYPE set when OpenBLAS fell back to generic kernels on a CPU that
+ * offers AVX2/AVX-512 (hypervisors hiding the CPU model make it pick kernels 5-9x
+ * slower). Returns if nothing needs doing (or OPENBLAS_CORETYPE or FERRY_NO_REEXEC
+ * is set). */
+void ferry_cpu_ensure_blas_kernels(char **argv);
+/* Sets OpenBLAS's thread count (1 = single-threaded GEMMs). */
+void ferry_cpu_set_threads(int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_BACKEND_PUBLIC_H */
