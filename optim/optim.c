@@ -45,80 +45,82 @@ ferry_status ferry_optim_parse_kind(const char *name, ferry_optim_kind *out) {
                         name ? name : "(null)");
 }
 
+/* clang-format off */
+const ferry_optim_field ferry_optim_fields[FERRY_OPTIM_FIELD_COUNT] = {
+#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
+    {#field, flag, sizeof(type) == sizeof(int), lo, hi, open, help},
+    FERRY_OPTIM_FIELD_MAP(FIELD_)
+#undef FIELD_
+};
+/* clang-format on */
+
+int ferry_optim_field_find(const char *name) {
+    for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++)
+        if (strcmp(ferry_optim_fields[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+double ferry_optim_field_get(const ferry_optim_config *c, int i) {
+    switch (i) {
+#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
+    case FERRY_OPTIM_FIELD_##field:                                                               \
+        return (double)c->field;
+        FERRY_OPTIM_FIELD_MAP(FIELD_)
+#undef FIELD_
+    }
+    FERRY_ASSERT(0 && "optimizer field index out of range");
+    return 0.0;
+}
+
+void ferry_optim_field_set(ferry_optim_config *c, int i, double v) {
+    switch (i) {
+#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
+    case FERRY_OPTIM_FIELD_##field:                                                               \
+        c->field = sizeof(type) == sizeof(int) ? (type)(v != 0.0) : (type)v;                      \
+        return;
+        FERRY_OPTIM_FIELD_MAP(FIELD_)
+#undef FIELD_
+    }
+    FERRY_ASSERT(0 && "optimizer field index out of range");
+}
+
 ferry_optim_config ferry_optim_defaults(ferry_optim_kind kind) {
     ferry_optim_config c;
     memset(&c, 0, sizeof c);
     c.kind = kind;
-    switch (kind) {
-    case FERRY_OPTIM_SGD:
-        c.lr = 1.0;
-        break;
-    case FERRY_OPTIM_ADAGRAD:
-        c.lr = 0.01;
-        c.eps = 1e-10;
-        break;
-    case FERRY_OPTIM_ADADELTA:
-        c.lr = 1.0;
-        c.rho = 0.9;
-        c.eps = 1e-6;
-        break;
-    case FERRY_OPTIM_ADAM:
-    case FERRY_OPTIM_ADAMW:
-        c.lr = 1e-3;
-        c.beta1 = 0.9;
-        c.beta2 = 0.999;
-        c.eps = 1e-8;
-        c.weight_decay = kind == FERRY_OPTIM_ADAMW ? 0.01 : 0.0;
-        break;
+    FERRY_ASSERT((int)kind >= 0 && (int)kind < KIND_COUNT);
+#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
+    {                                                                                             \
+        const double d[] = {d0, d1, d2, d3, d4};                                                  \
+        c.field = (type)d[kind];                                                                  \
     }
+    FERRY_OPTIM_FIELD_MAP(FIELD_)
+#undef FIELD_
     return c;
 }
 
-/* FERRY_ERR_INVALID unless lo <= v (< hi when hi_open, else <= hi) and v is finite. */
-static ferry_status check_range(const char *what, double v, double lo, double hi, int hi_open) {
-    if (!isfinite(v) || v < lo || (hi_open ? v >= hi : v > hi))
-        return ferry_errorf(FERRY_ERR_INVALID, "optimizer: %s = %g is outside [%g, %g%s", what, v,
-                            lo, hi, hi_open ? ")" : "]");
-    return FERRY_OK;
+ferry_status ferry_optim_config_named(const char *name, ferry_optim_config *out) {
+    ferry_optim_kind kind;
+    ferry_status st = ferry_optim_parse_kind(name, &kind);
+    if (st == FERRY_OK)
+        *out = ferry_optim_defaults(kind);
+    return st;
 }
 
 ferry_status ferry_optim_config_check(const ferry_optim_config *c) {
-    ferry_status st;
     if ((int)c->kind < 0 || (int)c->kind >= KIND_COUNT)
         return ferry_errorf(FERRY_ERR_INVALID, "optimizer: unknown kind %d", (int)c->kind);
-    if ((st = check_range("lr", c->lr, 0.0, HUGE_VAL, 0)) != FERRY_OK ||
-        (st = check_range("weight_decay", c->weight_decay, 0.0, HUGE_VAL, 0)) != FERRY_OK)
-        return st;
-    switch (c->kind) {
-    case FERRY_OPTIM_SGD:
-        if ((st = check_range("momentum", c->momentum, 0.0, HUGE_VAL, 0)) != FERRY_OK ||
-            (st = check_range("dampening", c->dampening, -HUGE_VAL, HUGE_VAL, 0)) != FERRY_OK)
-            return st;
-        if (c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
-            return ferry_errorf(FERRY_ERR_INVALID,
-                                "optimizer: Nesterov momentum requires a momentum and zero "
-                                "dampening");
-        break;
-    case FERRY_OPTIM_ADAGRAD:
-        if ((st = check_range("lr_decay", c->lr_decay, 0.0, HUGE_VAL, 0)) != FERRY_OK ||
-            (st = check_range("initial_accumulator", c->initial_accumulator, 0.0, HUGE_VAL, 0)) !=
-                FERRY_OK ||
-            (st = check_range("eps", c->eps, 0.0, HUGE_VAL, 0)) != FERRY_OK)
-            return st;
-        break;
-    case FERRY_OPTIM_ADADELTA:
-        if ((st = check_range("rho", c->rho, 0.0, 1.0, 0)) != FERRY_OK ||
-            (st = check_range("eps", c->eps, 0.0, HUGE_VAL, 0)) != FERRY_OK)
-            return st;
-        break;
-    case FERRY_OPTIM_ADAM:
-    case FERRY_OPTIM_ADAMW:
-        if ((st = check_range("beta1", c->beta1, 0.0, 1.0, 1)) != FERRY_OK ||
-            (st = check_range("beta2", c->beta2, 0.0, 1.0, 1)) != FERRY_OK ||
-            (st = check_range("eps", c->eps, 0.0, HUGE_VAL, 0)) != FERRY_OK)
-            return st;
-        break;
+    for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
+        const ferry_optim_field *f = &ferry_optim_fields[i];
+        double v = ferry_optim_field_get(c, i);
+        if (!isfinite(v) || v < f->lo || (f->hi_open ? v >= f->hi : v > f->hi))
+            return ferry_errorf(FERRY_ERR_INVALID, "optimizer: %s = %g is outside [%g, %g%s",
+                                f->name, v, f->lo, f->hi, f->hi_open ? ")" : "]");
     }
+    if (c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
+        return ferry_errorf(FERRY_ERR_INVALID, "optimizer: Nesterov momentum requires a momentum "
+                                               "and zero dampening");
     return FERRY_OK;
 }
 
@@ -217,10 +219,10 @@ fail:
 }
 
 ferry_status ferry_optim_set_lr(ferry_optim *o, double lr) {
-    ferry_status st = check_range("lr", lr, 0.0, HUGE_VAL, 0);
-    if (st == FERRY_OK)
-        o->cfg.lr = lr;
-    return st;
+    if (!isfinite(lr) || lr < 0.0)
+        return ferry_errorf(FERRY_ERR_INVALID, "optimizer: lr = %g is outside [0, inf]", lr);
+    o->cfg.lr = lr;
+    return FERRY_OK;
 }
 
 double ferry_optim_get_lr(const ferry_optim *o) {

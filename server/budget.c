@@ -48,7 +48,7 @@ ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, c
     if (bytes >= 0 && bytes <= m->lim->context_bytes)
         return FERRY_OK;
     char w[FERRY_RPC_NAME_MAX + 96];
-    (void)snprintf(w, sizeof w, "%s '%s': %s", m->kind->name, m->name, what);
+    (void)snprintf(w, sizeof w, "%s '%s': %s", ferry__ps_kind_name(m->kind), m->name, what);
     return ferry__ps_over_budget(w, bytes < 0 ? INT64_MAX : bytes, "the per-call budget",
                                  m->lim->context_bytes, 0, "--max-context-mb");
 }

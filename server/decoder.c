@@ -1,4 +1,4 @@
-/* softmax.c - the `decoder` module kind: a vocabulary slice W_s (V_s, H), b_s (V_s)
+/* decoder.c - the `decoder` module kind: a vocabulary slice W_s (V_s, H), b_s (V_s)
  * of the output layer, rows [row_begin, row_begin + V_s) of the global (V, H).
  * Mode "logits" returns z_s = h W_s^T + b_s (N, V_s) and takes dz_s back (the classic
  * design). Mode "partials" (the default) is the sharded softmax of ARCHITECTURE.md
@@ -28,26 +28,18 @@ static ferry_status decoder_declare(ferry__ps_module *m) {
     return st;
 }
 
-static int decoder_mode(const char *mode) {
-    if (mode[0] == '\0' || strcmp(mode, "partials") == 0)
-        return DECODER_PARTIALS;
-    if (strcmp(mode, "logits") == 0)
-        return DECODER_LOGITS;
-    return 0;
-}
-
 static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, ferry_rpc_msg *reply,
                                      ferry__ps_saved *save) {
     const ferry__ps_module_config *c = &m->cfg;
     int64_t Vs = m->rows, H = m->cols;
     int64_t want_h[2] = {-1, H};
     int ih, it;
-    ferry_status st = ferry__ps_input(m, req, "hidden", FERRY_RPC_DTYPE_F32, 2, want_h, &ih);
+    ferry_status st = ferry__ps_input(m, req, FERRY_WIRE_DECODER_FWD_HIDDEN, want_h, &ih);
     if (st != FERRY_OK)
         return st;
     int64_t N = req->tensors[ih].dim[0];
     int64_t want_t[1] = {N};
-    if ((st = ferry__ps_input(m, req, "targets", -1, 1, want_t, &it)) != FERRY_OK)
+    if ((st = ferry__ps_input(m, req, FERRY_WIRE_DECODER_FWD_TARGETS, want_t, &it)) != FERRY_OK)
         return st;
     const float *h = req->tensors[ih].data; /* (N, H) */
     if ((st = ferry__ps_check_finite(m, "hidden", h, N * H)) != FERRY_OK)
@@ -107,13 +99,13 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
     if (st == FERRY_OK)
         st = ferry__ps_affine_apply(m, N, h, z);
     if (st == FERRY_OK)
-        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "max", (void **)&mx);
+        st = ferry__ps_output(reply, FERRY_WIRE_DECODER_FWD_MAX, dim, (void **)&mx);
     if (st == FERRY_OK)
-        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F64, 1, dim, "sumexp", (void **)&se);
+        st = ferry__ps_output(reply, FERRY_WIRE_DECODER_FWD_SUMEXP, dim, (void **)&se);
     if (st == FERRY_OK)
-        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, dim, "target_logit", (void **)&tl);
+        st = ferry__ps_output(reply, FERRY_WIRE_DECODER_FWD_TARGET_LOGIT, dim, (void **)&tl);
     if (st == FERRY_OK)
-        st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_I32, 1, dim, "has_target", (void **)&has);
+        st = ferry__ps_output(reply, FERRY_WIRE_DECODER_FWD_HAS_TARGET, dim, (void **)&has);
     /* z (N, V_s) becomes exp(z - max) in place: what Backward needs. */
     if (st == FERRY_OK)
         st = ferry_backend_softmax_partials(m->P.be, N, Vs, z, lt, mx, se, tl);
@@ -126,23 +118,16 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
     return st;
 }
 
-static ferry_status decoder_forward(ferry__ps_module *m, const Ferry__ForwardRequest *q,
+static ferry_status decoder_forward(ferry__ps_module *m, ferry_wire_mode mode,
                                     ferry_rpc_msg *req, ferry_rpc_msg *reply,
                                     ferry__ps_saved *save) {
-    switch (decoder_mode(q->mode)) {
-    case DECODER_PARTIALS:
+    if (mode == FERRY_WIRE_MODE_DECODER_PARTIALS)
         return partials_forward(m, req, reply, save);
-    case DECODER_LOGITS: {
-        ferry_status st = ferry__ps_affine_forward(m, "hidden", "logits", req, reply, save);
-        if (save != NULL)
-            save->mode = DECODER_LOGITS;
-        return st;
-    }
-    default:
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "decoder '%s': unknown Forward mode '%s' (partials | logits)", m->name,
-                            q->mode);
-    }
+    ferry_status st = ferry__ps_affine_forward(m, FERRY_WIRE_DECODER_LOGITS_FWD_HIDDEN,
+                                               FERRY_WIRE_DECODER_LOGITS_FWD_LOGITS, req, reply, save);
+    if (save != NULL)
+        save->mode = DECODER_LOGITS;
+    return st;
 }
 
 /* Backward of the sharded softmax: the trainer sends per row
@@ -155,18 +140,19 @@ static ferry_status partials_backward(ferry__ps_module *m, const Ferry__Backward
     int64_t N = sv->N, Vs = m->rows, H = m->cols;
     int64_t want[1] = {N};
     int il, isc = -1;
-    ferry_status st = ferry__ps_input(m, req, "factor", FERRY_RPC_DTYPE_F32, 1, want, &il);
+    ferry_status st = ferry__ps_input(m, req, FERRY_WIRE_DECODER_BWD_FACTOR, want, &il);
     if (st != FERRY_OK)
         return st;
     const float *factor = req->tensors[il].data; /* (N) */
-    if ((st = ferry__ps_check_finite(m, "factor", factor, N)) != FERRY_OK)
+    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_DECODER_BWD_FACTOR].name, factor, N)) != FERRY_OK)
         return st;
     const float *row_scale = NULL; /* (N) or none */
-    if (ferry_rpc_msg_find(req, "scale") != NULL) {
-        if ((st = ferry__ps_input(m, req, "scale", FERRY_RPC_DTYPE_F32, 1, want, &isc)) != FERRY_OK)
-            return st;
+    if ((st = ferry__ps_input(m, req, FERRY_WIRE_DECODER_BWD_SCALE, want, &isc)) != FERRY_OK)
+        return st;
+    if (isc >= 0) { /* optional */
         row_scale = req->tensors[isc].data;
-        if ((st = ferry__ps_check_finite(m, "scale", row_scale, N)) != FERRY_OK)
+        if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_DECODER_BWD_SCALE].name,
+                                         row_scale, N)) != FERRY_OK)
             return st;
     }
     float scale = q->n_fparams > 0 ? (float)q->fparams[0] : 1.0f;
@@ -175,8 +161,7 @@ static ferry_status partials_backward(ferry__ps_module *m, const Ferry__Backward
                             (double)scale);
     int64_t dim[2] = {N, H};
     float *dh;
-    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, "dh", (void **)&dh)) !=
-        FERRY_OK)
+    if ((st = ferry__ps_output(reply, FERRY_WIRE_DECODER_BWD_DH, dim, (void **)&dh)) != FERRY_OK)
         return st;
     const float *h = sv->t[0].data;    /* (N, H) */
     float *z = sv->t[1].data;          /* (N, V_s): exp(z - max_slice), becomes dz */
@@ -191,12 +176,13 @@ static ferry_status decoder_backward(ferry__ps_module *m, const Ferry__BackwardR
                                      ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                                      ferry_rpc_msg *reply) {
     if (saved->mode == DECODER_LOGITS)
-        return ferry__ps_affine_backward(m, "dlogits", "dh", saved, req, G, reply);
+        return ferry__ps_affine_backward(m, FERRY_WIRE_DECODER_LOGITS_BWD_DLOGITS,
+                                         FERRY_WIRE_DECODER_LOGITS_BWD_DH, saved, req, G, reply);
     return partials_backward(m, q, saved, req, G, reply);
 }
 
 const ferry__ps_kind ferry__ps_kind_decoder = {
-    .name = "decoder",
+    .wire = FERRY_WIRE_KIND_DECODER,
     .declare = decoder_declare,
     .forward = decoder_forward,
     .backward = decoder_backward,

@@ -19,15 +19,13 @@ static ferry_status embedding_declare(ferry__ps_module *m) {
 }
 
 /* ids "ids" (U) global, I32 or I64 -> "rows" (U, E). Saves the local row indices. */
-static ferry_status embedding_forward(ferry__ps_module *m, const Ferry__ForwardRequest *q,
+static ferry_status embedding_forward(ferry__ps_module *m, ferry_wire_mode mode,
                                       ferry_rpc_msg *req, ferry_rpc_msg *reply,
                                       ferry__ps_saved *save) {
-    if (q->mode[0] != '\0' && strcmp(q->mode, "rows") != 0)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "embedding '%s': unknown Forward mode '%s'",
-                            m->name, q->mode);
+    (void)mode; /* one mode */
     int64_t want[1] = {-1};
     int ii;
-    ferry_status st = ferry__ps_input(m, req, "ids", -1, 1, want, &ii);
+    ferry_status st = ferry__ps_input(m, req, FERRY_WIRE_EMBEDDING_FWD_IDS, want, &ii);
     if (st != FERRY_OK)
         return st;
     int64_t U = req->tensors[ii].dim[0], E = m->cols;
@@ -36,7 +34,7 @@ static ferry_status embedding_forward(ferry__ps_module *m, const Ferry__ForwardR
      * allocated for it. */
     int64_t dim[2] = {U, E};
     float *rows; /* (U, E) */
-    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, "rows", (void **)&rows)) !=
+    if ((st = ferry__ps_output(reply, FERRY_WIRE_EMBEDDING_FWD_ROWS, dim, (void **)&rows)) !=
         FERRY_OK)
         return st;
     int64_t *ids = malloc((size_t)(U > 0 ? U : 1) * sizeof *ids);
@@ -83,11 +81,11 @@ static ferry_status embedding_backward(ferry__ps_module *m, const Ferry__Backwar
     int64_t U = saved->N, E = m->cols;
     int64_t want[2] = {U, E};
     int ig;
-    ferry_status st = ferry__ps_input(m, req, "grad", FERRY_RPC_DTYPE_F32, 2, want, &ig);
+    ferry_status st = ferry__ps_input(m, req, FERRY_WIRE_EMBEDDING_BWD_GRAD, want, &ig);
     if (st != FERRY_OK)
         return st;
     const float *grad = req->tensors[ig].data; /* (U, E) */
-    if ((st = ferry__ps_check_finite(m, "grad", grad, U * E)) != FERRY_OK)
+    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_EMBEDDING_BWD_GRAD].name, grad, U * E)) != FERRY_OK)
         return st;
     if (U == 0)
         return FERRY_OK;
@@ -103,7 +101,7 @@ static ferry_status embedding_backward(ferry__ps_module *m, const Ferry__Backwar
 }
 
 const ferry__ps_kind ferry__ps_kind_embedding = {
-    .name = "embedding",
+    .wire = FERRY_WIRE_KIND_EMBEDDING,
     .declare = embedding_declare,
     .forward = embedding_forward,
     .backward = embedding_backward,

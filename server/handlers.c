@@ -13,12 +13,37 @@
 #include "common/core/log.h"
 #include "server/ps-impl.h"
 
-ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+const ferry_rpc_handler ferry__ps_handlers[FERRY_RPC_METHOD_COUNT] = {
+    [FERRY_RPC_HELLO] = ferry__ps_on_hello,
+    [FERRY_RPC_CREATE_MODULE] = ferry__ps_on_create_module,
+    [FERRY_RPC_FORWARD] = ferry__ps_on_forward,
+    [FERRY_RPC_BACKWARD] = ferry__ps_on_backward,
+    [FERRY_RPC_GRAD_NORM] = ferry__ps_on_grad_norm,
+    [FERRY_RPC_STEP] = ferry__ps_on_step,
+    [FERRY_RPC_RELEASE_CONTEXT] = ferry__ps_on_release,
+    [FERRY_RPC_GET_PARAMS] = ferry__ps_on_get_params,
+    [FERRY_RPC_SET_PARAMS] = ferry__ps_on_set_params,
+    [FERRY_RPC_CHECKPOINT] = ferry__ps_on_checkpoint,
+    [FERRY_RPC_STATS] = ferry__ps_on_stats,
+    [FERRY_RPC_SHUTDOWN] = ferry__ps_on_shutdown,
+};
+
+ferry_status ferry__ps_on_forward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                  ferry_rpc_msg *reply) {
+    ferry__ps_state *ps = user;
+    (void)method;
     const Ferry__ForwardRequest *q = req->head;
-    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
-    ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
+    ferry__ps_ctx_table *t = &ps->ctxs;
+    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
+    ferry_wire_mode mode;
+    if (ferry_wire_mode_find(m->kind->wire, q->mode, &mode) != FERRY_OK) {
+        char modes[128];
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "%s '%s': unknown Forward mode '%s' (%s)",
+                            ferry__ps_kind_name(m->kind), m->name, q->mode,
+                            ferry_wire_mode_list(m->kind->wire, modes, sizeof modes));
+    }
     int saving = q->ctx_id != 0 && !q->no_grad;
     ferry__ps_ctx *c = NULL;
     ferry__ps_saved sv;
@@ -30,7 +55,7 @@ ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_
         if (ferry__ps_ctx_find_call(c, m, q->call_id) != NULL)
             st = ferry_errorf(FERRY_ERR_EXISTS,
                               "%s '%s': context %#llx already has a Forward with call id %llu",
-                              m->kind->name, m->name, (unsigned long long)q->ctx_id,
+                              ferry__ps_kind_name(m->kind), m->name, (unsigned long long)q->ctx_id,
                               (unsigned long long)q->call_id);
         sv.table = t; /* what the Forward keeps is charged to this context */
         sv.ctx = c;
@@ -42,7 +67,7 @@ ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_
     uint64_t version = 0;
     if (st == FERRY_OK) {
         pthread_rwlock_rdlock(&m->lock);
-        st = m->kind->forward(m, q, req, reply, saving ? &sv : NULL);
+        st = m->kind->forward(m, mode, req, reply, saving ? &sv : NULL);
         version = m->version;
         pthread_rwlock_unlock(&m->lock);
     }
@@ -65,10 +90,13 @@ ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_backward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply) {
+    ferry__ps_state *ps = user;
+    (void)method;
     const Ferry__BackwardRequest *q = req->head;
-    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
-    ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
+    ferry__ps_ctx_table *t = &ps->ctxs;
+    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
     ferry__ps_ctx *c;
@@ -81,7 +109,7 @@ ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry
         st = ferry_errorf(FERRY_ERR_NOT_FOUND,
                           "%s '%s': context %#llx has no pending Forward with call id %llu "
                           "(already backpropagated, or run without a context or with no_grad)",
-                          m->kind->name, m->name, (unsigned long long)q->ctx_id,
+                          ferry__ps_kind_name(m->kind), m->name, (unsigned long long)q->ctx_id,
                           (unsigned long long)q->call_id);
     else
         st = ferry__ps_ctx_grads(t, c, m, &G);
@@ -137,9 +165,12 @@ static int name_listed(const char *name, char **names, size_t n) {
     return 0;
 }
 
-ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_grad_norm(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                    ferry_rpc_msg *reply) {
+    ferry__ps_state *ps = user;
+    (void)method;
     const Ferry__GradNormRequest *q = req->head;
-    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
     ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
     if (st != FERRY_OK)
@@ -186,9 +217,12 @@ static void step_metric(Ferry__StepReply *r, Ferry__Metric *metrics, Ferry__Metr
     ptrs[i] = &metrics[i];
 }
 
-ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_step(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                               ferry_rpc_msg *reply) {
+    ferry__ps_state *ps = user;
+    (void)method;
     const Ferry__StepRequest *q = req->head;
-    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    ferry__ps_ctx_table *t = &ps->ctxs;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     if (!isfinite(scale) || scale < 0.0)
         return ferry_errorf(FERRY_ERR_NUMERIC, "Step: gradient scale %g must be finite and >= 0",
@@ -229,7 +263,7 @@ ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc
         if (st != FERRY_OK) {
             char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-            st = ferry_errorf(st, "Step of %s '%s': %s", m->kind->name, m->name, why);
+            st = ferry_errorf(st, "Step of %s '%s': %s", ferry__ps_kind_name(m->kind), m->name, why);
             break;
         }
         r.version = version > r.version ? version : r.version;
@@ -253,9 +287,12 @@ ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc
     return st;
 }
 
-ferry_status ferry__ps_on_release(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_release(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                  ferry_rpc_msg *reply) {
+    ferry__ps_state *ps = user;
+    (void)method;
     const Ferry__ReleaseContextRequest *q = req->head;
-    ferry__ps_ctx_table *t = ferry__ps_server_contexts(s);
+    ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
     Ferry__ReleaseContextReply r;
     ferry__release_context_reply__init(&r);

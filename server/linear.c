@@ -1,14 +1,15 @@
-/* dense.c - the `linear` module kind (y = x W^T + b, optionally with a
+/* linear.c - the `linear` module kind (y = x W^T + b, optionally with a
  * Stiefel-constrained weight used through cdopt's A(W)) and the helpers every kind
  * uses to read and check its inputs and to keep what Backward needs. The decoder's
- * "logits" mode (softmax.c) is this same computation over a vocabulary slice. */
+ * "logits" mode (decoder.c) is this same computation over a vocabulary slice. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/tensor/backend.h"
 #include "common/core/log.h"
-#include "optim/stiefel.h" /* ferry_stiefel_map, _map_backward, _add_penalty_grads */
+#include "common/nn/affine.h"
+#include "optim/stiefel.h" /* ferry_stiefel_add_penalty_grads, ferry_stiefel_penalty */
 #include "server/ps-impl.h"
 
 /* ---- saved state ---- */
@@ -87,51 +88,57 @@ static const char *shape_str(int ndim, const int64_t *dim, char *buf, size_t cap
     return buf;
 }
 
-static const char *dtype_name(int dtype) {
-    switch (dtype) {
-    case FERRY_RPC_DTYPE_F32:
-        return "f32";
-    case FERRY_RPC_DTYPE_I32:
-        return "i32";
-    case FERRY_RPC_DTYPE_I64:
-        return "i64";
-    case FERRY_RPC_DTYPE_F64:
-        return "f64";
-    default:
-        return "integer";
-    }
-}
-
-ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
+ferry_status ferry__ps_input_as(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
                              int dtype, int ndim, const int64_t *want, int *i) {
     const ferry_rpc_tensor *t = ferry_rpc_msg_find(req, name);
     if (t == NULL)
-        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': missing input tensor '%s'", m->kind->name,
+        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': missing input tensor '%s'", ferry__ps_kind_name(m->kind),
                             m->name, name);
-    /* dtype < 0 accepts either integer type. */
-    int ok_type = dtype >= 0 ? t->dtype == dtype
-                             : t->dtype == FERRY_RPC_DTYPE_I32 || t->dtype == FERRY_RPC_DTYPE_I64;
+    /* FERRY_WIRE_DTYPE_INDEX accepts either integer type. */
+    int ok_type = dtype != FERRY_WIRE_DTYPE_INDEX
+                      ? t->dtype == dtype
+                      : t->dtype == FERRY_RPC_DTYPE_I32 || t->dtype == FERRY_RPC_DTYPE_I64;
     if (!ok_type)
         return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': tensor '%s' must be %s, got %s",
-                            m->kind->name, m->name, name, dtype_name(dtype), dtype_name(t->dtype));
+                            ferry__ps_kind_name(m->kind), m->name, name, ferry_wire_dtype_name(dtype),
+                            ferry_wire_dtype_name(t->dtype));
     int ok_shape = t->ndim == ndim;
     for (int k = 0; ok_shape && k < ndim; k++)
         ok_shape = want[k] < 0 || t->dim[k] == want[k];
     if (!ok_shape) {
         char a[96], b[96];
         return ferry_errorf(FERRY_ERR_SHAPE, "%s '%s': tensor '%s' must be %s, got %s",
-                            m->kind->name, m->name, name, shape_str(ndim, want, a, sizeof a),
+                            ferry__ps_kind_name(m->kind), m->name, name, shape_str(ndim, want, a, sizeof a),
                             shape_str(t->ndim, t->dim, b, sizeof b));
     }
     *i = (int)(t - req->tensors);
     return FERRY_OK;
 }
 
+ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req,
+                             ferry_wire_tensor_id id, const int64_t *want, int *i) {
+    const ferry_wire_tensor *w = &ferry_wire_tensors[id];
+    FERRY_ASSERT(w->dir == FERRY_WIRE_FWD_IN || w->dir == FERRY_WIRE_BWD_IN);
+    FERRY_ASSERT(ferry_wire_modes[w->mode].kind == m->kind->wire);
+    if (w->optional && ferry_rpc_msg_find(req, w->name) == NULL) {
+        *i = -1;
+        return FERRY_OK;
+    }
+    return ferry__ps_input_as(m, req, w->name, w->dtype, w->rank, want, i);
+}
+
+ferry_status ferry__ps_output(ferry_rpc_msg *reply, ferry_wire_tensor_id id, const int64_t *dim,
+                              void **data) {
+    const ferry_wire_tensor *w = &ferry_wire_tensors[id];
+    FERRY_ASSERT(w->dir == FERRY_WIRE_FWD_OUT || w->dir == FERRY_WIRE_BWD_OUT);
+    return ferry_rpc_msg_alloc(reply, w->dtype, w->rank, dim, w->name, data);
+}
+
 ferry_status ferry__ps_check_finite(const ferry__ps_module *m, const char *what, const float *x,
                                     int64_t n) {
     for (int64_t k = 0; k < n; k++) {
         if (!isfinite(x[k]))
-            return ferry_errorf(FERRY_ERR_NUMERIC, "%s '%s': %s[%lld] is %g", m->kind->name,
+            return ferry_errorf(FERRY_ERR_NUMERIC, "%s '%s': %s[%lld] is %g", ferry__ps_kind_name(m->kind),
                                 m->name, what, (long long)k, (double)x[k]);
     }
     return FERRY_OK;
@@ -161,34 +168,6 @@ int ferry__ps_constrained(const ferry__ps_module *m) {
     return m->cfg.constraint != FERRY_CONSTRAINT_NONE;
 }
 
-/* Backend memory of a call on a constrained weight: A(W) (D, C), then `extra` more
- * (D, C) matrices, then the map's scratch. NULL *buf (nothing to free) when the
- * weight is unconstrained; then *w is the raw W. */
-static ferry_status weight_effective(const ferry__ps_module *m, int extra, const float **w,
-                                     float **buf) {
-    ferry_backend *be = m->P.be;
-    int64_t D = m->rows, C = m->cols;
-    const float *W = ferry_params_data(&m->P, m->w); /* (D, C) raw */
-    *buf = NULL;
-    *w = W;
-    if (!ferry__ps_constrained(m))
-        return FERRY_OK;
-    size_t n = (size_t)((1 + extra) * D * C + ferry_stiefel_scratch_floats(C));
-    ferry_status st = ferry_backend_alloc(be, n * sizeof(float), (void **)buf);
-    if (st != FERRY_OK)
-        return ferry_errorf(FERRY_ERR_NOMEM, "%s '%s': cannot allocate %zu floats for A(W)",
-                            m->kind->name, m->name, n);
-    float *A = *buf;
-    st = ferry_stiefel_map(be, D, C, W, A, A + (1 + extra) * D * C);
-    if (st != FERRY_OK) {
-        ferry_backend_free(be, *buf);
-        *buf = NULL;
-        return st;
-    }
-    *w = A;
-    return FERRY_OK;
-}
-
 ferry_status ferry__ps_constraint_penalty(const ferry__ps_module *m, ferry_grads *G,
                                           double *penalty, double *feasibility) {
     *penalty = *feasibility = 0.0;
@@ -214,20 +193,33 @@ ferry_status ferry__ps_constraint_metrics(const ferry__ps_module *m, double *pen
 
 /* ---- the linear map shared with the decoder's logits mode ---- */
 
+/* The affine map of common/nn/affine.c, the local Linear's own, with scratch from the
+ * backend for the duration of the call: A(W) of a constrained weight, then (backward)
+ * the map's gradient buffers. */
+static ferry_status affine_scratch(const ferry__ps_module *m, int forward, float **buf) {
+    int64_t n = ferry_affine_scratch_floats(m->cols, m->rows, ferry__ps_constrained(m), forward);
+    *buf = NULL;
+    if (n == 0)
+        return FERRY_OK;
+    if (ferry_backend_alloc(m->P.be, (size_t)n * sizeof(float), (void **)buf) != FERRY_OK)
+        return ferry_errorf(FERRY_ERR_NOMEM, "%s '%s': cannot allocate %lld floats for A(W)",
+                            ferry__ps_kind_name(m->kind), m->name, (long long)n);
+    return FERRY_OK;
+}
+
 /* y (N, D) = x (N, C) W_eff^T + b, with W_eff (D, C) the raw W or A(W), b (D) or none. */
 ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const float *x,
                                     float *y) {
     ferry_backend *be = m->P.be;
-    int64_t D = m->rows, C = m->cols;
-    if (N == 0)
-        return FERRY_OK;
     const float *w;
     float *buf;
-    ferry_status st = weight_effective(m, 0, &w, &buf);
+    ferry_status st = affine_scratch(m, 1, &buf);
     if (st == FERRY_OK)
-        st = ferry_backend_gemm(be, 0, 1, N, D, C, 1.0f, x, C, w, C, 0.0f, y, D);
-    if (st == FERRY_OK && m->b >= 0)
-        st = ferry_backend_add_bias(be, N, D, ferry_params_data(&m->P, m->b), y);
+        st = ferry_affine_weight(be, m->cols, m->rows, ferry_params_data(&m->P, m->w),
+                                 ferry__ps_constrained(m), buf, &w);
+    if (st == FERRY_OK)
+        st = ferry_affine_forward(be, N, m->cols, m->rows, x, w,
+                                  m->b >= 0 ? ferry_params_data(&m->P, m->b) : NULL, y);
     ferry_backend_free(be, buf);
     return st;
 }
@@ -237,55 +229,48 @@ ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const 
 ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const float *x,
                                    const float *dy, ferry_grads *G, float *dx) {
     ferry_backend *be = m->P.be;
-    int64_t D = m->rows, C = m->cols;
     float *dW = ferry_grads_dense(G, m->w);
     float *db = m->b >= 0 ? ferry_grads_dense(G, m->b) : NULL;
     if (dW == NULL || (m->b >= 0 && db == NULL))
         return FERRY_ERR_NOMEM;
     if (N == 0)
         return FERRY_OK;
-    const float *w;
-    float *buf; /* constrained: A (D, C) | dA (D, C) | dW of the map (D, C) | scratch */
-    ferry_status st = weight_effective(m, 2, &w, &buf);
-    if (st != FERRY_OK)
+    int constrained = ferry__ps_constrained(m);
+    const float *W = ferry_params_data(&m->P, m->w), *w;
+    float *fwd, *bwd;
+    ferry_status st = affine_scratch(m, 1, &fwd);
+    if (st == FERRY_OK && (st = affine_scratch(m, 0, &bwd)) != FERRY_OK) {
+        ferry_backend_free(be, fwd);
         return st;
-    if (buf == NULL) {
-        st = ferry_backend_gemm(be, 1, 0, D, C, N, 1.0f, dy, D, x, C, 1.0f, dW, C);
-    } else {
-        float *dA = buf + D * C, *dWmap = buf + 2 * D * C;
-        st = ferry_backend_gemm(be, 1, 0, D, C, N, 1.0f, dy, D, x, C, 0.0f, dA, C);
-        if (st == FERRY_OK)
-            st = ferry_stiefel_map_backward(be, D, C, ferry_params_data(&m->P, m->w), dA, dWmap,
-                                            buf + 3 * D * C);
-        if (st == FERRY_OK)
-            st = ferry_backend_axpy(be, D * C, 1.0f, dWmap, dW);
     }
-    if (st == FERRY_OK && db != NULL)
-        st = ferry_backend_sum_rows(be, N, D, dy, db);
     if (st == FERRY_OK)
-        st = ferry_backend_gemm(be, 0, 0, N, C, D, 1.0f, dy, D, w, C, 0.0f, dx, C);
-    ferry_backend_free(be, buf);
+        st = ferry_affine_weight(be, m->cols, m->rows, W, constrained, fwd, &w);
+    if (st == FERRY_OK)
+        st = ferry_affine_backward(be, N, m->cols, m->rows, x, dy, W, w, constrained, dW, db, dx,
+                                   0, bwd);
+    ferry_backend_free(be, fwd);
+    ferry_backend_free(be, bwd);
     return st;
 }
 
 /* Forward of the affine map: input `in_name` (N, C) -> output `out_name` (N, D).
  * Saves the input for backward. */
-ferry_status ferry__ps_affine_forward(ferry__ps_module *m, const char *in_name,
-                                      const char *out_name, ferry_rpc_msg *req,
+ferry_status ferry__ps_affine_forward(ferry__ps_module *m, ferry_wire_tensor_id in,
+                                      ferry_wire_tensor_id out, ferry_rpc_msg *req,
                                       ferry_rpc_msg *reply, ferry__ps_saved *save) {
     int64_t want[2] = {-1, m->cols};
     int ix;
-    ferry_status st = ferry__ps_input(m, req, in_name, FERRY_RPC_DTYPE_F32, 2, want, &ix);
+    ferry_status st = ferry__ps_input(m, req, in, want, &ix);
     if (st != FERRY_OK)
         return st;
     const ferry_rpc_tensor *x = &req->tensors[ix];
     int64_t N = x->dim[0];
-    if ((st = ferry__ps_check_finite(m, in_name, x->data, N * m->cols)) != FERRY_OK)
+    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[in].name, x->data, N * m->cols)) !=
+        FERRY_OK)
         return st;
     int64_t dim[2] = {N, m->rows};
     float *y;
-    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, out_name, (void **)&y)) !=
-        FERRY_OK)
+    if ((st = ferry__ps_output(reply, out, dim, (void **)&y)) != FERRY_OK)
         return st;
     if ((st = ferry__ps_affine_apply(m, N, x->data, y)) != FERRY_OK)
         return st;
@@ -298,21 +283,21 @@ ferry_status ferry__ps_affine_forward(ferry__ps_module *m, const char *in_name,
 
 /* Backward of the affine map: `grad_name` (N, D) -> `out_name` (N, C); the saved
  * input is save->t[0]. */
-ferry_status ferry__ps_affine_backward(ferry__ps_module *m, const char *grad_name,
-                                       const char *out_name, ferry__ps_saved *saved,
+ferry_status ferry__ps_affine_backward(ferry__ps_module *m, ferry_wire_tensor_id grad,
+                                       ferry_wire_tensor_id out, ferry__ps_saved *saved,
                                        ferry_rpc_msg *req, ferry_grads *G, ferry_rpc_msg *reply) {
     int64_t want[2] = {saved->N, m->rows};
     int idy;
-    ferry_status st = ferry__ps_input(m, req, grad_name, FERRY_RPC_DTYPE_F32, 2, want, &idy);
+    ferry_status st = ferry__ps_input(m, req, grad, want, &idy);
     if (st != FERRY_OK)
         return st;
     const float *dy = req->tensors[idy].data;
-    if ((st = ferry__ps_check_finite(m, grad_name, dy, saved->N * m->rows)) != FERRY_OK)
+    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[grad].name, dy, saved->N * m->rows)) !=
+        FERRY_OK)
         return st;
     int64_t dim[2] = {saved->N, m->cols};
     float *dx;
-    if ((st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 2, dim, out_name, (void **)&dx)) !=
-        FERRY_OK)
+    if ((st = ferry__ps_output(reply, out, dim, (void **)&dx)) != FERRY_OK)
         return st;
     return ferry__ps_affine_grad(m, saved->N, saved->t[0].data, dy, G, dx);
 }
@@ -343,24 +328,24 @@ static ferry_status linear_declare(ferry__ps_module *m) {
     return st;
 }
 
-static ferry_status linear_forward(ferry__ps_module *m, const Ferry__ForwardRequest *q,
+static ferry_status linear_forward(ferry__ps_module *m, ferry_wire_mode mode,
                                    ferry_rpc_msg *req, ferry_rpc_msg *reply,
                                    ferry__ps_saved *save) {
-    if (q->mode[0] != '\0' && strcmp(q->mode, "linear") != 0)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "linear '%s': unknown Forward mode '%s'",
-                            m->name, q->mode);
-    return ferry__ps_affine_forward(m, "x", "y", req, reply, save);
+    (void)mode; /* one mode */
+    return ferry__ps_affine_forward(m, FERRY_WIRE_LINEAR_FWD_X, FERRY_WIRE_LINEAR_FWD_Y, req, reply,
+                                    save);
 }
 
 static ferry_status linear_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
                                     ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                                     ferry_rpc_msg *reply) {
     (void)q;
-    return ferry__ps_affine_backward(m, "dy", "dx", saved, req, G, reply);
+    return ferry__ps_affine_backward(m, FERRY_WIRE_LINEAR_BWD_DY, FERRY_WIRE_LINEAR_BWD_DX, saved,
+                                     req, G, reply);
 }
 
 const ferry__ps_kind ferry__ps_kind_linear = {
-    .name = "linear",
+    .wire = FERRY_WIRE_KIND_LINEAR,
     .declare = linear_declare,
     .forward = linear_forward,
     .backward = linear_backward,

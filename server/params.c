@@ -24,7 +24,7 @@ static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, i
         return ferry_errorf(FERRY_ERR_RANGE,
                             "%s '%s': rows (begin %lld, count %lld) outside this shard's "
                             "rows [%lld, %lld)",
-                            m->kind->name, m->name, (long long)row_begin, (long long)row_count,
+                            ferry__ps_kind_name(m->kind), m->name, (long long)row_begin, (long long)row_count,
                             (long long)first, (long long)end);
     *lo = row_begin - first;
     *n = row_count;
@@ -32,13 +32,16 @@ static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, i
 }
 
 static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
-    return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s' (%s%s)", m->kind->name,
+    return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s' (%s%s)", ferry__ps_kind_name(m->kind),
                         m->name, name, "weight", m->b >= 0 ? ", bias" : "");
 }
 
-ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_get_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
+    ferry__ps_state *ps = user;
+    (void)method;
     const Ferry__GetParamsRequest *q = req->head;
-    ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
+    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
     int64_t lo, n;
@@ -79,9 +82,12 @@ ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req, fer
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_set_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
+    ferry__ps_state *ps = user;
+    (void)method;
     const Ferry__SetParamsRequest *q = req->head;
-    ferry__ps_module *m = ferry__ps_registry_find(ferry__ps_server_registry(s), q->module);
+    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
     if (req->ntensors == 0)
@@ -97,7 +103,7 @@ ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req, fer
         int64_t lo, n;
         int ix;
         ferry_status st =
-            ferry__ps_input(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim, want, &ix);
+            ferry__ps_input_as(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim, want, &ix);
         if (st == FERRY_OK && ix != i)
             st = ferry_errorf(FERRY_ERR_INVALID, "SetParams: parameter '%s' given twice", t->name);
         if (st == FERRY_OK && t->dim[0] == 0)

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "ferry.pb-c.h" /* Ferry__*Request, Ferry__*Reply */
+#include "common/rpc/contract.h"
 #include "common/rpc/rpc.h"
 #include "ferry/params.h"
 #include "ferry/optim.h"
@@ -81,12 +82,12 @@ typedef struct ferry__ps_module ferry__ps_module;
 
 /* One module kind. forward and backward run under the module's read lock. */
 typedef struct ferry__ps_kind {
-    const char *name;
+    ferry_wire_kind wire; /* its entry in the wire contract (common/rpc/contract.h) */
     /* Validates m->cfg (dims, rows) and declares the parameters in m->P. */
     ferry_status (*declare)(ferry__ps_module *m);
     /* Reads req's tensors (it may take them), writes reply's. save != NULL: keep
      * what backward needs in *save (which is zeroed). */
-    ferry_status (*forward)(ferry__ps_module *m, const Ferry__ForwardRequest *q, ferry_rpc_msg *req,
+    ferry_status (*forward)(ferry__ps_module *m, ferry_wire_mode mode, ferry_rpc_msg *req,
                             ferry_rpc_msg *reply, ferry__ps_saved *save);
     /* Checks every input before touching G, then accumulates the parameter
      * gradients into G and writes the input gradients to reply. */
@@ -94,6 +95,11 @@ typedef struct ferry__ps_kind {
                              ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                              ferry_rpc_msg *reply);
 } ferry__ps_kind;
+
+/* "embedding", "decoder", "linear": the contract's name of the kind. */
+static inline const char *ferry__ps_kind_name(const ferry__ps_kind *k) {
+    return ferry_wire_kinds[k->wire].name;
+}
 
 extern const ferry__ps_kind ferry__ps_kind_embedding;
 extern const ferry__ps_kind ferry__ps_kind_decoder;
@@ -119,13 +125,21 @@ struct ferry__ps_module {
 /* FERRY_ERR_RESOURCE unless `bytes` of one call's scratch fit the per-context budget. */
 ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, const char *what);
 
-/* ---- module helpers (dense.c) ---- */
+/* ---- module helpers (linear.c) ---- */
 
-/* The single input tensor named `name` of req, checked to be F32 of the given rank
- * with dim[k] == want[k] wherever want[k] >= 0; index in *i. Errors name the module,
- * the tensor and both shapes. */
-ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
-                             int dtype, int ndim, const int64_t *want, int *i);
+/* The single input tensor named `name` of req, checked to have dtype (or any integer
+ * type for FERRY_WIRE_DTYPE_INDEX) and rank ndim with dim[k] == want[k] wherever
+ * want[k] >= 0; index in *i. Errors name the module, the tensor and both shapes. */
+ferry_status ferry__ps_input_as(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
+                                int dtype, int ndim, const int64_t *want, int *i);
+/* The request tensor of contract entry id, checked against the entry's dtype and rank
+ * and against want (entries < 0 match anything); *i = -1 for an optional entry that
+ * is absent. */
+ferry_status ferry__ps_input(const ferry__ps_module *m, const ferry_rpc_msg *req,
+                             ferry_wire_tensor_id id, const int64_t *want, int *i);
+/* Allocates the reply tensor of contract entry id with shape dim. */
+ferry_status ferry__ps_output(ferry_rpc_msg *reply, ferry_wire_tensor_id id, const int64_t *dim,
+                              void **data);
 /* FERRY_ERR_NUMERIC naming the first non-finite element, or FERRY_OK. */
 ferry_status ferry__ps_check_finite(const ferry__ps_module *m, const char *what, const float *x,
                                     int64_t n);
@@ -140,11 +154,11 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
 /* The affine map y (N, D) = x (N, C) W^T + b of linear and decoder-logits modules.
  * Forward reads `in_name` (N, C), writes `out_name` (N, D) and, with save, keeps x;
  * backward reads `grad_name` (N, D), accumulates dW, db and writes `out_name` (N, C). */
-ferry_status ferry__ps_affine_forward(ferry__ps_module *m, const char *in_name,
-                                      const char *out_name, ferry_rpc_msg *req,
+ferry_status ferry__ps_affine_forward(ferry__ps_module *m, ferry_wire_tensor_id in,
+                                      ferry_wire_tensor_id out, ferry_rpc_msg *req,
                                       ferry_rpc_msg *reply, ferry__ps_saved *save);
-ferry_status ferry__ps_affine_backward(ferry__ps_module *m, const char *grad_name,
-                                       const char *out_name, ferry__ps_saved *saved,
+ferry_status ferry__ps_affine_backward(ferry__ps_module *m, ferry_wire_tensor_id grad,
+                                       ferry_wire_tensor_id out, ferry__ps_saved *saved,
                                        ferry_rpc_msg *req, ferry_grads *G, ferry_rpc_msg *reply);
 
 /* ---- constraints (dense.c) ----
@@ -266,32 +280,67 @@ void ferry__ps_ctx_drop_call(ferry__ps_ctx *c, ferry__ps_call *call);
 int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t);
 int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t);
 
-/* ---- the server ---- */
+/* ---- the server's state and its request handlers ---- */
+
+/* What every request handler works on: the server's state without its loop. server.c
+ * makes it at start-up and registers each method's handler with the RPC server with
+ * this state as the handler's user pointer; handlers never call into server.c. */
+typedef struct ferry__ps_state {
+    ferry__ps_registry reg;
+    ferry__ps_ctx_table ctxs;
+    ferry__ps_limits lim;
+    char checkpoint_dir[1024]; /* "" without --checkpoint-dir */
+    int checkpoint_keep;
+    size_t max_message_bytes;
+    pthread_mutex_t checkpoint_mu; /* one checkpoint written at a time */
+    uint64_t incarnation;
+    double t_start;
+    pthread_mutex_t id_mu; /* guards server_id, completed once the port is known */
+    char server_id[192];
+    _Atomic int port;                   /* 0 without the network */
+    _Atomic(ferry_rpc_server *) rpc;    /* its counters, for Stats; NULL without the network */
+    void (*stop)(void *stop_user, int grace_ms); /* Shutdown: stop the server */
+    void *stop_user;
+} ferry__ps_state;
+
+/* The handler of each method, in ferry_rpc_method order: context calls (handlers.c),
+ * parameters (params.c), whole-server calls (admin.c). user is the ferry__ps_state. */
+extern const ferry_rpc_handler ferry__ps_handlers[FERRY_RPC_METHOD_COUNT];
+ferry_status ferry__ps_on_hello(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_create_module(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                        ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_forward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                  ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_backward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_grad_norm(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                    ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_step(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                               ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_release(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                  ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_get_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_set_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_checkpoint(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_stats(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply);
+ferry_status ferry__ps_on_shutdown(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply);
 
 struct ferry_ps_server;
-
-/* Handlers (handlers.c, params.c, server.c); each matches ferry_rpc_handler's
- * contract with the server as its first argument. */
-ferry_status ferry__ps_on_forward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_backward(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_grad_norm(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_step(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_release(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_get_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_set_params(ferry_ps_server *s, ferry_rpc_msg *req, ferry_rpc_msg *reply);
-
-ferry__ps_registry *ferry__ps_server_registry(ferry_ps_server *s);
-/* The handler of every method (the rpc layer's ferry_rpc_handler; user is the
- * server): tests and fuzz targets call it directly. */
-ferry_status ferry__ps_dispatch(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+/* One call through the handler table, as the RPC server makes it (fuzz targets). */
+ferry_status ferry__ps_dispatch(ferry_ps_server *s, ferry_rpc_method method, ferry_rpc_msg *req,
                                 ferry_rpc_msg *reply);
 /* A server without the network, answering only ferry__ps_dispatch (fuzz targets);
  * cfg->listen is ignored. Destroy with ferry_ps_server_destroy. */
 ferry_status ferry__ps_server_create_local(const ferry_ps_config *cfg, ferry_ps_server **out);
-int ferry__ps_server_port(const ferry_ps_server *s); /* 0 without the network */
+ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s); /* tests */
 /* Resident memory of this process (VmRSS), or 0 when unknown. */
 int64_t ferry__ps_rss_bytes(void);
-ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s);
 
 /* ---- checkpoints (checkpoint.c) ---- */
 

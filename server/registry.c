@@ -17,14 +17,15 @@
 
 /* ---- configuration ---- */
 
+/* The server's implementation of each kind of the wire contract. */
 static const ferry__ps_kind *kind_find(const char *name) {
-    static const ferry__ps_kind *const kinds[] = {&ferry__ps_kind_embedding,
-                                                  &ferry__ps_kind_decoder, &ferry__ps_kind_linear};
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        if (strcmp(kinds[i]->name, name) == 0)
-            return kinds[i];
-    }
-    return NULL;
+    static const ferry__ps_kind *const kinds[FERRY_WIRE_KIND_COUNT] = {
+        [FERRY_WIRE_KIND_EMBEDDING] = &ferry__ps_kind_embedding,
+        [FERRY_WIRE_KIND_DECODER] = &ferry__ps_kind_decoder,
+        [FERRY_WIRE_KIND_LINEAR] = &ferry__ps_kind_linear,
+    };
+    int k = ferry_wire_kind_find(name);
+    return k >= 0 ? kinds[k] : NULL;
 }
 
 static ferry_status parse_int(const char *key, const char *v, int64_t *out) {
@@ -72,8 +73,10 @@ static ferry_status parse_options(const char *opts, ferry__ps_module_config *c) 
     return st;
 }
 
-/* Proto fields left 0 take the kind's default (lr, eps, betas, rho; AdamW's weight
- * decay); `extra` entries named after ferry_optim_config fields set exact values. */
+/* The optimizer message, field by field from FERRY_OPTIM_FIELD_MAP: start from the
+ * kind's defaults; a proto field of a config field's name overrides it when non-zero
+ * (0 means "the default"); then `extra` entries named after config fields set exact
+ * values (0 included). "momentum" as a name is SGD. */
 static ferry_status optim_from_proto(const Ferry__OptimizerConfig *o, ferry_optim_config *out) {
     const char *name = o != NULL && o->name[0] != '\0' ? o->name : "sgd";
     ferry_optim_kind kind;
@@ -81,36 +84,17 @@ static ferry_status optim_from_proto(const Ferry__OptimizerConfig *o, ferry_opti
     if (st != FERRY_OK)
         return st;
     ferry_optim_config c = ferry_optim_defaults(kind);
-    if (o != NULL) {
-        c.lr = o->lr != 0.0 ? o->lr : c.lr;
-        c.eps = o->eps != 0.0 ? o->eps : c.eps;
-        c.beta1 = o->beta1 != 0.0 ? o->beta1 : c.beta1;
-        c.beta2 = o->beta2 != 0.0 ? o->beta2 : c.beta2;
-        c.rho = o->rho != 0.0 ? o->rho : c.rho;
-        c.weight_decay = o->weight_decay != 0.0 ? o->weight_decay : c.weight_decay;
-        c.momentum = o->momentum;
-        c.nesterov = o->nesterov;
-        for (size_t i = 0; i < o->n_extra; i++) {
-            const char *k = o->extra[i]->name;
-            double v = o->extra[i]->value;
-            double *f = strcmp(k, "lr") == 0                    ? &c.lr
-                        : strcmp(k, "momentum") == 0            ? &c.momentum
-                        : strcmp(k, "dampening") == 0           ? &c.dampening
-                        : strcmp(k, "weight_decay") == 0        ? &c.weight_decay
-                        : strcmp(k, "lr_decay") == 0            ? &c.lr_decay
-                        : strcmp(k, "initial_accumulator") == 0 ? &c.initial_accumulator
-                        : strcmp(k, "rho") == 0                 ? &c.rho
-                        : strcmp(k, "beta1") == 0               ? &c.beta1
-                        : strcmp(k, "beta2") == 0               ? &c.beta2
-                        : strcmp(k, "eps") == 0                 ? &c.eps
-                                                                : NULL;
-            if (f != NULL)
-                *f = v;
-            else if (strcmp(k, "nesterov") == 0)
-                c.nesterov = v != 0.0;
-            else
-                return ferry_errorf(FERRY_ERR_INVALID, "optimizer: unknown extra '%s'", k);
-        }
+    for (int i = 0; o != NULL && i < FERRY_OPTIM_FIELD_COUNT; i++) {
+        double v;
+        if (ferry__proto_get_number(&o->base, ferry_optim_fields[i].name, &v) && v != 0.0)
+            ferry_optim_field_set(&c, i, v);
+    }
+    for (size_t k = 0; o != NULL && k < o->n_extra; k++) {
+        int i = ferry_optim_field_find(o->extra[k]->name);
+        if (i < 0)
+            return ferry_errorf(FERRY_ERR_INVALID, "optimizer: unknown extra '%s'",
+                                o->extra[k]->name);
+        ferry_optim_field_set(&c, i, o->extra[k]->value);
     }
     if ((st = ferry_optim_config_check(&c)) != FERRY_OK)
         return st;
@@ -129,7 +113,7 @@ static ferry_status constraint_from_proto(const char *name, const Ferry__ModuleC
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "module '%s': unknown constraint kind '%s' (none | stiefel)", name,
                             k->kind);
-    if (strcmp(p->kind, "linear") != 0)
+    if (ferry_wire_kind_find(p->kind) != FERRY_WIRE_KIND_LINEAR)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "module '%s': kind %s takes no constraint (a Stiefel constraint is "
                             "implemented for the weight of a linear module only)",
@@ -149,7 +133,8 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     memset(c, 0, sizeof *c);
     if (p == NULL)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': CreateModule without a config", name);
-    if (kind_find(p->kind) == NULL)
+    const ferry__ps_kind *kind = kind_find(p->kind);
+    if (kind == NULL)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "module '%s': unknown kind '%s' (embedding | decoder | linear)", name,
                             p->kind);
@@ -158,13 +143,10 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
         p->dims[1] > INT32_MAX)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': %s dims must be two sizes in [1, 2^31) (%s)", name,
-                            p->kind,
-                            strcmp(p->kind, "linear") == 0    ? "[C, D]"
-                            : strcmp(p->kind, "decoder") == 0 ? "[V, H]"
-                                                              : "[V, E]");
+                            p->kind, ferry_wire_kinds[kind->wire].dims);
     c->dims[0] = p->dims[0];
     c->dims[1] = p->dims[1];
-    int linear = strcmp(p->kind, "linear") == 0;
+    int linear = kind->wire == FERRY_WIRE_KIND_LINEAR;
     int64_t R = linear ? c->dims[1] : c->dims[0]; /* global rows */
     /* row_begin and row_count come from the wire: checked without forming a sum
      * that could overflow. row_count 0 means "to the end". */
@@ -186,11 +168,11 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': kind %s takes no iparams/fparams (use options)", name,
                             p->kind);
-    c->bias = strcmp(p->kind, "embedding") != 0;
+    c->bias = kind->wire != FERRY_WIRE_KIND_EMBEDDING;
     int64_t cols = linear ? c->dims[0] : c->dims[1];
     c->bias_offset = (R * cols + 15) & ~(int64_t)15; /* as ferry_params_add lays it out */
     st = parse_options(p->options, c);
-    if (st == FERRY_OK && c->bias == 0 && strcmp(p->kind, "decoder") == 0)
+    if (st == FERRY_OK && c->bias == 0 && kind->wire == FERRY_WIRE_KIND_DECODER)
         st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a decoder always has a bias", name);
     if (st == FERRY_OK && c->polar && c->constraint != FERRY_CONSTRAINT_STIEFEL)
         st = ferry_errorf(FERRY_ERR_INVALID, "option polar=1 needs constraint kind 'stiefel'");
@@ -250,17 +232,14 @@ static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_
     if (a->optim.kind != b->optim.kind)
         return diff_str(buf, cap, "optimizer", ferry_optim_kind_name(a->optim.kind),
                         ferry_optim_kind_name(b->optim.kind));
-    DIFF_F(optim.lr, "optimizer.lr")
-    DIFF_F(optim.momentum, "optimizer.momentum")
-    DIFF_F(optim.dampening, "optimizer.dampening")
-    DIFF_I(optim.nesterov, "optimizer.nesterov")
-    DIFF_F(optim.weight_decay, "optimizer.weight_decay")
-    DIFF_F(optim.lr_decay, "optimizer.lr_decay")
-    DIFF_F(optim.initial_accumulator, "optimizer.initial_accumulator")
-    DIFF_F(optim.rho, "optimizer.rho")
-    DIFF_F(optim.beta1, "optimizer.beta1")
-    DIFF_F(optim.beta2, "optimizer.beta2")
-    DIFF_F(optim.eps, "optimizer.eps")
+    for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
+        double x = ferry_optim_field_get(&a->optim, i), y = ferry_optim_field_get(&b->optim, i);
+        if (x != y) {
+            char label[64];
+            (void)snprintf(label, sizeof label, "optimizer.%s", ferry_optim_fields[i].name);
+            return diff_num(buf, cap, label, x, y);
+        }
+    }
 #undef DIFF_S
 #undef DIFF_I
 #undef DIFF_F
@@ -311,13 +290,18 @@ static ferry_status module_set_initial(ferry__ps_module *m, const ferry_rpc_msg 
         const ferry_rpc_tensor *t = &req->tensors[i];
         int p = ferry_params_find(&m->P, t->name);
         if (p < 0)
-            return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s'", m->kind->name,
+            return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s'", ferry__ps_kind_name(m->kind),
                                 m->name, t->name);
         const ferry_param *pp = &m->P.items[p];
         int64_t want[2] = {pp->shape.dim[0], pp->shape.ndim > 1 ? pp->shape.dim[1] : 0};
         int idx;
         ferry_status st =
-            ferry__ps_input(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim, want, &idx);
+            ferry__ps_input_as(m, req, t->name, FERRY_RPC_DTYPE_F32, pp->shape.ndim, want, &idx);
+        /* The check found the first tensor of that name: a second one (perhaps of
+         * another size) is refused, never copied unchecked. */
+        if (st == FERRY_OK && idx != i)
+            st = ferry_errorf(FERRY_ERR_INVALID, "%s '%s': initial tensor '%s' sent twice",
+                              ferry__ps_kind_name(m->kind), m->name, t->name);
         if (st == FERRY_OK)
             st = ferry__ps_check_finite(m, t->name, t->data, pp->numel);
         if (st != FERRY_OK)
@@ -340,7 +324,7 @@ static ferry_status module_budget(ferry__ps_registry *r, ferry__ps_module *m) {
         return FERRY_OK;
     }
     char what[FERRY_RPC_NAME_MAX + 64];
-    (void)snprintf(what, sizeof what, "%s '%s' (weights + optimizer state)", m->kind->name,
+    (void)snprintf(what, sizeof what, "%s '%s' (weights + optimizer state)", ferry__ps_kind_name(m->kind),
                    m->name);
     return whole ? ferry__ps_over_budget(what, bytes, "the per-module budget", r->lim->module_bytes,
                                          0, "--max-module-mb")

@@ -37,7 +37,7 @@ static ferry_remote *make_decoder(ferry_cluster *cl, const char *optim) {
     ferry_remote_config rc;
     ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "dec", 40, 16);
     rc.init_seed = 11;
-    CHECK_OK(ferry_remote_optim_defaults(optim, &rc.optim));
+    CHECK_OK(ferry_optim_config_named(optim, &rc.optim));
     ferry_remote *m;
     CHECK_OK(ferry_remote_create(cl, &rc, &m));
     return m;

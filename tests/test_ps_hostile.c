@@ -272,15 +272,19 @@ static double stat_value(psd *d, const char *name) {
 
 /* ---- well-formed calls ---- */
 
-static ferry_status create(psd *d, const char *name, const char *kind, int64_t d0, int64_t d1,
-                           int64_t row_begin, int64_t row_count, const char *options) {
+/* CreateModule; `init` (may be NULL) is appended: initial tensors written by hand. */
+static const char *optimizer_name = "sgd"; /* of the next create */
+
+static ferry_status create_init(psd *d, const char *name, const char *kind, int64_t d0, int64_t d1,
+                                int64_t row_begin, int64_t row_count, const char *options,
+                                const buf *init) {
     Ferry__CreateModuleRequest q;
     ferry__create_module_request__init(&q);
     Ferry__ModuleConfig mc;
     ferry__module_config__init(&mc);
     Ferry__OptimizerConfig oc;
     ferry__optimizer_config__init(&oc);
-    oc.name = STR("sgd");
+    oc.name = STR(optimizer_name);
     oc.lr = 0.1;
     int64_t dims[2] = {d0, d1};
     mc.kind = STR(kind);
@@ -294,9 +298,16 @@ static ferry_status create(psd *d, const char *name, const char *kind, int64_t d
     q.config = &mc;
     buf b = {0};
     put_head(&b, &q.base);
+    if (init != NULL)
+        put(&b, init->p, init->n);
     ferry_status st = send_raw(d, FERRY_RPC_CREATE_MODULE, &b, NULL);
     free(b.p);
     return st;
+}
+
+static ferry_status create(psd *d, const char *name, const char *kind, int64_t d0, int64_t d1,
+                           int64_t row_begin, int64_t row_count, const char *options) {
+    return create_init(d, name, kind, d0, d1, row_begin, row_count, options, NULL);
 }
 
 static void fwd_head(buf *b, uint64_t ctx, uint64_t call, const char *module, const char *mode) {
@@ -540,6 +551,23 @@ TEST(hostile_requests) {
     expect(&d, "CreateModule row_begin = INT64_MIN",
            create(&d, "ovf", "embedding", 100, 4, INT64_MIN, 0, NULL), FERRY_ERR_RANGE,
            "outside [0, 100)");
+    {
+        /* A second "weight" much larger than the shard: only the first is checked by
+         * name, so the second must be refused, not copied into the block. */
+        static float w_ok[4 * 8], w_big[4 * 1024];
+        uint64_t d_ok[2] = {4, 8}, d_big[2] = {4, 1024};
+        buf init = {0};
+        put_tensor(&init, 0, d_ok, 2, "weight", w_ok, sizeof w_ok);
+        put_tensor(&init, 0, d_big, 2, "weight", w_big, sizeof w_big);
+        expect(&d, "CreateModule with two initial 'weight' tensors",
+               create_init(&d, "dup", "embedding", 4, 8, 0, 0, NULL, &init), FERRY_ERR_INVALID,
+               "sent twice");
+        free(init.p);
+    }
+    optimizer_name = "rmsprop";
+    expect(&d, "CreateModule with an unknown optimizer",
+           create(&d, "rms", "embedding", 4, 8, 0, 0, NULL), FERRY_ERR_INVALID, "'rmsprop'");
+    optimizer_name = "sgd";
     expect(&d, "CreateModule weight_offset near 2^63",
            create(&d, "wo", "linear", 2, 2, 0, 0, "weight_offset=9223372036854775807"), FERRY_OK,
            NULL);

@@ -90,7 +90,7 @@ TEST(embedding_matches_local) {
     rc.init_seed = SEED;
     rc.init_scale = SCALE;
     rc.weight_offset = P.items[emb.weight].offset;
-    CHECK_OK(ferry_remote_optim_defaults("adam", &rc.optim));
+    CHECK_OK(ferry_optim_config_named("adam", &rc.optim));
     rc.optim.lr = 0.01;
     ferry_remote *rem;
     CHECK_OK(ferry_remote_create(h.cl, &rc, &rem));
@@ -323,7 +323,7 @@ TEST(linear_matches_local_and_params_roundtrip) {
     rc.init_seed = SEED;
     rc.init_scale = SCALE;
     rc.server = 1;
-    CHECK_OK(ferry_remote_optim_defaults("adagrad", &rc.optim));
+    CHECK_OK(ferry_optim_config_named("adagrad", &rc.optim));
     ferry_remote *rem;
     CHECK_OK(ferry_remote_create(h.cl, &rc, &rem));
     int server;

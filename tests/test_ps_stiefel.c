@@ -159,7 +159,7 @@ TEST(remote_constrained_linear_matches_local) {
     ferry_remote_config rc;
     remote_config(&rc, "lin", 0.5f);
     rc.constraint.polar_init = 1;
-    CHECK_OK(ferry_remote_optim_defaults("sgd", &rc.optim));
+    CHECK_OK(ferry_optim_config_named("sgd", &rc.optim));
     rc.optim.lr = oc.lr;
     rc.optim.momentum = oc.momentum;
     ferry_remote *rem;

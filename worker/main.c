@@ -1,6 +1,7 @@
 /* main.c - ferry-trainer: parses flags into a ferry_trainer_config, then runs.
  * Exit codes: 0 done, 1 training failed, 2 bad command line. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -101,26 +102,6 @@ int main(int argc, char **argv) {
          .max = 1e15, .help = "stop after N optimizer steps in total (0 = no limit)"},
         {.name = "optimizer", .type = FERRY_FLAG_ENUM, .ptr = &cfg.optimizer,
          .choices = "sgd|adagrad|adadelta|adam|adamw", .help = "update rule"},
-        {.name = "lr", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.lr, .min = -1, .max = 1e6,
-         .help = "learning rate (-1 = the optimizer's default; SGD 1.0)"},
-        {.name = "momentum", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.momentum, .min = 0, .max = 1,
-         .help = "SGD momentum"},
-        {.name = "dampening", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.dampening, .min = 0,
-         .max = 1, .help = "SGD momentum dampening"},
-        {.name = "nesterov", .type = FERRY_FLAG_BOOL, .ptr = &cfg.nesterov,
-         .help = "SGD Nesterov momentum"},
-        {.name = "weight-decay", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.weight_decay, .min = 0,
-         .max = 1e3, .help = "L2 penalty (AdamW: decoupled decay; default 0.01)"},
-        {.name = "eps", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.eps, .min = -1, .max = 1,
-         .help = "Adagrad/Adadelta/Adam epsilon (-1 = default)"},
-        {.name = "beta1", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.beta1, .min = -1, .max = 1,
-         .help = "Adam beta1 (-1 = 0.9)"},
-        {.name = "beta2", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.beta2, .min = -1, .max = 1,
-         .help = "Adam beta2 (-1 = 0.999)"},
-        {.name = "rho", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.rho, .min = -1, .max = 1,
-         .help = "Adadelta rho (-1 = 0.9)"},
-        {.name = "adagrad-lr-decay", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.adagrad_lr_decay,
-         .min = 0, .max = 1e3, .help = "Adagrad learning-rate decay"},
         {.name = "clip", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.clip, .min = 0, .max = 1e9,
          .help = "clip the global gradient norm to this (0 = off)"},
         {.name = "loss-scale", .type = FERRY_FLAG_ENUM, .ptr = &cfg.loss_scale,
@@ -155,8 +136,35 @@ int main(int argc, char **argv) {
         {.name = "log-level", .type = FERRY_FLAG_ENUM, .ptr = &log_level,
          .choices = "error|warn|info|debug", .help = "log verbosity"},
     };
+    /* The optimizer's fields come from its one list (FERRY_OPTIM_FIELD_MAP), after
+     * --optimizer. */
+    enum { NBASE = (int)(sizeof flags / sizeof flags[0]) };
+    ferry_flag all[NBASE + FERRY_OPTIM_FIELD_COUNT];
+    char help_text[FERRY_OPTIM_FIELD_COUNT][160];
+    int n = 0;
+    for (int i = 0; i < NBASE; i++) {
+        all[n++] = flags[i];
+        if (strcmp(flags[i].name, "optimizer") != 0)
+            continue;
+        for (int k = 0; k < FERRY_OPTIM_FIELD_COUNT; k++) {
+            const ferry_optim_field *f = &ferry_optim_fields[k];
+            (void)snprintf(help_text[k], sizeof help_text[k], "%s%s", f->help,
+                           f->is_int ? "" : " (unset: the optimizer's default)");
+            all[n++] = (ferry_flag){.name = f->flag,
+                                    .type = f->is_int ? FERRY_FLAG_BOOL : FERRY_FLAG_DOUBLE,
+                                    .ptr = f->is_int ? (void *)&cfg.optim_switch[k]
+                                                     : (void *)&cfg.optim[k],
+                                    .help = help_text[k]};
+            /* A bounded field's range is checked here; every field's again, with the
+             * rest of the configuration, by ferry_optim_config_check. */
+            if (!f->is_int && isfinite(f->lo) && isfinite(f->hi)) {
+                all[n - 1].min = f->lo;
+                all[n - 1].max = f->hi;
+            }
+        }
+    }
     ferry_flags fs = {"ferry-trainer", "trains an LSTM language model (locally or with ferry-ps)",
-                      flags, (int)(sizeof flags / sizeof flags[0])};
+                      all, n};
     bool help = false;
     if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK) {
         fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());

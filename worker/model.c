@@ -65,22 +65,6 @@ static ferry_status lm_init_local(ferry_lm *lm, const ferry_params *full) {
     return st;
 }
 
-static void remote_optim_from(const ferry_optim_config *oc, ferry_remote_optim *ro) {
-    memset(ro, 0, sizeof *ro);
-    ro->name = ferry_optim_kind_name(oc->kind);
-    ro->lr = oc->lr;
-    ro->momentum = oc->momentum;
-    ro->dampening = oc->dampening;
-    ro->nesterov = oc->nesterov;
-    ro->weight_decay = oc->weight_decay;
-    ro->lr_decay = oc->lr_decay;
-    ro->initial_accumulator = oc->initial_accumulator;
-    ro->rho = oc->rho;
-    ro->beta1 = oc->beta1;
-    ro->beta2 = oc->beta2;
-    ro->eps = oc->eps;
-}
-
 static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
                                      const ferry_lm_placement *pl) {
     const ferry_lm_config *cfg = &lm->cfg;
@@ -90,7 +74,7 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     rc.init_seed = cfg->seed;
     rc.init_scale = cfg->init_scale;
     rc.weight_offset = full->items[ferry_params_find(full, "encoder.weight")].offset;
-    remote_optim_from(&pl->optim, &rc.optim);
+    rc.optim = pl->optim;
     if ((st = ferry_remote_create(pl->cluster, &rc, &lm->emb_remote)) != FERRY_OK)
         return st;
     ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "decoder", cfg->V, cfg->H);
@@ -98,7 +82,7 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     rc.init_scale = cfg->init_scale;
     rc.weight_offset = full->items[ferry_params_find(full, "decoder.weight")].offset;
     rc.bias_offset = full->items[ferry_params_find(full, "decoder.bias")].offset;
-    remote_optim_from(&pl->optim, &rc.optim);
+    rc.optim = pl->optim;
     return ferry_remote_create(pl->cluster, &rc, &lm->dec_remote);
 }
 

@@ -31,6 +31,17 @@ int ferry_trainer_stop_requested(void) {
     return stop_requested != 0;
 }
 
+ferry_optim_config ferry_trainer_optim(const ferry_trainer_config *cfg) {
+    ferry_optim_config oc = ferry_optim_defaults((ferry_optim_kind)cfg->optimizer);
+    for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
+        if (ferry_optim_fields[i].is_int)
+            ferry_optim_field_set(&oc, i, cfg->optim_switch[i] ? 1.0 : 0.0);
+        else if (!isnan(cfg->optim[i]))
+            ferry_optim_field_set(&oc, i, cfg->optim[i]);
+    }
+    return oc;
+}
+
 void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->data = "data/ptb";
@@ -46,11 +57,8 @@ void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     cfg->eval_batch_size = 10;
     cfg->epochs = 13;
     cfg->optimizer = FERRY_OPTIM_SGD;
-    cfg->lr = -1.0f; /* < 0: the optimizer's default (1.0 for SGD) */
-    cfg->eps = -1.0f;
-    cfg->beta1 = -1.0f;
-    cfg->beta2 = -1.0f;
-    cfg->rho = -1.0f;
+    for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++)
+        cfg->optim[i] = NAN; /* the optimizer's default (lr 1.0 for SGD) */
     cfg->clip = 5.0f;
     cfg->loss_scale = FERRY_LOSS_SCALE_SUM_TIME;
     cfg->schedule = FERRY_LR_SCHEDULE_STEP;
@@ -317,23 +325,7 @@ static ferry_status trainer_setup(trainer *t) {
         return st;
     ferry_lm_config mc = {V,           cfg->emsize, cfg->nhid,      cfg->nlayers, cfg->dropout,
                           cfg->init_scale, cfg->stiefel, (uint64_t)cfg->seed};
-    ferry_optim_config oc = ferry_optim_defaults((ferry_optim_kind)cfg->optimizer);
-    if (cfg->lr >= 0.0f)
-        oc.lr = cfg->lr;
-    oc.momentum = cfg->momentum;
-    oc.dampening = cfg->dampening;
-    oc.nesterov = cfg->nesterov;
-    if (cfg->weight_decay > 0.0f || cfg->optimizer != FERRY_OPTIM_ADAMW)
-        oc.weight_decay = cfg->weight_decay;
-    if (cfg->eps >= 0.0f)
-        oc.eps = cfg->eps;
-    if (cfg->beta1 >= 0.0f)
-        oc.beta1 = cfg->beta1;
-    if (cfg->beta2 >= 0.0f)
-        oc.beta2 = cfg->beta2;
-    if (cfg->rho >= 0.0f)
-        oc.rho = cfg->rho;
-    oc.lr_decay = cfg->adagrad_lr_decay;
+    ferry_optim_config oc = ferry_trainer_optim(cfg);
     t->lr = (float)oc.lr;
     ferry_lr_schedule_config sc = ferry_lr_schedule_defaults((ferry_lr_schedule_kind)cfg->schedule);
     sc.gamma = cfg->lr_decay;

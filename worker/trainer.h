@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ferry/optim.h"
 #include "ferry/status.h"
 
 enum { FERRY_LOSS_SCALE_MEAN = 0, FERRY_LOSS_SCALE_SUM_TIME = 1 };
@@ -27,8 +28,10 @@ typedef struct ferry_trainer_config {
     int epochs;
     int64_t max_steps;       /* > 0: stop after this many steps in total */
     int optimizer;           /* ferry_optim_kind */
-    float lr, momentum, dampening, weight_decay, eps, beta1, beta2, rho, adagrad_lr_decay;
-    bool nesterov;
+    /* Each field of ferry_optim_config (FERRY_OPTIM_FIELD_MAP order): NaN takes the
+     * optimizer's default; the 0/1 fields (nesterov) are in optim_switch. */
+    double optim[FERRY_OPTIM_FIELD_COUNT];
+    bool optim_switch[FERRY_OPTIM_FIELD_COUNT];
     float clip;              /* global-norm clip; 0 = off */
     int loss_scale;          /* FERRY_LOSS_SCALE_* */
     int schedule;            /* ferry_lr_schedule_kind: none, step, plateau */
@@ -44,6 +47,10 @@ typedef struct ferry_trainer_config {
     int threads;
     int64_t deadline_ms;     /* per-RPC deadline (distributed) */
 } ferry_trainer_config;
+
+/* The optimizer configuration cfg asks for: the kind's defaults, overridden by every
+ * field that is set. */
+ferry_optim_config ferry_trainer_optim(const ferry_trainer_config *cfg);
 
 /* Fills the defaults: the "small" configuration of Zaremba et al. (2014). */
 void ferry_trainer_config_default(ferry_trainer_config *cfg);

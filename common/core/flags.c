@@ -255,8 +255,11 @@ static void flag_value(const ferry_flag *f, char *buf, size_t cap) {
     case FERRY_FLAG_FLOAT:
         (void)snprintf(buf, cap, "%.9g", (double)*(const float *)f->ptr);
         return;
-    case FERRY_FLAG_DOUBLE:
-        (void)snprintf(buf, cap, "%.9g", *(const double *)f->ptr);
+    case FERRY_FLAG_DOUBLE: /* NaN: unset, the default is the program's to say */
+        if (!isnan(*(const double *)f->ptr))
+            (void)snprintf(buf, cap, "%.9g", *(const double *)f->ptr);
+        else
+            buf[0] = '\0';
         return;
     case FERRY_FLAG_STRING:
         s = *(const char *const *)f->ptr;

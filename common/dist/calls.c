@@ -27,24 +27,24 @@ ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, co
 }
 
 ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m, uint64_t ctx,
-                                      uint64_t call_id, const char *mode) {
+                                      uint64_t call_id, ferry_wire_mode mode) {
     Ferry__ForwardRequest q;
     ferry__forward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call_id;
     q.module = (char *)(uintptr_t)m->name;
-    q.mode = (char *)(uintptr_t)mode;
+    q.mode = (char *)(uintptr_t)ferry_wire_modes[mode].name;
     return ferry_rpc_msg_set_head(req, &q.base);
 }
 
 ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_call *call,
-                                       uint64_t ctx, const char *mode, double *scale) {
+                                       uint64_t ctx, ferry_wire_mode mode, double *scale) {
     Ferry__BackwardRequest q;
     ferry__backward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call->call_id;
     q.module = (char *)(uintptr_t)call->m->name;
-    q.mode = (char *)(uintptr_t)mode;
+    q.mode = (char *)(uintptr_t)ferry_wire_modes[mode].name;
     q.n_fparams = scale != NULL ? 1 : 0;
     q.fparams = scale;
     return ferry_rpc_msg_set_head(req, &q.base);
@@ -182,9 +182,9 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
     for (int i = 0; i < k && st == FERRY_OK; i++) {
         int64_t dim[1] = {rec->shard_count[shard[i]]};
         ferry_rpc_tensor t =
-            ferry__dist_tensor("ids", FERRY_RPC_DTYPE_I32, 1, dim, uniq + offset[shard[i]]);
+            ferry__dist_tensor(FERRY_WIRE_EMBEDDING_FWD_IDS, dim, uniq + offset[shard[i]]);
         st = ferry__dist_forward_head(&reqs[i], m, dc != NULL ? dc->id : 0,
-                                      dc != NULL ? rec->call_id : 0, "rows");
+                                      dc != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_EMBEDDING_ROWS);
         if (st == FERRY_OK)
             st = ferry_rpc_msg_add(&reqs[i], &t);
     }
@@ -193,7 +193,7 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
     for (int i = 0; i < k && st == FERRY_OK; i++) {
         int64_t want[2] = {rec->shard_count[shard[i]], m->cols};
         const ferry_rpc_tensor *t;
-        st = ferry__dist_output(m->c, servers[i], &replies[i], "rows", FERRY_RPC_DTYPE_F32, 2, want,
+        st = ferry__dist_output(m->c, servers[i], &replies[i], FERRY_WIRE_EMBEDDING_FWD_ROWS, want,
                                 &t);
         if (st == FERRY_OK && t->nbytes > 0)
             memcpy(rows + offset[shard[i]] * m->cols, t->data, t->nbytes);
@@ -247,9 +247,9 @@ ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc
         offset += rec->shard_count[s];
         if (dim[0] == 0)
             continue; /* nothing to send: the shard keeps no gradient for this call */
-        ferry_rpc_tensor t = ferry__dist_tensor("grad", FERRY_RPC_DTYPE_F32, 2, dim, g);
+        ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_EMBEDDING_BWD_GRAD, dim, g);
         servers[k] = m->shards[s].server;
-        st = ferry__dist_backward_head(&reqs[k], rec, dc->id, "rows", NULL);
+        st = ferry__dist_backward_head(&reqs[k], rec, dc->id, FERRY_WIRE_MODE_EMBEDDING_ROWS, NULL);
         if (st == FERRY_OK)
             st = ferry_rpc_msg_add(&reqs[k], &t);
         k++;

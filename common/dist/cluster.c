@@ -19,8 +19,8 @@ void ferry_cluster_config_default(ferry_cluster_config *cfg) {
 
 /* ---- shared helpers ---- */
 
-ferry_rpc_tensor ferry__dist_tensor(const char *name, int dtype, int ndim, const int64_t *dim,
-                                    const void *data) {
+ferry_rpc_tensor ferry__dist_tensor_as(const char *name, int dtype, int ndim, const int64_t *dim,
+                                       const void *data) {
     ferry_rpc_tensor t;
     memset(&t, 0, sizeof t);
     t.dtype = dtype;
@@ -34,6 +34,14 @@ ferry_rpc_tensor ferry__dist_tensor(const char *name, int dtype, int ndim, const
     t.data = n > 0 ? (void *)(uintptr_t)data : NULL; /* borrowed: only read while sending */
     (void)snprintf(t.name, sizeof t.name, "%s", name);
     return t;
+}
+
+ferry_rpc_tensor ferry__dist_tensor(ferry_wire_tensor_id id, const int64_t *dim, const void *data) {
+    const ferry_wire_tensor *w = &ferry_wire_tensors[id];
+    /* Requests carry ids as I32, the width of ferry's own ids. */
+    int dtype = w->dtype == FERRY_WIRE_DTYPE_INDEX ? FERRY_RPC_DTYPE_I32 : w->dtype;
+    FERRY_ASSERT(w->dir == FERRY_WIRE_FWD_IN || w->dir == FERRY_WIRE_BWD_IN);
+    return ferry__dist_tensor_as(w->name, dtype, w->rank, dim, data);
 }
 
 ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
@@ -55,9 +63,9 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
     return st;
 }
 
-ferry_status ferry__dist_output(ferry_cluster *c, int server, const ferry_rpc_msg *reply,
-                                const char *name, int dtype, int ndim, const int64_t *want,
-                                const ferry_rpc_tensor **out) {
+ferry_status ferry__dist_output_as(ferry_cluster *c, int server, const ferry_rpc_msg *reply,
+                                   const char *name, int dtype, int ndim, const int64_t *want,
+                                   const ferry_rpc_tensor **out) {
     const ferry_rpc_tensor *t = ferry_rpc_msg_find(reply, name);
     int ok = t != NULL && t->dtype == dtype && t->ndim == ndim;
     for (int k = 0; ok && k < ndim; k++)
@@ -311,4 +319,12 @@ ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) 
     q.grace_ms = grace_ms > 0 ? (uint32_t)grace_ms : 0;
     q.reason = c->client_id;
     return broadcast(c, server, FERRY_RPC_SHUTDOWN, &q.base);
+}
+
+ferry_status ferry__dist_output(ferry_cluster *c, int server, const ferry_rpc_msg *reply,
+                                ferry_wire_tensor_id id, const int64_t *want,
+                                const ferry_rpc_tensor **out) {
+    const ferry_wire_tensor *w = &ferry_wire_tensors[id];
+    FERRY_ASSERT(w->dir == FERRY_WIRE_FWD_OUT || w->dir == FERRY_WIRE_BWD_OUT);
+    return ferry__dist_output_as(c, server, reply, w->name, w->dtype, w->rank, want, out);
 }

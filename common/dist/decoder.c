@@ -48,12 +48,12 @@ static void fan_destroy(fan *f) {
 }
 
 /* Sums the (N, H) "dh" of every reply into dh in shard order. */
-static ferry_status fan_sum_dh(const ferry_remote *m, const fan *f, int64_t N, float *dh) {
+static ferry_status fan_sum_dh(const ferry_remote *m, const fan *f, ferry_wire_tensor_id id,
+                               int64_t N, float *dh) {
     int64_t H = m->cols, want[2] = {N, H};
     for (int s = 0; s < f->k; s++) {
         const ferry_rpc_tensor *t;
-        ferry_status st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "dh",
-                                             FERRY_RPC_DTYPE_F32, 2, want, &t);
+        ferry_status st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], id, want, &t);
         if (st != FERRY_OK)
             return st;
         const float *src = t->data;
@@ -94,14 +94,14 @@ static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_
     for (int s = 0; s < f->k; s++) {
         const ferry_rpc_tensor *a, *b, *c, *d;
         ferry_status st;
-        if ((st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "max",
-                                     FERRY_RPC_DTYPE_F32, 1, want, &a)) != FERRY_OK ||
-            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "sumexp",
-                                     FERRY_RPC_DTYPE_F64, 1, want, &b)) != FERRY_OK ||
-            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "target_logit",
-                                     FERRY_RPC_DTYPE_F32, 1, want, &c)) != FERRY_OK ||
-            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s], "has_target",
-                                     FERRY_RPC_DTYPE_I32, 1, want, &d)) != FERRY_OK)
+        if ((st = ferry__dist_output(m->c, f->servers[s], &f->replies[s],
+                                     FERRY_WIRE_DECODER_FWD_MAX, want, &a)) != FERRY_OK ||
+            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s],
+                                     FERRY_WIRE_DECODER_FWD_SUMEXP, want, &b)) != FERRY_OK ||
+            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s],
+                                     FERRY_WIRE_DECODER_FWD_TARGET_LOGIT, want, &c)) != FERRY_OK ||
+            (st = ferry__dist_output(m->c, f->servers[s], &f->replies[s],
+                                     FERRY_WIRE_DECODER_FWD_HAS_TARGET, want, &d)) != FERRY_OK)
             return st;
         mx[s] = a->data;
         se[s] = b->data;
@@ -161,12 +161,12 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     if (f == NULL || lse == NULL)
         st = FERRY_ERR_NOMEM;
     int64_t hdim[2] = {N, dec->cols}, tdim[1] = {N};
-    ferry_rpc_tensor h = ferry__dist_tensor("hidden", FERRY_RPC_DTYPE_F32, 2, hdim, hidden);
-    ferry_rpc_tensor t = ferry__dist_tensor("targets", FERRY_RPC_DTYPE_I32, 1, tdim, targets);
+    ferry_rpc_tensor h = ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_HIDDEN, hdim, hidden);
+    ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_TARGETS, tdim, targets);
     /* One request for every shard: the same hidden state and targets. */
     if (st == FERRY_OK)
         st = ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
-                                      rec != NULL ? rec->call_id : 0, "partials");
+                                      rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_DECODER_PARTIALS);
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
         st = ferry_rpc_msg_add(&f->reqs[0], &t);
     if (st == FERRY_OK)
@@ -200,12 +200,12 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
         return FERRY_ERR_NOMEM;
     int64_t N = rec->n, dim[1] = {N};
     double s = (double)scale;
-    ferry_rpc_tensor r = ferry__dist_tensor("scale", FERRY_RPC_DTYPE_F32, 1, dim, row_scale);
+    ferry_rpc_tensor r = ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_SCALE, dim, row_scale);
     /* One request per shard: each gets its own softmax factors (rec->lse holds (k, N)). */
     for (int k = 0; st == FERRY_OK && k < f->k; k++) {
         ferry_rpc_tensor l =
-            ferry__dist_tensor("factor", FERRY_RPC_DTYPE_F32, 1, dim, rec->lse + (int64_t)k * N);
-        if ((st = ferry__dist_backward_head(&f->reqs[k], rec, dc->id, "partials", &s)) ==
+            ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_FACTOR, dim, rec->lse + (int64_t)k * N);
+        if ((st = ferry__dist_backward_head(&f->reqs[k], rec, dc->id, FERRY_WIRE_MODE_DECODER_PARTIALS, &s)) ==
                 FERRY_OK &&
             (st = ferry_rpc_msg_add(&f->reqs[k], &l)) == FERRY_OK && row_scale != NULL)
             st = ferry_rpc_msg_add(&f->reqs[k], &r);
@@ -214,7 +214,7 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
         st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
                                 f->replies);
     if (st == FERRY_OK)
-        st = fan_sum_dh(dec, f, N, dh);
+        st = fan_sum_dh(dec, f, FERRY_WIRE_DECODER_BWD_DH, N, dh);
     fan_destroy(f);
     ferry__dist_call_drop(dc, rec);
     return st;
@@ -232,9 +232,10 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, 
         return st;
     fan *f = fan_create(dec, dc);
     int64_t hdim[2] = {N, dec->cols}, V = dec->rows;
-    ferry_rpc_tensor h = ferry__dist_tensor("hidden", FERRY_RPC_DTYPE_F32, 2, hdim, hidden);
+    ferry_rpc_tensor h = ferry__dist_tensor(FERRY_WIRE_DECODER_LOGITS_FWD_HIDDEN, hdim, hidden);
     st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
-                                              rec != NULL ? rec->call_id : 0, "logits")
+                                              rec != NULL ? rec->call_id : 0,
+                                              FERRY_WIRE_MODE_DECODER_LOGITS)
                    : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
         st =
@@ -243,8 +244,8 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, 
         const ferry__dist_shard *sh = &dec->shards[s];
         int64_t want[2] = {N, sh->row_count};
         const ferry_rpc_tensor *t;
-        st = ferry__dist_output(dec->c, f->servers[s], &f->replies[s], "logits",
-                                FERRY_RPC_DTYPE_F32, 2, want, &t);
+        st = ferry__dist_output(dec->c, f->servers[s], &f->replies[s],
+                                FERRY_WIRE_DECODER_LOGITS_FWD_LOGITS, want, &t);
         for (int64_t n = 0; st == FERRY_OK && n < N; n++) /* columns of logits (N, V) */
             memcpy(logits + n * V + sh->row_begin, (const float *)t->data + n * sh->row_count,
                    (size_t)sh->row_count * sizeof *logits);
@@ -276,15 +277,15 @@ ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
             memcpy(dst + n * sh->row_count, dlogits + n * V + sh->row_begin,
                    (size_t)sh->row_count * sizeof *dst);
         int64_t dim[2] = {N, sh->row_count};
-        ferry_rpc_tensor t = ferry__dist_tensor("dlogits", FERRY_RPC_DTYPE_F32, 2, dim, dst);
-        if ((st = ferry__dist_backward_head(&f->reqs[s], rec, dc->id, "logits", NULL)) == FERRY_OK)
+        ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_DECODER_LOGITS_BWD_DLOGITS, dim, dst);
+        if ((st = ferry__dist_backward_head(&f->reqs[s], rec, dc->id, FERRY_WIRE_MODE_DECODER_LOGITS, NULL)) == FERRY_OK)
             st = ferry_rpc_msg_add(&f->reqs[s], &t);
     }
     if (st == FERRY_OK)
         st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
                                 f->replies);
     if (st == FERRY_OK)
-        st = fan_sum_dh(dec, f, N, dh);
+        st = fan_sum_dh(dec, f, FERRY_WIRE_DECODER_LOGITS_BWD_DH, N, dh);
     fan_destroy(f);
     free(slices);
     ferry__dist_call_drop(dc, rec);
@@ -303,15 +304,15 @@ ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, co
         return st;
     fan *f = fan_create(m, dc);
     int64_t dim[2] = {N, m->cols}, want[2] = {N, m->rows};
-    ferry_rpc_tensor t = ferry__dist_tensor("x", FERRY_RPC_DTYPE_F32, 2, dim, x);
+    ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_LINEAR_FWD_X, dim, x);
     const ferry_rpc_tensor *out;
     st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], m, dc != NULL ? dc->id : 0,
-                                              rec != NULL ? rec->call_id : 0, "")
+                                              rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_LINEAR)
                    : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, 1, f->servers, f->reqs, 1, f->replies);
-    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "y",
-                                                   FERRY_RPC_DTYPE_F32, 2, want, &out)) == FERRY_OK)
+    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0],
+                                                   FERRY_WIRE_LINEAR_FWD_Y, want, &out)) == FERRY_OK)
         memcpy(y, out->data, out->nbytes);
     fan_destroy(f);
     if (rec != NULL && st != FERRY_OK)
@@ -331,14 +332,14 @@ ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, u
         return FERRY_ERR_NOT_FOUND;
     fan *f = fan_create(m, NULL);
     int64_t N = rec->n, dim[2] = {N, m->rows}, want[2] = {N, m->cols};
-    ferry_rpc_tensor t = ferry__dist_tensor("dy", FERRY_RPC_DTYPE_F32, 2, dim, dy);
+    ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_LINEAR_BWD_DY, dim, dy);
     const ferry_rpc_tensor *out;
     st =
-        f != NULL ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, "", NULL) : FERRY_ERR_NOMEM;
+        f != NULL ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, FERRY_WIRE_MODE_LINEAR, NULL) : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, 1, f->servers, f->reqs, 1, f->replies);
-    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], "dx",
-                                                   FERRY_RPC_DTYPE_F32, 2, want, &out)) == FERRY_OK)
+    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0],
+                                                   FERRY_WIRE_LINEAR_BWD_DX, want, &out)) == FERRY_OK)
         memcpy(dx, out->data, out->nbytes);
     fan_destroy(f);
     ferry__dist_call_drop(dc, rec);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "ferry/ferry.h"
+#include "common/rpc/contract.h"
 #include "common/rpc/rpc.h"
 
 #define FERRY_DIST_MAX_SERVERS 256
@@ -84,22 +85,29 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
 
 /* The reply tensor `name` of a call to server, checked to have the dtype and the
  * shape want (entries < 0 match anything); FERRY_ERR_FORMAT naming the peer. */
+ferry_status ferry__dist_output_as(ferry_cluster *c, int server, const ferry_rpc_msg *reply,
+                                   const char *name, int dtype, int ndim, const int64_t *want,
+                                   const ferry_rpc_tensor **out);
+/* The same for the reply tensor of contract entry id (common/rpc/contract.h). */
 ferry_status ferry__dist_output(ferry_cluster *c, int server, const ferry_rpc_msg *reply,
-                                const char *name, int dtype, int ndim, const int64_t *want,
+                                ferry_wire_tensor_id id, const int64_t *want,
                                 const ferry_rpc_tensor **out);
 
 /* FERRY_ERR_INVALID unless m is of kind and dc is an open context (or NULL where
  * need_ctx is 0); what names the operation in the message. */
 ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
                                const ferry_dist_ctx *dc, int need_ctx);
-/* Request headers of Forward and Backward (scale: fparams[0], or none for NULL). */
+/* Request headers of Forward and Backward in a mode of the contract (scale:
+ * fparams[0], or none for NULL). */
 ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m, uint64_t ctx,
-                                      uint64_t call_id, const char *mode);
+                                      uint64_t call_id, ferry_wire_mode mode);
 ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_call *call,
-                                       uint64_t ctx, const char *mode, double *scale);
+                                       uint64_t ctx, ferry_wire_mode mode, double *scale);
 
-/* A borrowed tensor descriptor over host data. */
-ferry_rpc_tensor ferry__dist_tensor(const char *name, int dtype, int ndim, const int64_t *dim,
-                                    const void *data);
+/* A borrowed tensor descriptor over host data: the request tensor of contract entry id,
+ * or (_as) one named freely (parameters). */
+ferry_rpc_tensor ferry__dist_tensor(ferry_wire_tensor_id id, const int64_t *dim, const void *data);
+ferry_rpc_tensor ferry__dist_tensor_as(const char *name, int dtype, int ndim, const int64_t *dim,
+                                       const void *data);
 
 #endif /* FERRY_DIST_H */

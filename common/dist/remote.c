@@ -10,28 +10,12 @@
 #include "common/core/log.h"
 #include "ferry/optim.h"
 
-static const char *const kind_names[] = {"embedding", "decoder", "linear"};
-
-ferry_status ferry_remote_optim_defaults(const char *name, ferry_remote_optim *out) {
-    ferry_optim_kind kind;
-    ferry_status st = ferry_optim_parse_kind(name != NULL ? name : "", &kind);
-    if (st != FERRY_OK)
-        return st;
-    ferry_optim_config c = ferry_optim_defaults(kind);
-    out->name = ferry_optim_kind_name(kind);
-    out->lr = c.lr;
-    out->momentum = c.momentum;
-    out->dampening = c.dampening;
-    out->nesterov = c.nesterov;
-    out->weight_decay = c.weight_decay;
-    out->lr_decay = c.lr_decay;
-    out->initial_accumulator = c.initial_accumulator;
-    out->rho = c.rho;
-    out->beta1 = c.beta1;
-    out->beta2 = c.beta2;
-    out->eps = c.eps;
-    return FERRY_OK;
-}
+/* The public kinds are the contract's, in its order. */
+_Static_assert(FERRY_REMOTE_EMBEDDING == (int)FERRY_WIRE_KIND_EMBEDDING &&
+                   FERRY_REMOTE_DECODER == (int)FERRY_WIRE_KIND_DECODER &&
+                   FERRY_REMOTE_LINEAR == (int)FERRY_WIRE_KIND_LINEAR,
+               "ferry_remote_kind follows ferry_wire_kind");
+#define kind_name(k) (ferry_wire_kinds[k].name)
 
 void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind, const char *name,
                                  int64_t dim0, int64_t dim1) {
@@ -44,7 +28,7 @@ void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kin
     cfg->server = -1;
     cfg->init_scale = 0.1f;
     cfg->weight_offset = cfg->bias_offset = -1;
-    (void)ferry_remote_optim_defaults("sgd", &cfg->optim);
+    cfg->optim = ferry_optim_defaults(FERRY_OPTIM_SGD);
 }
 
 static ferry_status config_check(const ferry_cluster *c, const ferry_remote_config *cfg) {
@@ -110,41 +94,22 @@ static ferry_status place(ferry_remote *m, const ferry_remote_config *cfg) {
     return FERRY_OK;
 }
 
-/* Fills the optimizer message: proto fields for readers, and every value again as
+/* Fills the optimizer message from FERRY_OPTIM_FIELD_MAP: every field that has a proto
+ * field of its name there too (for readers of the message), and every value again as
  * an exact "extra" (the server gives 0-valued proto fields the kind's default). */
-static void optim_message(const ferry_remote_optim *o, Ferry__OptimizerConfig *msg,
+static void optim_message(const ferry_optim_config *o, Ferry__OptimizerConfig *msg,
                           Ferry__Metric *extra, Ferry__Metric **ptrs) {
-    const struct {
-        const char *name;
-        double value;
-    } v[] = {{"lr", o->lr},
-             {"momentum", o->momentum},
-             {"dampening", o->dampening},
-             {"nesterov", o->nesterov ? 1.0 : 0.0},
-             {"weight_decay", o->weight_decay},
-             {"lr_decay", o->lr_decay},
-             {"initial_accumulator", o->initial_accumulator},
-             {"rho", o->rho},
-             {"beta1", o->beta1},
-             {"beta2", o->beta2},
-             {"eps", o->eps}};
     ferry__optimizer_config__init(msg);
-    msg->name = (char *)(uintptr_t)(o->name != NULL ? o->name : "sgd");
-    msg->lr = o->lr;
-    msg->momentum = o->momentum;
-    msg->beta1 = o->beta1;
-    msg->beta2 = o->beta2;
-    msg->eps = o->eps;
-    msg->weight_decay = o->weight_decay;
-    msg->rho = o->rho;
-    msg->nesterov = o->nesterov != 0;
-    msg->n_extra = sizeof v / sizeof v[0];
-    for (size_t i = 0; i < msg->n_extra; i++) {
+    msg->name = (char *)(uintptr_t)ferry_optim_kind_name(o->kind);
+    for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
+        double v = ferry_optim_field_get(o, i);
+        (void)ferry__proto_set_number(&msg->base, ferry_optim_fields[i].name, v);
         ferry__metric__init(&extra[i]);
-        extra[i].name = (char *)(uintptr_t)v[i].name;
-        extra[i].value = v[i].value;
+        extra[i].name = (char *)(uintptr_t)ferry_optim_fields[i].name;
+        extra[i].value = v;
         ptrs[i] = &extra[i];
     }
+    msg->n_extra = FERRY_OPTIM_FIELD_COUNT;
     msg->extra = ptrs;
 }
 
@@ -153,7 +118,7 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
                                    ferry_rpc_msg *req) {
     const ferry__dist_shard *sh = &m->shards[s];
     Ferry__OptimizerConfig opt;
-    Ferry__Metric extra[16], *ptrs[16];
+    Ferry__Metric extra[FERRY_OPTIM_FIELD_COUNT], *ptrs[FERRY_OPTIM_FIELD_COUNT];
     optim_message(&cfg->optim, &opt, extra, ptrs);
     char options[160];
     int n = snprintf(options, sizeof options, "bias=%d", m->bias);
@@ -175,7 +140,7 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     con.beta = cfg->constraint.beta;
     Ferry__ModuleConfig mc;
     ferry__module_config__init(&mc);
-    mc.kind = (char *)(uintptr_t)kind_names[m->kind];
+    mc.kind = (char *)(uintptr_t)kind_name(m->kind);
     mc.n_dims = 2;
     mc.dims = (int64_t *)(uintptr_t)cfg->dims;
     mc.row_begin = m->kind == FERRY_REMOTE_LINEAR ? 0 : sh->row_begin;
@@ -192,14 +157,14 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     ferry_status st = ferry_rpc_msg_set_head(req, &q.base);
     if (st == FERRY_OK && cfg->init_weight != NULL) {
         int64_t dim[2] = {sh->row_count, m->cols};
-        ferry_rpc_tensor t = ferry__dist_tensor("weight", FERRY_RPC_DTYPE_F32, 2, dim,
+        ferry_rpc_tensor t = ferry__dist_tensor_as("weight", FERRY_RPC_DTYPE_F32, 2, dim,
                                                 cfg->init_weight + sh->row_begin * m->cols);
         st = ferry_rpc_msg_add(req, &t);
     }
     if (st == FERRY_OK && cfg->init_bias != NULL && m->bias) {
         int64_t dim[1] = {sh->row_count};
         ferry_rpc_tensor t =
-            ferry__dist_tensor("bias", FERRY_RPC_DTYPE_F32, 1, dim, cfg->init_bias + sh->row_begin);
+            ferry__dist_tensor_as("bias", FERRY_RPC_DTYPE_F32, 1, dim, cfg->init_bias + sh->row_begin);
         st = ferry_rpc_msg_add(req, &t);
     }
     return st;
@@ -253,7 +218,7 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
         ferry_remote_destroy(m);
         return st;
     }
-    FERRY_LOG_DEBUG("remote %s '%s' on %d shards (%d new)", kind_names[m->kind], m->name, k,
+    FERRY_LOG_DEBUG("remote %s '%s' on %d shards (%d new)", kind_name(m->kind), m->name, k,
                     m->created);
     *out = m;
     return FERRY_OK;
@@ -323,7 +288,7 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
             q.module = m->name;
             q.row_begin = a;
             int64_t dim[2] = {b - a, width};
-            ferry_rpc_tensor t = ferry__dist_tensor(param, FERRY_RPC_DTYPE_F32, is_weight ? 2 : 1,
+            ferry_rpc_tensor t = ferry__dist_tensor_as(param, FERRY_RPC_DTYPE_F32, is_weight ? 2 : 1,
                                                     dim, src + (a - lo) * width);
             st = ferry_rpc_msg_set_head(&reqs[k], &q.base);
             if (st == FERRY_OK)
@@ -347,7 +312,7 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
     for (int i = 0; st == FERRY_OK && !write && i < k; i++) {
         int64_t want[2] = {rows[i], width};
         const ferry_rpc_tensor *t;
-        st = ferry__dist_output(m->c, servers[i], &replies[i], param, FERRY_RPC_DTYPE_F32,
+        st = ferry__dist_output_as(m->c, servers[i], &replies[i], param, FERRY_RPC_DTYPE_F32,
                                 is_weight ? 2 : 1, want, &t);
         if (st == FERRY_OK)
             memcpy(dst + (first[i] - lo) * width, t->data, t->nbytes);

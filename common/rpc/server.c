@@ -247,6 +247,7 @@ static void call_serve(server_call *c) {
             const char *msg = ferry_error_last();
             (void)snprintf(detail, sizeof detail, "%s",
                            msg[0] != '\0' ? msg : ferry_status_str(st));
+            FERRY_LOG_WARN("%s rejected: %s (%s)", mi->name, ferry_status_str(st), detail);
         }
     }
     ferry_rpc_msg_deinit(&req);

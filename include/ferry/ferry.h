@@ -13,7 +13,7 @@
  *
  *     ferry_remote_config ec;
  *     ferry_remote_config_default(&ec, FERRY_REMOTE_EMBEDDING, "encoder", V, E);
- *     ferry_remote_optim_defaults("sgd", &ec.optim);
+ *     ec.optim = ferry_optim_defaults(FERRY_OPTIM_SGD);
  *     ferry_remote *emb, *dec;
  *     ferry_remote_create(cl, &ec, &emb);                          // rows split over both
  *     ... the same with FERRY_REMOTE_DECODER, "decoder", V, H for dec ...
@@ -53,6 +53,7 @@
 #include <stdint.h>
 
 #include "ferry/autograd.h" /* ferry_ctx: remote calls as tape nodes */
+#include "ferry/optim.h"    /* ferry_optim_config: the shards' optimizer */
 #include "ferry/status.h"
 #include "ferry/tensor.h"
 #include "ferry/version.h"
@@ -135,25 +136,6 @@ typedef enum ferry_remote_kind {
     FERRY_REMOTE_LINEAR = 2,    /* dims [C, D]: y = x W^T + b, W (D, C), on one server */
 } ferry_remote_kind;
 
-/* The optimizer each shard runs on its own rows. Every field is sent as is (the
- * server applies no defaults to a config built here), so remote and local steps
- * follow the same numbers. */
-typedef struct ferry_remote_optim {
-    const char *name; /* "sgd", "adagrad", "adadelta", "adam", "adamw" */
-    double lr;
-    double momentum, dampening; /* SGD */
-    int nesterov;               /* SGD */
-    double weight_decay;        /* L2 (AdamW: decoupled) */
-    double lr_decay;            /* Adagrad */
-    double initial_accumulator; /* Adagrad */
-    double rho;                 /* Adadelta */
-    double beta1, beta2;        /* Adam(W) */
-    double eps;
-} ferry_remote_optim;
-
-/* PyTorch's defaults for name (SGD: lr 1). FERRY_ERR_INVALID for an unknown name. */
-ferry_status ferry_remote_optim_defaults(const char *name, ferry_remote_optim *out);
-
 typedef enum ferry_remote_constraint_kind {
     FERRY_REMOTE_CONSTRAINT_NONE = 0,
     FERRY_REMOTE_CONSTRAINT_STIEFEL = 1, /* cdopt's constraint dissolving, spec/stiefel.md */
@@ -203,7 +185,10 @@ typedef struct ferry_remote_config {
     /* Or explicit initial values in global layout: weight (V, E) | (V, H) | (D, C),
      * bias (V) | (D); each shard receives its rows. NULL: use the generator. */
     const float *init_weight, *init_bias;
-    ferry_remote_optim optim;
+    /* The optimizer each shard runs on its own rows (ferry/optim.h). Every field is sent
+     * as is (the server applies no defaults to a config built here), so remote and
+     * local steps follow the same numbers. */
+    ferry_optim_config optim;
     ferry_remote_constraint constraint; /* on the weight; default none */
 } ferry_remote_config;
 

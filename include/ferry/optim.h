@@ -23,6 +23,7 @@
 #ifndef FERRY_OPTIM_H
 #define FERRY_OPTIM_H
 
+#include <math.h> /* HUGE_VAL in FERRY_OPTIM_FIELD_MAP */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -33,20 +34,66 @@
 extern "C" {
 #endif
 
-/* Hyper-parameters; fields a kind does not use are ignored. Doubles, as torch keeps
- * them in Python floats; the kernel derives float32 constants the way torch does. */
+/* Every hyper-parameter, once. This list makes the struct below, the defaults, the
+ * range checks, ferry-trainer's flags (--<flag>), the CreateModule message the client
+ * sends and the server's parsing of it:
+ *   X(field, flag, type, lo, hi, hi_open, sgd, adagrad, adadelta, adam, adamw, help)
+ * type is double or int (a 0/1 switch); a value must be finite and in [lo, hi] (hi
+ * excluded when hi_open); the five numbers are torch 1.13's defaults per kind (SGD has
+ * no default lr in torch: ours is 1). Fields a kind does not use are ignored by its
+ * update (but checked, and compared when a module is created again). */
+#define FERRY_OPTIM_FIELD_MAP(X)                                                                   \
+    X(lr, "lr", double, 0, HUGE_VAL, 0, 1.0, 0.01, 1.0, 1e-3, 1e-3, "learning rate")             \
+    X(momentum, "momentum", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0, "SGD momentum")                \
+    X(dampening, "dampening", double, -HUGE_VAL, HUGE_VAL, 0, 0, 0, 0, 0, 0,                      \
+      "SGD momentum dampening")                                                                   \
+    X(nesterov, "nesterov", int, 0, 1, 0, 0, 0, 0, 0, 0,                                          \
+      "SGD Nesterov momentum (needs momentum > 0 and dampening 0)")                               \
+    X(weight_decay, "weight-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0.01,                     \
+      "L2 penalty folded into the gradient (AdamW: decoupled decay)")                             \
+    X(lr_decay, "adagrad-lr-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,                        \
+      "Adagrad: lr / (1 + (t - 1) lr_decay)")                                                     \
+    X(initial_accumulator, "initial-accumulator", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,          \
+      "Adagrad: initial value of the squared-gradient sum")                                       \
+    X(rho, "rho", double, 0, 1, 0, 0, 0, 0.9, 0, 0, "Adadelta decay of the running averages")    \
+    X(beta1, "beta1", double, 0, 1, 1, 0, 0, 0, 0.9, 0.9, "Adam(W) first-moment decay")          \
+    X(beta2, "beta2", double, 0, 1, 1, 0, 0, 0, 0.999, 0.999, "Adam(W) second-moment decay")     \
+    X(eps, "eps", double, 0, HUGE_VAL, 0, 0, 1e-10, 1e-6, 1e-8, 1e-8,                             \
+      "term added to the denominator (Adagrad, Adadelta, Adam, AdamW)")
+
+/* Hyper-parameters; doubles, as torch keeps them in Python floats; the kernel derives
+ * float32 constants the way torch does. */
 typedef struct ferry_optim_config {
     ferry_optim_kind kind;
-    double lr;
-    double momentum, dampening; /* SGD */
-    int nesterov;               /* SGD: needs momentum > 0 and dampening 0 */
-    double weight_decay;        /* L2 folded into the gradient; AdamW: decoupled */
-    double lr_decay;            /* Adagrad */
-    double initial_accumulator; /* Adagrad: initial value of the squared-gradient sum */
-    double rho;                 /* Adadelta */
-    double beta1, beta2;        /* Adam, AdamW */
-    double eps;                 /* Adagrad, Adadelta, Adam, AdamW */
+#define FERRY_OPTIM_FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help) type field;
+    FERRY_OPTIM_FIELD_MAP(FERRY_OPTIM_FIELD_)
+#undef FERRY_OPTIM_FIELD_
 } ferry_optim_config;
+
+/* The list as a table, for code that handles every field alike (flags, messages). */
+typedef struct ferry_optim_field {
+    const char *name; /* the struct field: "weight_decay" */
+    const char *flag; /* ferry-trainer's flag: "weight-decay" */
+    int is_int;       /* a 0/1 switch (int field) rather than a double */
+    double lo, hi;
+    int hi_open;
+    const char *help;
+} ferry_optim_field;
+
+enum {
+#define FERRY_OPTIM_FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)            \
+    FERRY_OPTIM_FIELD_##field,
+    FERRY_OPTIM_FIELD_MAP(FERRY_OPTIM_FIELD_)
+#undef FERRY_OPTIM_FIELD_
+        FERRY_OPTIM_FIELD_COUNT
+};
+
+extern const ferry_optim_field ferry_optim_fields[FERRY_OPTIM_FIELD_COUNT];
+/* The index of the field named name ("eps"), or -1. */
+int ferry_optim_field_find(const char *name);
+/* Field i of c as a double, and set from one (an int field takes v != 0). */
+double ferry_optim_field_get(const ferry_optim_config *c, int i);
+void ferry_optim_field_set(ferry_optim_config *c, int i, double v);
 
 typedef struct ferry_optim ferry_optim; /* opaque */
 
@@ -55,14 +102,18 @@ typedef struct ferry_optim ferry_optim; /* opaque */
  * eps 1e-6 | adam: lr 1e-3, betas (0.9, 0.999), eps 1e-8 | adamw: as adam with
  * weight_decay 0.01. Every other field is 0. */
 ferry_optim_config ferry_optim_defaults(ferry_optim_kind kind);
+/* ferry_optim_defaults of the kind named name ("adam"); FERRY_ERR_INVALID as
+ * ferry_optim_parse_kind. */
+ferry_status ferry_optim_config_named(const char *name, ferry_optim_config *out);
 /* "sgd", "adagrad", "adadelta", "adam" or "adamw" (case-sensitive) into *out;
  * FERRY_ERR_INVALID with the list of valid names otherwise. */
 ferry_status ferry_optim_parse_kind(const char *name, ferry_optim_kind *out);
 /* The name parse_kind accepts; "unknown" for a value outside the enum. */
 const char *ferry_optim_kind_name(ferry_optim_kind kind);
-/* Checks the ranges torch checks (lr, eps, weight_decay, momentum >= 0; betas and rho in
- * [0, 1); Nesterov needs momentum > 0 and zero dampening; all finite), plus a known
- * kind. FERRY_ERR_INVALID naming the offending field. */
+/* Checks every field's range from FERRY_OPTIM_FIELD_MAP (the ones torch checks: lr, eps,
+ * weight_decay, momentum >= 0; betas in [0, 1), rho in [0, 1]; all finite), that
+ * Nesterov has momentum > 0 and zero dampening, and a known kind. FERRY_ERR_INVALID
+ * naming the offending field. */
 ferry_status ferry_optim_config_check(const ferry_optim_config *cfg);
 
 /* Per-element state slots the optimizer keeps (0, 1 or 2 floats per parameter

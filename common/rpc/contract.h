@@ -1,0 +1,169 @@
+/* contract.h - the wire contract of every module kind, written once: the kinds, the
+ * modes of their Forward and Backward, and each tensor a request or reply carries
+ * (name, dtype, rank, and the shape it must have). The client's request builders
+ * (common/dist) make their tensors from these entries and the server's kinds
+ * (server/embedding.c, decoder.c, linear.c) check their inputs against them, so the two
+ * sides cannot drift apart; proto/ferry.proto states the same contract in prose, and
+ * tests/test_contract.c checks that it names every entry.
+ *
+ *     // client                                     // server
+ *     ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_HIDDEN, ...)   ferry__ps_input(m, req, FERRY_WIRE_DECODER_FWD_HIDDEN, want, &i)
+ */
+#ifndef FERRY_RPC_CONTRACT_H
+#define FERRY_RPC_CONTRACT_H
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "common/rpc/rpc.h"
+
+/* The module kinds: X(ID, name, dims as CreateModule's ModuleConfig.dims gives them). */
+#define FERRY_WIRE_KIND_MAP(X)                                                                     \
+    X(EMBEDDING, "embedding", "[V, E]")                                                           \
+    X(DECODER, "decoder", "[V, H]")                                                               \
+    X(LINEAR, "linear", "[C, D]")
+
+/* The Forward/Backward modes: X(ID, kind, mode string, 1 if "" selects it). A Backward
+ * uses the mode its Forward used. */
+#define FERRY_WIRE_MODE_MAP(X)                                                                     \
+    X(EMBEDDING_ROWS, EMBEDDING, "rows", 1)                                                       \
+    X(DECODER_PARTIALS, DECODER, "partials", 1)                                                   \
+    X(DECODER_LOGITS, DECODER, "logits", 0)                                                       \
+    X(LINEAR, LINEAR, "linear", 1)
+
+/* Every tensor of every call: X(ID, mode, direction, name, dtype, rank, shape, optional).
+ * dtype INDEX means I32 or I64. Shapes use the kind's dims (V, E, H, C, D), the rows a
+ * shard owns (V_s: its slice of V, D for linear), N (rows of the batch) and U (the
+ * distinct ids sent to one embedding shard). CreateModule's initial values and
+ * Get/SetParams' tensors are the parameters ("weight", "bias"): see PARAM below. */
+#define FERRY_WIRE_TENSOR_MAP(X)                                                                   \
+    X(EMBEDDING_FWD_IDS, EMBEDDING_ROWS, FWD_IN, "ids", INDEX, 1, "(U) global ids this shard owns", 0) \
+    X(EMBEDDING_FWD_ROWS, EMBEDDING_ROWS, FWD_OUT, "rows", F32, 2, "(U, E) their rows", 0)        \
+    X(EMBEDDING_BWD_GRAD, EMBEDDING_ROWS, BWD_IN, "grad", F32, 2, "(U, E) gradient of rows", 0)   \
+    X(DECODER_FWD_HIDDEN, DECODER_PARTIALS, FWD_IN, "hidden", F32, 2, "(N, H)", 0)                \
+    X(DECODER_FWD_TARGETS, DECODER_PARTIALS, FWD_IN, "targets", INDEX, 1,                         \
+      "(N) global target ids in [0, V)", 0)                                                       \
+    X(DECODER_FWD_MAX, DECODER_PARTIALS, FWD_OUT, "max", F32, 1, "(N) max logit of the slice", 0) \
+    X(DECODER_FWD_SUMEXP, DECODER_PARTIALS, FWD_OUT, "sumexp", F64, 1,                            \
+      "(N) sum of exp(logit - max) over the slice", 0)                                            \
+    X(DECODER_FWD_TARGET_LOGIT, DECODER_PARTIALS, FWD_OUT, "target_logit", F32, 1,                \
+      "(N) the target's logit where the slice holds it, else 0", 0)                               \
+    X(DECODER_FWD_HAS_TARGET, DECODER_PARTIALS, FWD_OUT, "has_target", I32, 1,                    \
+      "(N) 1 where the slice holds the target", 0)                                                \
+    X(DECODER_BWD_FACTOR, DECODER_PARTIALS, BWD_IN, "factor", F32, 1,                             \
+      "(N) exp(max_slice - max_all) / sumexp_all", 0)                                             \
+    X(DECODER_BWD_SCALE, DECODER_PARTIALS, BWD_IN, "scale", F32, 1, "(N) per-row loss weights", 1) \
+    X(DECODER_BWD_DH, DECODER_PARTIALS, BWD_OUT, "dh", F32, 2, "(N, H) the slice's part of dL/dh", 0) \
+    X(DECODER_LOGITS_FWD_HIDDEN, DECODER_LOGITS, FWD_IN, "hidden", F32, 2, "(N, H)", 0)           \
+    X(DECODER_LOGITS_FWD_LOGITS, DECODER_LOGITS, FWD_OUT, "logits", F32, 2,                       \
+      "(N, V_s) h W_s^T + b_s", 0)                                                                \
+    X(DECODER_LOGITS_BWD_DLOGITS, DECODER_LOGITS, BWD_IN, "dlogits", F32, 2, "(N, V_s)", 0)       \
+    X(DECODER_LOGITS_BWD_DH, DECODER_LOGITS, BWD_OUT, "dh", F32, 2, "(N, H)", 0)                  \
+    X(LINEAR_FWD_X, LINEAR, FWD_IN, "x", F32, 2, "(N, C)", 0)                                     \
+    X(LINEAR_FWD_Y, LINEAR, FWD_OUT, "y", F32, 2, "(N, D) x A^T + b", 0)                          \
+    X(LINEAR_BWD_DY, LINEAR, BWD_IN, "dy", F32, 2, "(N, D)", 0)                                   \
+    X(LINEAR_BWD_DX, LINEAR, BWD_OUT, "dx", F32, 2, "(N, C)", 0)
+
+/* The parameters of each kind, as CreateModule's initial tensors, GetParams' reply and
+ * SetParams' request name them: X(ID, name, rank, shape). Rows are the shard's. */
+#define FERRY_WIRE_PARAM_MAP(X)                                                                    \
+    X(WEIGHT, "weight", 2, "(rows, E | H | C)")                                                   \
+    X(BIAS, "bias", 1, "(rows); decoder always, linear unless option bias=0, embedding never")
+
+/* CreateModule's ModuleConfig.options keys ("key=value,..."): X(name, meaning). */
+#define FERRY_WIRE_OPTION_MAP(X)                                                                   \
+    X("bias", "linear: 0 or 1 (default 1); a decoder always has one, an embedding none")          \
+    X("weight_offset", "init: element index of the global weight's (0, 0) in the generator")      \
+    X("bias_offset", "init: element index of the bias's (0)")                                     \
+    X("polar", "1: start a Stiefel-constrained weight at its polar factor")
+
+/* clang-format off */
+typedef enum ferry_wire_kind {
+#define FERRY_WIRE_KIND_ENUM_(id, name, dims) FERRY_WIRE_KIND_##id,
+    FERRY_WIRE_KIND_MAP(FERRY_WIRE_KIND_ENUM_)
+#undef FERRY_WIRE_KIND_ENUM_
+    FERRY_WIRE_KIND_COUNT
+} ferry_wire_kind;
+
+typedef enum ferry_wire_mode {
+#define FERRY_WIRE_MODE_ENUM_(id, kind, name, dflt) FERRY_WIRE_MODE_##id,
+    FERRY_WIRE_MODE_MAP(FERRY_WIRE_MODE_ENUM_)
+#undef FERRY_WIRE_MODE_ENUM_
+    FERRY_WIRE_MODE_COUNT
+} ferry_wire_mode;
+
+typedef enum ferry_wire_tensor_id {
+#define FERRY_WIRE_TENSOR_ENUM_(id, mode, dir, name, dt, rank, shape, opt) FERRY_WIRE_##id,
+    FERRY_WIRE_TENSOR_MAP(FERRY_WIRE_TENSOR_ENUM_)
+#undef FERRY_WIRE_TENSOR_ENUM_
+    FERRY_WIRE_TENSOR_COUNT
+} ferry_wire_tensor_id;
+
+typedef enum ferry_wire_param {
+#define FERRY_WIRE_PARAM_ENUM_(id, name, rank, shape) FERRY_WIRE_PARAM_##id,
+    FERRY_WIRE_PARAM_MAP(FERRY_WIRE_PARAM_ENUM_)
+#undef FERRY_WIRE_PARAM_ENUM_
+    FERRY_WIRE_PARAM_COUNT
+} ferry_wire_param;
+/* clang-format on */
+
+typedef enum ferry_wire_dir {
+    FERRY_WIRE_FWD_IN, /* Forward request */
+    FERRY_WIRE_FWD_OUT, /* Forward reply */
+    FERRY_WIRE_BWD_IN, /* Backward request */
+    FERRY_WIRE_BWD_OUT, /* Backward reply */
+} ferry_wire_dir;
+
+enum { FERRY_WIRE_DTYPE_INDEX = -1 }; /* I32 or I64 */
+
+typedef struct ferry_wire_kind_info {
+    const char *name; /* "embedding" */
+    const char *dims; /* "[V, E]" */
+} ferry_wire_kind_info;
+
+typedef struct ferry_wire_mode_info {
+    ferry_wire_kind kind;
+    const char *name; /* "partials" */
+    int is_default;   /* the kind's mode when a request's mode is "" */
+} ferry_wire_mode_info;
+
+typedef struct ferry_wire_tensor {
+    ferry_wire_mode mode;
+    ferry_wire_dir dir;
+    const char *name;  /* the Tensor.name on the wire */
+    int dtype;         /* ferry_rpc_dtype, or FERRY_WIRE_DTYPE_INDEX */
+    int rank;
+    const char *shape; /* for messages and docs: "(N, H)" */
+    int optional;      /* 1: may be absent */
+} ferry_wire_tensor;
+
+typedef struct ferry_wire_param_info {
+    const char *name;
+    int rank;
+    const char *shape;
+} ferry_wire_param_info;
+
+extern const ferry_wire_kind_info ferry_wire_kinds[FERRY_WIRE_KIND_COUNT];
+extern const ferry_wire_mode_info ferry_wire_modes[FERRY_WIRE_MODE_COUNT];
+extern const ferry_wire_tensor ferry_wire_tensors[FERRY_WIRE_TENSOR_COUNT];
+extern const ferry_wire_param_info ferry_wire_params[FERRY_WIRE_PARAM_COUNT];
+
+/* The kind named name, or -1. */
+int ferry_wire_kind_find(const char *name);
+/* The mode of kind named by a request's mode string ("" for the kind's default);
+ * FERRY_ERR_UNSUPPORTED naming the kind's modes otherwise. */
+ferry_status ferry_wire_mode_find(ferry_wire_kind kind, const char *mode, ferry_wire_mode *out);
+/* "partials | logits": the modes of kind, for messages. */
+const char *ferry_wire_mode_list(ferry_wire_kind kind, char *buf, size_t cap);
+/* A dtype's name ("f32"; "integer" for FERRY_WIRE_DTYPE_INDEX). */
+const char *ferry_wire_dtype_name(int dtype);
+/* 1 if a tensor of dtype has the entry's type. */
+int ferry_wire_dtype_ok(const ferry_wire_tensor *w, int dtype);
+
+/* Reads or writes the singular numeric field `name` (double, float, bool or integer)
+ * of a protobuf-c message through its descriptor, so that a table of names (the
+ * optimizer's fields) maps onto a message without a hand-written converter. 0 when
+ * the message has no such numeric field. */
+int ferry__proto_get_number(const ProtobufCMessage *m, const char *name, double *out);
+int ferry__proto_set_number(ProtobufCMessage *m, const char *name, double v);
+
+#endif /* FERRY_RPC_CONTRACT_H */

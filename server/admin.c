@@ -1,0 +1,257 @@
+/* admin.c - the calls that concern the whole server rather than one context: Hello,
+ * CreateModule, Stats, Checkpoint and Shutdown. Like every handler they work on the
+ * server's state (ferry__ps_state) and nothing else; Shutdown asks the server to stop
+ * through the state's stop callback. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/core/log.h"
+#include "ferry/version.h"
+#include "server/ps-impl.h"
+
+/* The id is completed once the port is known, possibly after the first call. */
+static void server_id_copy(ferry__ps_state *s, char *out) {
+    pthread_mutex_lock(&s->id_mu);
+    memcpy(out, s->server_id, sizeof s->server_id);
+    pthread_mutex_unlock(&s->id_mu);
+}
+
+ferry_status ferry__ps_on_hello(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                          ferry_rpc_msg *reply) {
+    ferry__ps_state *s = user;
+    (void)method;
+    const Ferry__HelloRequest *q = req->head;
+    FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)", q->client_id[0] ? q->client_id : "?",
+                    q->worker_id, q->version);
+    int n;
+    ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
+    char **names = malloc((size_t)(n > 0 ? n : 1) * sizeof *names);
+    if (names == NULL) {
+        free(mods);
+        return FERRY_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++)
+        names[i] = mods[i]->name;
+    char id[sizeof s->server_id];
+    server_id_copy(s, id);
+    Ferry__HelloReply r;
+    ferry__hello_reply__init(&r);
+    r.server_id = id;
+    r.incarnation = s->incarnation;
+    r.version = (char *)FERRY_VERSION;
+    r.n_modules = (size_t)n;
+    r.modules = names;
+    r.max_message_bytes = s->max_message_bytes;
+    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    free(names);
+    free(mods);
+    return st;
+}
+
+ferry_status ferry__ps_on_create_module(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                          ferry_rpc_msg *reply) {
+    ferry__ps_state *s = user;
+    (void)method;
+    const Ferry__CreateModuleRequest *q = req->head;
+    ferry__ps_module *m;
+    int created = 0;
+    ferry_status st = ferry__ps_registry_create(&s->reg, q->name, q->config, req, &created, &m);
+    if (st != FERRY_OK)
+        return st;
+    Ferry__CreateModuleReply r;
+    ferry__create_module_reply__init(&r);
+    r.created = created;
+    pthread_rwlock_rdlock(&m->lock);
+    r.version = m->version;
+    pthread_rwlock_unlock(&m->lock);
+    for (int p = 0; p < m->P.count; p++)
+        r.num_params += (uint64_t)m->P.items[p].numel;
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+typedef struct stats_builder {
+    Ferry__Metric items[64];
+    Ferry__Metric *ptrs[64];
+    char names[64][FERRY_RPC_NAME_MAX + 16];
+    size_t n;
+    const char *prefix;
+} stats_builder;
+
+static void stat_add(stats_builder *b, const char *name, double value) {
+    if (b->n == 64 || strncmp(name, b->prefix, strlen(b->prefix)) != 0)
+        return;
+    (void)snprintf(b->names[b->n], sizeof b->names[b->n], "%s", name);
+    ferry__metric__init(&b->items[b->n]);
+    b->items[b->n].name = b->names[b->n];
+    b->items[b->n].value = value;
+    b->ptrs[b->n] = &b->items[b->n];
+    b->n++;
+}
+
+ferry_status ferry__ps_on_stats(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                          ferry_rpc_msg *reply) {
+    ferry__ps_state *s = user;
+    (void)method;
+    const Ferry__StatsRequest *q = req->head;
+    stats_builder *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return FERRY_ERR_NOMEM;
+    b->prefix = q->prefix;
+    ferry_rpc_server_stats rs;
+    memset(&rs, 0, sizeof rs);
+    ferry_rpc_server *rpc = atomic_load(&s->rpc);
+    if (rpc != NULL)
+        ferry_rpc_server_get_stats(rpc, &rs);
+    int64_t live = ferry__ps_ctx_live(&s->ctxs);
+    long long bytes = atomic_load(&s->ctxs.bytes);
+    int nmods = ferry__ps_registry_count(&s->reg);
+    stat_add(b, "contexts_live", (double)live);
+    stat_add(b, "context_bytes", (double)bytes);
+    stat_add(b, "contexts_created", (double)atomic_load(&s->ctxs.created));
+    stat_add(b, "contexts_stepped", (double)atomic_load(&s->ctxs.stepped));
+    stat_add(b, "contexts_released", (double)atomic_load(&s->ctxs.released));
+    stat_add(b, "contexts_swept", (double)atomic_load(&s->ctxs.swept));
+    stat_add(b, "modules", (double)nmods);
+    pthread_mutex_lock(&s->reg.mu);
+    stat_add(b, "module_bytes", (double)s->reg.bytes);
+    pthread_mutex_unlock(&s->reg.mu);
+    stat_add(b, "budget_module_bytes", (double)s->lim.module_bytes);
+    stat_add(b, "budget_model_bytes", (double)s->lim.model_bytes);
+    stat_add(b, "budget_context_bytes", (double)s->lim.context_bytes);
+    stat_add(b, "budget_contexts_bytes", (double)s->lim.contexts_bytes);
+    stat_add(b, "budget_contexts", (double)s->lim.contexts);
+    stat_add(b, "rss_bytes", (double)ferry__ps_rss_bytes());
+    stat_add(b, "calls", (double)rs.calls);
+    stat_add(b, "errors", (double)rs.errors);
+    stat_add(b, "in_flight", (double)rs.in_flight);
+    stat_add(b, "bytes_in", (double)rs.bytes_in);
+    stat_add(b, "bytes_out", (double)rs.bytes_out);
+    stat_add(b, "uptime_s", ferry_now() - s->t_start);
+    int n;
+    ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
+    for (int i = 0; i < n && b->n < sizeof b->items / sizeof b->items[0]; i++) {
+        char name[FERRY_RPC_NAME_MAX + 16];
+        double penalty = 0.0, feasibility = 0.0;
+        pthread_rwlock_rdlock(&mods[i]->lock);
+        uint64_t version = mods[i]->version;
+        /* A constrained module's penalty and ||W^T W - I||_F at its current weight. */
+        ferry_status pst = ferry__ps_constraint_metrics(mods[i], &penalty, &feasibility);
+        pthread_rwlock_unlock(&mods[i]->lock);
+        (void)snprintf(name, sizeof name, "version/%s", mods[i]->name);
+        stat_add(b, name, (double)version);
+        if (ferry__ps_constrained(mods[i]) && pst == FERRY_OK) {
+            (void)snprintf(name, sizeof name, "penalty/%s", mods[i]->name);
+            stat_add(b, name, penalty);
+            (void)snprintf(name, sizeof name, "feasibility/%s", mods[i]->name);
+            stat_add(b, name, feasibility);
+        }
+    }
+    free(mods);
+    char text[512], id[sizeof s->server_id];
+    server_id_copy(s, id);
+    (void)snprintf(text, sizeof text,
+                   "%s: %d modules, %lld contexts live holding %lld bytes, %llu calls, "
+                   "%llu errors, up %.0f s",
+                   id, nmods, (long long)live, bytes, (unsigned long long)rs.calls,
+                   (unsigned long long)rs.errors, ferry_now() - s->t_start);
+    Ferry__StatsReply r;
+    ferry__stats_reply__init(&r);
+    r.n_metrics = b->n;
+    r.metrics = b->ptrs;
+    r.text = text;
+    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    free(b);
+    return st;
+}
+
+/* The file name a Checkpoint writes inside --checkpoint-dir: the requested name, or
+ * a default. Names are plain file names ([A-Za-z0-9._-], not starting with '.'), so
+ * no request can reach outside the directory. */
+static ferry_status checkpoint_name(ferry__ps_state *s, const char *name, uint64_t step, char *out,
+                                    size_t cap) {
+    if (s->checkpoint_dir[0] == '\0')
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "this ferry-ps has no --checkpoint-dir: it cannot write checkpoints");
+    size_t n = strlen(name);
+    int ok = n < 128 && name[0] != '.';
+    for (size_t i = 0; ok && i < n; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '.' || ch == '_' || ch == '-';
+    }
+    if (!ok)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "checkpoint path '%.64s' must be a file name inside --checkpoint-dir "
+                            "(up to 127 of [A-Za-z0-9._-], not starting with '.')",
+                            name);
+    int k = n > 0 ? snprintf(out, cap, "%s", name)
+                  : snprintf(out, cap, "ferry-ps-%d-step%llu.ckpt", atomic_load(&s->port),
+                             (unsigned long long)step);
+    if (k < 0 || (size_t)k >= cap)
+        return ferry_errorf(FERRY_ERR_INVALID, "checkpoint name too long");
+    return FERRY_OK;
+}
+
+/* Writes a checkpoint, one at a time: a second request while one is being written
+ * is refused with FERRY_ERR_BUSY rather than queued. */
+static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint64_t step,
+                                     char *path, size_t cap, uint64_t *bytes) {
+    char file[160];
+    ferry_status st = checkpoint_name(s, name, step, file, sizeof file);
+    if (st != FERRY_OK)
+        return st;
+    if (snprintf(path, cap, "%s/%s", s->checkpoint_dir, file) >= (int)cap)
+        return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
+    if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
+        return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
+                                            "is done");
+    st =
+        ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, s->checkpoint_keep, bytes);
+    pthread_mutex_unlock(&s->checkpoint_mu);
+    return st;
+}
+
+ferry_status ferry__ps_on_checkpoint(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                          ferry_rpc_msg *reply) {
+    ferry__ps_state *s = user;
+    (void)method;
+    const Ferry__CheckpointRequest *q = req->head;
+    char path[1280];
+    uint64_t bytes = 0;
+    ferry_status st = checkpoint_write(s, q->path, q->step, path, sizeof path, &bytes);
+    if (st != FERRY_OK)
+        return st;
+    Ferry__CheckpointReply r;
+    ferry__checkpoint_reply__init(&r);
+    r.path = path;
+    r.bytes = bytes;
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+ferry_status ferry__ps_on_shutdown(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+                          ferry_rpc_msg *reply) {
+    ferry__ps_state *s = user;
+    (void)method;
+    const Ferry__ShutdownRequest *q = req->head;
+    if (q->checkpoint) {
+        char path[1280];
+        uint64_t bytes;
+        ferry_status st = checkpoint_write(s, "", 0, path, sizeof path, &bytes);
+        if (st != FERRY_OK) {
+            char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
+            (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+            return ferry_errorf(st, "Shutdown refused: %s", why);
+        }
+    }
+    FERRY_LOG_INFO("Shutdown requested (%s), grace %u ms",
+                   q->reason[0] ? q->reason : "no reason given", q->grace_ms);
+    Ferry__ShutdownReply r;
+    ferry__shutdown_reply__init(&r);
+    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    if (st == FERRY_OK)
+        s->stop(s->stop_user, (int)(q->grace_ms > 600000 ? 600000 : q->grace_ms));
+    return st;
+}
+
