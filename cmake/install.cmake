@@ -25,5 +25,8 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/ferryConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/ferryConfig.cmake ${PROJECT_BINARY_DIR}/ferryConfigVersion.cmake
   DESTINATION ${_cmakedir})
 
+# ferry.pc names its prefix relative to its own directory, so `cmake --install --prefix`
+# anywhere (and a moved tree) still works.
+file(RELATIVE_PATH FERRY_PC_TO_PREFIX /root/${CMAKE_INSTALL_LIBDIR}/pkgconfig /root)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ferry.pc.in ${PROJECT_BINARY_DIR}/ferry.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/ferry.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

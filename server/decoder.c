@@ -1,7 +1,7 @@
 /* decoder.c - the `decoder` module kind: a vocabulary slice W_s (V_s, H), b_s (V_s)
  * of the output layer, rows [row_begin, row_begin + V_s) of the global (V, H).
  * Mode "logits" returns z_s = h W_s^T + b_s (N, V_s) and takes dz_s back (the classic
- * design). Mode "partials" (the default) is the sharded softmax of ARCHITECTURE.md
+ * design). Mode "partials" (the default) is the sharded softmax of docs/architecture.md
  * §2: it returns per-row max, sum of exp relative to it (float64) and the target's
  * logit, so only O(N) numbers cross the wire; its Backward takes a per-row factor
  * that turns the saved exp(z - max) into the exact softmax and forms

@@ -1,5 +1,5 @@
 /* ps-impl.h - internals shared by the files of ferry-ps: hosted modules and their
- * kinds (embedding.c, dense.c, softmax.c), the registry (registry.c), the context
+ * kinds (embedding.c, linear.c, decoder.c), the registry (registry.c), the context
  * table with leases (ctx-table.c), the request handlers (handlers.c, params.c),
  * checkpoints (checkpoint.c) and the server object (server.c).
  *
@@ -161,7 +161,7 @@ ferry_status ferry__ps_affine_backward(ferry__ps_module *m, ferry_wire_tensor_id
                                        ferry_wire_tensor_id out, ferry__ps_saved *saved,
                                        ferry_rpc_msg *req, ferry_grads *G, ferry_rpc_msg *reply);
 
-/* ---- constraints (dense.c) ----
+/* ---- constraints (linear.c) ----
  * A Stiefel-constrained weight (linear only) is used through A(W) by the affine
  * helpers above; its penalty beta ||W^T W - I||_F^2 belongs to the optimizer step. */
 

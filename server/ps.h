@@ -14,42 +14,10 @@
  *
  * or, in a daemon, ferry_ps_server_run(s) on the main thread (signals included).
  *
- * What the module kinds read and write (proto/ferry.proto carries the messages;
- * tensors are matched by name; ids and targets may be I32 or I64):
- *   CreateModule  config.kind "embedding" dims [V, E] | "decoder" dims [V, H] |
- *                 "linear" dims [C, D]; row_begin/row_count: the global rows of dim 0
- *                 (V; linear: unsharded); options "bias=0|1", "polar=0|1" (linear),
- *                 "weight_offset=N", "bias_offset=N" (initialisation indices, see
- *                 include/ferry/ferry.h); optimizer: 0-valued fields take the kind's
- *                 defaults, `extra` entries named after ferry_optim_config fields are
- *                 exact; tensors "weight" and "bias" of the shard's shape: initial values
- *   embedding     Forward "ids" (U) global -> "rows" (U, E);
- *                 Backward "grad" (U, E) -> nothing (row-sparse gradient kept)
- *   decoder       Forward mode "partials" (default): "hidden" (N, H), "targets" (N) ->
- *                 "max", "sumexp", "target_logit" (N, F32), "has_target" (N, I32);
- *                 Backward "lse" (N), optional "scale" (N), fparams[0] a scalar scale
- *                 (default 1) -> "dh" (N, H).
- *                 Forward mode "logits": "hidden" (N, H) -> "logits" (N, V_s);
- *                 Backward "dlogits" (N, V_s) -> "dh" (N, H)
- *   linear        Forward "x" (N, C) -> "y" (N, D); Backward "dy" (N, D) -> "dx" (N, C).
- *                 constraint {kind "stiefel", beta}: the weight W (D, C) as stored is the
- *                 manifold variable (D >= C, else INVALID_ARGUMENT; W^T W = I_C); every
- *                 Forward/Backward uses A(W) = W (1.5 I - 0.5 W^T W) from the current W
- *                 (never stored) and maps dL/dA back to W's gradient. Once per context,
- *                 at its first GradNorm or Step, the penalty gradient 4 beta W C(W) of W
- *                 as it is then joins the context's gradients (so GradNorm and clipping
- *                 see it and Step applies it): one Step = one optimizer step = one
- *                 penalty, however many trainers' contexts step the module. StepReply
- *                 metrics "penalty/<module>" (beta ||W^T W - I||_F^2) and
- *                 "feasibility/<module>" (||W^T W - I||_F) give the values at that W;
- *                 Stats gives both at the current W. Option "polar=1": the drawn initial
- *                 weight is replaced by its orthogonal polar factor (starts on the
- *                 manifold); an explicit "weight" tensor is used as given. Embedding and
- *                 decoder refuse a constraint (UNIMPLEMENTED).
- *   GetParams/SetParams  tensors named "weight", "bias"; rows are global dim-0 indices
- *                 (row_count 0: the whole shard)
- * A Forward with ctx_id != 0 and no_grad false saves its inputs under (ctx_id,
- * call_id, module) for exactly one Backward. */
+ * What each module kind reads and writes is the wire contract: common/rpc/contract.h
+ * (names, dtypes, ranks, modes; the client's builders and these checks both use it)
+ * and proto/ferry.proto (the same in prose, with shapes, options, defaults and errors,
+ * for clients in any language). */
 #ifndef FERRY_PS_H
 #define FERRY_PS_H
 

@@ -3,7 +3,6 @@
  * and performs the training step: backward across processes, Stiefel penalty,
  * global-norm clipping and the local and remote optimizer steps. */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,49 +232,23 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
 
 /* ---- the training step ---- */
 
-typedef struct local_step {
-    ferry_optim *opt;
-    ferry_params *P;
-    const ferry_grads *G;
-    float coef;
-    ferry_status st;
-    char err[256];
-} local_step;
-
-static void *local_step_run(void *arg) {
-    local_step *ls = arg;
-    ls->st = ferry_optim_step(ls->opt, ls->P, ls->G, ls->coef);
-    if (ls->st != FERRY_OK)
-        (void)snprintf(ls->err, sizeof ls->err, "%s", ferry_error_last());
-    return NULL;
-}
-
 /* Clips by the norm over local and remote gradients, then steps the shards and the
- * local block at the same time: the local update runs on a thread while this one
- * waits for the shards' Step replies. */
+ * local block at the same time: the shards' Step goes out (ferry_dist_ctx_step_start)
+ * and the local update runs while it is in flight. */
 static ferry_status lm_dist_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_optim *opt,
                                  ferry_grads *G, double local_sumsq, const ferry_lm_step_args *a,
                                  ferry_lm_step_result *res) {
-    double remote_sumsq = 0.0;
-    ferry_status st = ferry_dist_ctx_grad_sumsq(dc, &remote_sumsq);
+    ferry_status st = ferry_dist_ctx_step_start(dc, local_sumsq, a->clip, a->lr, &res->coef,
+                                                &res->grad_norm);
     if (st != FERRY_OK)
         return st;
-    double total = local_sumsq + remote_sumsq;
-    res->coef = 1.0f;
-    res->grad_norm = sqrt(total);
-    if (a->clip > 0.0f && (st = ferry_clip_coef(total, a->clip, &res->coef, &res->grad_norm)) !=
-                              FERRY_OK)
-        return st;
-    local_step ls = {opt, &lm->P, G, res->coef, FERRY_OK, ""};
-    pthread_t th;
-    int threaded = pthread_create(&th, NULL, local_step_run, &ls) == 0;
-    if (!threaded)
-        local_step_run(&ls);
-    st = ferry_dist_ctx_step(dc, res->coef, a->lr);
-    if (threaded)
-        pthread_join(th, NULL);
-    if (st == FERRY_OK && ls.st != FERRY_OK)
-        st = ferry_errorf(ls.st, "%s", ls.err);
+    ferry_status local = ferry_optim_step(opt, &lm->P, G, res->coef);
+    char err[256] = "";
+    if (local != FERRY_OK)
+        (void)snprintf(err, sizeof err, "%s", ferry_error_last());
+    st = ferry_dist_ctx_step_wait(dc);
+    if (st == FERRY_OK && local != FERRY_OK)
+        st = ferry_errorf(local, "%s", err);
     return st;
 }
 

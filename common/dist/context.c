@@ -44,7 +44,7 @@ ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *
 static void call_free(ferry__dist_call *call) {
     free(call->shard_count);
     free(call->slot);
-    free(call->lse);
+    free(call->factor);
     free(call);
 }
 
@@ -99,6 +99,8 @@ static int touched_any(const ferry_dist_ctx *dc) {
 void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
     if (dc == NULL)
         return;
+    if (dc->step_pending == 1) /* a started Step nobody waited for */
+        pthread_join(dc->step_thread, NULL);
     if (dc->id != 0 && touched_any(dc) && ferry_dist_ctx_release(dc) != FERRY_OK)
         FERRY_LOG_WARN("context left to the servers' sweep: %s", ferry_error_last());
     ctx_close(dc);
@@ -248,8 +250,10 @@ ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr
     return st;
 }
 
-ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
-                                      double lr, float *coef, double *norm) {
+/* The global norm over local_sumsq and the servers' GradNorm, and the clipping
+ * coefficient; on failure the context is released and the status says why. */
+static ferry_status clip_coef(ferry_dist_ctx *dc, double local_sumsq, float max_norm, float *coef,
+                              double *norm) {
     double remote = 0.0, total, nrm;
     float k = 1.0f;
     metrics_clear(dc);
@@ -276,7 +280,56 @@ ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, fl
         return ferry_errorf(err, "%s (global norm over local %g + remote %g): context released",
                             msg, local_sumsq, remote);
     }
-    return ferry_dist_ctx_step(dc, k, lr);
+    return FERRY_OK;
+}
+
+ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
+                                      double lr, float *coef, double *norm) {
+    float k = 1.0f;
+    ferry_status st = clip_coef(dc, local_sumsq, max_norm, &k, norm);
+    if (coef != NULL)
+        *coef = k;
+    return st != FERRY_OK ? st : ferry_dist_ctx_step(dc, k, lr);
+}
+
+static void *step_thread_run(void *arg) {
+    ferry_dist_ctx *dc = arg;
+    dc->step_st = ferry_dist_ctx_step(dc, dc->step_coef, dc->step_lr);
+    (void)snprintf(dc->step_err, sizeof dc->step_err, "%s",
+                   dc->step_st != FERRY_OK ? ferry_error_last() : "");
+    return NULL;
+}
+
+ferry_status ferry_dist_ctx_step_start(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
+                                       double lr, float *coef, double *norm) {
+    if (dc->step_pending)
+        return ferry_errorf(FERRY_ERR_BUSY, "a Step is in flight: ferry_dist_ctx_step_wait first");
+    float k = 1.0f;
+    ferry_status st = clip_coef(dc, local_sumsq, max_norm, &k, norm);
+    if (coef != NULL)
+        *coef = k;
+    if (st != FERRY_OK)
+        return st;
+    dc->step_coef = k;
+    dc->step_lr = lr;
+    if (pthread_create(&dc->step_thread, NULL, step_thread_run, dc) == 0) {
+        dc->step_pending = 1;
+    } else { /* no thread: step now, and wait returns the outcome */
+        (void)step_thread_run(dc);
+        dc->step_pending = 2;
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_dist_ctx_step_wait(ferry_dist_ctx *dc) {
+    if (!dc->step_pending)
+        return ferry_errorf(FERRY_ERR_INVALID, "no Step was started (ferry_dist_ctx_step_start)");
+    if (dc->step_pending == 1)
+        pthread_join(dc->step_thread, NULL);
+    dc->step_pending = 0;
+    if (dc->step_st != FERRY_OK)
+        return ferry_errorf(dc->step_st, "%s", dc->step_err);
+    return FERRY_OK;
 }
 
 ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc) {

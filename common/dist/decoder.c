@@ -157,8 +157,8 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     if ((st = record(dc, dec, FERRY__DIST_XENT, N, &rec)) != FERRY_OK)
         return st;
     fan *f = fan_create(dec, dc);
-    float *lse = malloc((size_t)(N * dec->nshards + 1) * sizeof *lse); /* factors (k, N) */
-    if (f == NULL || lse == NULL)
+    float *factor = malloc((size_t)(N * dec->nshards + 1) * sizeof *factor); /* factors (k, N) */
+    if (f == NULL || factor == NULL)
         st = FERRY_ERR_NOMEM;
     int64_t hdim[2] = {N, dec->cols}, tdim[1] = {N};
     ferry_rpc_tensor h = ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_HIDDEN, hdim, hidden);
@@ -173,17 +173,17 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
         st =
             ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1, f->replies);
     if (st == FERRY_OK)
-        st = combine_partials(dec, f, N, lse, loss_rows, loss_sum);
+        st = combine_partials(dec, f, N, factor, loss_rows, loss_sum);
     fan_destroy(f);
     if (rec != NULL && st == FERRY_OK) {
-        rec->lse = lse;
-        lse = NULL;
+        rec->factor = factor;
+        factor = NULL;
         if (call_id != NULL)
             *call_id = rec->call_id;
     } else if (rec != NULL) {
         ferry__dist_call_drop(dc, rec);
     }
-    free(lse);
+    free(factor);
     return st;
 }
 
@@ -201,10 +201,10 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
     int64_t N = rec->n, dim[1] = {N};
     double s = (double)scale;
     ferry_rpc_tensor r = ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_SCALE, dim, row_scale);
-    /* One request per shard: each gets its own softmax factors (rec->lse holds (k, N)). */
+    /* One request per shard: each gets its own softmax factors (rec->factor holds (k, N)). */
     for (int k = 0; st == FERRY_OK && k < f->k; k++) {
         ferry_rpc_tensor l =
-            ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_FACTOR, dim, rec->lse + (int64_t)k * N);
+            ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_FACTOR, dim, rec->factor + (int64_t)k * N);
         if ((st = ferry__dist_backward_head(&f->reqs[k], rec, dc->id, FERRY_WIRE_MODE_DECODER_PARTIALS, &s)) ==
                 FERRY_OK &&
             (st = ferry_rpc_msg_add(&f->reqs[k], &l)) == FERRY_OK && row_scale != NULL)

@@ -2,11 +2,12 @@
  * cluster.c (servers, Hello, admin calls), remote.c (module creation, parameters),
  * context.c (context ids, GradNorm/Step/Release) and calls.c (Forward/Backward of
  * each module kind). A context remembers, per Forward, what its Backward needs on
- * this side: the distinct-id grouping of an embedding call, the log-sum-exp of a
+ * this side: the distinct-id grouping of an embedding call, the softmax factors of a
  * sharded softmax. */
 #ifndef FERRY_DIST_H
 #define FERRY_DIST_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -54,7 +55,7 @@ typedef struct ferry__dist_call {
     int64_t nuniq;        /* embedding: distinct ids */
     int64_t *shard_count; /* embedding: (nshards) distinct ids per shard, grouped by shard */
     int32_t *slot;        /* embedding: (n) position of ids[i] in the grouped distinct list */
-    float *lse;           /* xent: (k, N) softmax factor per shard and row */
+    float *factor;           /* xent: (k, N) softmax factor per shard and row */
     struct ferry__dist_call *next;
 } ferry__dist_call;
 
@@ -66,6 +67,13 @@ struct ferry_dist_ctx {
     ferry__dist_call *calls;
     ferry_dist_metric *metrics; /* the last Step's metrics; names live in the same block */
     int nmetrics;
+    /* A Step started by ferry_dist_ctx_step_start, awaiting ferry_dist_ctx_step_wait. */
+    int step_pending;      /* 0 none; 1 on step_thread; 2 done already (no thread) */
+    pthread_t step_thread;
+    float step_coef;
+    double step_lr;
+    ferry_status step_st;
+    char step_err[512];    /* the step thread's ferry_error_last */
 };
 
 /* A new call record in dc (call id assigned, linked); NULL when out of memory. */

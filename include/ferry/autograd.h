@@ -1,4 +1,4 @@
-/* ctx.h - autograd contexts and the module-granularity tape (ARCHITECTURE.md §3).
+/* autograd.h - autograd contexts and the module-granularity tape (docs/architecture.md §3).
  * A context holds everything one training step creates: activations from an arena,
  * the tape of module calls in order, and the gradients of every parameter block the
  * step touched. Modules record a backward closure when they run in a context with

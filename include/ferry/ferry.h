@@ -267,6 +267,23 @@ ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr
 ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
                                       double lr, float *coef, double *norm);
 
+/* ferry_dist_ctx_clip_step in two halves, so that the caller's own optimizer step
+ * runs while the servers step:
+ *
+ *     ferry_dist_ctx_step_start(dc, local_sumsq, clip, lr, &coef, &norm);  // GradNorm; Step sent
+ *     ferry_optim_step(opt, &P, G, coef);                                  // local, meanwhile
+ *     ferry_dist_ctx_step_wait(dc);                                        // the Step replies
+ *
+ * start computes the global norm and coefficient exactly as ferry_dist_ctx_clip_step,
+ * sends Step to every touched server from a thread of its own, and returns. Its errors
+ * are clip_step's (GradNorm failures; a non-finite norm releases the context): then no
+ * Step was sent and wait must not be called. wait returns the Step's status (its
+ * detail naming the peer) and must be called exactly once after a successful start;
+ * dc is not to be used in between. */
+ferry_status ferry_dist_ctx_step_start(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
+                                       double lr, float *coef, double *norm);
+ferry_status ferry_dist_ctx_step_wait(ferry_dist_ctx *dc);
+
 /* Drops the context on every touched server without stepping (evaluation, an
  * abandoned step). Servers that no longer know it are fine. */
 ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc);

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# libferry as an outside program sees it: `cmake --install` into a temporary prefix,
+# then examples/ built from a separate directory twice, once with nothing but
+# `pkg-config --cflags --libs ferry` and once with CMake's find_package(ferry); both
+# binaries must train against the installed ferry-ps, and neither they nor libferry
+# may need a CUDA library. Every installed public header must compile on its own
+# (C11, and C++ when a C++ compiler is present).
+. "$(dirname "$0")/lib.sh"
+if [ -n "${FERRY_SANITIZE:-}" ]; then
+    # An ASan-built libferry needs the sanitizer runtime preloaded into every
+    # program; the release stage of scripts/test.sh runs this test.
+    echo "skipped: sanitizer build (${FERRY_SANITIZE}); the release build runs it"
+    exit 77
+fi
+PREFIX=$TMP/prefix
+cmake --install "$FERRY_BIN" --prefix "$PREFIX" >"$TMP/install.log" ||
+    fail "cmake --install: $(tail -3 "$TMP/install.log")"
+LIBDIR=$(dirname "$(find "$PREFIX" -name 'libferry.so' -print -quit)")
+[ -n "$LIBDIR" ] || fail "no libferry.so under $PREFIX"
+for f in "$LIBDIR/libferry.a" "$LIBDIR/pkgconfig/ferry.pc" "$LIBDIR/cmake/ferry/ferryConfig.cmake" \
+    "$PREFIX/include/ferry/ferry.h" "$PREFIX/bin/ferry-ps" "$PREFIX/bin/ferry-trainer"; do
+    [ -e "$f" ] || fail "not installed: $f"
+done
+soname=$(objdump -p "$LIBDIR/libferry.so" | awk '/SONAME/ { print $2 }')
+case "$soname" in libferry.so.*) ;; *) fail "libferry.so has no versioned soname ($soname)" ;; esac
+[ -e "$LIBDIR/$soname" ] || fail "the soname link $soname is not installed"
+ok "installed: $soname, libferry.a, ferry.pc, CMake package, headers, daemons"
+
+# Public headers are self-sufficient: each compiles alone, warnings as errors.
+for h in "$PREFIX"/include/ferry/*.h; do
+    name=ferry/$(basename "$h")
+    printf '#include <%s>\nint ferry_header_check_;\n' "$name" >"$TMP/h.c"
+    cc -std=c11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$PREFIX/include" "$TMP/h.c" \
+        2>"$TMP/h.err" || fail "<$name> does not compile on its own: $(head -3 "$TMP/h.err")"
+    if command -v c++ >/dev/null; then
+        cp "$TMP/h.c" "$TMP/h.cc"
+        c++ -Wall -Wextra -Werror -fsyntax-only -I"$PREFIX/include" "$TMP/h.cc" 2>"$TMP/h.err" ||
+            fail "<$name> does not compile as C++: $(head -3 "$TMP/h.err")"
+    fi
+done
+ok "$(ls "$PREFIX"/include/ferry/*.h | wc -l) public headers compile on their own$(command -v c++ >/dev/null && echo ' (C11 and C++)')"
+
+# 1. pkg-config alone.
+export PKG_CONFIG_PATH=$LIBDIR/pkgconfig
+mkdir -p "$TMP/pc"
+# shellcheck disable=SC2046
+cc -std=c11 -O2 -o "$TMP/pc/classic_lm" "$FERRY_SRC/examples/classic_lm.c" \
+    $(pkg-config --cflags --libs ferry) -Wl,-rpath,"$LIBDIR" 2>"$TMP/pc.err" ||
+    fail "build with pkg-config: $(head -5 "$TMP/pc.err")"
+ok "classic_lm built with pkg-config --cflags --libs ferry ($(pkg-config --modversion ferry))"
+
+# 2. find_package(ferry).
+cmake -S "$FERRY_SRC/examples" -B "$TMP/cm" -DCMAKE_PREFIX_PATH="$PREFIX" \
+    -DCMAKE_BUILD_RPATH="$LIBDIR" >"$TMP/cm.log" 2>&1 || fail "configure: $(tail -5 "$TMP/cm.log")"
+cmake --build "$TMP/cm" >>"$TMP/cm.log" 2>&1 || fail "build: $(tail -5 "$TMP/cm.log")"
+[ -x "$TMP/cm/classic_lm" ] || fail "find_package build made no classic_lm"
+ok "classic_lm built out of tree with find_package(ferry)"
+
+# No CUDA at link or run time: not in libferry, not in the clients.
+for bin in "$LIBDIR/libferry.so" "$TMP/pc/classic_lm" "$TMP/cm/classic_lm"; do
+    ldd "$bin" >"$TMP/ldd" || fail "ldd $bin"
+    grep -qiE 'libcuda|libcudart|libcublas|libcudnn' "$TMP/ldd" && fail "$bin needs CUDA: $(grep -iE 'cud' "$TMP/ldd")"
+    grep -q 'not found' "$TMP/ldd" && fail "$bin has unresolved libraries: $(grep 'not found' "$TMP/ldd")"
+done
+grep -q "$LIBDIR/libferry.so" <(ldd "$TMP/cm/classic_lm") || fail "classic_lm does not load the installed libferry"
+ok "ldd: libferry and both clients load no CUDA library"
+
+# Both train against the installed ferry-ps.
+"$PREFIX/bin/ferry-ps" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn 2>"$TMP/ps.log" &
+ps_pid=$!
+for _ in $(seq 100); do
+    [ -s "$TMP/port" ] && break
+    kill -0 "$ps_pid" 2>/dev/null || fail "ferry-ps exited: $(cat "$TMP/ps.log")"
+    sleep 0.1
+done
+[ -s "$TMP/port" ] || fail "ferry-ps wrote no port file within 10 s"
+port=$(cat "$TMP/port")
+for bin in "$TMP/pc/classic_lm" "$TMP/cm/classic_lm"; do
+    "$bin" "127.0.0.1:$port" 30 >"$TMP/out" 2>"$TMP/err" || fail "$bin exited $?: $(tail -3 "$TMP/err")"
+    first=$(awk '/^step/ { print $4; exit }' "$TMP/out")
+    last=$(awk '/^step/ { v = $4 } END { print v }' "$TMP/out")
+    awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' || fail "$bin: loss $first -> $last"
+    ok "$(basename "$(dirname "$bin")")/classic_lm trained against the installed ferry-ps: loss $first -> $last"
+done
+kill -TERM "$ps_pid"
+wait "$ps_pid" || fail "installed ferry-ps exited $? after SIGTERM"
+finish

@@ -1,0 +1,95 @@
+/* test_contract.c - the wire contract (common/rpc/contract.h) is well formed and
+ * proto/ferry.proto, which states it in prose for clients in other languages, names
+ * every part of it: each kind, mode, tensor (with its dtype), parameter and option
+ * key appears in the .proto in quotes, and no tensor name the code no longer reads
+ * ("lse") is described there. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "common/rpc/contract.h"
+#include "ferry/optim.h"
+
+static char *proto_text(void) {
+    FILE *f = fopen(FERRY_SOURCE_DIR "/proto/ferry.proto", "rb");
+    CHECK(f != NULL);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    CHECK(n > 0 && n < sizeof buf - 1);
+    buf[n] = '\0';
+    (void)fclose(f);
+    return buf;
+}
+
+/* `"name"` somewhere in the proto's text. */
+static int quoted(const char *text, const char *name) {
+    char q[96];
+    (void)snprintf(q, sizeof q, "\"%s\"", name);
+    return strstr(text, q) != NULL;
+}
+
+static void expect_quoted(const char *text, const char *what, const char *name) {
+    if (!quoted(text, name)) {
+        fprintf(stderr, "proto/ferry.proto does not name %s \"%s\"\n", what, name);
+        CHECK(!"the .proto states the whole contract");
+    }
+}
+
+TEST(contract_is_well_formed) {
+    for (int k = 0; k < FERRY_WIRE_KIND_COUNT; k++) {
+        CHECK(ferry_wire_kind_find(ferry_wire_kinds[k].name) == k);
+        int defaults = 0, modes = 0;
+        for (int m = 0; m < FERRY_WIRE_MODE_COUNT; m++) {
+            if (ferry_wire_modes[m].kind != (ferry_wire_kind)k)
+                continue;
+            modes++;
+            defaults += ferry_wire_modes[m].is_default;
+            ferry_wire_mode got;
+            CHECK_OK(ferry_wire_mode_find((ferry_wire_kind)k, ferry_wire_modes[m].name, &got));
+            CHECK_EQ((int)got, m);
+            /* Every mode takes an input and gives an output both ways. */
+            int seen[4] = {0};
+            for (int t = 0; t < FERRY_WIRE_TENSOR_COUNT; t++)
+                if (ferry_wire_tensors[t].mode == (ferry_wire_mode)m)
+                    seen[ferry_wire_tensors[t].dir]++;
+            CHECK(seen[FERRY_WIRE_FWD_IN] > 0 && seen[FERRY_WIRE_FWD_OUT] > 0);
+            CHECK(seen[FERRY_WIRE_BWD_IN] > 0);
+        }
+        CHECK(modes >= 1);
+        CHECK_EQ(defaults, 1); /* "" selects exactly one mode */
+        ferry_wire_mode got;
+        CHECK_OK(ferry_wire_mode_find((ferry_wire_kind)k, "", &got));
+        CHECK_STATUS(ferry_wire_mode_find((ferry_wire_kind)k, "bogus", &got),
+                     FERRY_ERR_UNSUPPORTED);
+    }
+    /* Within one call, names are unique. */
+    for (int a = 0; a < FERRY_WIRE_TENSOR_COUNT; a++)
+        for (int b = a + 1; b < FERRY_WIRE_TENSOR_COUNT; b++) {
+            const ferry_wire_tensor *x = &ferry_wire_tensors[a], *y = &ferry_wire_tensors[b];
+            CHECK(!(x->mode == y->mode && x->dir == y->dir && strcmp(x->name, y->name) == 0));
+        }
+    CHECK(ferry_wire_kind_find("rmsprop") < 0);
+}
+
+TEST(proto_states_the_contract) {
+    const char *text = proto_text();
+    for (int k = 0; k < FERRY_WIRE_KIND_COUNT; k++)
+        expect_quoted(text, "kind", ferry_wire_kinds[k].name);
+    for (int m = 0; m < FERRY_WIRE_MODE_COUNT; m++)
+        expect_quoted(text, "mode", ferry_wire_modes[m].name);
+    for (int t = 0; t < FERRY_WIRE_TENSOR_COUNT; t++)
+        expect_quoted(text, "tensor", ferry_wire_tensors[t].name);
+    for (int p = 0; p < FERRY_WIRE_PARAM_COUNT; p++)
+        expect_quoted(text, "parameter", ferry_wire_params[p].name);
+#define OPTION_(name, meaning) expect_quoted(text, "option", name);
+    FERRY_WIRE_OPTION_MAP(OPTION_)
+#undef OPTION_
+    /* The optimizer's fields are `extra` names on the wire. */
+    for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++)
+        expect_quoted(text, "optimizer field", ferry_optim_fields[i].name);
+    /* The decoder's Backward takes "factor"; "lse" was an older name. */
+    CHECK(!quoted(text, "lse"));
+}
+
+FERRY_TEST_MAIN(T(contract_is_well_formed) T(proto_states_the_contract))
