@@ -63,8 +63,8 @@ int ferry_optim_field_find(const char *name) {
 
 double ferry_optim_field_get(const ferry_optim_config *c, int i) {
     switch (i) {
-#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
-    case FERRY_OPTIM_FIELD_##field:                                                               \
+#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                          \
+    case FERRY_OPTIM_FIELD_##field:                                                                \
         return (double)c->field;
         FERRY_OPTIM_FIELD_MAP(FIELD_)
 #undef FIELD_
@@ -75,9 +75,9 @@ double ferry_optim_field_get(const ferry_optim_config *c, int i) {
 
 void ferry_optim_field_set(ferry_optim_config *c, int i, double v) {
     switch (i) {
-#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
-    case FERRY_OPTIM_FIELD_##field:                                                               \
-        c->field = sizeof(type) == sizeof(int) ? (type)(v != 0.0) : (type)v;                      \
+#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                          \
+    case FERRY_OPTIM_FIELD_##field:                                                                \
+        c->field = sizeof(type) == sizeof(int) ? (type)(v != 0.0) : (type)v;                       \
         return;
         FERRY_OPTIM_FIELD_MAP(FIELD_)
 #undef FIELD_
@@ -90,10 +90,10 @@ ferry_optim_config ferry_optim_defaults(ferry_optim_kind kind) {
     memset(&c, 0, sizeof c);
     c.kind = kind;
     FERRY_ASSERT((int)kind >= 0 && (int)kind < KIND_COUNT);
-#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
-    {                                                                                             \
-        const double d[] = {d0, d1, d2, d3, d4};                                                  \
-        c.field = (type)d[kind];                                                                  \
+#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                          \
+    {                                                                                              \
+        const double d[] = {d0, d1, d2, d3, d4};                                                   \
+        c.field = (type)d[kind];                                                                   \
     }
     FERRY_OPTIM_FIELD_MAP(FIELD_)
 #undef FIELD_

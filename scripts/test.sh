@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Builds ferry and runs the whole test suite twice: a Release build with warnings as
-# errors, then a Debug build under AddressSanitizer + UndefinedBehaviorSanitizer; then
-# every libFuzzer target for a bounded time (scripts/fuzz.sh, clang, ASan + UBSan).
+# Checks the layering of the sources (scripts/check-layers.py: no #include reaches up
+# or closes a cycle), builds ferry and runs the whole test suite twice: a Release
+# build with warnings as errors (its test_install installs libferry into a temporary
+# prefix and builds examples/ against it out of tree), then a Debug build under
+# AddressSanitizer + UndefinedBehaviorSanitizer; then every libFuzzer target for a
+# bounded time (scripts/fuzz.sh, clang, ASan + UBSan).
 # Installs missing Debian packages first. Usage: scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 jobs=$(nproc)
+
+echo "== layers (scripts/check-layers.py) =="
+python3 scripts/check-layers.py
 
 echo "== release build (-Werror) =="
 cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON >/dev/null

@@ -19,7 +19,7 @@ static void server_id_copy(ferry__ps_state *s, char *out) {
 }
 
 ferry_status ferry__ps_on_hello(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                          ferry_rpc_msg *reply) {
+                                ferry_rpc_msg *reply) {
     ferry__ps_state *s = user;
     (void)method;
     const Ferry__HelloRequest *q = req->head;
@@ -51,7 +51,7 @@ ferry_status ferry__ps_on_hello(void *user, ferry_rpc_method method, ferry_rpc_m
 }
 
 ferry_status ferry__ps_on_create_module(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                          ferry_rpc_msg *reply) {
+                                        ferry_rpc_msg *reply) {
     ferry__ps_state *s = user;
     (void)method;
     const Ferry__CreateModuleRequest *q = req->head;
@@ -91,7 +91,7 @@ static void stat_add(stats_builder *b, const char *name, double value) {
 }
 
 ferry_status ferry__ps_on_stats(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                          ferry_rpc_msg *reply) {
+                                ferry_rpc_msg *reply) {
     ferry__ps_state *s = user;
     (void)method;
     const Ferry__StatsRequest *q = req->head;
@@ -207,14 +207,13 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
         return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
                                             "is done");
-    st =
-        ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, s->checkpoint_keep, bytes);
+    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, s->checkpoint_keep, bytes);
     pthread_mutex_unlock(&s->checkpoint_mu);
     return st;
 }
 
 ferry_status ferry__ps_on_checkpoint(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                          ferry_rpc_msg *reply) {
+                                     ferry_rpc_msg *reply) {
     ferry__ps_state *s = user;
     (void)method;
     const Ferry__CheckpointRequest *q = req->head;
@@ -231,7 +230,7 @@ ferry_status ferry__ps_on_checkpoint(void *user, ferry_rpc_method method, ferry_
 }
 
 ferry_status ferry__ps_on_shutdown(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                          ferry_rpc_msg *reply) {
+                                   ferry_rpc_msg *reply) {
     ferry__ps_state *s = user;
     (void)method;
     const Ferry__ShutdownRequest *q = req->head;
@@ -254,4 +253,3 @@ ferry_status ferry__ps_on_shutdown(void *user, ferry_rpc_method method, ferry_rp
         s->stop(s->stop_user, (int)(q->grace_ms > 600000 ? 600000 : q->grace_ms));
     return st;
 }
-

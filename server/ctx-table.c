@@ -255,9 +255,10 @@ ferry__ps_call *ferry__ps_ctx_find_call(ferry__ps_ctx *c, const ferry__ps_module
 ferry_status ferry__ps_ctx_save(ferry__ps_ctx *c, ferry__ps_module *m, uint64_t call_id,
                                 ferry__ps_saved *sv) {
     if (ferry__ps_ctx_find_call(c, m, call_id) != NULL)
-        return ferry_errorf(
-            FERRY_ERR_EXISTS, "%s '%s': context %#llx already has a Forward with call id %llu",
-            ferry__ps_kind_name(m->kind), m->name, (unsigned long long)c->id, (unsigned long long)call_id);
+        return ferry_errorf(FERRY_ERR_EXISTS,
+                            "%s '%s': context %#llx already has a Forward with call id %llu",
+                            ferry__ps_kind_name(m->kind), m->name, (unsigned long long)c->id,
+                            (unsigned long long)call_id);
     ferry__ps_call *call = calloc(1, sizeof *call);
     if (call == NULL)
         return FERRY_ERR_NOMEM;

@@ -118,13 +118,13 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
     return st;
 }
 
-static ferry_status decoder_forward(ferry__ps_module *m, ferry_wire_mode mode,
-                                    ferry_rpc_msg *req, ferry_rpc_msg *reply,
-                                    ferry__ps_saved *save) {
+static ferry_status decoder_forward(ferry__ps_module *m, ferry_wire_mode mode, ferry_rpc_msg *req,
+                                    ferry_rpc_msg *reply, ferry__ps_saved *save) {
     if (mode == FERRY_WIRE_MODE_DECODER_PARTIALS)
         return partials_forward(m, req, reply, save);
-    ferry_status st = ferry__ps_affine_forward(m, FERRY_WIRE_DECODER_LOGITS_FWD_HIDDEN,
-                                               FERRY_WIRE_DECODER_LOGITS_FWD_LOGITS, req, reply, save);
+    ferry_status st =
+        ferry__ps_affine_forward(m, FERRY_WIRE_DECODER_LOGITS_FWD_HIDDEN,
+                                 FERRY_WIRE_DECODER_LOGITS_FWD_LOGITS, req, reply, save);
     if (save != NULL)
         save->mode = DECODER_LOGITS;
     return st;
@@ -144,7 +144,8 @@ static ferry_status partials_backward(ferry__ps_module *m, const Ferry__Backward
     if (st != FERRY_OK)
         return st;
     const float *factor = req->tensors[il].data; /* (N) */
-    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_DECODER_BWD_FACTOR].name, factor, N)) != FERRY_OK)
+    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_DECODER_BWD_FACTOR].name,
+                                     factor, N)) != FERRY_OK)
         return st;
     const float *row_scale = NULL; /* (N) or none */
     if ((st = ferry__ps_input(m, req, FERRY_WIRE_DECODER_BWD_SCALE, want, &isc)) != FERRY_OK)

@@ -19,9 +19,8 @@ static ferry_status embedding_declare(ferry__ps_module *m) {
 }
 
 /* ids "ids" (U) global, I32 or I64 -> "rows" (U, E). Saves the local row indices. */
-static ferry_status embedding_forward(ferry__ps_module *m, ferry_wire_mode mode,
-                                      ferry_rpc_msg *req, ferry_rpc_msg *reply,
-                                      ferry__ps_saved *save) {
+static ferry_status embedding_forward(ferry__ps_module *m, ferry_wire_mode mode, ferry_rpc_msg *req,
+                                      ferry_rpc_msg *reply, ferry__ps_saved *save) {
     (void)mode; /* one mode */
     int64_t want[1] = {-1};
     int ii;
@@ -85,7 +84,8 @@ static ferry_status embedding_backward(ferry__ps_module *m, const Ferry__Backwar
     if (st != FERRY_OK)
         return st;
     const float *grad = req->tensors[ig].data; /* (U, E) */
-    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_EMBEDDING_BWD_GRAD].name, grad, U * E)) != FERRY_OK)
+    if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_EMBEDDING_BWD_GRAD].name,
+                                     grad, U * E)) != FERRY_OK)
         return st;
     if (U == 0)
         return FERRY_OK;

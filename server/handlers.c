@@ -263,7 +263,8 @@ ferry_status ferry__ps_on_step(void *user, ferry_rpc_method method, ferry_rpc_ms
         if (st != FERRY_OK) {
             char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-            st = ferry_errorf(st, "Step of %s '%s': %s", ferry__ps_kind_name(m->kind), m->name, why);
+            st =
+                ferry_errorf(st, "Step of %s '%s': %s", ferry__ps_kind_name(m->kind), m->name, why);
             break;
         }
         r.version = version > r.version ? version : r.version;

@@ -88,27 +88,29 @@ static const char *shape_str(int ndim, const int64_t *dim, char *buf, size_t cap
     return buf;
 }
 
-ferry_status ferry__ps_input_as(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
-                             int dtype, int ndim, const int64_t *want, int *i) {
+ferry_status ferry__ps_input_as(const ferry__ps_module *m, const ferry_rpc_msg *req,
+                                const char *name, int dtype, int ndim, const int64_t *want,
+                                int *i) {
     const ferry_rpc_tensor *t = ferry_rpc_msg_find(req, name);
     if (t == NULL)
-        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': missing input tensor '%s'", ferry__ps_kind_name(m->kind),
-                            m->name, name);
+        return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': missing input tensor '%s'",
+                            ferry__ps_kind_name(m->kind), m->name, name);
     /* FERRY_WIRE_DTYPE_INDEX accepts either integer type. */
     int ok_type = dtype != FERRY_WIRE_DTYPE_INDEX
                       ? t->dtype == dtype
                       : t->dtype == FERRY_RPC_DTYPE_I32 || t->dtype == FERRY_RPC_DTYPE_I64;
     if (!ok_type)
         return ferry_errorf(FERRY_ERR_INVALID, "%s '%s': tensor '%s' must be %s, got %s",
-                            ferry__ps_kind_name(m->kind), m->name, name, ferry_wire_dtype_name(dtype),
-                            ferry_wire_dtype_name(t->dtype));
+                            ferry__ps_kind_name(m->kind), m->name, name,
+                            ferry_wire_dtype_name(dtype), ferry_wire_dtype_name(t->dtype));
     int ok_shape = t->ndim == ndim;
     for (int k = 0; ok_shape && k < ndim; k++)
         ok_shape = want[k] < 0 || t->dim[k] == want[k];
     if (!ok_shape) {
         char a[96], b[96];
         return ferry_errorf(FERRY_ERR_SHAPE, "%s '%s': tensor '%s' must be %s, got %s",
-                            ferry__ps_kind_name(m->kind), m->name, name, shape_str(ndim, want, a, sizeof a),
+                            ferry__ps_kind_name(m->kind), m->name, name,
+                            shape_str(ndim, want, a, sizeof a),
                             shape_str(t->ndim, t->dim, b, sizeof b));
     }
     *i = (int)(t - req->tensors);
@@ -138,8 +140,9 @@ ferry_status ferry__ps_check_finite(const ferry__ps_module *m, const char *what,
                                     int64_t n) {
     for (int64_t k = 0; k < n; k++) {
         if (!isfinite(x[k]))
-            return ferry_errorf(FERRY_ERR_NUMERIC, "%s '%s': %s[%lld] is %g", ferry__ps_kind_name(m->kind),
-                                m->name, what, (long long)k, (double)x[k]);
+            return ferry_errorf(FERRY_ERR_NUMERIC, "%s '%s': %s[%lld] is %g",
+                                ferry__ps_kind_name(m->kind), m->name, what, (long long)k,
+                                (double)x[k]);
     }
     return FERRY_OK;
 }
@@ -246,8 +249,8 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
     if (st == FERRY_OK)
         st = ferry_affine_weight(be, m->cols, m->rows, W, constrained, fwd, &w);
     if (st == FERRY_OK)
-        st = ferry_affine_backward(be, N, m->cols, m->rows, x, dy, W, w, constrained, dW, db, dx,
-                                   0, bwd);
+        st = ferry_affine_backward(be, N, m->cols, m->rows, x, dy, W, w, constrained, dW, db, dx, 0,
+                                   bwd);
     ferry_backend_free(be, fwd);
     ferry_backend_free(be, bwd);
     return st;
@@ -328,9 +331,8 @@ static ferry_status linear_declare(ferry__ps_module *m) {
     return st;
 }
 
-static ferry_status linear_forward(ferry__ps_module *m, ferry_wire_mode mode,
-                                   ferry_rpc_msg *req, ferry_rpc_msg *reply,
-                                   ferry__ps_saved *save) {
+static ferry_status linear_forward(ferry__ps_module *m, ferry_wire_mode mode, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply, ferry__ps_saved *save) {
     (void)mode; /* one mode */
     return ferry__ps_affine_forward(m, FERRY_WIRE_LINEAR_FWD_X, FERRY_WIRE_LINEAR_FWD_Y, req, reply,
                                     save);

@@ -24,16 +24,17 @@ static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, i
         return ferry_errorf(FERRY_ERR_RANGE,
                             "%s '%s': rows (begin %lld, count %lld) outside this shard's "
                             "rows [%lld, %lld)",
-                            ferry__ps_kind_name(m->kind), m->name, (long long)row_begin, (long long)row_count,
-                            (long long)first, (long long)end);
+                            ferry__ps_kind_name(m->kind), m->name, (long long)row_begin,
+                            (long long)row_count, (long long)first, (long long)end);
     *lo = row_begin - first;
     *n = row_count;
     return FERRY_OK;
 }
 
 static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
-    return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s' (%s%s)", ferry__ps_kind_name(m->kind),
-                        m->name, name, "weight", m->b >= 0 ? ", bias" : "");
+    return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s' (%s%s)",
+                        ferry__ps_kind_name(m->kind), m->name, name, "weight",
+                        m->b >= 0 ? ", bias" : "");
 }
 
 ferry_status ferry__ps_on_get_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,

@@ -130,8 +130,8 @@ ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, c
 /* The single input tensor named `name` of req, checked to have dtype (or any integer
  * type for FERRY_WIRE_DTYPE_INDEX) and rank ndim with dim[k] == want[k] wherever
  * want[k] >= 0; index in *i. Errors name the module, the tensor and both shapes. */
-ferry_status ferry__ps_input_as(const ferry__ps_module *m, const ferry_rpc_msg *req, const char *name,
-                                int dtype, int ndim, const int64_t *want, int *i);
+ferry_status ferry__ps_input_as(const ferry__ps_module *m, const ferry_rpc_msg *req,
+                                const char *name, int dtype, int ndim, const int64_t *want, int *i);
 /* The request tensor of contract entry id, checked against the entry's dtype and rank
  * and against want (entries < 0 match anything); *i = -1 for an optional entry that
  * is absent. */
@@ -297,8 +297,8 @@ typedef struct ferry__ps_state {
     double t_start;
     pthread_mutex_t id_mu; /* guards server_id, completed once the port is known */
     char server_id[192];
-    _Atomic int port;                   /* 0 without the network */
-    _Atomic(ferry_rpc_server *) rpc;    /* its counters, for Stats; NULL without the network */
+    _Atomic int port;                /* 0 without the network */
+    _Atomic(ferry_rpc_server *) rpc; /* its counters, for Stats; NULL without the network */
     void (*stop)(void *stop_user, int grace_ms); /* Shutdown: stop the server */
     void *stop_user;
 } ferry__ps_state;

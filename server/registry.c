@@ -290,8 +290,8 @@ static ferry_status module_set_initial(ferry__ps_module *m, const ferry_rpc_msg 
         const ferry_rpc_tensor *t = &req->tensors[i];
         int p = ferry_params_find(&m->P, t->name);
         if (p < 0)
-            return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s'", ferry__ps_kind_name(m->kind),
-                                m->name, t->name);
+            return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s'",
+                                ferry__ps_kind_name(m->kind), m->name, t->name);
         const ferry_param *pp = &m->P.items[p];
         int64_t want[2] = {pp->shape.dim[0], pp->shape.ndim > 1 ? pp->shape.dim[1] : 0};
         int idx;
@@ -324,8 +324,8 @@ static ferry_status module_budget(ferry__ps_registry *r, ferry__ps_module *m) {
         return FERRY_OK;
     }
     char what[FERRY_RPC_NAME_MAX + 64];
-    (void)snprintf(what, sizeof what, "%s '%s' (weights + optimizer state)", ferry__ps_kind_name(m->kind),
-                   m->name);
+    (void)snprintf(what, sizeof what, "%s '%s' (weights + optimizer state)",
+                   ferry__ps_kind_name(m->kind), m->name);
     return whole ? ferry__ps_over_budget(what, bytes, "the per-module budget", r->lim->module_bytes,
                                          0, "--max-module-mb")
                  : ferry__ps_over_budget(what, bytes, "the budget of all modules",

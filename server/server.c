@@ -168,7 +168,8 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
                    cfg->context_ttl_s);
     FERRY_LOG_INFO("budgets: module %.0f MiB, all modules %.0f MiB, context %.0f MiB, all "
                    "contexts %.0f MiB, %lld contexts, message %.0f MiB",
-                   (double)s->ps.lim.module_bytes / 1048576.0, (double)s->ps.lim.model_bytes / 1048576.0,
+                   (double)s->ps.lim.module_bytes / 1048576.0,
+                   (double)s->ps.lim.model_bytes / 1048576.0,
                    (double)s->ps.lim.context_bytes / 1048576.0,
                    (double)s->ps.lim.contexts_bytes / 1048576.0, (long long)s->ps.lim.contexts,
                    (double)(cfg->max_message_bytes ? cfg->max_message_bytes

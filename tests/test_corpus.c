@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "common/core/log.h"           /* ferry_now */
-#include "worker/corpus.h" /* ferry_corpus_*, ferry_vocab_* */
+#include "common/core/log.h" /* ferry_now */
+#include "worker/corpus.h"   /* ferry_corpus_*, ferry_vocab_* */
 
 /* ---- helpers ------------------------------------------------------------------------- */
 

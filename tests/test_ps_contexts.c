@@ -226,6 +226,49 @@ TEST(checkpoint_restores_parameters_and_optimizer_state) {
     CHECK(rmdir(dir) == 0);
 }
 
+/* ferry_dist_ctx_step_start + _wait is ferry_dist_ctx_clip_step in two halves: the same
+ * coefficient, norm, metrics and parameters; misuse is refused. */
+TEST(split_step_is_the_clipped_step) {
+    ferry_ps_server *s0 = server_up(60.0, NULL, NULL), *s1 = server_up(60.0, NULL, NULL);
+    ferry_cluster *c0, *c1;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s0), NULL, &c0));
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s1), NULL, &c1));
+    ferry_remote *d0 = make_decoder(c0, "adam"), *d1 = make_decoder(c1, "adam");
+    ferry_dist_ctx *x0, *x1;
+    CHECK_OK(ferry_dist_ctx_create(c0, &x0));
+    CHECK_OK(ferry_dist_ctx_create(c1, &x1));
+    CHECK_STATUS(ferry_dist_ctx_step_wait(x1), FERRY_ERR_INVALID); /* nothing started */
+    for (int step = 0; step < 3; step++) {
+        (void)ferry_dist_ctx_begin(x0);
+        (void)ferry_dist_ctx_begin(x1);
+        forward_backward(d0, x0, 0.1f * (float)step);
+        forward_backward(d1, x1, 0.1f * (float)step);
+        float k0, k1;
+        double n0, n1, v0, v1;
+        CHECK_OK(ferry_dist_ctx_clip_step(x0, 0.25, 0.5f, 0.0, &k0, &n0));
+        CHECK_OK(ferry_dist_ctx_step_start(x1, 0.25, 0.5f, 0.0, &k1, &n1));
+        CHECK_EQ(k0 == k1 && n0 == n1, 1);
+        CHECK(k1 < 1.0f); /* the clip was active */
+        CHECK_OK(ferry_dist_ctx_step_wait(x1));
+        CHECK_STATUS(ferry_dist_ctx_step_wait(x1), FERRY_ERR_INVALID); /* waited already */
+        CHECK_OK(ferry_dist_ctx_metric(x0, "version/dec", &v0));
+        CHECK_OK(ferry_dist_ctx_metric(x1, "version/dec", &v1));
+        CHECK_EQ((long long)v0, (long long)v1);
+    }
+    static float w0[40 * 16], w1[40 * 16];
+    CHECK_OK(ferry_remote_get_params(d0, "weight", 0, 0, w0));
+    CHECK_OK(ferry_remote_get_params(d1, "weight", 0, 0, w1));
+    CHECK(memcmp(w0, w1, sizeof w0) == 0);
+    ferry_dist_ctx_destroy(x0);
+    ferry_dist_ctx_destroy(x1);
+    ferry_remote_destroy(d0);
+    ferry_remote_destroy(d1);
+    ferry_cluster_destroy(c0);
+    ferry_cluster_destroy(c1);
+    ferry_ps_server_destroy(s0);
+    ferry_ps_server_destroy(s1);
+}
+
 TEST(shutdown_call_stops_the_server) {
     ferry_ps_server *s = server_up(60.0, NULL, NULL);
     ferry_cluster *cl;
@@ -246,4 +289,4 @@ TEST(shutdown_call_stops_the_server) {
 FERRY_TEST_MAIN(T(idle_context_is_swept_and_its_memory_freed)
                     T(concurrent_trainers_keep_separate_contexts)
                         T(checkpoint_restores_parameters_and_optimizer_state)
-                            T(shutdown_call_stops_the_server))
+                            T(split_step_is_the_clipped_step) T(shutdown_call_stops_the_server))

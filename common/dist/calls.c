@@ -183,8 +183,9 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
         int64_t dim[1] = {rec->shard_count[shard[i]]};
         ferry_rpc_tensor t =
             ferry__dist_tensor(FERRY_WIRE_EMBEDDING_FWD_IDS, dim, uniq + offset[shard[i]]);
-        st = ferry__dist_forward_head(&reqs[i], m, dc != NULL ? dc->id : 0,
-                                      dc != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_EMBEDDING_ROWS);
+        st =
+            ferry__dist_forward_head(&reqs[i], m, dc != NULL ? dc->id : 0,
+                                     dc != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_EMBEDDING_ROWS);
         if (st == FERRY_OK)
             st = ferry_rpc_msg_add(&reqs[i], &t);
     }

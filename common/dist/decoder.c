@@ -166,7 +166,8 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     /* One request for every shard: the same hidden state and targets. */
     if (st == FERRY_OK)
         st = ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
-                                      rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_DECODER_PARTIALS);
+                                      rec != NULL ? rec->call_id : 0,
+                                      FERRY_WIRE_MODE_DECODER_PARTIALS);
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
         st = ferry_rpc_msg_add(&f->reqs[0], &t);
     if (st == FERRY_OK)
@@ -205,8 +206,8 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
     for (int k = 0; st == FERRY_OK && k < f->k; k++) {
         ferry_rpc_tensor l =
             ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_FACTOR, dim, rec->factor + (int64_t)k * N);
-        if ((st = ferry__dist_backward_head(&f->reqs[k], rec, dc->id, FERRY_WIRE_MODE_DECODER_PARTIALS, &s)) ==
-                FERRY_OK &&
+        if ((st = ferry__dist_backward_head(&f->reqs[k], rec, dc->id,
+                                            FERRY_WIRE_MODE_DECODER_PARTIALS, &s)) == FERRY_OK &&
             (st = ferry_rpc_msg_add(&f->reqs[k], &l)) == FERRY_OK && row_scale != NULL)
             st = ferry_rpc_msg_add(&f->reqs[k], &r);
     }
@@ -278,7 +279,8 @@ ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
                    (size_t)sh->row_count * sizeof *dst);
         int64_t dim[2] = {N, sh->row_count};
         ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_DECODER_LOGITS_BWD_DLOGITS, dim, dst);
-        if ((st = ferry__dist_backward_head(&f->reqs[s], rec, dc->id, FERRY_WIRE_MODE_DECODER_LOGITS, NULL)) == FERRY_OK)
+        if ((st = ferry__dist_backward_head(&f->reqs[s], rec, dc->id,
+                                            FERRY_WIRE_MODE_DECODER_LOGITS, NULL)) == FERRY_OK)
             st = ferry_rpc_msg_add(&f->reqs[s], &t);
     }
     if (st == FERRY_OK)
@@ -306,13 +308,15 @@ ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, co
     int64_t dim[2] = {N, m->cols}, want[2] = {N, m->rows};
     ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_LINEAR_FWD_X, dim, x);
     const ferry_rpc_tensor *out;
-    st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], m, dc != NULL ? dc->id : 0,
-                                              rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_LINEAR)
-                   : FERRY_ERR_NOMEM;
+    st = f != NULL
+             ? ferry__dist_forward_head(&f->reqs[0], m, dc != NULL ? dc->id : 0,
+                                        rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_LINEAR)
+             : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, 1, f->servers, f->reqs, 1, f->replies);
-    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0],
-                                                   FERRY_WIRE_LINEAR_FWD_Y, want, &out)) == FERRY_OK)
+    if (st == FERRY_OK &&
+        (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], FERRY_WIRE_LINEAR_FWD_Y, want,
+                                 &out)) == FERRY_OK)
         memcpy(y, out->data, out->nbytes);
     fan_destroy(f);
     if (rec != NULL && st != FERRY_OK)
@@ -334,12 +338,14 @@ ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, u
     int64_t N = rec->n, dim[2] = {N, m->rows}, want[2] = {N, m->cols};
     ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_LINEAR_BWD_DY, dim, dy);
     const ferry_rpc_tensor *out;
-    st =
-        f != NULL ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, FERRY_WIRE_MODE_LINEAR, NULL) : FERRY_ERR_NOMEM;
+    st = f != NULL
+             ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, FERRY_WIRE_MODE_LINEAR, NULL)
+             : FERRY_ERR_NOMEM;
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, 1, f->servers, f->reqs, 1, f->replies);
-    if (st == FERRY_OK && (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0],
-                                                   FERRY_WIRE_LINEAR_BWD_DX, want, &out)) == FERRY_OK)
+    if (st == FERRY_OK &&
+        (st = ferry__dist_output(m->c, f->servers[0], &f->replies[0], FERRY_WIRE_LINEAR_BWD_DX,
+                                 want, &out)) == FERRY_OK)
         memcpy(dx, out->data, out->nbytes);
     fan_destroy(f);
     ferry__dist_call_drop(dc, rec);

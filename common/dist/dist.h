@@ -55,7 +55,7 @@ typedef struct ferry__dist_call {
     int64_t nuniq;        /* embedding: distinct ids */
     int64_t *shard_count; /* embedding: (nshards) distinct ids per shard, grouped by shard */
     int32_t *slot;        /* embedding: (n) position of ids[i] in the grouped distinct list */
-    float *factor;           /* xent: (k, N) softmax factor per shard and row */
+    float *factor;        /* xent: (k, N) softmax factor per shard and row */
     struct ferry__dist_call *next;
 } ferry__dist_call;
 
@@ -68,12 +68,12 @@ struct ferry_dist_ctx {
     ferry_dist_metric *metrics; /* the last Step's metrics; names live in the same block */
     int nmetrics;
     /* A Step started by ferry_dist_ctx_step_start, awaiting ferry_dist_ctx_step_wait. */
-    int step_pending;      /* 0 none; 1 on step_thread; 2 done already (no thread) */
+    int step_pending; /* 0 none; 1 on step_thread; 2 done already (no thread) */
     pthread_t step_thread;
     float step_coef;
     double step_lr;
     ferry_status step_st;
-    char step_err[512];    /* the step thread's ferry_error_last */
+    char step_err[512]; /* the step thread's ferry_error_last */
 };
 
 /* A new call record in dc (call id assigned, linked); NULL when out of memory. */

@@ -158,13 +158,13 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     if (st == FERRY_OK && cfg->init_weight != NULL) {
         int64_t dim[2] = {sh->row_count, m->cols};
         ferry_rpc_tensor t = ferry__dist_tensor_as("weight", FERRY_RPC_DTYPE_F32, 2, dim,
-                                                cfg->init_weight + sh->row_begin * m->cols);
+                                                   cfg->init_weight + sh->row_begin * m->cols);
         st = ferry_rpc_msg_add(req, &t);
     }
     if (st == FERRY_OK && cfg->init_bias != NULL && m->bias) {
         int64_t dim[1] = {sh->row_count};
-        ferry_rpc_tensor t =
-            ferry__dist_tensor_as("bias", FERRY_RPC_DTYPE_F32, 1, dim, cfg->init_bias + sh->row_begin);
+        ferry_rpc_tensor t = ferry__dist_tensor_as("bias", FERRY_RPC_DTYPE_F32, 1, dim,
+                                                   cfg->init_bias + sh->row_begin);
         st = ferry_rpc_msg_add(req, &t);
     }
     return st;
@@ -288,8 +288,8 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
             q.module = m->name;
             q.row_begin = a;
             int64_t dim[2] = {b - a, width};
-            ferry_rpc_tensor t = ferry__dist_tensor_as(param, FERRY_RPC_DTYPE_F32, is_weight ? 2 : 1,
-                                                    dim, src + (a - lo) * width);
+            ferry_rpc_tensor t = ferry__dist_tensor_as(
+                param, FERRY_RPC_DTYPE_F32, is_weight ? 2 : 1, dim, src + (a - lo) * width);
             st = ferry_rpc_msg_set_head(&reqs[k], &q.base);
             if (st == FERRY_OK)
                 st = ferry_rpc_msg_add(&reqs[k], &t);
@@ -313,7 +313,7 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
         int64_t want[2] = {rows[i], width};
         const ferry_rpc_tensor *t;
         st = ferry__dist_output_as(m->c, servers[i], &replies[i], param, FERRY_RPC_DTYPE_F32,
-                                is_weight ? 2 : 1, want, &t);
+                                   is_weight ? 2 : 1, want, &t);
         if (st == FERRY_OK)
             memcpy(dst + (first[i] - lo) * width, t->data, t->nbytes);
     }

@@ -88,13 +88,12 @@ static ferry_status linear_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
     if (m->bias >= 0 && db == NULL)
         return FERRY_ERR_NOMEM;
     float *scratch;
-    ferry_status st = ctx_floats(
-        ctx, ferry_affine_scratch_floats(m->C, m->D, s->constrained, 0), &scratch);
+    ferry_status st =
+        ctx_floats(ctx, ferry_affine_scratch_floats(m->C, m->D, s->constrained, 0), &scratch);
     if (st == FERRY_OK) /* dx (N, C) += g W_eff */
-        st = ferry_affine_backward(be, s->N, m->C, m->D, x, g, ferry_params_data(m->P, m->weight),
-                                   s->w, s->constrained, dW, db,
-                                   grad_in[0] != NULL ? ferry_tensor_f32(grad_in[0]) : NULL, 1,
-                                   scratch);
+        st = ferry_affine_backward(
+            be, s->N, m->C, m->D, x, g, ferry_params_data(m->P, m->weight), s->w, s->constrained,
+            dW, db, grad_in[0] != NULL ? ferry_tensor_f32(grad_in[0]) : NULL, 1, scratch);
     return st;
 }
 
@@ -121,12 +120,12 @@ ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_t
     if (st != FERRY_OK)
         return st;
     float *yd = ferry_tensor_f32(out); /* (N, D) */
-    const float *w = NULL; /* (D, C) raw W, or A(W) for a constrained weight */
+    const float *w = NULL;             /* (D, C) raw W, or A(W) for a constrained weight */
     int constrained = 0;
     float *scratch;
     if ((st = linear_constrained(m, &constrained)) != FERRY_OK ||
-        (st = ctx_floats(ctx, ferry_affine_scratch_floats(m->C, m->D, constrained, 1),
-                         &scratch)) != FERRY_OK ||
+        (st = ctx_floats(ctx, ferry_affine_scratch_floats(m->C, m->D, constrained, 1), &scratch)) !=
+            FERRY_OK ||
         (st = ferry_affine_weight(be, m->C, m->D, ferry_params_data(m->P, m->weight), constrained,
                                   scratch, &w)) != FERRY_OK ||
         (st = ferry_affine_forward(be, N, m->C, m->D, ferry_tensor_f32(x), w,

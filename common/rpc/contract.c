@@ -72,12 +72,18 @@ ferry_status ferry_wire_mode_find(ferry_wire_kind kind, const char *mode, ferry_
 
 const char *ferry_wire_dtype_name(int dtype) {
     switch (dtype) {
-    case FERRY_RPC_DTYPE_F32: return "f32";
-    case FERRY_RPC_DTYPE_I32: return "i32";
-    case FERRY_RPC_DTYPE_I64: return "i64";
-    case FERRY_RPC_DTYPE_F64: return "f64";
-    case FERRY_WIRE_DTYPE_INDEX: return "integer";
-    default: return "?";
+    case FERRY_RPC_DTYPE_F32:
+        return "f32";
+    case FERRY_RPC_DTYPE_I32:
+        return "i32";
+    case FERRY_RPC_DTYPE_I64:
+        return "i64";
+    case FERRY_RPC_DTYPE_F64:
+        return "f64";
+    case FERRY_WIRE_DTYPE_INDEX:
+        return "integer";
+    default:
+        return "?";
     }
 }
 
@@ -113,13 +119,27 @@ int ferry__proto_get_number(const ProtobufCMessage *m, const char *name, double 
         return 0;
     const char *p = (const char *)m + f->offset;
     switch (f->type) {
-    case PROTOBUF_C_TYPE_DOUBLE: *out = *(const double *)(const void *)p; break;
-    case PROTOBUF_C_TYPE_FLOAT: *out = (double)*(const float *)(const void *)p; break;
-    case PROTOBUF_C_TYPE_BOOL: *out = *(const protobuf_c_boolean *)(const void *)p ? 1.0 : 0.0; break;
-    case PROTOBUF_C_TYPE_INT32: *out = (double)*(const int32_t *)(const void *)p; break;
-    case PROTOBUF_C_TYPE_UINT32: *out = (double)*(const uint32_t *)(const void *)p; break;
-    case PROTOBUF_C_TYPE_INT64: *out = (double)*(const int64_t *)(const void *)p; break;
-    default: *out = (double)*(const uint64_t *)(const void *)p; break;
+    case PROTOBUF_C_TYPE_DOUBLE:
+        *out = *(const double *)(const void *)p;
+        break;
+    case PROTOBUF_C_TYPE_FLOAT:
+        *out = (double)*(const float *)(const void *)p;
+        break;
+    case PROTOBUF_C_TYPE_BOOL:
+        *out = *(const protobuf_c_boolean *)(const void *)p ? 1.0 : 0.0;
+        break;
+    case PROTOBUF_C_TYPE_INT32:
+        *out = (double)*(const int32_t *)(const void *)p;
+        break;
+    case PROTOBUF_C_TYPE_UINT32:
+        *out = (double)*(const uint32_t *)(const void *)p;
+        break;
+    case PROTOBUF_C_TYPE_INT64:
+        *out = (double)*(const int64_t *)(const void *)p;
+        break;
+    default:
+        *out = (double)*(const uint64_t *)(const void *)p;
+        break;
     }
     return 1;
 }
@@ -130,13 +150,27 @@ int ferry__proto_set_number(ProtobufCMessage *m, const char *name, double v) {
         return 0;
     char *p = (char *)m + f->offset;
     switch (f->type) {
-    case PROTOBUF_C_TYPE_DOUBLE: *(double *)(void *)p = v; break;
-    case PROTOBUF_C_TYPE_FLOAT: *(float *)(void *)p = (float)v; break;
-    case PROTOBUF_C_TYPE_BOOL: *(protobuf_c_boolean *)(void *)p = v != 0.0; break;
-    case PROTOBUF_C_TYPE_INT32: *(int32_t *)(void *)p = (int32_t)v; break;
-    case PROTOBUF_C_TYPE_UINT32: *(uint32_t *)(void *)p = (uint32_t)v; break;
-    case PROTOBUF_C_TYPE_INT64: *(int64_t *)(void *)p = (int64_t)v; break;
-    default: *(uint64_t *)(void *)p = (uint64_t)v; break;
+    case PROTOBUF_C_TYPE_DOUBLE:
+        *(double *)(void *)p = v;
+        break;
+    case PROTOBUF_C_TYPE_FLOAT:
+        *(float *)(void *)p = (float)v;
+        break;
+    case PROTOBUF_C_TYPE_BOOL:
+        *(protobuf_c_boolean *)(void *)p = v != 0.0;
+        break;
+    case PROTOBUF_C_TYPE_INT32:
+        *(int32_t *)(void *)p = (int32_t)v;
+        break;
+    case PROTOBUF_C_TYPE_UINT32:
+        *(uint32_t *)(void *)p = (uint32_t)v;
+        break;
+    case PROTOBUF_C_TYPE_INT64:
+        *(int64_t *)(void *)p = (int64_t)v;
+        break;
+    default:
+        *(uint64_t *)(void *)p = (uint64_t)v;
+        break;
     }
     return 1;
 }

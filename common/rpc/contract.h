@@ -7,7 +7,8 @@
  * tests/test_contract.c checks that it names every entry.
  *
  *     // client                                     // server
- *     ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_HIDDEN, ...)   ferry__ps_input(m, req, FERRY_WIRE_DECODER_FWD_HIDDEN, want, &i)
+ *     ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_HIDDEN, ...)   ferry__ps_input(m, req,
+ * FERRY_WIRE_DECODER_FWD_HIDDEN, want, &i)
  */
 #ifndef FERRY_RPC_CONTRACT_H
 #define FERRY_RPC_CONTRACT_H
@@ -18,16 +19,16 @@
 
 /* The module kinds: X(ID, name, dims as CreateModule's ModuleConfig.dims gives them). */
 #define FERRY_WIRE_KIND_MAP(X)                                                                     \
-    X(EMBEDDING, "embedding", "[V, E]")                                                           \
-    X(DECODER, "decoder", "[V, H]")                                                               \
+    X(EMBEDDING, "embedding", "[V, E]")                                                            \
+    X(DECODER, "decoder", "[V, H]")                                                                \
     X(LINEAR, "linear", "[C, D]")
 
 /* The Forward/Backward modes: X(ID, kind, mode string, 1 if "" selects it). A Backward
  * uses the mode its Forward used. */
 #define FERRY_WIRE_MODE_MAP(X)                                                                     \
-    X(EMBEDDING_ROWS, EMBEDDING, "rows", 1)                                                       \
-    X(DECODER_PARTIALS, DECODER, "partials", 1)                                                   \
-    X(DECODER_LOGITS, DECODER, "logits", 0)                                                       \
+    X(EMBEDDING_ROWS, EMBEDDING, "rows", 1)                                                        \
+    X(DECODER_PARTIALS, DECODER, "partials", 1)                                                    \
+    X(DECODER_LOGITS, DECODER, "logits", 0)                                                        \
     X(LINEAR, LINEAR, "linear", 1)
 
 /* Every tensor of every call: X(ID, mode, direction, name, dtype, rank, shape, optional).
@@ -36,44 +37,46 @@
  * distinct ids sent to one embedding shard). CreateModule's initial values and
  * Get/SetParams' tensors are the parameters ("weight", "bias"): see PARAM below. */
 #define FERRY_WIRE_TENSOR_MAP(X)                                                                   \
-    X(EMBEDDING_FWD_IDS, EMBEDDING_ROWS, FWD_IN, "ids", INDEX, 1, "(U) global ids this shard owns", 0) \
-    X(EMBEDDING_FWD_ROWS, EMBEDDING_ROWS, FWD_OUT, "rows", F32, 2, "(U, E) their rows", 0)        \
-    X(EMBEDDING_BWD_GRAD, EMBEDDING_ROWS, BWD_IN, "grad", F32, 2, "(U, E) gradient of rows", 0)   \
-    X(DECODER_FWD_HIDDEN, DECODER_PARTIALS, FWD_IN, "hidden", F32, 2, "(N, H)", 0)                \
-    X(DECODER_FWD_TARGETS, DECODER_PARTIALS, FWD_IN, "targets", INDEX, 1,                         \
-      "(N) global target ids in [0, V)", 0)                                                       \
-    X(DECODER_FWD_MAX, DECODER_PARTIALS, FWD_OUT, "max", F32, 1, "(N) max logit of the slice", 0) \
-    X(DECODER_FWD_SUMEXP, DECODER_PARTIALS, FWD_OUT, "sumexp", F64, 1,                            \
-      "(N) sum of exp(logit - max) over the slice", 0)                                            \
-    X(DECODER_FWD_TARGET_LOGIT, DECODER_PARTIALS, FWD_OUT, "target_logit", F32, 1,                \
-      "(N) the target's logit where the slice holds it, else 0", 0)                               \
-    X(DECODER_FWD_HAS_TARGET, DECODER_PARTIALS, FWD_OUT, "has_target", I32, 1,                    \
-      "(N) 1 where the slice holds the target", 0)                                                \
-    X(DECODER_BWD_FACTOR, DECODER_PARTIALS, BWD_IN, "factor", F32, 1,                             \
-      "(N) exp(max_slice - max_all) / sumexp_all", 0)                                             \
+    X(EMBEDDING_FWD_IDS, EMBEDDING_ROWS, FWD_IN, "ids", INDEX, 1,                                  \
+      "(U) global ids this shard owns", 0)                                                         \
+    X(EMBEDDING_FWD_ROWS, EMBEDDING_ROWS, FWD_OUT, "rows", F32, 2, "(U, E) their rows", 0)         \
+    X(EMBEDDING_BWD_GRAD, EMBEDDING_ROWS, BWD_IN, "grad", F32, 2, "(U, E) gradient of rows", 0)    \
+    X(DECODER_FWD_HIDDEN, DECODER_PARTIALS, FWD_IN, "hidden", F32, 2, "(N, H)", 0)                 \
+    X(DECODER_FWD_TARGETS, DECODER_PARTIALS, FWD_IN, "targets", INDEX, 1,                          \
+      "(N) global target ids in [0, V)", 0)                                                        \
+    X(DECODER_FWD_MAX, DECODER_PARTIALS, FWD_OUT, "max", F32, 1, "(N) max logit of the slice", 0)  \
+    X(DECODER_FWD_SUMEXP, DECODER_PARTIALS, FWD_OUT, "sumexp", F64, 1,                             \
+      "(N) sum of exp(logit - max) over the slice", 0)                                             \
+    X(DECODER_FWD_TARGET_LOGIT, DECODER_PARTIALS, FWD_OUT, "target_logit", F32, 1,                 \
+      "(N) the target's logit where the slice holds it, else 0", 0)                                \
+    X(DECODER_FWD_HAS_TARGET, DECODER_PARTIALS, FWD_OUT, "has_target", I32, 1,                     \
+      "(N) 1 where the slice holds the target", 0)                                                 \
+    X(DECODER_BWD_FACTOR, DECODER_PARTIALS, BWD_IN, "factor", F32, 1,                              \
+      "(N) exp(max_slice - max_all) / sumexp_all", 0)                                              \
     X(DECODER_BWD_SCALE, DECODER_PARTIALS, BWD_IN, "scale", F32, 1, "(N) per-row loss weights", 1) \
-    X(DECODER_BWD_DH, DECODER_PARTIALS, BWD_OUT, "dh", F32, 2, "(N, H) the slice's part of dL/dh", 0) \
-    X(DECODER_LOGITS_FWD_HIDDEN, DECODER_LOGITS, FWD_IN, "hidden", F32, 2, "(N, H)", 0)           \
-    X(DECODER_LOGITS_FWD_LOGITS, DECODER_LOGITS, FWD_OUT, "logits", F32, 2,                       \
-      "(N, V_s) h W_s^T + b_s", 0)                                                                \
-    X(DECODER_LOGITS_BWD_DLOGITS, DECODER_LOGITS, BWD_IN, "dlogits", F32, 2, "(N, V_s)", 0)       \
-    X(DECODER_LOGITS_BWD_DH, DECODER_LOGITS, BWD_OUT, "dh", F32, 2, "(N, H)", 0)                  \
-    X(LINEAR_FWD_X, LINEAR, FWD_IN, "x", F32, 2, "(N, C)", 0)                                     \
-    X(LINEAR_FWD_Y, LINEAR, FWD_OUT, "y", F32, 2, "(N, D) x A^T + b", 0)                          \
-    X(LINEAR_BWD_DY, LINEAR, BWD_IN, "dy", F32, 2, "(N, D)", 0)                                   \
+    X(DECODER_BWD_DH, DECODER_PARTIALS, BWD_OUT, "dh", F32, 2, "(N, H) the slice's part of dL/dh", \
+      0)                                                                                           \
+    X(DECODER_LOGITS_FWD_HIDDEN, DECODER_LOGITS, FWD_IN, "hidden", F32, 2, "(N, H)", 0)            \
+    X(DECODER_LOGITS_FWD_LOGITS, DECODER_LOGITS, FWD_OUT, "logits", F32, 2,                        \
+      "(N, V_s) h W_s^T + b_s", 0)                                                                 \
+    X(DECODER_LOGITS_BWD_DLOGITS, DECODER_LOGITS, BWD_IN, "dlogits", F32, 2, "(N, V_s)", 0)        \
+    X(DECODER_LOGITS_BWD_DH, DECODER_LOGITS, BWD_OUT, "dh", F32, 2, "(N, H)", 0)                   \
+    X(LINEAR_FWD_X, LINEAR, FWD_IN, "x", F32, 2, "(N, C)", 0)                                      \
+    X(LINEAR_FWD_Y, LINEAR, FWD_OUT, "y", F32, 2, "(N, D) x A^T + b", 0)                           \
+    X(LINEAR_BWD_DY, LINEAR, BWD_IN, "dy", F32, 2, "(N, D)", 0)                                    \
     X(LINEAR_BWD_DX, LINEAR, BWD_OUT, "dx", F32, 2, "(N, C)", 0)
 
 /* The parameters of each kind, as CreateModule's initial tensors, GetParams' reply and
  * SetParams' request name them: X(ID, name, rank, shape). Rows are the shard's. */
 #define FERRY_WIRE_PARAM_MAP(X)                                                                    \
-    X(WEIGHT, "weight", 2, "(rows, E | H | C)")                                                   \
+    X(WEIGHT, "weight", 2, "(rows, E | H | C)")                                                    \
     X(BIAS, "bias", 1, "(rows); decoder always, linear unless option bias=0, embedding never")
 
 /* CreateModule's ModuleConfig.options keys ("key=value,..."): X(name, meaning). */
 #define FERRY_WIRE_OPTION_MAP(X)                                                                   \
-    X("bias", "linear: 0 or 1 (default 1); a decoder always has one, an embedding none")          \
-    X("weight_offset", "init: element index of the global weight's (0, 0) in the generator")      \
-    X("bias_offset", "init: element index of the bias's (0)")                                     \
+    X("bias", "linear: 0 or 1 (default 1); a decoder always has one, an embedding none")           \
+    X("weight_offset", "init: element index of the global weight's (0, 0) in the generator")       \
+    X("bias_offset", "init: element index of the bias's (0)")                                      \
     X("polar", "1: start a Stiefel-constrained weight at its polar factor")
 
 /* clang-format off */
@@ -107,9 +110,9 @@ typedef enum ferry_wire_param {
 /* clang-format on */
 
 typedef enum ferry_wire_dir {
-    FERRY_WIRE_FWD_IN, /* Forward request */
+    FERRY_WIRE_FWD_IN,  /* Forward request */
     FERRY_WIRE_FWD_OUT, /* Forward reply */
-    FERRY_WIRE_BWD_IN, /* Backward request */
+    FERRY_WIRE_BWD_IN,  /* Backward request */
     FERRY_WIRE_BWD_OUT, /* Backward reply */
 } ferry_wire_dir;
 
@@ -129,8 +132,8 @@ typedef struct ferry_wire_mode_info {
 typedef struct ferry_wire_tensor {
     ferry_wire_mode mode;
     ferry_wire_dir dir;
-    const char *name;  /* the Tensor.name on the wire */
-    int dtype;         /* ferry_rpc_dtype, or FERRY_WIRE_DTYPE_INDEX */
+    const char *name; /* the Tensor.name on the wire */
+    int dtype;        /* ferry_rpc_dtype, or FERRY_WIRE_DTYPE_INDEX */
     int rank;
     const char *shape; /* for messages and docs: "(N, H)" */
     int optional;      /* 1: may be absent */

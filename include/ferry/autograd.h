@@ -55,8 +55,7 @@ void ferry_ctx_draw(ferry_ctx *ctx, int64_t n, uint64_t *seed, uint64_t *offset)
  * undefined; ferry_ctx_zeros' are zero. Host scratch is for saved-state structs. */
 ferry_status ferry_ctx_tensor(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape,
                               ferry_tensor **out);
-ferry_status ferry_ctx_zeros(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape,
-                             ferry_tensor **out);
+ferry_status ferry_ctx_zeros(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape, ferry_tensor **out);
 void *ferry_ctx_host_alloc(ferry_ctx *ctx, size_t nbytes); /* NULL on OOM; zeroed */
 
 /* The gradients this context accumulates for block P (created on first use). */

@@ -62,9 +62,9 @@ ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_t
 
 typedef struct ferry_lstm {
     ferry_params *P;
-    int64_t C, H; /* input size, hidden size */
-    int L;        /* layers */
-    float dropout; /* between layers, training only */
+    int64_t C, H;                    /* input size, hidden size */
+    int L;                           /* layers */
+    float dropout;                   /* between layers, training only */
     int w_ih[FERRY_LSTM_MAX_LAYERS]; /* (4H, C_l) */
     int w_hh[FERRY_LSTM_MAX_LAYERS]; /* (4H, H); may carry a Stiefel constraint */
     int b_ih[FERRY_LSTM_MAX_LAYERS]; /* (4H) */

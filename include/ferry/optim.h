@@ -43,22 +43,22 @@ extern "C" {
  * no default lr in torch: ours is 1). Fields a kind does not use are ignored by its
  * update (but checked, and compared when a module is created again). */
 #define FERRY_OPTIM_FIELD_MAP(X)                                                                   \
-    X(lr, "lr", double, 0, HUGE_VAL, 0, 1.0, 0.01, 1.0, 1e-3, 1e-3, "learning rate")             \
-    X(momentum, "momentum", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0, "SGD momentum")                \
-    X(dampening, "dampening", double, -HUGE_VAL, HUGE_VAL, 0, 0, 0, 0, 0, 0,                      \
-      "SGD momentum dampening")                                                                   \
-    X(nesterov, "nesterov", int, 0, 1, 0, 0, 0, 0, 0, 0,                                          \
-      "SGD Nesterov momentum (needs momentum > 0 and dampening 0)")                               \
-    X(weight_decay, "weight-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0.01,                     \
-      "L2 penalty folded into the gradient (AdamW: decoupled decay)")                             \
-    X(lr_decay, "adagrad-lr-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,                        \
-      "Adagrad: lr / (1 + (t - 1) lr_decay)")                                                     \
-    X(initial_accumulator, "initial-accumulator", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,          \
-      "Adagrad: initial value of the squared-gradient sum")                                       \
-    X(rho, "rho", double, 0, 1, 0, 0, 0, 0.9, 0, 0, "Adadelta decay of the running averages")    \
-    X(beta1, "beta1", double, 0, 1, 1, 0, 0, 0, 0.9, 0.9, "Adam(W) first-moment decay")          \
-    X(beta2, "beta2", double, 0, 1, 1, 0, 0, 0, 0.999, 0.999, "Adam(W) second-moment decay")     \
-    X(eps, "eps", double, 0, HUGE_VAL, 0, 0, 1e-10, 1e-6, 1e-8, 1e-8,                             \
+    X(lr, "lr", double, 0, HUGE_VAL, 0, 1.0, 0.01, 1.0, 1e-3, 1e-3, "learning rate")               \
+    X(momentum, "momentum", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0, "SGD momentum")                 \
+    X(dampening, "dampening", double, -HUGE_VAL, HUGE_VAL, 0, 0, 0, 0, 0, 0,                       \
+      "SGD momentum dampening")                                                                    \
+    X(nesterov, "nesterov", int, 0, 1, 0, 0, 0, 0, 0, 0,                                           \
+      "SGD Nesterov momentum (needs momentum > 0 and dampening 0)")                                \
+    X(weight_decay, "weight-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0.01,                      \
+      "L2 penalty folded into the gradient (AdamW: decoupled decay)")                              \
+    X(lr_decay, "adagrad-lr-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,                         \
+      "Adagrad: lr / (1 + (t - 1) lr_decay)")                                                      \
+    X(initial_accumulator, "initial-accumulator", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,           \
+      "Adagrad: initial value of the squared-gradient sum")                                        \
+    X(rho, "rho", double, 0, 1, 0, 0, 0, 0.9, 0, 0, "Adadelta decay of the running averages")      \
+    X(beta1, "beta1", double, 0, 1, 1, 0, 0, 0, 0.9, 0.9, "Adam(W) first-moment decay")            \
+    X(beta2, "beta2", double, 0, 1, 1, 0, 0, 0, 0.999, 0.999, "Adam(W) second-moment decay")       \
+    X(eps, "eps", double, 0, HUGE_VAL, 0, 0, 1e-10, 1e-6, 1e-8, 1e-8,                              \
       "term added to the denominator (Adagrad, Adadelta, Adam, AdamW)")
 
 /* Hyper-parameters; doubles, as torch keeps them in Python floats; the kernel derives
@@ -81,7 +81,7 @@ typedef struct ferry_optim_field {
 } ferry_optim_field;
 
 enum {
-#define FERRY_OPTIM_FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)            \
+#define FERRY_OPTIM_FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)              \
     FERRY_OPTIM_FIELD_##field,
     FERRY_OPTIM_FIELD_MAP(FERRY_OPTIM_FIELD_)
 #undef FERRY_OPTIM_FIELD_

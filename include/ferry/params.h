@@ -30,7 +30,8 @@ enum {
 
 typedef enum ferry_constraint_kind {
     FERRY_CONSTRAINT_NONE = 0,
-    FERRY_CONSTRAINT_STIEFEL = 1, /* W^T W = I via cdopt's dissolving map; see ferry/nn.h (ferry_stiefel_map) and optim/stiefel.c */
+    FERRY_CONSTRAINT_STIEFEL = 1, /* W^T W = I via cdopt's dissolving map; see ferry/nn.h
+                                     (ferry_stiefel_map) and optim/stiefel.c */
 } ferry_constraint_kind;
 
 typedef struct ferry_param {
@@ -90,9 +91,9 @@ typedef struct ferry_rowgrad {
 
 typedef struct ferry_grads {
     const ferry_params *P;
-    float *dense;       /* backend: P->numel floats, allocated at the first dense
-                           gradient (NULL before); only touched params are valid */
-    uint8_t *touched;   /* host: per parameter, 1 once it has a gradient */
+    float *dense;        /* backend: P->numel floats, allocated at the first dense
+                            gradient (NULL before); only touched params are valid */
+    uint8_t *touched;    /* host: per parameter, 1 once it has a gradient */
     ferry_rowgrad *rows; /* host array, one per parameter (used for ROW_SPARSE ones) */
 } ferry_grads;
 
