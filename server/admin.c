@@ -18,11 +18,9 @@ static void server_id_copy(ferry__ps_state *s, char *out) {
     pthread_mutex_unlock(&s->id_mu);
 }
 
-ferry_status ferry__ps_on_hello(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                ferry_rpc_msg *reply) {
-    ferry__ps_state *s = user;
-    (void)method;
-    const Ferry__HelloRequest *q = req->head;
+ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__HelloRequest *q,
+                                ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
     FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)", q->client_id[0] ? q->client_id : "?",
                     q->worker_id, q->version);
     int n;
@@ -50,11 +48,8 @@ ferry_status ferry__ps_on_hello(void *user, ferry_rpc_method method, ferry_rpc_m
     return st;
 }
 
-ferry_status ferry__ps_on_create_module(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                        ferry_rpc_msg *reply) {
-    ferry__ps_state *s = user;
-    (void)method;
-    const Ferry__CreateModuleRequest *q = req->head;
+ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__CreateModuleRequest *q,
+                                        ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_module *m;
     int created = 0;
     ferry_status st = ferry__ps_registry_create(&s->reg, q->name, q->config, req, &created, &m);
@@ -90,11 +85,9 @@ static void stat_add(stats_builder *b, const char *name, double value) {
     b->n++;
 }
 
-ferry_status ferry__ps_on_stats(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                ferry_rpc_msg *reply) {
-    ferry__ps_state *s = user;
-    (void)method;
-    const Ferry__StatsRequest *q = req->head;
+ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__StatsRequest *q,
+                                ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
     stats_builder *b = calloc(1, sizeof *b);
     if (b == NULL)
         return FERRY_ERR_NOMEM;
@@ -212,11 +205,9 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     return st;
 }
 
-ferry_status ferry__ps_on_checkpoint(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply) {
-    ferry__ps_state *s = user;
-    (void)method;
-    const Ferry__CheckpointRequest *q = req->head;
+ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__CheckpointRequest *q,
+                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
     char path[1280];
     uint64_t bytes = 0;
     ferry_status st = checkpoint_write(s, q->path, q->step, path, sizeof path, &bytes);
@@ -229,11 +220,9 @@ ferry_status ferry__ps_on_checkpoint(void *user, ferry_rpc_method method, ferry_
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_shutdown(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                   ferry_rpc_msg *reply) {
-    ferry__ps_state *s = user;
-    (void)method;
-    const Ferry__ShutdownRequest *q = req->head;
+ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__ShutdownRequest *q,
+                                   ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
     if (q->checkpoint) {
         char path[1280];
         uint64_t bytes;

@@ -13,26 +13,8 @@
 #include "common/core/log.h"
 #include "server/ps-impl.h"
 
-const ferry_rpc_handler ferry__ps_handlers[FERRY_RPC_METHOD_COUNT] = {
-    [FERRY_RPC_HELLO] = ferry__ps_on_hello,
-    [FERRY_RPC_CREATE_MODULE] = ferry__ps_on_create_module,
-    [FERRY_RPC_FORWARD] = ferry__ps_on_forward,
-    [FERRY_RPC_BACKWARD] = ferry__ps_on_backward,
-    [FERRY_RPC_GRAD_NORM] = ferry__ps_on_grad_norm,
-    [FERRY_RPC_STEP] = ferry__ps_on_step,
-    [FERRY_RPC_RELEASE_CONTEXT] = ferry__ps_on_release,
-    [FERRY_RPC_GET_PARAMS] = ferry__ps_on_get_params,
-    [FERRY_RPC_SET_PARAMS] = ferry__ps_on_set_params,
-    [FERRY_RPC_CHECKPOINT] = ferry__ps_on_checkpoint,
-    [FERRY_RPC_STATS] = ferry__ps_on_stats,
-    [FERRY_RPC_SHUTDOWN] = ferry__ps_on_shutdown,
-};
-
-ferry_status ferry__ps_on_forward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                  ferry_rpc_msg *reply) {
-    ferry__ps_state *ps = user;
-    (void)method;
-    const Ferry__ForwardRequest *q = req->head;
+ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardRequest *q,
+                                  ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
@@ -90,11 +72,8 @@ ferry_status ferry__ps_on_forward(void *user, ferry_rpc_method method, ferry_rpc
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_backward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                   ferry_rpc_msg *reply) {
-    ferry__ps_state *ps = user;
-    (void)method;
-    const Ferry__BackwardRequest *q = req->head;
+ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardRequest *q,
+                                   ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
@@ -165,11 +144,9 @@ static int name_listed(const char *name, char **names, size_t n) {
     return 0;
 }
 
-ferry_status ferry__ps_on_grad_norm(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                    ferry_rpc_msg *reply) {
-    ferry__ps_state *ps = user;
-    (void)method;
-    const Ferry__GradNormRequest *q = req->head;
+ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+                                    ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
     ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
@@ -217,11 +194,9 @@ static void step_metric(Ferry__StepReply *r, Ferry__Metric *metrics, Ferry__Metr
     ptrs[i] = &metrics[i];
 }
 
-ferry_status ferry__ps_on_step(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
+ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q, ferry_rpc_msg *req,
                                ferry_rpc_msg *reply) {
-    ferry__ps_state *ps = user;
-    (void)method;
-    const Ferry__StepRequest *q = req->head;
+    (void)req; /* the header says it all */
     ferry__ps_ctx_table *t = &ps->ctxs;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     if (!isfinite(scale) || scale < 0.0)
@@ -288,11 +263,10 @@ ferry_status ferry__ps_on_step(void *user, ferry_rpc_method method, ferry_rpc_ms
     return st;
 }
 
-ferry_status ferry__ps_on_release(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                  ferry_rpc_msg *reply) {
-    ferry__ps_state *ps = user;
-    (void)method;
-    const Ferry__ReleaseContextRequest *q = req->head;
+ferry_status ferry__ps_on_release_context(ferry__ps_state *ps,
+                                          const Ferry__ReleaseContextRequest *q, ferry_rpc_msg *req,
+                                          ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
     Ferry__ReleaseContextReply r;
@@ -307,3 +281,20 @@ ferry_status ferry__ps_on_release(void *user, ferry_rpc_method method, ferry_rpc
     }
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
+
+/* Each method's handler as the RPC layer calls it: the state from the user pointer and
+ * the request's header, typed. */
+#define FERRY__PS_ADAPTER_(id, Name, snake)                                                        \
+    static ferry_status handle_##snake(void *user, ferry_rpc_method method, ferry_rpc_msg *req,    \
+                                       ferry_rpc_msg *reply) {                                     \
+        (void)method;                                                                              \
+        return ferry__ps_on_##snake(user, req->head, req, reply);                                  \
+    }
+FERRY_RPC_METHOD_MAP(FERRY__PS_ADAPTER_)
+#undef FERRY__PS_ADAPTER_
+
+const ferry_rpc_handler ferry__ps_handlers[FERRY_RPC_METHOD_COUNT] = {
+#define FERRY__PS_ENTRY_(id, Name, snake) [FERRY_RPC_##id] = handle_##snake,
+    FERRY_RPC_METHOD_MAP(FERRY__PS_ENTRY_)
+#undef FERRY__PS_ENTRY_
+};

@@ -37,11 +37,9 @@ static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
                         m->b >= 0 ? ", bias" : "");
 }
 
-ferry_status ferry__ps_on_get_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply) {
-    ferry__ps_state *ps = user;
-    (void)method;
-    const Ferry__GetParamsRequest *q = req->head;
+ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__GetParamsRequest *q,
+                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
@@ -83,11 +81,8 @@ ferry_status ferry__ps_on_get_params(void *user, ferry_rpc_method method, ferry_
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_set_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply) {
-    ferry__ps_state *ps = user;
-    (void)method;
-    const Ferry__SetParamsRequest *q = req->head;
+ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, const Ferry__SetParamsRequest *q,
+                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;

@@ -304,32 +304,14 @@ typedef struct ferry__ps_state {
 } ferry__ps_state;
 
 /* The handler of each method, in ferry_rpc_method order: context calls (handlers.c),
- * parameters (params.c), whole-server calls (admin.c). user is the ferry__ps_state. */
+ * parameters (params.c), whole-server calls (admin.c), each registered with the RPC
+ * server as ferry__ps_handlers[method] (user: the ferry__ps_state). q is req's header. */
+#define FERRY__PS_HANDLER_DECL_(id, Name, snake)                                                   \
+    ferry_status ferry__ps_on_##snake(ferry__ps_state *ps, const Ferry__##Name##Request *q,        \
+                                      ferry_rpc_msg *req, ferry_rpc_msg *reply);
+FERRY_RPC_METHOD_MAP(FERRY__PS_HANDLER_DECL_)
+#undef FERRY__PS_HANDLER_DECL_
 extern const ferry_rpc_handler ferry__ps_handlers[FERRY_RPC_METHOD_COUNT];
-ferry_status ferry__ps_on_hello(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_create_module(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                        ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_forward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                  ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_backward(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                   ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_grad_norm(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                    ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_step(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                               ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_release(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                  ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_get_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_set_params(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_checkpoint(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_stats(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                ferry_rpc_msg *reply);
-ferry_status ferry__ps_on_shutdown(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
-                                   ferry_rpc_msg *reply);
 
 struct ferry_ps_server;
 /* One call through the handler table, as the RPC server makes it (fuzz targets). */

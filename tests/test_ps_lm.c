@@ -1,7 +1,7 @@
 /* test_ps_lm.c - the distributed language model against the local one: the same
  * embedding -> LSTM -> decoder -> cross-entropy model, once as worker/model.c's
  * single block and once with the embedding and decoder on two in-process ferry-ps
- * servers (remote nodes on the local tape, common/dist/tape.h), trained side by side
+ * servers (remote nodes on the local tape, include/ferry/ferry.h), trained side by side
  * with SGD and global-norm clipping. Losses, clipping coefficients and every
  * parameter must stay equal. This is the recipe ferry-trainer's distributed mode
  * follows. */

@@ -1,4 +1,5 @@
 /* contract.c - the tables of contract.h, expanded from its maps. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -113,34 +114,50 @@ static const ProtobufCFieldDescriptor *number_field(const ProtobufCMessage *m, c
     }
 }
 
+/* Reads (write 0) or writes (write 1) the number at p of protobuf-c type `type` as a
+ * double. */
+static void number_rw(void *p, ProtobufCType type, double *v, int write) {
+#define NUMBER_RW_(ctype)                                                                          \
+    do {                                                                                           \
+        if (write)                                                                                 \
+            *(ctype *)p = (ctype)*v;                                                               \
+        else                                                                                       \
+            *v = (double)*(ctype *)p;                                                              \
+    } while (0)
+    switch (type) {
+    case PROTOBUF_C_TYPE_DOUBLE:
+        NUMBER_RW_(double);
+        break;
+    case PROTOBUF_C_TYPE_FLOAT:
+        NUMBER_RW_(float);
+        break;
+    case PROTOBUF_C_TYPE_INT32:
+        NUMBER_RW_(int32_t);
+        break;
+    case PROTOBUF_C_TYPE_UINT32:
+        NUMBER_RW_(uint32_t);
+        break;
+    case PROTOBUF_C_TYPE_INT64:
+        NUMBER_RW_(int64_t);
+        break;
+    case PROTOBUF_C_TYPE_UINT64:
+        NUMBER_RW_(uint64_t);
+        break;
+    default: /* bool */
+        if (write)
+            *(protobuf_c_boolean *)p = *v != 0.0;
+        else
+            *v = *(protobuf_c_boolean *)p ? 1.0 : 0.0;
+        break;
+    }
+#undef NUMBER_RW_
+}
+
 int ferry__proto_get_number(const ProtobufCMessage *m, const char *name, double *out) {
     const ProtobufCFieldDescriptor *f = number_field(m, name);
     if (f == NULL)
         return 0;
-    const char *p = (const char *)m + f->offset;
-    switch (f->type) {
-    case PROTOBUF_C_TYPE_DOUBLE:
-        *out = *(const double *)(const void *)p;
-        break;
-    case PROTOBUF_C_TYPE_FLOAT:
-        *out = (double)*(const float *)(const void *)p;
-        break;
-    case PROTOBUF_C_TYPE_BOOL:
-        *out = *(const protobuf_c_boolean *)(const void *)p ? 1.0 : 0.0;
-        break;
-    case PROTOBUF_C_TYPE_INT32:
-        *out = (double)*(const int32_t *)(const void *)p;
-        break;
-    case PROTOBUF_C_TYPE_UINT32:
-        *out = (double)*(const uint32_t *)(const void *)p;
-        break;
-    case PROTOBUF_C_TYPE_INT64:
-        *out = (double)*(const int64_t *)(const void *)p;
-        break;
-    default:
-        *out = (double)*(const uint64_t *)(const void *)p;
-        break;
-    }
+    number_rw((char *)(uintptr_t)m + f->offset, f->type, out, 0);
     return 1;
 }
 
@@ -148,29 +165,6 @@ int ferry__proto_set_number(ProtobufCMessage *m, const char *name, double v) {
     const ProtobufCFieldDescriptor *f = number_field(m, name);
     if (f == NULL)
         return 0;
-    char *p = (char *)m + f->offset;
-    switch (f->type) {
-    case PROTOBUF_C_TYPE_DOUBLE:
-        *(double *)(void *)p = v;
-        break;
-    case PROTOBUF_C_TYPE_FLOAT:
-        *(float *)(void *)p = (float)v;
-        break;
-    case PROTOBUF_C_TYPE_BOOL:
-        *(protobuf_c_boolean *)(void *)p = v != 0.0;
-        break;
-    case PROTOBUF_C_TYPE_INT32:
-        *(int32_t *)(void *)p = (int32_t)v;
-        break;
-    case PROTOBUF_C_TYPE_UINT32:
-        *(uint32_t *)(void *)p = (uint32_t)v;
-        break;
-    case PROTOBUF_C_TYPE_INT64:
-        *(int64_t *)(void *)p = (int64_t)v;
-        break;
-    default:
-        *(uint64_t *)(void *)p = (uint64_t)v;
-        break;
-    }
+    number_rw((char *)m + f->offset, f->type, &v, 1);
     return 1;
 }

@@ -16,7 +16,7 @@
 #include "ferry/tensor.h"
 
 /* One optimizer update over n floats (dense) or over U rows of width D (rows != NULL),
- * with torch 1.13's single-tensor formulas (see optim/optim.h). Slots hold the optimizer
+ * with torch 1.13's single-tensor formulas (see include/ferry/optim.h). Slots hold the optimizer
  * state with the parameter's layout (rows index param and both slots). The kernel first
  * multiplies the gradient by grad_scale (the clipping scale). Hyper-parameters are double,
  * as Python floats are in torch; the kernel derives its float32 constants from them the way
