@@ -188,14 +188,37 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     return st;
 }
 
-ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
-                                        const float *row_scale, float scale, float *dh) {
-    ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "xent backward", dc, 1);
+/* The pending Forward a decoder Backward answers, or a status. */
+static ferry_status backward_call(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id, int op,
+                                  const char *what, ferry__dist_call **rec) {
+    ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, what, dc, 1);
     if (st != FERRY_OK)
         return st;
-    ferry__dist_call *rec = ferry__dist_call_find(dc, dec, call_id, FERRY__DIST_XENT);
-    if (rec == NULL)
-        return FERRY_ERR_NOT_FOUND;
+    *rec = ferry__dist_call_find(dc, dec, call_id, op);
+    return *rec != NULL ? FERRY_OK : FERRY_ERR_NOT_FOUND;
+}
+
+/* Sends the per-shard Backward requests built in f (when st is FERRY_OK), sums the
+ * shards' dh (dh_id) into dh, and ends the call. */
+static ferry_status backward_finish(ferry_remote *dec, ferry_dist_ctx *dc, ferry__dist_call *rec,
+                                    fan *f, ferry_wire_tensor_id dh_id, float *dh,
+                                    ferry_status st) {
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
+                                f->replies);
+    if (st == FERRY_OK)
+        st = fan_sum_dh(dec, f, dh_id, rec->n, dh);
+    fan_destroy(f);
+    ferry__dist_call_drop(dc, rec);
+    return st;
+}
+
+ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
+                                        const float *row_scale, float scale, float *dh) {
+    ferry__dist_call *rec;
+    ferry_status st = backward_call(dec, dc, call_id, FERRY__DIST_XENT, "xent backward", &rec);
+    if (st != FERRY_OK)
+        return st;
     fan *f = fan_create(dec, NULL);
     if (f == NULL)
         return FERRY_ERR_NOMEM;
@@ -211,14 +234,7 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
             (st = ferry_rpc_msg_add(&f->reqs[k], &l)) == FERRY_OK && row_scale != NULL)
             st = ferry_rpc_msg_add(&f->reqs[k], &r);
     }
-    if (st == FERRY_OK)
-        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
-                                f->replies);
-    if (st == FERRY_OK)
-        st = fan_sum_dh(dec, f, FERRY_WIRE_DECODER_BWD_DH, N, dh);
-    fan_destroy(f);
-    ferry__dist_call_drop(dc, rec);
-    return st;
+    return backward_finish(dec, dc, rec, f, FERRY_WIRE_DECODER_BWD_DH, dh, st);
 }
 
 /* ---- classic logits ---- */
@@ -261,12 +277,10 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, 
 
 ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
                                           const float *dlogits, float *dh) {
-    ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "logits backward", dc, 1);
+    ferry__dist_call *rec;
+    ferry_status st = backward_call(dec, dc, call_id, FERRY__DIST_LOGITS, "logits backward", &rec);
     if (st != FERRY_OK)
         return st;
-    ferry__dist_call *rec = ferry__dist_call_find(dc, dec, call_id, FERRY__DIST_LOGITS);
-    if (rec == NULL)
-        return FERRY_ERR_NOT_FOUND;
     int64_t N = rec->n, V = dec->rows;
     fan *f = fan_create(dec, NULL);
     float *slices = malloc((size_t)(N * V + 1) * sizeof *slices); /* per shard (N, V_s) */
@@ -283,14 +297,8 @@ ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
                                             FERRY_WIRE_MODE_DECODER_LOGITS, NULL)) == FERRY_OK)
             st = ferry_rpc_msg_add(&f->reqs[s], &t);
     }
-    if (st == FERRY_OK)
-        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
-                                f->replies);
-    if (st == FERRY_OK)
-        st = fan_sum_dh(dec, f, FERRY_WIRE_DECODER_LOGITS_BWD_DH, N, dh);
-    fan_destroy(f);
-    free(slices);
-    ferry__dist_call_drop(dc, rec);
+    st = backward_finish(dec, dc, rec, f, FERRY_WIRE_DECODER_LOGITS_BWD_DH, dh, st);
+    free(slices); /* the requests borrowed it until they were sent */
     return st;
 }
 

@@ -85,24 +85,35 @@ static ferry_status constraint(ferry_backend *be, int rows, int64_t n, int64_t p
 
 /* ---- the dissolving map ---- */
 
+/* Both map functions start alike: scratch, the smaller Gram matrix of W into s->S, and
+ * out (n, p) = src. On failure the scratch is given back. */
+static ferry_status map_setup(ferry_backend *be, int rows, int64_t n, int64_t p, const float *W,
+                              const float *src, float *out, float *scratch_mem, scratch *s) {
+    ferry_status st = scratch_get(be, rows ? n : p, scratch_mem, s);
+    if (st != FERRY_OK)
+        return st;
+    st = gram(be, rows, n, p, W, s->S);
+    if (st == FERRY_OK)
+        st = ferry_backend_copy(be, out, src, (size_t)(n * p) * sizeof(float),
+                                FERRY_COPY_DEVICE_TO_DEVICE);
+    if (st != FERRY_OK)
+        scratch_put(be, s);
+    return st;
+}
+
 ferry_status ferry_stiefel_map(ferry_backend *be, int64_t n, int64_t p, const float *W,
                                float *A_out, float *scratch_mem) {
     ferry_status st = check_args(n, p, W, A_out, 1, "stiefel map");
     if (st != FERRY_OK)
         return st;
     int rows = n < p; /* form the smaller Gram matrix; the polynomial is the same */
-    int64_t k = rows ? n : p;
     scratch s;
-    if ((st = scratch_get(be, k, scratch_mem, &s)) != FERRY_OK)
+    if ((st = map_setup(be, rows, n, p, W, W, A_out, scratch_mem, &s)) != FERRY_OK)
         return st;
-    st = gram(be, rows, n, p, W, s.S);
-    if (st == FERRY_OK)
-        st = ferry_backend_copy(be, A_out, W, (size_t)(n * p) * sizeof(float),
-                                FERRY_COPY_DEVICE_TO_DEVICE);
     /* A = 1.5 W - 0.5 W (W^T W)   or   1.5 W - 0.5 (W W^T) W. */
-    if (st == FERRY_OK && !rows)
+    if (!rows)
         st = ferry_backend_gemm(be, 0, 0, n, p, p, -0.5f, W, p, s.S, p, 1.5f, A_out, p);
-    else if (st == FERRY_OK)
+    else
         st = ferry_backend_gemm(be, 0, 0, n, p, n, -0.5f, s.S, n, W, p, 1.5f, A_out, p);
     scratch_put(be, &s);
     return st;
@@ -116,14 +127,9 @@ ferry_status ferry_stiefel_map_backward(ferry_backend *be, int64_t n, int64_t p,
     if (st != FERRY_OK)
         return st;
     int rows = n < p;
-    int64_t k = rows ? n : p;
     scratch s;
-    if ((st = scratch_get(be, k, scratch_mem, &s)) != FERRY_OK)
+    if ((st = map_setup(be, rows, n, p, W, G, dW_out, scratch_mem, &s)) != FERRY_OK)
         return st;
-    st = gram(be, rows, n, p, W, s.S);
-    if (st == FERRY_OK)
-        st = ferry_backend_copy(be, dW_out, G, (size_t)(n * p) * sizeof(float),
-                                FERRY_COPY_DEVICE_TO_DEVICE);
     if (!rows) {
         /* T = W^T G (p, p); dW = 1.5 G - 0.5 G S - 0.5 W T - 0.5 W T^T. */
         if (st == FERRY_OK)
