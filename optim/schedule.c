@@ -57,7 +57,7 @@ ferry_status ferry_lr_schedule_init(ferry_lr_schedule *s, const ferry_lr_schedul
     s->cfg = *cfg;
     if (s->cfg.kind == FERRY_LR_SCHEDULE_STEP && s->cfg.start == 0)
         s->cfg.start = s->cfg.every;
-    s->best = INFINITY;
+    s->best = HUGE_VAL;
     return FERRY_OK;
 }
 

@@ -24,8 +24,8 @@ done
 bash scripts/deps.sh clang libclang-rt-14-dev
 jobs=$(nproc)
 
-echo "== fuzz build (clang, libFuzzer, ASan + UBSan) =="
-CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFERRY_FUZZ=ON -DFERRY_CUDA=OFF \
+echo "== fuzz build (clang, libFuzzer, ASan + UBSan, warnings as errors) =="
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFERRY_FUZZ=ON -DFERRY_CUDA=OFF -DFERRY_WERROR=ON \
     -DFERRY_SANITIZE='address;undefined' -DCMAKE_C_FLAGS='-fsanitize=fuzzer-no-link' >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz
 

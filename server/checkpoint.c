@@ -219,7 +219,7 @@ static ferry_status read_module(ferry__ps_registry *r, FILE *f, const char *path
     ferry__module_config__free_unpacked(cfg, NULL);
     if (st != FERRY_OK)
         return st;
-    uint64_t version, numel;
+    uint64_t version = 0, numel = 0;
     if (!get(f, &version, 8) || !get(f, &numel, 8) || numel != (uint64_t)m->P.numel)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has %llu floats, expected %lld",
                             path, name, (unsigned long long)numel, (long long)m->P.numel);
@@ -237,7 +237,7 @@ ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path) 
     if (f == NULL)
         return ferry_errorf(FERRY_ERR_IO, "cannot open checkpoint %s", path);
     char magic[8];
-    uint32_t format, n;
+    uint32_t format = 0, n = 0;
     ferry_status st = FERRY_OK;
     if (!get(f, magic, 8) || memcmp(magic, CKPT_MAGIC, 8) != 0 || !get(f, &format, 4) ||
         format != CKPT_FORMAT || !get(f, &n, 4))

@@ -240,7 +240,7 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
         return FERRY_OK;
     int constrained = ferry__ps_constrained(m);
     const float *W = ferry_params_data(&m->P, m->w), *w;
-    float *fwd, *bwd;
+    float *fwd = NULL, *bwd = NULL;
     ferry_status st = affine_scratch(m, 1, &fwd);
     if (st == FERRY_OK && (st = affine_scratch(m, 0, &bwd)) != FERRY_OK) {
         ferry_backend_free(be, fwd);
