@@ -76,8 +76,10 @@ function(ferry_add_cuda_backend)
   set_target_properties(ferry_cuda PROPERTIES OUTPUT_NAME ferry-cuda EXPORT_NAME ferry-cuda
     POSITION_INDEPENDENT_CODE ON)
   target_include_directories(ferry_cuda PRIVATE ${PROJECT_SOURCE_DIR}
-    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:include>)
-  target_link_libraries(ferry_cuda PUBLIC CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  # It calls into libferry (the registry, errors): whoever links it links libferry too.
+  target_link_libraries(ferry_cuda PUBLIC ferry_static CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY}
     PRIVATE $<BUILD_INTERFACE:ferry_warnings>)
   add_library(ferry::ferry-cuda ALIAS ferry_cuda)
   message(STATUS "CUDA backend: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${CUDNN_LIBRARY})")

@@ -4,6 +4,10 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
+if(FERRY_NATIVE AND NOT FERRY_SANITIZE)
+  message(STATUS "libferry is tuned for this CPU (-march=native); configure with "
+                 "-DFERRY_NATIVE=OFF to install a library for other machines")
+endif()
 set(_ferry_targets ferry ferry_static)
 if(TARGET ferry_cuda)
   list(APPEND _ferry_targets ferry_cuda)

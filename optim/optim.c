@@ -47,8 +47,8 @@ ferry_status ferry_optim_parse_kind(const char *name, ferry_optim_kind *out) {
 
 /* clang-format off */
 const ferry_optim_field ferry_optim_fields[FERRY_OPTIM_FIELD_COUNT] = {
-#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
-    {#field, flag, sizeof(type) == sizeof(int), lo, hi, open, help},
+#define FIELD_(field, flag, type, uses, lo, hi, open, d0, d1, d2, d3, d4, help)                         \
+    {#field, flag, sizeof(type) == sizeof(int), uses, lo, hi, open, help},
     FERRY_OPTIM_FIELD_MAP(FIELD_)
 #undef FIELD_
 };
@@ -63,7 +63,7 @@ int ferry_optim_field_find(const char *name) {
 
 double ferry_optim_field_get(const ferry_optim_config *c, int i) {
     switch (i) {
-#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                          \
+#define FIELD_(field, flag, type, uses, lo, hi, open, d0, d1, d2, d3, d4, help)                    \
     case FERRY_OPTIM_FIELD_##field:                                                                \
         return (double)c->field;
         FERRY_OPTIM_FIELD_MAP(FIELD_)
@@ -75,7 +75,7 @@ double ferry_optim_field_get(const ferry_optim_config *c, int i) {
 
 void ferry_optim_field_set(ferry_optim_config *c, int i, double v) {
     switch (i) {
-#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                          \
+#define FIELD_(field, flag, type, uses, lo, hi, open, d0, d1, d2, d3, d4, help)                    \
     case FERRY_OPTIM_FIELD_##field:                                                                \
         c->field = sizeof(type) == sizeof(int) ? (type)(v != 0.0) : (type)v;                       \
         return;
@@ -89,8 +89,9 @@ ferry_optim_config ferry_optim_defaults(ferry_optim_kind kind) {
     ferry_optim_config c;
     memset(&c, 0, sizeof c);
     c.kind = kind;
-    FERRY_ASSERT((int)kind >= 0 && (int)kind < KIND_COUNT);
-#define FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)                          \
+    if ((int)kind < 0 || (int)kind >= KIND_COUNT)
+        return c; /* ferry_optim_config_check refuses it */
+#define FIELD_(field, flag, type, uses, lo, hi, open, d0, d1, d2, d3, d4, help)                    \
     {                                                                                              \
         const double d[] = {d0, d1, d2, d3, d4};                                                   \
         c.field = (type)d[kind];                                                                   \
@@ -114,11 +115,12 @@ ferry_status ferry_optim_config_check(const ferry_optim_config *c) {
     for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
         const ferry_optim_field *f = &ferry_optim_fields[i];
         double v = ferry_optim_field_get(c, i);
-        if (!isfinite(v) || v < f->lo || (f->hi_open ? v >= f->hi : v > f->hi))
+        int used = (f->kinds >> c->kind) & 1u;
+        if (!isfinite(v) || (used && (v < f->lo || (f->hi_open ? v >= f->hi : v > f->hi))))
             return ferry_errorf(FERRY_ERR_INVALID, "optimizer: %s = %g is outside [%g, %g%s",
                                 f->name, v, f->lo, f->hi, f->hi_open ? ")" : "]");
     }
-    if (c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
+    if (c->kind == FERRY_OPTIM_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
         return ferry_errorf(FERRY_ERR_INVALID, "optimizer: Nesterov momentum requires a momentum "
                                                "and zero dampening");
     return FERRY_OK;

@@ -249,6 +249,15 @@ TEST(split_step_is_the_clipped_step) {
         CHECK_OK(ferry_dist_ctx_step_start(x1, 0.25, 0.5f, 0.0, &k1, &n1));
         CHECK_EQ(k0 == k1 && n0 == n1, 1);
         CHECK(k1 < 1.0f); /* the clip was active */
+        if (step == 0) { /* while the Step is in flight, the context is not to be used */
+            float kk;
+            double nn;
+            CHECK_STATUS(ferry_dist_ctx_step_start(x1, 0.25, 0.5f, 0.0, &kk, &nn), FERRY_ERR_BUSY);
+            static float hid[N * H];
+            int32_t tg[N] = {0};
+            CHECK_STATUS(ferry_remote_xent_forward(d1, x1, hid, tg, N, NULL, NULL, NULL),
+                         FERRY_ERR_BUSY);
+        }
         CHECK_OK(ferry_dist_ctx_step_wait(x1));
         CHECK_STATUS(ferry_dist_ctx_step_wait(x1), FERRY_ERR_INVALID); /* waited already */
         CHECK_OK(ferry_dist_ctx_metric(x0, "version/dec", &v0));

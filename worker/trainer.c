@@ -36,8 +36,9 @@ ferry_optim_config ferry_trainer_optim(const ferry_trainer_config *cfg) {
     for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
         if (ferry_optim_fields[i].is_int)
             ferry_optim_field_set(&oc, i, cfg->optim_switch[i] ? 1.0 : 0.0);
-        else if (!isnan(cfg->optim[i]))
-            ferry_optim_field_set(&oc, i, cfg->optim[i]);
+        else if (!isnan(cfg->optim[i])) /* at float precision, as the learning rate the
+                                             trainer schedules and sends the shards is */
+            ferry_optim_field_set(&oc, i, (double)(float)cfg->optim[i]);
     }
     return oc;
 }
@@ -124,8 +125,8 @@ typedef struct trainer {
     ferry_lr_schedule sched;
     ferry_metrics *metrics;
     ferry_progress *progress;
-    int epoch;       /* current epoch, 1-based */
-    int64_t step;    /* optimizer steps done in total */
+    int epoch;    /* current epoch, 1-based */
+    int64_t step; /* optimizer steps done in total */
     float lr;
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
@@ -138,8 +139,10 @@ static ferry_status make_batches(const ferry_trainer_config *cfg, const ferry_co
     if (limit > 0 && limit < n)
         n = limit;
     if (n < 2 * (int64_t)B)
-        return ferry_errorf(FERRY_ERR_INVALID, "%s split of %s has %lld tokens: too few for "
-                            "batch size %d", ferry_split_name(s), cfg->data, (long long)n, B);
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "%s split of %s has %lld tokens: too few for "
+                            "batch size %d",
+                            ferry_split_name(s), cfg->data, (long long)n, B);
     return ferry_batch_create(ids, n, B, out);
 }
 
@@ -167,8 +170,7 @@ static ferry_status evaluate(trainer *t, const ferry_batches *b, double *loss_ou
             break;
         window_tensors(&w, &in, &tg);
         ferry_ctx_reset(t->ctx, 0);
-        if ((st = ferry_lm_forward(t->lm, t->ctx, NULL, &in, &tg, 1.0f, &loss, &sum)) !=
-            FERRY_OK)
+        if ((st = ferry_lm_forward(t->lm, t->ctx, NULL, &in, &tg, 1.0f, &loss, &sum)) != FERRY_OK)
             break;
         total += sum;
         tokens += (int64_t)w.T * w.B;
@@ -265,11 +267,15 @@ static ferry_status train_epoch(trainer *t, int *stop) {
         win_steps++;
         tokens += (int64_t)w.T * w.B;
         double el = ferry_now() - t0;
-        ferry_progress_stats ps = {t->epoch, i + 1, win_loss / (double)win_tokens, t->lr,
-                                   (double)tokens / (el > 0 ? el : 1e-9), el};
+        ferry_progress_stats ps = {t->epoch,
+                                   i + 1,
+                                   win_loss / (double)win_tokens,
+                                   t->lr,
+                                   (double)tokens / (el > 0 ? el : 1e-9),
+                                   el};
         ferry_progress_update(t->progress, &ps);
-        int last = start + cfg->bptt >= nsteps - 1 || (cfg->max_steps > 0 &&
-                                                       t->step >= cfg->max_steps);
+        int last =
+            start + cfg->bptt >= nsteps - 1 || (cfg->max_steps > 0 && t->step >= cfg->max_steps);
         if ((i + 1) % cfg->log_interval == 0 || last) {
             st = log_train(t, win_steps, win_loss / (double)win_tokens, ps.tokens_per_s);
             win_loss = 0.0;
@@ -286,8 +292,8 @@ static ferry_status train_epoch(trainer *t, int *stop) {
     ferry_progress_destroy(t->progress);
     t->progress = NULL;
     if (st == FERRY_OK)
-        FERRY_LOG_INFO("epoch %d done: %lld steps, %.0f tokens/s, %.1f s", t->epoch,
-                       (long long)i, (double)tokens / (ferry_now() - t0), ferry_now() - t0);
+        FERRY_LOG_INFO("epoch %d done: %lld steps, %.0f tokens/s, %.1f s", t->epoch, (long long)i,
+                       (double)tokens / (ferry_now() - t0), ferry_now() - t0);
     return st;
 }
 
@@ -320,11 +326,17 @@ static ferry_status trainer_setup(trainer *t) {
                            &t->train)) != FERRY_OK ||
         (st = make_batches(cfg, t->corpus, FERRY_SPLIT_VALID, cfg->eval_batch_size,
                            cfg->eval_tokens, &t->valid)) != FERRY_OK ||
-        (st = make_batches(cfg, t->corpus, FERRY_SPLIT_TEST, cfg->eval_batch_size,
-                           cfg->eval_tokens, &t->test)) != FERRY_OK)
+        (st = make_batches(cfg, t->corpus, FERRY_SPLIT_TEST, cfg->eval_batch_size, cfg->eval_tokens,
+                           &t->test)) != FERRY_OK)
         return st;
-    ferry_lm_config mc = {V,           cfg->emsize, cfg->nhid,      cfg->nlayers, cfg->dropout,
-                          cfg->init_scale, cfg->stiefel, (uint64_t)cfg->seed};
+    ferry_lm_config mc = {V,
+                          cfg->emsize,
+                          cfg->nhid,
+                          cfg->nlayers,
+                          cfg->dropout,
+                          cfg->init_scale,
+                          cfg->stiefel,
+                          (uint64_t)cfg->seed};
     ferry_optim_config oc = ferry_trainer_optim(cfg);
     t->lr = (float)oc.lr;
     ferry_lr_schedule_config sc = ferry_lr_schedule_defaults((ferry_lr_schedule_kind)cfg->schedule);
@@ -345,8 +357,8 @@ static ferry_status trainer_setup(trainer *t) {
             return st;
         ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc};
         st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
-        if (st == FERRY_OK && (!ferry_remote_created(t->lm->emb_remote) ||
-                               !ferry_remote_created(t->lm->dec_remote)))
+        if (st == FERRY_OK &&
+            (!ferry_remote_created(t->lm->emb_remote) || !ferry_remote_created(t->lm->dec_remote)))
             FERRY_LOG_WARN("ferry-ps already hosts 'encoder'/'decoder' of this shape: training "
                            "continues from their current parameters (restart ferry-ps for a "
                            "fresh model)");
@@ -361,15 +373,15 @@ static ferry_status trainer_setup(trainer *t) {
         return st;
     if ((st = ferry_ctx_create(t->be, &t->ctx)) != FERRY_OK)
         return st;
-    if (cfg->metrics_out != NULL && (st = ferry_metrics_open(cfg->metrics_out, &t->metrics)) !=
-                                        FERRY_OK)
+    if (cfg->metrics_out != NULL &&
+        (st = ferry_metrics_open(cfg->metrics_out, &t->metrics)) != FERRY_OK)
         return st;
     t->epoch = 1;
     if (cfg->load != NULL) {
         ferry_checkpoint_info info;
         if ((st = ferry_checkpoint_load(cfg->load, t->lm, t->opt,
-                                        ferry_vocab_hash(ferry_corpus_vocab(t->corpus)),
-                                        &info)) != FERRY_OK)
+                                        ferry_vocab_hash(ferry_corpus_vocab(t->corpus)), &info)) !=
+            FERRY_OK)
             return st;
         t->epoch = info.epoch + 1;
         t->step = info.step;

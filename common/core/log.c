@@ -1,6 +1,7 @@
 /* log.c - one formatted line per call on stderr, written with a single fwrite
  * so that lines from several threads never interleave. */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -12,23 +13,17 @@
 
 static _Atomic int log_level = FERRY_LOG_LEVEL_INFO;
 static char log_prog[32] = "ferry";
-/* The host program's sink; both words are read together under no lock, so a sink is
- * published with its user pointer as one struct. */
-typedef struct log_route {
-    ferry_log_sink sink;
-    void *user;
-} log_route;
-static log_route log_routes[2];
-static _Atomic int log_route_cur = -1; /* index into log_routes, -1: stderr */
+/* The host program's sink, if any. Lines read it under the read lock, so a sink (and
+ * its user pointer) is never swapped while a line is being handed to it. */
+static pthread_rwlock_t log_route_lock = PTHREAD_RWLOCK_INITIALIZER;
+static ferry_log_sink log_sink;
+static void *log_sink_user;
 
 void ferry_log_set_sink(ferry_log_sink sink, void *user) {
-    if (sink == NULL) {
-        atomic_store(&log_route_cur, -1);
-        return;
-    }
-    int next = atomic_load(&log_route_cur) == 0 ? 1 : 0;
-    log_routes[next] = (log_route){sink, user};
-    atomic_store(&log_route_cur, next);
+    pthread_rwlock_wrlock(&log_route_lock);
+    log_sink = sink;
+    log_sink_user = user;
+    pthread_rwlock_unlock(&log_route_lock);
 }
 
 ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out) {
@@ -72,12 +67,14 @@ static int log_prefix(char *buf, size_t cap, ferry_log_level level) {
 
 static void log_write(ferry_log_level level, const char *fmt, va_list ap) {
     char line[2048];
-    int route = atomic_load(&log_route_cur);
-    if (route >= 0) {
+    pthread_rwlock_rdlock(&log_route_lock);
+    if (log_sink != NULL) {
         (void)vsnprintf(line, sizeof line, fmt, ap);
-        log_routes[route].sink(log_routes[route].user, level, line);
+        log_sink(log_sink_user, level, line);
+        pthread_rwlock_unlock(&log_route_lock);
         return;
     }
+    pthread_rwlock_unlock(&log_route_lock);
     int n = log_prefix(line, sizeof line, level);
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);

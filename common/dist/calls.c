@@ -19,6 +19,10 @@ ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, co
     if (m->kind != kind)
         return ferry_errorf(FERRY_ERR_INVALID, "%s: module '%s' is not %s", what, m->name,
                             names[kind]);
+    if (dc != NULL && dc->step_pending)
+        return ferry_errorf(FERRY_ERR_BUSY,
+                            "%s of '%s': a Step is in flight (ferry_dist_ctx_step_wait first)",
+                            what, m->name);
     if ((dc != NULL && dc->id == 0) || (need_ctx && dc == NULL))
         return ferry_errorf(FERRY_ERR_INVALID,
                             "%s of '%s': no distributed context is open (ferry_dist_ctx_begin)",

@@ -96,11 +96,12 @@ static int touched_any(const ferry_dist_ctx *dc) {
     return 0;
 }
 
+static void step_settle(ferry_dist_ctx *dc);
+
 void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
     if (dc == NULL)
         return;
-    if (dc->step_pending == 1) /* a started Step nobody waited for */
-        pthread_join(dc->step_thread, NULL);
+    step_settle(dc);
     if (dc->id != 0 && touched_any(dc) && ferry_dist_ctx_release(dc) != FERRY_OK)
         FERRY_LOG_WARN("context left to the servers' sweep: %s", ferry_error_last());
     ctx_close(dc);
@@ -109,7 +110,20 @@ void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
     free(dc);
 }
 
+/* A Step started and never waited for: wait for it now (its outcome is logged), so no
+ * other call touches the context while the step thread does. */
+static void step_settle(ferry_dist_ctx *dc) {
+    if (dc->step_pending == 0)
+        return;
+    if (dc->step_pending == 1)
+        pthread_join(dc->step_thread, NULL);
+    dc->step_pending = 0;
+    if (dc->step_st != FERRY_OK)
+        FERRY_LOG_WARN("a Step nobody waited for failed: %s", dc->step_err);
+}
+
 uint64_t ferry_dist_ctx_begin(ferry_dist_ctx *dc) {
+    step_settle(dc);
     if (dc->id != 0 && touched_any(dc) && ferry_dist_ctx_release(dc) != FERRY_OK)
         FERRY_LOG_WARN("context %#llx left to the servers' sweep: %s", (unsigned long long)dc->id,
                        ferry_error_last());
@@ -159,6 +173,7 @@ static ferry_status no_context(void) {
 }
 
 ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
+    step_settle(dc);
     if (dc->id == 0)
         return no_context();
     Ferry__GradNormRequest q;
@@ -225,7 +240,8 @@ ferry_status ferry_dist_ctx_metric(const ferry_dist_ctx *dc, const char *name, d
                         name, dc->nmetrics);
 }
 
-ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr) {
+/* The Step itself; the split step's thread runs it. */
+static ferry_status step_now(ferry_dist_ctx *dc, float grad_scale, double lr) {
     metrics_clear(dc);
     if (dc->id == 0)
         return no_context();
@@ -248,6 +264,11 @@ ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr
     replies_deinit(replies, n);
     ctx_close(dc);
     return st;
+}
+
+ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr) {
+    step_settle(dc);
+    return step_now(dc, grad_scale, lr);
 }
 
 /* The global norm over local_sumsq and the servers' GradNorm, and the clipping
@@ -289,12 +310,12 @@ ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, fl
     ferry_status st = clip_coef(dc, local_sumsq, max_norm, &k, norm);
     if (coef != NULL)
         *coef = k;
-    return st != FERRY_OK ? st : ferry_dist_ctx_step(dc, k, lr);
+    return st != FERRY_OK ? st : step_now(dc, k, lr);
 }
 
 static void *step_thread_run(void *arg) {
     ferry_dist_ctx *dc = arg;
-    dc->step_st = ferry_dist_ctx_step(dc, dc->step_coef, dc->step_lr);
+    dc->step_st = step_now(dc, dc->step_coef, dc->step_lr);
     (void)snprintf(dc->step_err, sizeof dc->step_err, "%s",
                    dc->step_st != FERRY_OK ? ferry_error_last() : "");
     return NULL;
@@ -333,6 +354,7 @@ ferry_status ferry_dist_ctx_step_wait(ferry_dist_ctx *dc) {
 }
 
 ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc) {
+    step_settle(dc);
     if (dc->id == 0)
         return FERRY_OK;
     Ferry__ReleaseContextRequest q;

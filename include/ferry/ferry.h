@@ -277,9 +277,11 @@ ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, fl
  * start computes the global norm and coefficient exactly as ferry_dist_ctx_clip_step,
  * sends Step to every touched server from a thread of its own, and returns. Its errors
  * are clip_step's (GradNorm failures; a non-finite norm releases the context): then no
- * Step was sent and wait must not be called. wait returns the Step's status (its
- * detail naming the peer) and must be called exactly once after a successful start;
- * dc is not to be used in between. */
+ * Step was sent and wait must not be called; and FERRY_ERR_BUSY when a started Step
+ * was not waited for yet. wait returns the Step's status (its detail naming the peer)
+ * and is called once after each successful start. Meanwhile calls with dc get
+ * FERRY_ERR_BUSY, and begin, release, step and grad_sumsq wait for the Step first
+ * (logging a failure nobody asked for); the cluster must outlive it. */
 ferry_status ferry_dist_ctx_step_start(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
                                        double lr, float *coef, double *norm);
 ferry_status ferry_dist_ctx_step_wait(ferry_dist_ctx *dc);
@@ -297,9 +299,9 @@ typedef struct ferry_dist_metric {
     double value;
 } ferry_dist_metric;
 
-/* The metrics every server returned with this object's last Step (ferry_dist_ctx_step
- * or ferry_dist_ctx_clip_step), in server order; *out points into dc and stays valid
- * until dc's next Step or ferry_dist_ctx_destroy (ferry_dist_ctx_begin keeps it).
+/* The metrics every server returned with this object's last Step (ferry_dist_ctx_step,
+ * ferry_dist_ctx_clip_step, or a split step once waited for), in server order; *out points into dc
+ * and stays valid until dc's next Step or ferry_dist_ctx_destroy (ferry_dist_ctx_begin keeps it).
  * Returns their count: 0 before any Step, and after a Step that failed or was not
  * sent. */
 int ferry_dist_ctx_metrics(const ferry_dist_ctx *dc, const ferry_dist_metric **out);

@@ -39,9 +39,8 @@ ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out);
  * several threads at once (ferry-ps handlers, RPC threads): it must be thread-safe
  * and must not call back into ferry. */
 typedef void (*ferry_log_sink)(void *user, ferry_log_level level, const char *message);
-/* Routes every later line to sink (NULL: back to stderr). Set it before starting
- * threads that log; the previous sink may still receive lines that were being
- * written while this call ran. */
+/* Routes every later line to sink (NULL: back to stderr). Thread-safe: it waits for
+ * lines being handed to the previous sink, which receives none afterwards. */
 void ferry_log_set_sink(ferry_log_sink sink, void *user);
 
 #ifdef __cplusplus

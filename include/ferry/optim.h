@@ -37,35 +37,46 @@ extern "C" {
 /* Every hyper-parameter, once. This list makes the struct below, the defaults, the
  * range checks, ferry-trainer's flags (--<flag>), the CreateModule message the client
  * sends and the server's parsing of it:
- *   X(field, flag, type, lo, hi, hi_open, sgd, adagrad, adadelta, adam, adamw, help)
- * type is double or int (a 0/1 switch); a value must be finite and in [lo, hi] (hi
- * excluded when hi_open); the five numbers are torch 1.13's defaults per kind (SGD has
+ *   X(field, flag, type, uses, lo, hi, hi_open, sgd, adagrad, adadelta, adam, adamw, help)
+ * type is double or int (a 0/1 switch); uses, the kinds whose update reads the field;
+ * a value must be finite, and for a kind that uses it in [lo, hi] (hi excluded when
+ * hi_open); the five numbers are torch 1.13's defaults per kind (SGD has
  * no default lr in torch: ours is 1). Fields a kind does not use are ignored by its
- * update (but checked, and compared when a module is created again). */
+ * update (but compared when a module is created again). */
+#define FERRY_OPTIM_BIT(kind)  (1u << FERRY_OPTIM_##kind)
+#define FERRY_OPTIM_ALL_KINDS  0x1fu
+#define FERRY_OPTIM_ADAM_KINDS (FERRY_OPTIM_BIT(ADAM) | FERRY_OPTIM_BIT(ADAMW))
+#define FERRY_OPTIM_EPS_KINDS  (FERRY_OPTIM_ALL_KINDS & ~FERRY_OPTIM_BIT(SGD))
 #define FERRY_OPTIM_FIELD_MAP(X)                                                                   \
-    X(lr, "lr", double, 0, HUGE_VAL, 0, 1.0, 0.01, 1.0, 1e-3, 1e-3, "learning rate")               \
-    X(momentum, "momentum", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0, "SGD momentum")                 \
-    X(dampening, "dampening", double, -HUGE_VAL, HUGE_VAL, 0, 0, 0, 0, 0, 0,                       \
+    X(lr, "lr", double, FERRY_OPTIM_ALL_KINDS, 0, HUGE_VAL, 0, 1.0, 0.01, 1.0, 1e-3, 1e-3,         \
+      "learning rate")                                                                             \
+    X(momentum, "momentum", double, FERRY_OPTIM_BIT(SGD), 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,           \
+      "SGD momentum")                                                                              \
+    X(dampening, "dampening", double, FERRY_OPTIM_BIT(SGD), -HUGE_VAL, HUGE_VAL, 0, 0, 0, 0, 0, 0, \
       "SGD momentum dampening")                                                                    \
-    X(nesterov, "nesterov", int, 0, 1, 0, 0, 0, 0, 0, 0,                                           \
+    X(nesterov, "nesterov", int, FERRY_OPTIM_BIT(SGD), 0, 1, 0, 0, 0, 0, 0, 0,                     \
       "SGD Nesterov momentum (needs momentum > 0 and dampening 0)")                                \
-    X(weight_decay, "weight-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0.01,                      \
-      "L2 penalty folded into the gradient (AdamW: decoupled decay)")                              \
-    X(lr_decay, "adagrad-lr-decay", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,                         \
-      "Adagrad: lr / (1 + (t - 1) lr_decay)")                                                      \
-    X(initial_accumulator, "initial-accumulator", double, 0, HUGE_VAL, 0, 0, 0, 0, 0, 0,           \
-      "Adagrad: initial value of the squared-gradient sum")                                        \
-    X(rho, "rho", double, 0, 1, 0, 0, 0, 0.9, 0, 0, "Adadelta decay of the running averages")      \
-    X(beta1, "beta1", double, 0, 1, 1, 0, 0, 0, 0.9, 0.9, "Adam(W) first-moment decay")            \
-    X(beta2, "beta2", double, 0, 1, 1, 0, 0, 0, 0.999, 0.999, "Adam(W) second-moment decay")       \
-    X(eps, "eps", double, 0, HUGE_VAL, 0, 0, 1e-10, 1e-6, 1e-8, 1e-8,                              \
+    X(weight_decay, "weight-decay", double, FERRY_OPTIM_ALL_KINDS, 0, HUGE_VAL, 0, 0, 0, 0, 0,     \
+      0.01, "L2 penalty folded into the gradient (AdamW: decoupled decay)")                        \
+    X(lr_decay, "adagrad-lr-decay", double, FERRY_OPTIM_BIT(ADAGRAD), 0, HUGE_VAL, 0, 0, 0, 0, 0,  \
+      0, "Adagrad: lr / (1 + (t - 1) lr_decay)")                                                   \
+    X(initial_accumulator, "initial-accumulator", double, FERRY_OPTIM_BIT(ADAGRAD), 0, HUGE_VAL,   \
+      0, 0, 0, 0, 0, 0, "Adagrad: initial value of the squared-gradient sum")                      \
+    X(rho, "rho", double, FERRY_OPTIM_BIT(ADADELTA), 0, 1, 0, 0, 0, 0.9, 0, 0,                     \
+      "Adadelta decay of the running averages")                                                    \
+    X(beta1, "beta1", double, FERRY_OPTIM_ADAM_KINDS, 0, 1, 1, 0, 0, 0, 0.9, 0.9,                  \
+      "Adam(W) first-moment decay")                                                                \
+    X(beta2, "beta2", double, FERRY_OPTIM_ADAM_KINDS, 0, 1, 1, 0, 0, 0, 0.999, 0.999,              \
+      "Adam(W) second-moment decay")                                                               \
+    X(eps, "eps", double, FERRY_OPTIM_EPS_KINDS, 0, HUGE_VAL, 0, 0, 1e-10, 1e-6, 1e-8, 1e-8,       \
       "term added to the denominator (Adagrad, Adadelta, Adam, AdamW)")
 
 /* Hyper-parameters; doubles, as torch keeps them in Python floats; the kernel derives
  * float32 constants the way torch does. */
 typedef struct ferry_optim_config {
     ferry_optim_kind kind;
-#define FERRY_OPTIM_FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help) type field;
+#define FERRY_OPTIM_FIELD_(field, flag, type, uses, lo, hi, open, d0, d1, d2, d3, d4, help)        \
+    type field;
     FERRY_OPTIM_FIELD_MAP(FERRY_OPTIM_FIELD_)
 #undef FERRY_OPTIM_FIELD_
 } ferry_optim_config;
@@ -75,13 +86,14 @@ typedef struct ferry_optim_field {
     const char *name; /* the struct field: "weight_decay" */
     const char *flag; /* ferry-trainer's flag: "weight-decay" */
     int is_int;       /* a 0/1 switch (int field) rather than a double */
+    unsigned kinds;   /* FERRY_OPTIM_BIT of each kind whose update reads it */
     double lo, hi;
     int hi_open;
     const char *help;
 } ferry_optim_field;
 
 enum {
-#define FERRY_OPTIM_FIELD_(field, flag, type, lo, hi, open, d0, d1, d2, d3, d4, help)              \
+#define FERRY_OPTIM_FIELD_(field, flag, type, uses, lo, hi, open, d0, d1, d2, d3, d4, help)        \
     FERRY_OPTIM_FIELD_##field,
     FERRY_OPTIM_FIELD_MAP(FERRY_OPTIM_FIELD_)
 #undef FERRY_OPTIM_FIELD_
@@ -110,10 +122,10 @@ ferry_status ferry_optim_config_named(const char *name, ferry_optim_config *out)
 ferry_status ferry_optim_parse_kind(const char *name, ferry_optim_kind *out);
 /* The name parse_kind accepts; "unknown" for a value outside the enum. */
 const char *ferry_optim_kind_name(ferry_optim_kind kind);
-/* Checks every field's range from FERRY_OPTIM_FIELD_MAP (the ones torch checks: lr, eps,
- * weight_decay, momentum >= 0; betas in [0, 1), rho in [0, 1]; all finite), that
- * Nesterov has momentum > 0 and zero dampening, and a known kind. FERRY_ERR_INVALID
- * naming the offending field. */
+/* Checks, from FERRY_OPTIM_FIELD_MAP, the range of every field the kind uses (the ones
+ * torch checks: lr, eps, weight_decay, momentum >= 0; betas in [0, 1), rho in [0, 1]),
+ * that every field is finite, that SGD's Nesterov has momentum > 0 and zero dampening,
+ * and a known kind. FERRY_ERR_INVALID naming the offending field. */
 ferry_status ferry_optim_config_check(const ferry_optim_config *cfg);
 
 /* Per-element state slots the optimizer keeps (0, 1 or 2 floats per parameter

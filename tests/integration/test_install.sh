@@ -15,8 +15,9 @@ fi
 PREFIX=$TMP/prefix
 cmake --install "$FERRY_BIN" --prefix "$PREFIX" >"$TMP/install.log" ||
     fail "cmake --install: $(tail -3 "$TMP/install.log")"
-LIBDIR=$(dirname "$(find "$PREFIX" -name 'libferry.so' -print -quit)")
-[ -n "$LIBDIR" ] || fail "no libferry.so under $PREFIX"
+so=$(find "$PREFIX" -name 'libferry.so' -print -quit)
+[ -n "$so" ] || fail "no libferry.so under $PREFIX"
+LIBDIR=$(dirname "$so")
 for f in "$LIBDIR/libferry.a" "$LIBDIR/pkgconfig/ferry.pc" "$LIBDIR/cmake/ferry/ferryConfig.cmake" \
     "$PREFIX/include/ferry/ferry.h" "$PREFIX/bin/ferry-ps" "$PREFIX/bin/ferry-trainer"; do
     [ -e "$f" ] || fail "not installed: $f"
@@ -40,7 +41,7 @@ for h in "$PREFIX"/include/ferry/*.h; do
 done
 ok "$(ls "$PREFIX"/include/ferry/*.h | wc -l) public headers compile on their own$(command -v c++ >/dev/null && echo ' (C11 and C++)')"
 
-# 1. pkg-config alone.
+# 1. pkg-config alone (ferry.pc; the shared library).
 export PKG_CONFIG_PATH=$LIBDIR/pkgconfig
 mkdir -p "$TMP/pc"
 # shellcheck disable=SC2046
@@ -56,14 +57,23 @@ cmake --build "$TMP/cm" >>"$TMP/cm.log" 2>&1 || fail "build: $(tail -5 "$TMP/cm.
 [ -x "$TMP/cm/classic_lm" ] || fail "find_package build made no classic_lm"
 ok "classic_lm built out of tree with find_package(ferry)"
 
+# 3. find_package(ferry) and ferry::ferry_static: no libferry.so at run time.
+cmake -S "$FERRY_SRC/examples" -B "$TMP/st" -DCMAKE_PREFIX_PATH="$PREFIX" \
+    -DFERRY_EXAMPLES_STATIC=ON >"$TMP/st.log" 2>&1 || fail "configure static: $(tail -5 "$TMP/st.log")"
+cmake --build "$TMP/st" >>"$TMP/st.log" 2>&1 || fail "build static: $(tail -5 "$TMP/st.log")"
+ldd "$TMP/st/classic_lm" | grep -q 'libferry\.so' && fail "the ferry::ferry_static build loads libferry.so"
+ok "classic_lm built against ferry::ferry_static (libferry.a; no libferry.so at run time)"
+
 # No CUDA at link or run time: not in libferry, not in the clients.
-for bin in "$LIBDIR/libferry.so" "$TMP/pc/classic_lm" "$TMP/cm/classic_lm"; do
+for bin in "$LIBDIR/libferry.so" "$TMP/pc/classic_lm" "$TMP/cm/classic_lm" "$TMP/st/classic_lm"; do
     ldd "$bin" >"$TMP/ldd" || fail "ldd $bin"
     grep -qiE 'libcuda|libcudart|libcublas|libcudnn' "$TMP/ldd" && fail "$bin needs CUDA: $(grep -iE 'cud' "$TMP/ldd")"
     grep -q 'not found' "$TMP/ldd" && fail "$bin has unresolved libraries: $(grep 'not found' "$TMP/ldd")"
 done
-grep -q "$LIBDIR/libferry.so" <(ldd "$TMP/cm/classic_lm") || fail "classic_lm does not load the installed libferry"
-ok "ldd: libferry and both clients load no CUDA library"
+for bin in "$TMP/pc/classic_lm" "$TMP/cm/classic_lm"; do
+    grep -q "$LIBDIR/libferry.so" <(ldd "$bin") || fail "$bin does not load the installed libferry"
+done
+ok "ldd: libferry and the three clients load no CUDA library; the two shared ones load the installed libferry"
 
 # Both train against the installed ferry-ps.
 "$PREFIX/bin/ferry-ps" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn 2>"$TMP/ps.log" &
@@ -75,7 +85,7 @@ for _ in $(seq 100); do
 done
 [ -s "$TMP/port" ] || fail "ferry-ps wrote no port file within 10 s"
 port=$(cat "$TMP/port")
-for bin in "$TMP/pc/classic_lm" "$TMP/cm/classic_lm"; do
+for bin in "$TMP/pc/classic_lm" "$TMP/cm/classic_lm" "$TMP/st/classic_lm"; do
     "$bin" "127.0.0.1:$port" 30 >"$TMP/out" 2>"$TMP/err" || fail "$bin exited $?: $(tail -3 "$TMP/err")"
     first=$(awk '/^step/ { print $4; exit }' "$TMP/out")
     last=$(awk '/^step/ { v = $4 } END { print v }' "$TMP/out")
