@@ -11,6 +11,12 @@
 #include "ferry/version.h"
 #include "server/ps-impl.h"
 
+/* The bound port, 0 without the network. */
+static int state_port(ferry__ps_state *s) {
+    ferry_rpc_server *rpc = atomic_load(&s->rpc);
+    return rpc != NULL ? ferry_rpc_server_port(rpc) : 0;
+}
+
 /* The id is completed once the port is known, possibly after the first call. */
 static void server_id_copy(ferry__ps_state *s, char *out) {
     pthread_mutex_lock(&s->id_mu);
@@ -180,7 +186,7 @@ static ferry_status checkpoint_name(ferry__ps_state *s, const char *name, uint64
                             "(up to 127 of [A-Za-z0-9._-], not starting with '.')",
                             name);
     int k = n > 0 ? snprintf(out, cap, "%s", name)
-                  : snprintf(out, cap, "ferry-ps-%d-step%llu.ckpt", atomic_load(&s->port),
+                  : snprintf(out, cap, "ferry-ps-%d-step%llu.ckpt", state_port(s),
                              (unsigned long long)step);
     if (k < 0 || (size_t)k >= cap)
         return ferry_errorf(FERRY_ERR_INVALID, "checkpoint name too long");

@@ -22,9 +22,9 @@ static ferry_status decoder_declare(ferry__ps_module *m) {
     const ferry__ps_module_config *c = &m->cfg;
     m->rows = c->row_count;
     m->cols = c->dims[1];
-    ferry_status st = ferry_params_add(&m->P, "weight", ferry_shape_2d(m->rows, m->cols), 0, &m->w);
+    ferry_status st = ferry_params_add(&m->P, FERRY_WIRE_PARAM_NAME(WEIGHT), ferry_shape_2d(m->rows, m->cols), 0, &m->w);
     if (st == FERRY_OK)
-        st = ferry_params_add(&m->P, "bias", ferry_shape_1d(m->rows), 0, &m->b);
+        st = ferry_params_add(&m->P, FERRY_WIRE_PARAM_NAME(BIAS), ferry_shape_1d(m->rows), 0, &m->b);
     return st;
 }
 

@@ -14,7 +14,7 @@ static ferry_status embedding_declare(ferry__ps_module *m) {
     m->rows = m->cfg.row_count;
     m->cols = m->cfg.dims[1];
     m->b = -1;
-    return ferry_params_add(&m->P, "weight", ferry_shape_2d(m->rows, m->cols),
+    return ferry_params_add(&m->P, FERRY_WIRE_PARAM_NAME(WEIGHT), ferry_shape_2d(m->rows, m->cols),
                             FERRY_PARAM_ROW_SPARSE, &m->w);
 }
 

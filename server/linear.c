@@ -197,10 +197,12 @@ ferry_status ferry__ps_constraint_metrics(const ferry__ps_module *m, double *pen
 /* ---- the linear map shared with the decoder's logits mode ---- */
 
 /* The affine map of common/nn/affine.c, the local Linear's own, with scratch from the
- * backend for the duration of the call: A(W) of a constrained weight, then (backward)
- * the map's gradient buffers. */
-static ferry_status affine_scratch(const ferry__ps_module *m, int forward, float **buf) {
-    int64_t n = ferry_affine_scratch_floats(m->cols, m->rows, ferry__ps_constrained(m), forward);
+ * backend for the duration of the call, one block: A(W) of a constrained weight and
+ * the map's scratch, then (backward) the map's gradient buffers. */
+static ferry_status affine_scratch(const ferry__ps_module *m, int backward, float **buf) {
+    int c = ferry__ps_constrained(m);
+    int64_t n = ferry_affine_scratch_floats(m->cols, m->rows, c, 1) +
+                (backward ? ferry_affine_scratch_floats(m->cols, m->rows, c, 0) : 0);
     *buf = NULL;
     if (n == 0)
         return FERRY_OK;
@@ -216,7 +218,7 @@ ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const 
     ferry_backend *be = m->P.be;
     const float *w;
     float *buf;
-    ferry_status st = affine_scratch(m, 1, &buf);
+    ferry_status st = affine_scratch(m, 0, &buf);
     if (st == FERRY_OK)
         st = ferry_affine_weight(be, m->cols, m->rows, ferry_params_data(&m->P, m->w),
                                  ferry__ps_constrained(m), buf, &w);
@@ -240,19 +242,16 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
         return FERRY_OK;
     int constrained = ferry__ps_constrained(m);
     const float *W = ferry_params_data(&m->P, m->w), *w;
-    float *fwd = NULL, *bwd = NULL;
-    ferry_status st = affine_scratch(m, 1, &fwd);
-    if (st == FERRY_OK && (st = affine_scratch(m, 0, &bwd)) != FERRY_OK) {
-        ferry_backend_free(be, fwd);
-        return st;
-    }
+    float *buf; /* A(W) and its scratch, then the backward's (none when unconstrained) */
+    ferry_status st = affine_scratch(m, 1, &buf);
     if (st == FERRY_OK)
-        st = ferry_affine_weight(be, m->cols, m->rows, W, constrained, fwd, &w);
+        st = ferry_affine_weight(be, m->cols, m->rows, W, constrained, buf, &w);
     if (st == FERRY_OK)
-        st = ferry_affine_backward(be, N, m->cols, m->rows, x, dy, W, w, constrained, dW, db, dx, 0,
-                                   bwd);
-    ferry_backend_free(be, fwd);
-    ferry_backend_free(be, bwd);
+        st = ferry_affine_backward(
+            be, N, m->cols, m->rows, x, dy, W, w, constrained, dW, db, dx, 0,
+            buf != NULL ? buf + ferry_affine_scratch_floats(m->cols, m->rows, constrained, 1)
+                        : NULL);
+    ferry_backend_free(be, buf);
     return st;
 }
 
@@ -323,11 +322,12 @@ static ferry_status linear_declare(ferry__ps_module *m) {
     m->rows = D;
     m->cols = C;
     m->b = -1;
-    ferry_status st = ferry_params_add(&m->P, "weight", ferry_shape_2d(D, C), 0, &m->w);
+    ferry_status st =
+        ferry_params_add(&m->P, FERRY_WIRE_PARAM_NAME(WEIGHT), ferry_shape_2d(D, C), 0, &m->w);
     if (st == FERRY_OK && c->constraint != FERRY_CONSTRAINT_NONE)
         st = ferry_params_set_constraint(&m->P, m->w, c->constraint, (float)c->beta);
     if (st == FERRY_OK && c->bias)
-        st = ferry_params_add(&m->P, "bias", ferry_shape_1d(D), 0, &m->b);
+        st = ferry_params_add(&m->P, FERRY_WIRE_PARAM_NAME(BIAS), ferry_shape_1d(D), 0, &m->b);
     return st;
 }
 

@@ -33,7 +33,7 @@ static ferry_status resolve_rows(const ferry__ps_module *m, int64_t row_begin, i
 
 static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
     return ferry_errorf(FERRY_ERR_NOT_FOUND, "%s '%s' has no parameter '%s' (%s%s)",
-                        ferry__ps_kind_name(m->kind), m->name, name, "weight",
+                        ferry__ps_kind_name(m->kind), m->name, name, FERRY_WIRE_PARAM_NAME(WEIGHT),
                         m->b >= 0 ? ", bias" : "");
 }
 

@@ -297,8 +297,7 @@ typedef struct ferry__ps_state {
     double t_start;
     pthread_mutex_t id_mu; /* guards server_id, completed once the port is known */
     char server_id[192];
-    _Atomic int port;                /* 0 without the network */
-    _Atomic(ferry_rpc_server *) rpc; /* its counters, for Stats; NULL without the network */
+    _Atomic(ferry_rpc_server *) rpc; /* its port and counters; NULL without the network */
     void (*stop)(void *stop_user, int grace_ms); /* Shutdown: stop the server */
     void *stop_user;
 } ferry__ps_state;

@@ -56,13 +56,13 @@ static ferry_status parse_options(const char *opts, ferry__ps_module_config *c) 
         int64_t x = 0;
         if ((st = parse_int(kv, eq + 1, &x)) != FERRY_OK)
             return st;
-        if (strcmp(kv, "bias") == 0 && (x == 0 || x == 1))
+        if (strcmp(kv, FERRY_WIRE_OPTION_NAME(BIAS)) == 0 && (x == 0 || x == 1))
             c->bias = (int)x;
-        else if (strcmp(kv, "weight_offset") == 0 && x >= 0)
+        else if (strcmp(kv, FERRY_WIRE_OPTION_NAME(WEIGHT_OFFSET)) == 0 && x >= 0)
             c->weight_offset = x;
-        else if (strcmp(kv, "bias_offset") == 0 && x >= 0)
+        else if (strcmp(kv, FERRY_WIRE_OPTION_NAME(BIAS_OFFSET)) == 0 && x >= 0)
             c->bias_offset = x;
-        else if (strcmp(kv, "polar") == 0 && (x == 0 || x == 1))
+        else if (strcmp(kv, FERRY_WIRE_OPTION_NAME(POLAR)) == 0 && (x == 0 || x == 1))
             c->polar = (int)x;
         else
             return ferry_errorf(FERRY_ERR_INVALID,
@@ -362,7 +362,7 @@ static ferry_status module_build(ferry__ps_registry *r, const char *name,
     /* polar=1: start on the manifold as cdopt does (W <- U V^T of its thin SVD, so
      * A(W) = W and the penalty is 0), unless the request sends the weight, which is
      * then used exactly as given. */
-    if (c->polar && ferry_rpc_msg_find(req, "weight") == NULL &&
+    if (c->polar && ferry_rpc_msg_find(req, FERRY_WIRE_PARAM_NAME(WEIGHT)) == NULL &&
         (st = ferry_stiefel_polar(m->rows, m->cols, ferry_params_data(&m->P, m->w))) != FERRY_OK)
         goto fail;
     if ((st = module_set_initial(m, req)) != FERRY_OK)

@@ -154,7 +154,6 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
         return st;
     }
     atomic_store(&s->ps.rpc, s->rpc);
-    atomic_store(&s->ps.port, ferry_rpc_server_port(s->rpc));
     const char *colon = strrchr(cfg->listen, ':');
     int host_len = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
     (void)snprintf(s->address, sizeof s->address, "%.*s:%d", host_len, cfg->listen,

@@ -82,9 +82,8 @@ TEST(proto_states_the_contract) {
         expect_quoted(text, "tensor", ferry_wire_tensors[t].name);
     for (int p = 0; p < FERRY_WIRE_PARAM_COUNT; p++)
         expect_quoted(text, "parameter", ferry_wire_params[p].name);
-#define OPTION_(name, meaning) expect_quoted(text, "option", name);
-    FERRY_WIRE_OPTION_MAP(OPTION_)
-#undef OPTION_
+    for (int o = 0; o < FERRY_WIRE_OPTION_COUNT; o++)
+        expect_quoted(text, "option", ferry_wire_options[o].name);
     /* The optimizer's fields are `extra` names on the wire. */
     for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++)
         expect_quoted(text, "optimizer field", ferry_optim_fields[i].name);

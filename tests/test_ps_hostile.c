@@ -228,6 +228,19 @@ static ferry_status send_raw(psd *d, ferry_rpc_method m, const buf *b, ferry_rpc
     return st;
 }
 
+/* A well-formed header of method m, then `extra` (hand-written tensors; may be NULL),
+ * sent raw; returns the status. */
+static ferry_status send_head(psd *d, ferry_rpc_method m, const ProtobufCMessage *head,
+                              const buf *extra) {
+    buf b = {0};
+    put_head(&b, head);
+    if (extra != NULL)
+        put(&b, extra->p, extra->n);
+    ferry_status st = send_raw(d, m, &b, NULL);
+    free(b.p);
+    return st;
+}
+
 /* The case's expected status, and the error naming `phrase`; then Hello answers. */
 static int ncases;
 static void expect(psd *d, const char *what, ferry_status got, ferry_status want,
@@ -296,13 +309,7 @@ static ferry_status create_init(psd *d, const char *name, const char *kind, int6
     mc.optimizer = &oc;
     q.name = STR(name);
     q.config = &mc;
-    buf b = {0};
-    put_head(&b, &q.base);
-    if (init != NULL)
-        put(&b, init->p, init->n);
-    ferry_status st = send_raw(d, FERRY_RPC_CREATE_MODULE, &b, NULL);
-    free(b.p);
-    return st;
+    return send_head(d, FERRY_RPC_CREATE_MODULE, &q.base, init);
 }
 
 static ferry_status create(psd *d, const char *name, const char *kind, int64_t d0, int64_t d1,
@@ -356,11 +363,7 @@ static ferry_status step(psd *d, uint64_t ctx, double scale) {
     ferry__step_request__init(&q);
     q.ctx_id = ctx;
     q.scale = scale;
-    buf b = {0};
-    put_head(&b, &q.base);
-    ferry_status st = send_raw(d, FERRY_RPC_STEP, &b, NULL);
-    free(b.p);
-    return st;
+    return send_head(d, FERRY_RPC_STEP, &q.base, NULL);
 }
 
 static ferry_status get_params(psd *d, const char *module, int64_t row_begin, int64_t row_count) {
@@ -369,11 +372,7 @@ static ferry_status get_params(psd *d, const char *module, int64_t row_begin, in
     q.module = STR(module);
     q.row_begin = row_begin;
     q.row_count = row_count;
-    buf b = {0};
-    put_head(&b, &q.base);
-    ferry_status st = send_raw(d, FERRY_RPC_GET_PARAMS, &b, NULL);
-    free(b.p);
-    return st;
+    return send_head(d, FERRY_RPC_GET_PARAMS, &q.base, NULL);
 }
 
 static ferry_status set_params(psd *d, const char *module, int64_t row_begin, int64_t rows,
@@ -400,11 +399,7 @@ static ferry_status checkpoint(psd *d, const char *name) {
     Ferry__CheckpointRequest q;
     ferry__checkpoint_request__init(&q);
     q.path = STR(name);
-    buf b = {0};
-    put_head(&b, &q.base);
-    ferry_status st = send_raw(d, FERRY_RPC_CHECKPOINT, &b, NULL);
-    free(b.p);
-    return st;
+    return send_head(d, FERRY_RPC_CHECKPOINT, &q.base, NULL);
 }
 
 static int count_files(const char *dir) {

@@ -121,15 +121,16 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     Ferry__Metric extra[FERRY_OPTIM_FIELD_COUNT], *ptrs[FERRY_OPTIM_FIELD_COUNT];
     optim_message(&cfg->optim, &opt, extra, ptrs);
     char options[160];
-    int n = snprintf(options, sizeof options, "bias=%d", m->bias);
+    int n = snprintf(options, sizeof options, "%s=%d", FERRY_WIRE_OPTION_NAME(BIAS), m->bias);
     if (cfg->weight_offset >= 0)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",weight_offset=%lld",
-                      (long long)cfg->weight_offset);
+        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=%lld",
+                      FERRY_WIRE_OPTION_NAME(WEIGHT_OFFSET), (long long)cfg->weight_offset);
     if (cfg->bias_offset >= 0)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",bias_offset=%lld",
-                      (long long)cfg->bias_offset);
+        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=%lld",
+                      FERRY_WIRE_OPTION_NAME(BIAS_OFFSET), (long long)cfg->bias_offset);
     if (cfg->constraint.polar_init)
-        (void)snprintf(options + n, sizeof options - (size_t)n, ",polar=1");
+        (void)snprintf(options + n, sizeof options - (size_t)n, ",%s=1",
+                       FERRY_WIRE_OPTION_NAME(POLAR));
     /* Sent only for a constrained module, so an unconstrained one's config (and the
      * checkpoints holding it) reads as before. */
     Ferry__Constraint con;
@@ -157,14 +158,15 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     ferry_status st = ferry_rpc_msg_set_head(req, &q.base);
     if (st == FERRY_OK && cfg->init_weight != NULL) {
         int64_t dim[2] = {sh->row_count, m->cols};
-        ferry_rpc_tensor t = ferry__dist_tensor_as("weight", FERRY_RPC_DTYPE_F32, 2, dim,
-                                                   cfg->init_weight + sh->row_begin * m->cols);
+        ferry_rpc_tensor t =
+            ferry__dist_tensor_as(FERRY_WIRE_PARAM_NAME(WEIGHT), FERRY_RPC_DTYPE_F32, 2, dim,
+                                  cfg->init_weight + sh->row_begin * m->cols);
         st = ferry_rpc_msg_add(req, &t);
     }
     if (st == FERRY_OK && cfg->init_bias != NULL && m->bias) {
         int64_t dim[1] = {sh->row_count};
-        ferry_rpc_tensor t = ferry__dist_tensor_as("bias", FERRY_RPC_DTYPE_F32, 1, dim,
-                                                   cfg->init_bias + sh->row_begin);
+        ferry_rpc_tensor t = ferry__dist_tensor_as(FERRY_WIRE_PARAM_NAME(BIAS), FERRY_RPC_DTYPE_F32,
+                                                   1, dim, cfg->init_bias + sh->row_begin);
         st = ferry_rpc_msg_add(req, &t);
     }
     return st;
@@ -256,7 +258,8 @@ void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, in
 static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, int64_t count,
                               float *dst, const float *src) {
     int write = src != NULL;
-    if (param == NULL || (strcmp(param, "weight") != 0 && (strcmp(param, "bias") != 0 || !m->bias)))
+    if (param == NULL || (strcmp(param, FERRY_WIRE_PARAM_NAME(WEIGHT)) != 0 &&
+                          (strcmp(param, FERRY_WIRE_PARAM_NAME(BIAS)) != 0 || !m->bias)))
         return ferry_errorf(FERRY_ERR_NOT_FOUND, "module '%s' has no parameter '%s'", m->name,
                             param != NULL ? param : "(null)");
     if (count == 0)
@@ -264,7 +267,7 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
     if (lo < 0 || count < 1 || lo + count > m->rows)
         return ferry_errorf(FERRY_ERR_RANGE, "module '%s': rows [%lld, %lld) outside [0, %lld)",
                             m->name, (long long)lo, (long long)(lo + count), (long long)m->rows);
-    int is_weight = strcmp(param, "weight") == 0;
+    int is_weight = strcmp(param, FERRY_WIRE_PARAM_NAME(WEIGHT)) == 0;
     int64_t width = is_weight ? m->cols : 1;
     int k = 0, servers[FERRY_DIST_MAX_SERVERS];
     int64_t first[FERRY_DIST_MAX_SERVERS], rows[FERRY_DIST_MAX_SERVERS];

@@ -72,12 +72,18 @@
     X(WEIGHT, "weight", 2, "(rows, E | H | C)")                                                    \
     X(BIAS, "bias", 1, "(rows); decoder always, linear unless option bias=0, embedding never")
 
-/* CreateModule's ModuleConfig.options keys ("key=value,..."): X(name, meaning). */
+/* CreateModule's ModuleConfig.options keys ("key=value,..."): X(ID, name, meaning). */
 #define FERRY_WIRE_OPTION_MAP(X)                                                                   \
-    X("bias", "linear: 0 or 1 (default 1); a decoder always has one, an embedding none")           \
-    X("weight_offset", "init: element index of the global weight's (0, 0) in the generator")       \
-    X("bias_offset", "init: element index of the bias's (0)")                                      \
-    X("polar", "1: start a Stiefel-constrained weight at its polar factor")
+    X(BIAS, "bias", "linear: 0 or 1 (default 1); a decoder always has one, an embedding none")     \
+    X(WEIGHT_OFFSET, "weight_offset",                                                              \
+      "init: element index of the global weight's (0, 0) in the generator")                        \
+    X(BIAS_OFFSET, "bias_offset", "init: element index of the bias's (0)")                         \
+    X(POLAR, "polar", "1: start a Stiefel-constrained weight at its polar factor")
+
+/* The name of parameter or option ID on the wire: FERRY_WIRE_PARAM_NAME(WEIGHT) is
+ * "weight", FERRY_WIRE_OPTION_NAME(POLAR) is "polar". */
+#define FERRY_WIRE_PARAM_NAME(id)  (ferry_wire_params[FERRY_WIRE_PARAM_##id].name)
+#define FERRY_WIRE_OPTION_NAME(id) (ferry_wire_options[FERRY_WIRE_OPTION_##id].name)
 
 /* clang-format off */
 typedef enum ferry_wire_kind {
@@ -100,6 +106,13 @@ typedef enum ferry_wire_tensor_id {
 #undef FERRY_WIRE_TENSOR_ENUM_
     FERRY_WIRE_TENSOR_COUNT
 } ferry_wire_tensor_id;
+
+typedef enum ferry_wire_option {
+#define FERRY_WIRE_OPTION_ENUM_(id, name, meaning) FERRY_WIRE_OPTION_##id,
+    FERRY_WIRE_OPTION_MAP(FERRY_WIRE_OPTION_ENUM_)
+#undef FERRY_WIRE_OPTION_ENUM_
+    FERRY_WIRE_OPTION_COUNT
+} ferry_wire_option;
 
 typedef enum ferry_wire_param {
 #define FERRY_WIRE_PARAM_ENUM_(id, name, rank, shape) FERRY_WIRE_PARAM_##id,
@@ -145,10 +158,16 @@ typedef struct ferry_wire_param_info {
     const char *shape;
 } ferry_wire_param_info;
 
+typedef struct ferry_wire_option_info {
+    const char *name;
+    const char *meaning;
+} ferry_wire_option_info;
+
 extern const ferry_wire_kind_info ferry_wire_kinds[FERRY_WIRE_KIND_COUNT];
 extern const ferry_wire_mode_info ferry_wire_modes[FERRY_WIRE_MODE_COUNT];
 extern const ferry_wire_tensor ferry_wire_tensors[FERRY_WIRE_TENSOR_COUNT];
 extern const ferry_wire_param_info ferry_wire_params[FERRY_WIRE_PARAM_COUNT];
+extern const ferry_wire_option_info ferry_wire_options[FERRY_WIRE_OPTION_COUNT];
 
 /* The kind named name, or -1. */
 int ferry_wire_kind_find(const char *name);

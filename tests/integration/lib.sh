@@ -43,6 +43,24 @@ expect_error() {
     ok "$what ($(cat "$TMP/err1"))"
 }
 
+# start_ps NAME [FLAG...]: a ferry-ps ($PS_BIN, default $PS) on 127.0.0.1 with an
+# ephemeral port, read from its port file; sets PS_PID and PORT. Its stderr goes to
+# $TMP/NAME.log.
+start_ps() {
+    local name=$1
+    shift
+    rm -f "$TMP/$name.port"
+    "${PS_BIN:-$PS}" --listen 127.0.0.1:0 --port-file "$TMP/$name.port" "$@" 2>"$TMP/$name.log" &
+    PS_PID=$!
+    for _ in $(seq 200); do
+        [ -s "$TMP/$name.port" ] && break
+        kill -0 "$PS_PID" 2>/dev/null || fail "ferry-ps exited: $(cat "$TMP/$name.log")"
+        sleep 0.05
+    done
+    PORT=$(cat "$TMP/$name.port" 2>/dev/null) ||
+        fail "ferry-ps wrote no port file within 10 s: $(cat "$TMP/$name.log")"
+}
+
 # Losses of the train events in a metrics file, one per line.
 train_losses() {
     grep '"event":"train"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'

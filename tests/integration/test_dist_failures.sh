@@ -4,16 +4,8 @@
 # mid-step leaves a context that the server sweeps after --context-ttl.
 . "$(dirname "$0")/lib.sh"
 
-start_ps() {
-    rm -f "$TMP/ps.port"
-    "$PS" --listen 127.0.0.1:0 --port-file "$TMP/ps.port" --context-ttl "${1:-60}" \
-        --shutdown-grace-ms 300 2>"$TMP/ps.log" &
-    PS_PID=$!
-    for _ in $(seq 100); do
-        [ -s "$TMP/ps.port" ] && break
-        sleep 0.05
-    done
-    PORT=$(cat "$TMP/ps.port") || fail "ferry-ps did not start: $(cat "$TMP/ps.log")"
+start_ps_ttl() { # start_ps_ttl [TTL]: ferry-ps "ps", context TTL (default 60 s)
+    start_ps ps --context-ttl "${1:-60}" --shutdown-grace-ms 300
 }
 
 wait_for() { # wait_for FILE PATTERN SECONDS
@@ -25,7 +17,7 @@ wait_for() { # wait_for FILE PATTERN SECONDS
 }
 
 # 1. ferry-ps dies (SIGKILL) while the trainer is stepping.
-start_ps
+start_ps_ttl
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
     --deadline-ms 3000 2>"$TMP/t1.log" &
 TPID=$!
@@ -43,7 +35,7 @@ grep -v '^[0-9T:.-]*Z [IW] ' "$TMP/t1.log" | grep -q "127.0.0.1:$PORT" ||
 ok "dead ferry-ps: trainer failed in $((t1 - t0)) s naming the peer: $(tail -1 "$TMP/t1.log")"
 
 # 2. The trainer dies (SIGKILL) mid-step: its context is swept after the 1 s lease.
-start_ps 1
+start_ps_ttl 1
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
     2>"$TMP/t2.log" &
 TPID=$!

@@ -4,16 +4,8 @@
 # daemons must exit 0 on SIGTERM.
 . "$(dirname "$0")/lib.sh"
 
-start_ps() { # start_ps NAME: starts a ferry-ps on an ephemeral port; sets PS_PID, PORT
-    rm -f "$TMP/$1.port"
-    "$PS" --listen 127.0.0.1:0 --port-file "$TMP/$1.port" --shutdown-grace-ms 500 \
-        2>"$TMP/$1.log" &
-    PS_PID=$!
-    for _ in $(seq 100); do
-        [ -s "$TMP/$1.port" ] && break
-        sleep 0.05
-    done
-    PORT=$(cat "$TMP/$1.port") || fail "ferry-ps did not start: $(cat "$TMP/$1.log")"
+start_daemon() { # start_daemon NAME: a ferry-ps on an ephemeral port; sets PS_PID, PORT
+    start_ps "$1" --shutdown-grace-ms 500
 }
 
 stop_ps() { # SIGTERM and a clean exit 0
@@ -24,7 +16,7 @@ stop_ps() { # SIGTERM and a clean exit 0
 }
 
 for mode in sharded-softmax logits; do
-    start_ps "ps-$mode"
+    start_daemon "ps-$mode"
     "$TRAINER" --ps "127.0.0.1:$PORT" --decoder-mode "$mode" --data "$FERRY_SRC/data/ptb" \
         --train-tokens 130000 --eval-tokens 20000 --epochs 1 --max-steps 300 --log-interval 50 \
         --metrics-out "$TMP/m-$mode.jsonl" 2>"$TMP/t-$mode.log" ||
@@ -40,7 +32,7 @@ for mode in sharded-softmax logits; do
 done
 
 # The trainer stops cleanly on SIGTERM mid-epoch too (and checkpoints).
-start_ps ps-sig
+start_daemon ps-sig
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
     --save "$TMP/sig.ck" 2>"$TMP/t-sig.log" &
 TPID=$!

@@ -7,18 +7,10 @@
 EXAMPLE=$FERRY_BIN/examples/classic_lm
 [ -x "$EXAMPLE" ] || fail "no $EXAMPLE: build the classic_lm target"
 
-"$PS" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn 2>"$TMP/ps.log" &
-ps_pid=$!
-for _ in $(seq 100); do
-    [ -s "$TMP/port" ] && break
-    kill -0 "$ps_pid" 2>/dev/null || fail "ferry-ps exited: $(cat "$TMP/ps.log")"
-    sleep 0.1
-done
-[ -s "$TMP/port" ] || fail "ferry-ps wrote no port file within 10 s"
-port=$(cat "$TMP/port")
-ok "ferry-ps listening on 127.0.0.1:$port"
+start_ps ps --log-level warn
+ok "ferry-ps listening on 127.0.0.1:$PORT"
 
-"$EXAMPLE" "127.0.0.1:$port" 60 >"$TMP/out" 2>"$TMP/err" ||
+"$EXAMPLE" "127.0.0.1:$PORT" 60 >"$TMP/out" 2>"$TMP/err" ||
     fail "classic_lm exited $?: $(tail -3 "$TMP/err")"
 n=$(grep -c '^step .* loss ' "$TMP/out" || true)
 [ "$n" -eq 60 ] || fail "expected 60 loss lines, got $n: $(head -3 "$TMP/out")"
@@ -31,7 +23,7 @@ awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < 1.5 && l < f / 3) }' ||
 ok "classic_lm trained: loss $first -> $last in 60 steps"
 
 # A second run finds the modules on the server and continues training from them.
-"$EXAMPLE" "127.0.0.1:$port" 3 >"$TMP/out2" 2>"$TMP/err2" ||
+"$EXAMPLE" "127.0.0.1:$PORT" 3 >"$TMP/out2" 2>"$TMP/err2" ||
     fail "second classic_lm run exited $?: $(tail -3 "$TMP/err2")"
 again=$(awk '/^step/ { print $4; exit }' "$TMP/out2")
 awk -v a="$again" -v f="$first" 'BEGIN { exit !(a < f - 0.5) }' ||
@@ -43,9 +35,9 @@ expect_error "classic_lm against a closed port" "classic_lm: connect" \
     "$EXAMPLE" "127.0.0.1:1" 1
 expect_error "classic_lm without arguments" "usage: classic_lm" "$EXAMPLE"
 
-kill -TERM "$ps_pid"
+kill -TERM "$PS_PID"
 rc=0
-wait "$ps_pid" || rc=$?
+wait "$PS_PID" || rc=$?
 [ "$rc" -eq 0 ] || fail "ferry-ps exited $rc after SIGTERM: $(tail -3 "$TMP/ps.log")"
 ok "ferry-ps exited 0 after SIGTERM"
 finish

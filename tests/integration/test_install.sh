@@ -76,22 +76,14 @@ done
 ok "ldd: libferry and the three clients load no CUDA library; the two shared ones load the installed libferry"
 
 # Both train against the installed ferry-ps.
-"$PREFIX/bin/ferry-ps" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn 2>"$TMP/ps.log" &
-ps_pid=$!
-for _ in $(seq 100); do
-    [ -s "$TMP/port" ] && break
-    kill -0 "$ps_pid" 2>/dev/null || fail "ferry-ps exited: $(cat "$TMP/ps.log")"
-    sleep 0.1
-done
-[ -s "$TMP/port" ] || fail "ferry-ps wrote no port file within 10 s"
-port=$(cat "$TMP/port")
+PS_BIN=$PREFIX/bin/ferry-ps start_ps ps --log-level warn
 for bin in "$TMP/pc/classic_lm" "$TMP/cm/classic_lm" "$TMP/st/classic_lm"; do
-    "$bin" "127.0.0.1:$port" 30 >"$TMP/out" 2>"$TMP/err" || fail "$bin exited $?: $(tail -3 "$TMP/err")"
+    "$bin" "127.0.0.1:$PORT" 30 >"$TMP/out" 2>"$TMP/err" || fail "$bin exited $?: $(tail -3 "$TMP/err")"
     first=$(awk '/^step/ { print $4; exit }' "$TMP/out")
     last=$(awk '/^step/ { v = $4 } END { print v }' "$TMP/out")
     awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' || fail "$bin: loss $first -> $last"
     ok "$(basename "$(dirname "$bin")")/classic_lm trained against the installed ferry-ps: loss $first -> $last"
 done
-kill -TERM "$ps_pid"
-wait "$ps_pid" || fail "installed ferry-ps exited $? after SIGTERM"
+kill -TERM "$PS_PID"
+wait "$PS_PID" || fail "installed ferry-ps exited $? after SIGTERM"
 finish
