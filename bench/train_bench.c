@@ -220,7 +220,7 @@ static void runner_init(runner *r, const char *target, ferry_decoder_mode mode, 
     }
     ferry_lm_config mc = {V_SMALL, E_SMALL, H_SMALL, L_SMALL, 0.0f, 0.1f, 0.0f, 1};
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD); /* lr 1 */
-    ferry_lm_placement pl = {r->cl, mode, oc};
+    ferry_lm_placement pl = {r->cl, mode, oc, NULL};
     check_ok(ferry_lm_create_placed(be, &mc, r->cl != NULL ? &pl : NULL, &r->lm), "model");
     check_ok(ferry_optim_create(&r->lm->P, &oc, &r->opt), "optimizer");
     check_ok(ferry_ctx_create(be, &r->ctx), "context");
@@ -249,7 +249,7 @@ static void runner_step(runner *r, const ferry_batches *b, int i, int warmup) {
     ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w.targets);
     /* The trainer's defaults: loss summed over time, averaged over the batch. */
     ferry_lm_step_args a = {1.0f / (float)B_SMALL, 5.0f, 1.0, (uint64_t)i + 1,
-                            1000003ull + (uint64_t)i};
+                            1000003ull + (uint64_t)i, 0};
     ferry_lm_step_result res;
     double t0 = ferry_now();
     check_ok(ferry_lm_train_step(r->lm, r->ctx, r->dc, r->opt, &in, &tg, &a, &res),

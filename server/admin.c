@@ -72,16 +72,18 @@ ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__CreateM
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+#define STATS_MAX 512
+
 typedef struct stats_builder {
-    Ferry__Metric items[64];
-    Ferry__Metric *ptrs[64];
-    char names[64][FERRY_RPC_NAME_MAX + 16];
+    Ferry__Metric items[STATS_MAX];
+    Ferry__Metric *ptrs[STATS_MAX];
+    char names[STATS_MAX][FERRY_RPC_NAME_MAX + 32];
     size_t n;
     const char *prefix;
 } stats_builder;
 
 static void stat_add(stats_builder *b, const char *name, double value) {
-    if (b->n == 64 || strncmp(name, b->prefix, strlen(b->prefix)) != 0)
+    if (b->n == STATS_MAX || strncmp(name, b->prefix, strlen(b->prefix)) != 0)
         return;
     (void)snprintf(b->names[b->n], sizeof b->names[b->n], "%s", name);
     ferry__metric__init(&b->items[b->n]);
@@ -89,6 +91,10 @@ static void stat_add(stats_builder *b, const char *name, double value) {
     b->items[b->n].value = value;
     b->ptrs[b->n] = &b->items[b->n];
     b->n++;
+}
+
+static void stat_add_fn(void *user, const char *name, double value) {
+    stat_add(user, name, value);
 }
 
 ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__StatsRequest *q,
@@ -148,6 +154,7 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__StatsRequest *q
         }
     }
     free(mods);
+    ferry__ps_jobs_metrics(&s->jobs, stat_add_fn, b);
     char text[512], id[sizeof s->server_id];
     server_id_copy(s, id);
     (void)snprintf(text, sizeof text,

@@ -118,11 +118,11 @@ ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardReq
  * one Step of one context applies the penalty once (a second trainer's context is a
  * second optimizer step and adds it once more, computed from W as it is then).
  * Context mutex held; `locked`: the caller holds the module's write lock. */
-static ferry_status ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_ctx_mod *cm,
-                                    int locked) {
+ferry_status ferry__ps_ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
+                                      ferry__ps_ctx_mod *cm, int locked) {
     if (cm->penalty_done || !ferry__ps_constrained(cm->mod))
         return FERRY_OK;
-    ferry_status st = ferry__ps_ctx_charge_grads(t, c, &cm->G, 0);
+    ferry_status st = t != NULL && c != NULL ? ferry__ps_ctx_charge_grads(t, c, &cm->G, 0) : FERRY_OK;
     if (st != FERRY_OK)
         return st;
     if (!locked)
@@ -147,6 +147,13 @@ static int name_listed(const char *name, char **names, size_t n) {
 ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
+    if (q->job != NULL && q->job->job[0] != '\0')
+        return ferry__ps_job_grad_norm(ps, q, reply);
+    return ferry__ps_grad_norm_context(ps, q, reply);
+}
+
+ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+                                         ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
     ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
@@ -163,7 +170,7 @@ ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRe
         if (!name_listed(cm->mod->name, q->modules, q->n_modules))
             continue;
         double ss = 0.0;
-        if ((st = ctx_mod_penalty(t, c, cm, 0)) != FERRY_OK ||
+        if ((st = ferry__ps_ctx_mod_penalty(t, c, cm, 0)) != FERRY_OK ||
             (st = ferry_grads_sumsq(&cm->G, &ss)) != FERRY_OK)
             break;
         ferry__metric__init(&metrics[r.n_per_module]);
@@ -174,6 +181,10 @@ ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRe
         r.sum_squares += ss;
     }
     r.per_module = ptrs;
+    if (q->job != NULL) { /* a job's ssp or async step: this rank's own figures */
+        r.loss_sum = q->job->loss_sum;
+        r.tokens = q->job->tokens;
+    }
     if (st == FERRY_OK)
         st = ferry_rpc_msg_set_head(reply, &r.base); /* packs a copy while names live */
     ferry__ps_ctx_release(t, c);
@@ -194,10 +205,31 @@ static void step_metric(Ferry__StepReply *r, Ferry__Metric *metrics, Ferry__Metr
     ptrs[i] = &metrics[i];
 }
 
-ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q, ferry_rpc_msg *req,
-                               ferry_rpc_msg *reply) {
-    (void)req; /* the header says it all */
-    ferry__ps_ctx_table *t = &ps->ctxs;
+ferry_status ferry__ps_step_module(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
+                                   ferry__ps_ctx_mod *cm, double scale, double lr,
+                                   uint64_t *version) {
+    ferry__ps_module *m = cm->mod;
+    ferry_status st = FERRY_OK;
+    pthread_rwlock_wrlock(&m->lock);
+    if (lr > 0.0)
+        st = ferry_optim_set_lr(m->opt, lr);
+    if (st == FERRY_OK)
+        st = ferry__ps_ctx_mod_penalty(t, c, cm, 1);
+    if (st == FERRY_OK)
+        st = ferry_optim_step(m->opt, &m->P, &cm->G, (float)scale);
+    if (st == FERRY_OK)
+        m->version++;
+    *version = m->version;
+    pthread_rwlock_unlock(&m->lock);
+    if (st != FERRY_OK) {
+        char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        st = ferry_errorf(st, "Step of %s '%s': %s", ferry__ps_kind_name(m->kind), m->name, why);
+    }
+    return st;
+}
+
+static ferry_status step_check(const Ferry__StepRequest *q) {
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     if (!isfinite(scale) || scale < 0.0)
         return ferry_errorf(FERRY_ERR_NUMERIC, "Step: gradient scale %g must be finite and >= 0",
@@ -205,6 +237,13 @@ ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
     if (!isfinite(q->lr) || q->lr < 0.0)
         return ferry_errorf(FERRY_ERR_INVALID, "Step: learning rate %g must be finite and >= 0",
                             q->lr);
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepRequest *q,
+                                    ferry_rpc_msg *reply) {
+    ferry__ps_ctx_table *t = &ps->ctxs;
+    double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry__ps_ctx *c;
     ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
     if (st != FERRY_OK)
@@ -224,24 +263,9 @@ ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
      * retry cannot apply the same gradients twice. */
     for (int i = 0; st == FERRY_OK && i < c->nmods; i++) {
         ferry__ps_module *m = c->mods[i].mod;
-        pthread_rwlock_wrlock(&m->lock);
-        if (q->lr > 0.0)
-            st = ferry_optim_set_lr(m->opt, q->lr);
-        if (st == FERRY_OK)
-            st = ctx_mod_penalty(t, c, &c->mods[i], 1);
-        if (st == FERRY_OK)
-            st = ferry_optim_step(m->opt, &m->P, &c->mods[i].G, (float)scale);
-        if (st == FERRY_OK)
-            m->version++;
-        uint64_t version = m->version;
-        pthread_rwlock_unlock(&m->lock);
-        if (st != FERRY_OK) {
-            char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
-            (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-            st =
-                ferry_errorf(st, "Step of %s '%s': %s", ferry__ps_kind_name(m->kind), m->name, why);
+        uint64_t version = 0;
+        if ((st = ferry__ps_step_module(t, c, &c->mods[i], scale, q->lr, &version)) != FERRY_OK)
             break;
-        }
         r.version = version > r.version ? version : r.version;
         step_metric(&r, metrics, ptrs, names, "version", m->name, (double)version);
         if (ferry__ps_constrained(m)) {
@@ -261,6 +285,17 @@ ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
     free(ptrs);
     free(names);
     return st;
+}
+
+ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q, ferry_rpc_msg *req,
+                               ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
+    ferry_status st = step_check(q);
+    if (st != FERRY_OK)
+        return st;
+    if (q->job != NULL && q->job->job[0] != '\0')
+        return ferry__ps_job_step(ps, q, reply);
+    return ferry__ps_step_context(ps, q, reply);
 }
 
 ferry_status ferry__ps_on_release_context(ferry__ps_state *ps,

@@ -104,6 +104,7 @@ static inline const char *ferry__ps_kind_name(const ferry__ps_kind *k) {
 extern const ferry__ps_kind ferry__ps_kind_embedding;
 extern const ferry__ps_kind ferry__ps_kind_decoder;
 extern const ferry__ps_kind ferry__ps_kind_linear;
+extern const ferry__ps_kind ferry__ps_kind_dense;
 
 struct ferry__ps_module {
     char name[FERRY_RPC_NAME_MAX];
@@ -280,6 +281,34 @@ void ferry__ps_ctx_drop_call(ferry__ps_ctx *c, ferry__ps_call *call);
 int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t);
 int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t);
 
+/* ---- jobs (jobs.c) ----
+ * A training job's membership and its consistency: N ranks join by name (Join), and
+ * their GradNorm and Step calls carry (job, rank, step). bsp: GradNorm waits until
+ * every rank's context of the step has arrived, then the N contexts' gradients are
+ * summed in rank order into the job's gradient of the step, which the first Step of
+ * the step applies once. ssp:K: Step applies the rank's gradient at once, and its
+ * reply waits until the rank is at most K steps ahead of the slowest. Waiting calls
+ * are deferred replies (ferry_rpc_defer), so no server thread blocks; the sweep
+ * timer fails waits past the job's sync timeout, naming the missing ranks. */
+
+typedef enum ferry__ps_sync { FERRY__PS_BSP, FERRY__PS_SSP, FERRY__PS_ASYNC } ferry__ps_sync;
+
+typedef struct ferry__ps_job ferry__ps_job;
+
+typedef struct ferry__ps_jobs {
+    pthread_mutex_t mu; /* guards every job; taken before a context or module lock */
+    ferry__ps_job *list;
+    int stopped; /* the server stops: waits are refused */
+} ferry__ps_jobs;
+
+void ferry__ps_jobs_init(ferry__ps_jobs *j);
+/* Fails every waiting call (UNAVAILABLE, "ferry-ps is shutting down") and refuses
+ * later waits; then frees everything (deinit). */
+void ferry__ps_jobs_stop(ferry__ps_jobs *j);
+void ferry__ps_jobs_deinit(ferry__ps_jobs *j);
+/* Fails the waits that passed their job's sync timeout (the sweep timer). */
+void ferry__ps_jobs_expire(ferry__ps_jobs *j);
+
 /* ---- the server's state and its request handlers ---- */
 
 /* What every request handler works on: the server's state without its loop. server.c
@@ -288,6 +317,7 @@ int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t);
 typedef struct ferry__ps_state {
     ferry__ps_registry reg;
     ferry__ps_ctx_table ctxs;
+    ferry__ps_jobs jobs;
     ferry__ps_limits lim;
     char checkpoint_dir[1024]; /* "" without --checkpoint-dir */
     int checkpoint_keep;
@@ -322,6 +352,32 @@ ferry_status ferry__ps_server_create_local(const ferry_ps_config *cfg, ferry_ps_
 ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s); /* tests */
 /* Resident memory of this process (VmRSS), or 0 when unknown. */
 int64_t ferry__ps_rss_bytes(void);
+
+/* The job calls of GradNorm and Step (jobs.c): q->job is set. */
+ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+                                     ferry_rpc_msg *reply);
+ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
+                                ferry_rpc_msg *reply);
+/* The context's own GradNorm (handlers.c), into reply. */
+ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+                                         ferry_rpc_msg *reply);
+/* The context's own Step (handlers.c), into reply. */
+ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepRequest *q,
+                                    ferry_rpc_msg *reply);
+/* One optimizer step of a module from cm's gradients: lr (> 0 sets it), the penalty
+ * gradient if not yet added (charged to context c of table t when both are given),
+ * gradients times scale, version + 1; *version receives it. Takes the write lock. */
+ferry_status ferry__ps_step_module(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
+                                   ferry__ps_ctx_mod *cm, double scale, double lr,
+                                   uint64_t *version);
+/* Adds a constrained module's penalty gradient to cm->G once (penalty_done), charged
+ * to context c of table t when both are given; `locked`: the caller holds the
+ * module's lock (handlers.c). */
+ferry_status ferry__ps_ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
+                                      ferry__ps_ctx_mod *cm, int locked);
+/* Appends the per-job metrics to a Stats reply: job/<name>/... (jobs.c). */
+typedef void (*ferry__ps_metric_fn)(void *user, const char *name, double value);
+void ferry__ps_jobs_metrics(ferry__ps_jobs *j, ferry__ps_metric_fn add, void *user);
 
 /* ---- checkpoints (checkpoint.c) ---- */
 

@@ -23,6 +23,7 @@ static const ferry__ps_kind *kind_find(const char *name) {
         [FERRY_WIRE_KIND_EMBEDDING] = &ferry__ps_kind_embedding,
         [FERRY_WIRE_KIND_DECODER] = &ferry__ps_kind_decoder,
         [FERRY_WIRE_KIND_LINEAR] = &ferry__ps_kind_linear,
+        [FERRY_WIRE_KIND_DENSE] = &ferry__ps_kind_dense,
     };
     int k = ferry_wire_kind_find(name);
     return k >= 0 ? kinds[k] : NULL;
@@ -136,7 +137,7 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     const ferry__ps_kind *kind = kind_find(p->kind);
     if (kind == NULL)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "module '%s': unknown kind '%s' (embedding | decoder | linear)", name,
+                            "module '%s': unknown kind '%s' (embedding | decoder | linear | dense)", name,
                             p->kind);
     (void)snprintf(c->kind, sizeof c->kind, "%s", p->kind);
     if (p->n_dims != 2 || p->dims[0] < 1 || p->dims[1] < 1 || p->dims[0] > INT32_MAX ||
@@ -168,10 +169,12 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': kind %s takes no iparams/fparams (use options)", name,
                             p->kind);
-    c->bias = kind->wire != FERRY_WIRE_KIND_EMBEDDING;
+    c->bias = kind->wire != FERRY_WIRE_KIND_EMBEDDING && kind->wire != FERRY_WIRE_KIND_DENSE;
     int64_t cols = linear ? c->dims[0] : c->dims[1];
     c->bias_offset = (R * cols + 15) & ~(int64_t)15; /* as ferry_params_add lays it out */
     st = parse_options(p->options, c);
+    if (st == FERRY_OK && c->bias == 1 && kind->wire == FERRY_WIRE_KIND_DENSE)
+        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a dense module has no bias", name);
     if (st == FERRY_OK && c->bias == 0 && kind->wire == FERRY_WIRE_KIND_DECODER)
         st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a decoder always has a bias", name);
     if (st == FERRY_OK && c->polar && c->constraint != FERRY_CONSTRAINT_STIEFEL)

@@ -110,7 +110,9 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     pthread_mutex_init(&ps->checkpoint_mu, NULL);
     ferry__ps_limits_resolve(cfg, &ps->lim);
     ferry__ps_registry_init(&ps->reg, &ps->lim); /* both point at ps->lim */
+    ferry__ps_jobs_init(&ps->jobs);
     if ((st = ferry__ps_ctx_table_init(&ps->ctxs, cfg->context_ttl_s, &ps->lim)) != FERRY_OK) {
+        ferry__ps_jobs_deinit(&ps->jobs);
         ferry__ps_registry_deinit(&ps->reg);
         pthread_mutex_destroy(&ps->checkpoint_mu);
         pthread_mutex_destroy(&ps->id_mu);
@@ -206,6 +208,8 @@ void ferry_ps_server_stop(ferry_ps_server *s, int grace_ms) {
     if (s->loop_state == 1)
         uv_async_send(&s->wake);
     pthread_mutex_unlock(&s->mu);
+    if (first)
+        ferry__ps_jobs_stop(&s->ps.jobs); /* calls waiting in a job barrier fail now */
     if (first && s->rpc != NULL) {
         FERRY_LOG_INFO("shutting down: no new calls, %d ms for the calls in flight", grace_ms);
         ferry_rpc_server_shutdown(s->rpc, grace_ms);
@@ -232,6 +236,7 @@ static void on_wake(uv_async_t *a) {
 static void on_sweep(uv_timer_t *t) {
     ferry_ps_server *s = t->data;
     (void)ferry__ps_ctx_sweep(&s->ps.ctxs);
+    ferry__ps_jobs_expire(&s->ps.jobs);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -308,6 +313,7 @@ void ferry_ps_server_destroy(ferry_ps_server *s) {
     if (s->thread_started)
         pthread_join(s->thread, NULL);
     ferry_rpc_server_destroy(s->rpc);
+    ferry__ps_jobs_deinit(&s->ps.jobs);
     ferry__ps_ctx_table_deinit(&s->ps.ctxs);
     ferry__ps_registry_deinit(&s->ps.reg);
     pthread_mutex_destroy(&s->ps.checkpoint_mu);

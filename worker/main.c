@@ -4,6 +4,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
 
@@ -24,6 +25,10 @@ static const char *preset_name(int argc, char **argv) {
             return argv[i] + 9;
     }
     return NULL;
+}
+
+static const char *env_get(const char *name) {
+    return getenv(name);
 }
 
 /* First signal: finish the step, checkpoint, exit 0. Second: exit at once. */
@@ -59,7 +64,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     bool local = false;
-    int log_level = 2;
+    int log_level = 2, world = -1, rank = -1;
     const ferry_flag flags[] = {
         {.name = "local", .type = FERRY_FLAG_BOOL, .ptr = &local,
          .help = "train the whole model in this process (the default without --ps)"},
@@ -135,6 +140,19 @@ int main(int argc, char **argv) {
          .max = 3.6e6, .help = "deadline of every remote call"},
         {.name = "log-level", .type = FERRY_FLAG_ENUM, .ptr = &log_level,
          .choices = "error|warn|info|debug", .help = "log verbosity"},
+        {.name = "world", .type = FERRY_FLAG_INT, .ptr = &world, .min = 1, .max = 65536,
+         .help = "trainers in the job (default: FERRY_WORLD, SLURM_NTASKS, or 1)"},
+        {.name = "rank", .type = FERRY_FLAG_INT, .ptr = &rank, .min = 0, .max = 65535,
+         .help = "this trainer's rank (default: FERRY_RANK, SLURM_PROCID, "
+                 "JOB_COMPLETION_INDEX, or 0)"},
+        {.name = "job", .type = FERRY_FLAG_STRING, .ptr = &cfg.job, .metavar = "NAME",
+         .help = "the job's name on the servers (default: FERRY_JOB, or ferry)"},
+        {.name = "sync", .type = FERRY_FLAG_STRING, .ptr = &cfg.sync, .metavar = "MODE",
+         .help = "bsp | ssp:K | async: a data-parallel job with the LSTM on the servers "
+                 "(default bsp when --world > 1)"},
+        {.name = "sync-timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.sync_timeout_s,
+         .min = 0.001, .max = 86400, .metavar = "SECONDS",
+         .help = "how long a rank waits for the others before the job fails"},
     };
     /* The optimizer's fields come from its one list (FERRY_OPTIM_FIELD_MAP), after
      * --optimizer. */
@@ -175,6 +193,22 @@ int main(int argc, char **argv) {
     ferry_log_set_level((ferry_log_level)log_level);
     if (local && cfg.ps != NULL) {
         fprintf(stderr, "ferry-trainer: --local and --ps exclude each other\n");
+        return 2;
+    }
+    char membership[160];
+    if (ferry_trainer_membership(&cfg, world, rank, env_get, membership, sizeof membership) !=
+        FERRY_OK) {
+        fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
+        return 2;
+    }
+    if ((cfg.world > 1 || cfg.sync != NULL) && cfg.ps == NULL) {
+        fprintf(stderr, "ferry-trainer: a job of %d trainers%s needs --ps (the servers hold the "
+                        "job's model)\n", cfg.world, cfg.sync != NULL ? " with --sync" : "");
+        return 2;
+    }
+    if ((cfg.world > 1 || cfg.sync != NULL) && cfg.load != NULL) {
+        fprintf(stderr, "ferry-trainer: --load is not supported in a job yet (the servers hold "
+                        "the job's model; restore them with ferry-ps --restore)\n");
         return 2;
     }
     install_signals();

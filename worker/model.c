@@ -64,25 +64,74 @@ static ferry_status lm_init_local(ferry_lm *lm, const ferry_params *full) {
     return st;
 }
 
+/* The job's dense module "lstm": the whole local block (alignment padding too, so
+ * pulls and pushes are one copy), rows split over the servers. Rank 0 sends its
+ * initial values (polar-initialised where constrained); the others must find it. */
+static ferry_status lm_create_dense(ferry_lm *lm, const ferry_lm_placement *pl) {
+    ferry_remote_config rc;
+    char name[FERRY_PARAM_NAME_MAX];
+    (void)snprintf(name, sizeof name, "%s/lstm", ferry_job_get_config(pl->job)->name);
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, lm->P.numel, 1);
+    rc.bias = 0;
+    rc.optim = pl->optim;
+    ferry_status st = FERRY_OK;
+    if ((lm->stage = malloc((size_t)lm->P.numel * sizeof(float))) == NULL)
+        return FERRY_ERR_NOMEM;
+    if ((st = ferry_backend_copy(lm->be, lm->stage, lm->P.data, (size_t)lm->P.numel * sizeof(float),
+                                 FERRY_COPY_DEVICE_TO_HOST)) != FERRY_OK)
+        return st;
+    rc.init_weight = lm->stage;
+    return ferry_remote_create(pl->cluster, &rc, &lm->dense_remote);
+}
+
 static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
                                      const ferry_lm_placement *pl) {
     const ferry_lm_config *cfg = &lm->cfg;
     ferry_remote_config rc;
     ferry_status st;
-    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "encoder", cfg->V, cfg->E);
+    int rank = pl->job != NULL ? ferry_job_get_config(pl->job)->rank : 0;
+    if (rank != 0 && (st = ferry_job_wait_ready(pl->job)) != FERRY_OK)
+        return st; /* rank 0 makes the modules; the others find them (same config) */
+    /* A job's modules are its own: "<job>/encoder", so jobs sharing servers never
+     * share parameters. */
+    char enc[FERRY_PARAM_NAME_MAX] = "encoder", dec[FERRY_PARAM_NAME_MAX] = "decoder";
+    if (pl->job != NULL) {
+        (void)snprintf(enc, sizeof enc, "%s/encoder", ferry_job_get_config(pl->job)->name);
+        (void)snprintf(dec, sizeof dec, "%s/decoder", ferry_job_get_config(pl->job)->name);
+    }
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, enc, cfg->V, cfg->E);
     rc.init_seed = cfg->seed;
     rc.init_scale = cfg->init_scale;
     rc.weight_offset = full->items[ferry_params_find(full, "encoder.weight")].offset;
     rc.optim = pl->optim;
     if ((st = ferry_remote_create(pl->cluster, &rc, &lm->emb_remote)) != FERRY_OK)
         return st;
-    ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "decoder", cfg->V, cfg->H);
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, dec, cfg->V, cfg->H);
     rc.init_seed = cfg->seed;
     rc.init_scale = cfg->init_scale;
     rc.weight_offset = full->items[ferry_params_find(full, "decoder.weight")].offset;
     rc.bias_offset = full->items[ferry_params_find(full, "decoder.bias")].offset;
     rc.optim = pl->optim;
-    return ferry_remote_create(pl->cluster, &rc, &lm->dec_remote);
+    if ((st = ferry_remote_create(pl->cluster, &rc, &lm->dec_remote)) != FERRY_OK)
+        return st;
+    if (pl->job == NULL)
+        return FERRY_OK;
+    lm->job = pl->job;
+    if ((st = lm_create_dense(lm, pl)) != FERRY_OK)
+        return st;
+    if (rank == 0)
+        return ferry_job_ready(pl->job);
+    return ferry_lm_pull_dense(lm); /* start from the job's weights */
+}
+
+ferry_status ferry_lm_pull_dense(ferry_lm *lm) {
+    if (lm->dense_remote == NULL)
+        return FERRY_OK;
+    ferry_status st = ferry_remote_dense_pull(lm->dense_remote, NULL, lm->stage, NULL);
+    if (st == FERRY_OK)
+        st = ferry_backend_copy(lm->be, lm->P.data, lm->stage, (size_t)lm->P.numel * sizeof(float),
+                                FERRY_COPY_HOST_TO_DEVICE);
+    return st;
 }
 
 ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cfg,
@@ -145,6 +194,8 @@ void ferry_lm_destroy(ferry_lm *lm) {
         return;
     ferry_remote_destroy(lm->emb_remote);
     ferry_remote_destroy(lm->dec_remote);
+    ferry_remote_destroy(lm->dense_remote);
+    free(lm->stage);
     ferry_tensor_destroy(lm->h);
     ferry_tensor_destroy(lm->c);
     ferry_params_deinit(&lm->P);
@@ -252,12 +303,51 @@ static ferry_status lm_dist_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_optim *
     return st;
 }
 
+/* The data-parallel step: push the LSTM's gradient (its rows to each server), tie
+ * the context to the job step, then the servers' clipped step: GradNorm (bsp: of
+ * every rank's summed gradient) and Step. Nothing is stepped here. */
+static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G,
+                                uint64_t pull_call, const ferry_tensor *inputs,
+                                const ferry_lm_step_args *a, ferry_lm_step_result *res) {
+    ferry_status st;
+    memset(lm->stage, 0, (size_t)lm->P.numel * sizeof(float));
+    for (int i = 0; i < lm->P.count; i++) {
+        if (!G->touched[i])
+            continue;
+        const ferry_param *p = &lm->P.items[i];
+        if ((st = ferry_backend_copy(lm->be, lm->stage + p->offset, G->dense + p->offset,
+                                     (size_t)p->numel * sizeof(float),
+                                     FERRY_COPY_DEVICE_TO_HOST)) != FERRY_OK)
+            return st;
+    }
+    if ((st = ferry_remote_dense_push(lm->dense_remote, dc, pull_call, lm->stage)) != FERRY_OK)
+        return st;
+    double tokens = (double)ferry_tensor_numel(inputs);
+    if ((st = ferry_dist_ctx_set_job(dc, lm->job, a->job_step, res->loss_sum, tokens)) != FERRY_OK)
+        return st;
+    if ((st = ferry_dist_ctx_clip_step(dc, 0.0, a->clip, a->lr, &res->coef, &res->grad_norm)) !=
+        FERRY_OK)
+        return st;
+    ferry_dist_ctx_job_loss(dc, &res->job_loss_sum, &res->job_tokens);
+    return FERRY_OK;
+}
+
 static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
                                  ferry_optim *opt, const ferry_tensor *inputs,
                                  const ferry_tensor *targets, const ferry_lm_step_args *a,
                                  ferry_lm_step_result *res) {
     ferry_tensor *loss;
     ferry_status st;
+    uint64_t pull_call = 0;
+    res->job_tokens = (double)ferry_tensor_numel(inputs);
+    if (lm->dense_remote != NULL) { /* this step starts from the job's weights */
+        if ((st = ferry_remote_dense_pull(lm->dense_remote, dc, lm->stage, &pull_call)) !=
+                FERRY_OK ||
+            (st = ferry_backend_copy(lm->be, lm->P.data, lm->stage,
+                                     (size_t)lm->P.numel * sizeof(float),
+                                     FERRY_COPY_HOST_TO_DEVICE)) != FERRY_OK)
+            return st;
+    }
     if ((st = ferry_lm_forward(lm, ctx, dc, inputs, targets, a->loss_scale, &loss,
                                &res->loss_sum)) != FERRY_OK)
         return st;
@@ -270,10 +360,16 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
     if (G == NULL)
         return FERRY_ERR_NOMEM;
     /* The owner adds the Stiefel penalty's gradient once per step, before clipping,
-     * as loss = CE + beta sum ||W^T W - I||^2 would through autograd. */
-    if (lm->cfg.stiefel_beta > 0.0f &&
+     * as loss = CE + beta sum ||W^T W - I||^2 would through autograd. In a job every
+     * rank holds the same W, and rank 0 alone adds it: the summed gradient of a bsp
+     * step then holds it once. */
+    int owner = lm->job == NULL || ferry_job_get_config(lm->job)->rank == 0;
+    if (lm->cfg.stiefel_beta > 0.0f && owner &&
         (st = ferry_stiefel_add_penalty_grads(&lm->P, G, &res->penalty, NULL)) != FERRY_OK)
         return st;
+    res->job_loss_sum = res->loss_sum;
+    if (lm->dense_remote != NULL)
+        return lm_job_step(lm, dc, G, pull_call, inputs, a, res);
     double sumsq = 0.0;
     if ((st = ferry_grads_sumsq(G, &sumsq)) != FERRY_OK)
         return st;

@@ -39,6 +39,12 @@ typedef struct ferry_lm_placement {
     ferry_cluster *cluster;
     ferry_decoder_mode decoder_mode;
     ferry_optim_config optim; /* the shards' optimizer (the trainer's own config) */
+    /* A data-parallel job: the LSTM's master copy and optimizer live on the servers
+     * too, as the dense module "lstm" (the whole local block, rows split over the
+     * servers); each step pulls it, pushes its gradient and steps there. Rank 0
+     * creates every module from its own initial values and says ready; the others
+     * wait for it. NULL: the LSTM is the trainer's alone. */
+    ferry_job *job;
 } ferry_lm_placement;
 
 typedef struct ferry_lm {
@@ -49,6 +55,9 @@ typedef struct ferry_lm {
     ferry_lstm rnn;
     ferry_linear dec;    /* local placement */
     ferry_remote *emb_remote, *dec_remote; /* distributed placement */
+    ferry_remote *dense_remote;            /* data-parallel job: the LSTM block */
+    ferry_job *job;
+    float *stage;                          /* host (P.numel): pulled weights, pushed grads */
     ferry_decoder_mode decoder_mode;
     int64_t B;           /* batch size of the carried state */
     ferry_tensor *h, *c; /* (L, B, H) carried state, owned */
@@ -78,6 +87,7 @@ typedef struct ferry_lm_step_args {
     double lr;        /* the remote shards' learning rate this step */
     uint64_t ctx_id;  /* the local context's id */
     uint64_t seed;    /* dropout stream of this step */
+    uint64_t job_step; /* data-parallel job: this step's number (1, 2, ...) */
 } ferry_lm_step_args;
 
 typedef struct ferry_lm_step_result {
@@ -85,6 +95,9 @@ typedef struct ferry_lm_step_result {
     double grad_norm; /* global norm before clipping, local and remote parameters */
     float coef;       /* clip coefficient applied */
     double penalty;   /* Stiefel penalty (beta sum ||C||^2) */
+    /* The loss the step's job reports: bsp, every rank's of the step summed (the
+     * global batch's); else this rank's (= loss_sum, tokens). */
+    double job_loss_sum, job_tokens;
 } ferry_lm_step_result;
 
 /* One training step: forward, backward across processes, the Stiefel penalty
@@ -94,6 +107,11 @@ typedef struct ferry_lm_step_result {
 ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc, ferry_optim *opt,
                                  const ferry_tensor *inputs, const ferry_tensor *targets,
                                  const ferry_lm_step_args *args, ferry_lm_step_result *res);
+
+/* Data-parallel job: copies the servers' current LSTM weights into the local block
+ * (before evaluating or saving: a step's pull happens at its start). FERRY_OK
+ * without a job. */
+ferry_status ferry_lm_pull_dense(ferry_lm *lm);
 
 /* ||W^T W - I||_F of every layer's raw weight_hh, into out[0..L). */
 ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out);

@@ -72,6 +72,71 @@ void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     cfg->log_interval = 200;
     cfg->threads = 1;
     cfg->deadline_ms = 10000;
+    cfg->world = 1;
+    cfg->rank = 0;
+    cfg->job = "ferry";
+    cfg->sync = NULL;
+    cfg->sync_timeout_s = 60.0;
+    cfg->membership = "default";
+}
+
+/* An environment variable as a non-negative int: 1 and *out set, 0 when unset,
+ * -1 (with an error naming it) when it is not a number. */
+static int env_int(const char *(*get)(const char *), const char *name, int *out) {
+    const char *v = get(name);
+    if (v == NULL || v[0] == '\0')
+        return 0;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end != '\0' || x < 0 || x > 65536) {
+        (void)ferry_errorf(FERRY_ERR_INVALID, "%s='%.32s' is not a number in [0, 65536]", name, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+ferry_status ferry_trainer_membership(ferry_trainer_config *cfg, int world_flag, int rank_flag,
+                                      const char *(*get)(const char *), char *why, size_t cap) {
+    static const char *const world_vars[] = {"FERRY_WORLD", "SLURM_NTASKS"};
+    static const char *const rank_vars[] = {"FERRY_RANK", "SLURM_PROCID", "JOB_COMPLETION_INDEX"};
+    const char *wsrc = "--world", *rsrc = "--rank";
+    int world = world_flag, rank = rank_flag, r = 0;
+    if (world < 0) {
+        wsrc = "default";
+        world = 1;
+        for (size_t i = 0; i < sizeof world_vars / sizeof *world_vars && r == 0; i++) {
+            if ((r = env_int(get, world_vars[i], &world)) > 0)
+                wsrc = world_vars[i];
+        }
+        if (r < 0)
+            return FERRY_ERR_INVALID;
+    }
+    if (rank < 0) {
+        rsrc = "default";
+        rank = 0;
+        r = 0;
+        for (size_t i = 0; i < sizeof rank_vars / sizeof *rank_vars && r == 0; i++) {
+            if ((r = env_int(get, rank_vars[i], &rank)) > 0)
+                rsrc = rank_vars[i];
+        }
+        if (r < 0)
+            return FERRY_ERR_INVALID;
+    }
+    if (world < 1)
+        return ferry_errorf(FERRY_ERR_INVALID, "world %d (from %s) must be at least 1", world,
+                            wsrc);
+    if (rank >= world)
+        return ferry_errorf(FERRY_ERR_INVALID, "rank %d (from %s) outside [0, %d) (world from %s)",
+                            rank, rsrc, world, wsrc);
+    cfg->world = world;
+    cfg->rank = rank;
+    const char *job = get("FERRY_JOB");
+    if (job != NULL && job[0] != '\0' && strcmp(cfg->job, "ferry") == 0)
+        cfg->job = job;
+    (void)snprintf(why, cap, "rank %d from %s, world %d from %s", rank, rsrc, world, wsrc);
+    cfg->membership = why;
+    return FERRY_OK;
 }
 
 int ferry_trainer_config_preset(ferry_trainer_config *cfg, const char *name) {
@@ -122,6 +187,9 @@ typedef struct trainer {
     ferry_ctx *ctx;
     ferry_cluster *cluster; /* distributed placement */
     ferry_dist_ctx *dc;
+    ferry_job *job;          /* a data-parallel job */
+    int c0, c1;              /* this rank's batch columns [c0, c1) */
+    int32_t *in_buf, *tg_buf; /* (bptt, c1 - c0): its slice of a window */
     ferry_lr_schedule sched;
     ferry_metrics *metrics;
     ferry_progress *progress;
@@ -182,24 +250,47 @@ static ferry_status evaluate(trainer *t, const ferry_batches *b, double *loss_ou
 }
 
 /* One optimizer step on one window; *loss_sum is the summed cross-entropy. */
-static ferry_status train_step(trainer *t, const ferry_window *w, double *loss_sum,
-                               double *grad_norm) {
+/* A job rank's columns [c0, c1) of a window, copied into its own (T, c1 - c0). */
+static ferry_window rank_window(trainer *t, const ferry_window *w) {
+    ferry_window r = *w;
+    int Br = t->c1 - t->c0;
+    for (int i = 0; i < w->T; i++) {
+        memcpy(t->in_buf + (size_t)i * Br, w->inputs + (size_t)i * w->B + t->c0,
+               (size_t)Br * sizeof(int32_t));
+        memcpy(t->tg_buf + (size_t)i * Br, w->targets + (size_t)i * w->B + t->c0,
+               (size_t)Br * sizeof(int32_t));
+    }
+    r.B = Br;
+    r.inputs = t->in_buf;
+    r.targets = t->tg_buf;
+    return r;
+}
+
+/* One optimizer step on one window; *loss_sum is the summed cross-entropy of
+ * *tokens tokens: in a bsp job, of the whole job's step. */
+static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_sum,
+                               double *tokens, double *grad_norm) {
     const ferry_trainer_config *cfg = t->cfg;
     ferry_tensor in, tg;
-    window_tensors(w, &in, &tg);
+    ferry_window w = t->job != NULL ? rank_window(t, gw) : *gw;
+    window_tensors(&w, &in, &tg);
+    /* The loss is scaled by the global batch, so a bsp job's summed gradient is the
+     * gradient of one trainer's loss over the whole batch. */
     ferry_lm_step_args a = {
-        .loss_scale = cfg->loss_scale == FERRY_LOSS_SCALE_MEAN ? 1.0f / (float)(w->T * w->B)
-                                                               : 1.0f / (float)w->B,
+        .loss_scale = cfg->loss_scale == FERRY_LOSS_SCALE_MEAN ? 1.0f / (float)(gw->T * gw->B)
+                                                               : 1.0f / (float)gw->B,
         .clip = cfg->clip,
         .lr = t->lr,
         .ctx_id = (uint64_t)t->step + 1,
         .seed = (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step,
+        .job_step = (uint64_t)t->step + 1,
     };
     ferry_lm_step_result r;
     ferry_status st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);
     if (st != FERRY_OK)
         return ferry_errorf(st, "step %lld: %s", (long long)t->step + 1, ferry_error_last());
-    *loss_sum = r.loss_sum;
+    *loss_sum = r.job_loss_sum;
+    *tokens = r.job_tokens;
     *grad_norm = r.grad_norm;
     t->penalty_sum += r.penalty;
     t->step++;
@@ -243,7 +334,7 @@ static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double to
 /* One pass over the training split (or up to max_steps). */
 static ferry_status train_epoch(trainer *t, int *stop) {
     const ferry_trainer_config *cfg = t->cfg;
-    ferry_status st = ferry_lm_reset_state(t->lm, cfg->batch_size);
+    ferry_status st = ferry_lm_reset_state(t->lm, t->c1 - t->c0);
     if (st != FERRY_OK)
         return st;
     int64_t nwin = ferry_batch_nwindows(t->train, cfg->bptt), nsteps = ferry_batch_nstep(t->train);
@@ -257,15 +348,15 @@ static ferry_status train_epoch(trainer *t, int *stop) {
     int64_t win_tokens = 0, tokens = 0, i = 0, win_steps = 0;
     for (int64_t start = 0; start < nsteps - 1 && st == FERRY_OK; start += cfg->bptt, i++) {
         ferry_window w;
-        double sum = 0.0;
+        double sum = 0.0, ntok = 0.0;
         if ((st = ferry_batch_window(t->train, start, cfg->bptt, &w)) != FERRY_OK)
             break;
-        if ((st = train_step(t, &w, &sum, &gn)) != FERRY_OK)
+        if ((st = train_step(t, &w, &sum, &ntok, &gn)) != FERRY_OK)
             break;
         win_loss += sum;
-        win_tokens += (int64_t)w.T * w.B;
+        win_tokens += (int64_t)ntok;
         win_steps++;
-        tokens += (int64_t)w.T * w.B;
+        tokens += (int64_t)ntok;
         double el = ferry_now() - t0;
         ferry_progress_stats ps = {t->epoch,
                                    i + 1,
@@ -300,7 +391,9 @@ static ferry_status train_epoch(trainer *t, int *stop) {
 static ferry_status eval_and_report(trainer *t, const char *split, const ferry_batches *b,
                                     double *loss) {
     double t0 = ferry_now();
-    ferry_status st = evaluate(t, b, loss);
+    ferry_status st = ferry_lm_pull_dense(t->lm); /* the job's weights after the last step */
+    if (st == FERRY_OK)
+        st = evaluate(t, b, loss);
     if (st != FERRY_OK)
         return st;
     FERRY_LOG_INFO("epoch %d %s: loss %.4f ppl %.2f (%.1f s)", t->epoch, split, *loss, exp(*loss),
@@ -308,6 +401,61 @@ static ferry_status eval_and_report(trainer *t, const char *split, const ferry_b
     if (t->metrics != NULL)
         st = ferry_metrics_eval(t->metrics, split, t->epoch, t->step, *loss, exp(*loss));
     return st;
+}
+
+/* Joins the data-parallel job: the model as this rank builds it goes to the servers,
+ * which refuse a rank whose model differs from the job's; this rank's columns of the
+ * global batch. */
+static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_optim_config *oc) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_job_config jc = {0};
+    ferry_status st = ferry_sync_parse(cfg->sync != NULL ? cfg->sync : "bsp", &jc.sync,
+                                       &jc.staleness);
+    if (st != FERRY_OK)
+        return st;
+    size_t jl = strlen(cfg->job);
+    if (jl == 0 || jl > 48 || strspn(cfg->job, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                               "0123456789_.-") != jl)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "--job '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it prefixes the "
+                            "job's module names)",
+                            cfg->job);
+    if (!(cfg->sync_timeout_s > 0.0) || cfg->sync_timeout_s > 86400.0)
+        return ferry_errorf(FERRY_ERR_INVALID, "--sync-timeout %g s outside (0, 86400]",
+                            cfg->sync_timeout_s);
+    t->c0 = (int)((int64_t)cfg->rank * cfg->batch_size / cfg->world);
+    t->c1 = (int)((int64_t)(cfg->rank + 1) * cfg->batch_size / cfg->world);
+    if (t->c1 <= t->c0)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "--batch-size %d gives rank %d of %d no column: the global batch "
+                            "must be at least the world size",
+                            cfg->batch_size, cfg->rank, cfg->world);
+    size_t n = (size_t)cfg->bptt * (size_t)(t->c1 - t->c0);
+    if ((t->in_buf = malloc(n * sizeof *t->in_buf)) == NULL ||
+        (t->tg_buf = malloc(n * sizeof *t->tg_buf)) == NULL)
+        return FERRY_ERR_NOMEM;
+    char model[1024];
+    (void)snprintf(model, sizeof model,
+                   "vocab=%llx V=%lld E=%lld H=%lld L=%d batch=%d bptt=%d dropout=%g "
+                   "init=%g stiefel=%g seed=%llu optimizer=%s lr=%g clip=%g loss=%s decoder=%s",
+                   (unsigned long long)ferry_vocab_hash(ferry_corpus_vocab(t->corpus)),
+                   (long long)mc->V, (long long)mc->E, (long long)mc->H, mc->L, cfg->batch_size,
+                   cfg->bptt, (double)mc->dropout, (double)mc->init_scale,
+                   (double)mc->stiefel_beta, (unsigned long long)mc->seed,
+                   ferry_optim_kind_name(oc->kind), oc->lr, (double)cfg->clip,
+                   cfg->loss_scale ? "sum-time" : "mean",
+                   cfg->decoder_mode ? "sharded-softmax" : "logits");
+    jc.name = cfg->job;
+    jc.world = cfg->world;
+    jc.rank = cfg->rank;
+    jc.sync_timeout_ms = (int)(cfg->sync_timeout_s * 1000.0);
+    jc.model = model;
+    if ((st = ferry_job_join(t->cluster, &jc, &t->job)) != FERRY_OK)
+        return st;
+    FERRY_LOG_INFO("job '%s': rank %d of %d (%s), --sync %s, batch columns [%d, %d) of %d",
+                   cfg->job, cfg->rank, cfg->world, cfg->membership,
+                   cfg->sync != NULL ? cfg->sync : "bsp", t->c0, t->c1, cfg->batch_size);
+    return FERRY_OK;
 }
 
 static ferry_status trainer_setup(trainer *t) {
@@ -346,18 +494,23 @@ static ferry_status trainer_setup(trainer *t) {
     sc.patience = cfg->patience;
     if ((st = ferry_lr_schedule_init(&t->sched, &sc)) != FERRY_OK)
         return st;
+    t->c0 = 0;
+    t->c1 = cfg->batch_size;
     if (cfg->ps != NULL) {
         ferry_cluster_config cc;
         ferry_cluster_config_default(&cc);
         cc.deadline_ms = (int)cfg->deadline_ms;
         cc.wait_for_ready = 1; /* ride out daemons that are still starting */
+        cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
         if ((st = ferry_ps_connect(cfg->ps, &cc, &t->cluster)) != FERRY_OK)
             return st;
         if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
             return st;
-        ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc};
+        if ((cfg->world > 1 || cfg->sync != NULL) && (st = job_join(t, &mc, &oc)) != FERRY_OK)
+            return st;
+        ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc, t->job};
         st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
-        if (st == FERRY_OK &&
+        if (st == FERRY_OK && t->job == NULL &&
             (!ferry_remote_created(t->lm->emb_remote) || !ferry_remote_created(t->lm->dec_remote)))
             FERRY_LOG_WARN("ferry-ps already hosts 'encoder'/'decoder' of this shape: training "
                            "continues from their current parameters (restart ferry-ps for a "
@@ -403,7 +556,11 @@ static ferry_status trainer_setup(trainer *t) {
     return FERRY_OK;
 }
 
+/* Frees the run; ferry_error_last keeps the run's error (leaving the job or closing
+ * files must not replace it). */
 static void trainer_teardown(trainer *t) {
+    char err[1024];
+    (void)snprintf(err, sizeof err, "%s", ferry_error_last());
     ferry_progress_destroy(t->progress);
     if (t->metrics != NULL && ferry_metrics_close(t->metrics) != FERRY_OK)
         FERRY_LOG_WARN("metrics: %s", ferry_error_last());
@@ -411,7 +568,14 @@ static void trainer_teardown(trainer *t) {
     ferry_optim_destroy(t->opt);
     ferry_lm_destroy(t->lm);
     ferry_dist_ctx_destroy(t->dc);
+    if (t->job != NULL && ferry_job_leave(t->job) != FERRY_OK)
+        FERRY_LOG_WARN("leaving job '%s': %s", t->cfg->job, ferry_error_last());
+    ferry_job_destroy(t->job);
     ferry_cluster_destroy(t->cluster);
+    free(t->in_buf);
+    free(t->tg_buf);
+    if (err[0] != '\0')
+        (void)ferry_errorf(FERRY_ERR_INVALID, "%s", err); /* only the text is read */
     ferry_batch_destroy(t->train);
     ferry_batch_destroy(t->valid);
     ferry_batch_destroy(t->test);
@@ -423,12 +587,25 @@ static void trainer_teardown(trainer *t) {
  * checkpoint of every ferry-ps shard (written by each server into its
  * --checkpoint-dir, restored with ferry-ps --restore). */
 static ferry_status save_checkpoint(trainer *t, int epochs_done) {
-    ferry_status st = ferry_checkpoint_save(t->cfg->save, t->lm, t->opt,
+    if (t->job != NULL && t->cfg->rank != 0)
+        return FERRY_OK; /* the job's model is one: rank 0 writes it */
+    ferry_status st = ferry_lm_pull_dense(t->lm);
+    if (st != FERRY_OK)
+        return st;
+    st = ferry_checkpoint_save(t->cfg->save, t->lm, t->opt,
                                             ferry_vocab_hash(ferry_corpus_vocab(t->corpus)),
                                             epochs_done, t->step, t->lr);
     if (st != FERRY_OK || t->cluster == NULL)
         return st;
-    st = ferry_cluster_checkpoint(t->cluster, NULL, (uint64_t)t->step);
+    /* A job's server files are named by job and step, so no other job's (or
+     * trainer's) request overwrites them. */
+    char name[160];
+    if (t->job != NULL)
+        (void)snprintf(name, sizeof name, "%s-step%lld.ckpt", t->cfg->job, (long long)t->step);
+    for (char *p = name; t->job != NULL && *p != '\0'; p++)
+        if (*p == '/' || *p == ':')
+            *p = '_';
+    st = ferry_cluster_checkpoint(t->cluster, t->job != NULL ? name : NULL, (uint64_t)t->step);
     if (st == FERRY_ERR_UNSUPPORTED) {
         FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): start them with "
                        "--checkpoint-dir DIR to keep the embedding and decoder too",

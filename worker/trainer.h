@@ -5,6 +5,7 @@
 #define FERRY_TRAINER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ferry/optim.h"
@@ -46,7 +47,26 @@ typedef struct ferry_trainer_config {
     int log_interval;
     int threads;
     int64_t deadline_ms;     /* per-RPC deadline (distributed) */
+    /* A data-parallel job (distributed only): world > 1 or a sync mode given. Rank r
+     * trains on batch columns [r*B/N, (r+1)*B/N) of the global batch B (batch_size),
+     * with the loss scaled by the global batch. */
+    int world, rank;         /* N >= 1, 0 <= rank < N */
+    const char *job;         /* the job's name on the servers */
+    const char *sync;        /* bsp | ssp:K | async; NULL: bsp */
+    double sync_timeout_s;   /* how long a rank waits for the others */
+    const char *membership;  /* where world and rank came from, for the log */
 } ferry_trainer_config;
+
+/* Fills world, rank and job from the flags or else from the environment a launcher
+ * sets: FERRY_WORLD / FERRY_RANK / FERRY_JOB, Slurm's SLURM_NTASKS / SLURM_PROCID /
+ * SLURM_JOB_ID, a Kubernetes Indexed Job's JOB_COMPLETION_INDEX (the rank; the world
+ * from --world or FERRY_WORLD). world_flag and rank_flag are the flags' values (< 0:
+ * not given). getenv_fn is getenv (tests pass their own). FERRY_ERR_INVALID naming
+ * the variable for a value that is not a number or a rank outside [0, world).
+ * `why` (cap bytes) receives where each came from. */
+ferry_status ferry_trainer_membership(ferry_trainer_config *cfg, int world_flag, int rank_flag,
+                                      const char *(*getenv_fn)(const char *), char *why,
+                                      size_t cap);
 
 /* The optimizer configuration cfg asks for: the kind's defaults, overridden by every
  * field that is set. */

@@ -15,7 +15,8 @@
 
 ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
                                const ferry_dist_ctx *dc, int need_ctx) {
-    static const char *const names[] = {"an embedding", "a decoder", "a linear module"};
+    static const char *const names[] = {"an embedding", "a decoder", "a linear module",
+                                        "a dense module"};
     if (m->kind != kind)
         return ferry_errorf(FERRY_ERR_INVALID, "%s: module '%s' is not %s", what, m->name,
                             names[kind]);
@@ -263,6 +264,71 @@ ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc
         st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, k, servers, reqs, 0, replies);
     msgs_deinit(reqs, replies, m->nshards);
     free(acc);
+    ferry__dist_call_drop(dc, rec);
+    return st;
+}
+
+/* ---- dense: pull the rows, push their gradient ---- */
+
+ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float *out,
+                                     uint64_t *call_id) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_DENSE, "dense pull", dc, 0);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec = NULL;
+    if (dc != NULL && (rec = ferry__dist_call_new(dc, m, FERRY__DIST_DENSE)) == NULL)
+        return FERRY_ERR_NOMEM;
+    int servers[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
+    msgs_init(reqs, replies, m->nshards);
+    for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
+        servers[s] = m->shards[s].server;
+        if (dc != NULL)
+            dc->touched[servers[s]] = 1;
+        st = ferry__dist_forward_head(&reqs[s], m, dc != NULL ? dc->id : 0,
+                                      rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_DENSE_PULL);
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, m->nshards, servers, reqs, 0, replies);
+    for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
+        int64_t want[2] = {m->shards[s].row_count, m->cols};
+        const ferry_rpc_tensor *t;
+        st = ferry__dist_output(m->c, servers[s], &replies[s], FERRY_WIRE_DENSE_FWD_WEIGHT, want,
+                                &t);
+        if (st == FERRY_OK && t->nbytes > 0)
+            memcpy(out + m->shards[s].row_begin * m->cols, t->data, t->nbytes);
+    }
+    msgs_deinit(reqs, replies, m->nshards);
+    if (rec != NULL && st != FERRY_OK)
+        ferry__dist_call_drop(dc, rec);
+    else if (rec != NULL && call_id != NULL)
+        *call_id = rec->call_id;
+    return st;
+}
+
+ferry_status ferry_remote_dense_push(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                     const float *grad) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_DENSE, "dense push", dc, 1);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec = ferry__dist_call_find(dc, m, call_id, FERRY__DIST_DENSE);
+    if (rec == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    int servers[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
+    msgs_init(reqs, replies, m->nshards);
+    for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
+        int64_t dim[2] = {m->shards[s].row_count, m->cols};
+        ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_DENSE_BWD_GRAD, dim,
+                                                grad + m->shards[s].row_begin * m->cols);
+        servers[s] = m->shards[s].server;
+        st = ferry__dist_backward_head(&reqs[s], rec, dc->id, FERRY_WIRE_MODE_DENSE_PULL, NULL);
+        if (st == FERRY_OK)
+            st = ferry_rpc_msg_add(&reqs[s], &t);
+    }
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, m->nshards, servers, reqs, 0, replies);
+    msgs_deinit(reqs, replies, m->nshards);
     ferry__dist_call_drop(dc, rec);
     return st;
 }

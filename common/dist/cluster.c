@@ -47,6 +47,13 @@ ferry_rpc_tensor ferry__dist_tensor(ferry_wire_tensor_id id, const int64_t *dim,
 ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
                                 const int *servers, const ferry_rpc_msg *reqs, int shared,
                                 ferry_rpc_msg *replies) {
+    return ferry__dist_fanout_deadline(c, method, n, servers, reqs, shared, replies,
+                                       c->cfg.deadline_ms);
+}
+
+ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
+                                         const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                         ferry_rpc_msg *replies, int deadline_ms) {
     if (n == 0)
         return FERRY_OK;
     ferry_rpc_fanout *calls = calloc((size_t)n, sizeof *calls);
@@ -58,7 +65,7 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
         calls[i].req = &reqs[shared ? 0 : i];
         calls[i].reply = &replies[i];
     }
-    ferry_status st = ferry_rpc_call_many(calls, n, c->cfg.deadline_ms);
+    ferry_status st = ferry_rpc_call_many(calls, n, deadline_ms);
     free(calls);
     return st;
 }
@@ -240,6 +247,30 @@ uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server) {
 }
 
 /* ---- admin calls ---- */
+
+ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *prefix,
+                                   void (*fn)(void *user, const char *name, double value),
+                                   void *user) {
+    if (server < 0 || server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
+    Ferry__StatsRequest q;
+    ferry__stats_request__init(&q);
+    q.prefix = (char *)(uintptr_t)(prefix != NULL ? prefix : "");
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry_rpc_call(c->clients[server], FERRY_RPC_STATS, &req, &reply, c->cfg.deadline_ms);
+    if (st == FERRY_OK) {
+        const Ferry__StatsReply *r = reply.head;
+        for (size_t i = 0; i < r->n_metrics; i++)
+            fn(user, r->metrics[i]->name, r->metrics[i]->value);
+    }
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
 
 ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out) {
     if (server < 0 || server >= c->n)

@@ -128,6 +128,8 @@ uint64_t ferry_dist_ctx_begin(ferry_dist_ctx *dc) {
         FERRY_LOG_WARN("context %#llx left to the servers' sweep: %s", (unsigned long long)dc->id,
                        ferry_error_last());
     ctx_close(dc);
+    dc->job = NULL;
+    dc->job_step = 0;
     uint64_t low = 0;
     while (low == 0) /* a zero id means "no context" */
         low = atomic_fetch_add(&dc->c->next_ctx, 1) & CTX_COUNTER_MASK;
@@ -141,6 +143,52 @@ uint64_t ferry_dist_ctx_id(const ferry_dist_ctx *dc) {
 }
 
 /* ---- GradNorm, Step, Release ---- */
+
+/* A job step's GradNorm and Step may wait for the other ranks: their deadline
+ * grows by the job's sync timeout. */
+static int ctx_deadline(const ferry_dist_ctx *dc) {
+    int d = dc->c->cfg.deadline_ms;
+    if (dc->job != NULL)
+        d += dc->job->cfg.sync_timeout_ms > 0 ? dc->job->cfg.sync_timeout_ms : 60000;
+    return d;
+}
+
+/* The (job, rank, step) of the open context, or NULL. */
+static Ferry__JobStep *ctx_job(const ferry_dist_ctx *dc, Ferry__JobStep *js) {
+    if (dc->job == NULL)
+        return NULL;
+    ferry__job_step__init(js);
+    js->job = (char *)(uintptr_t)dc->job->name;
+    js->rank = (uint32_t)dc->job->cfg.rank;
+    js->step = dc->job_step;
+    js->loss_sum = dc->job_loss;
+    js->tokens = dc->job_tokens;
+    return js;
+}
+
+ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t step,
+                                    double loss_sum, double tokens) {
+    if (job != NULL && (dc->id == 0 || step == 0))
+        return ferry_errorf(FERRY_ERR_INVALID, "ferry_dist_ctx_set_job: %s",
+                            dc->id == 0 ? "no context is open" : "job steps count from 1");
+    if (job != NULL && job->c != dc->c)
+        return ferry_errorf(FERRY_ERR_INVALID, "ferry_dist_ctx_set_job: the job belongs to "
+                                               "another cluster");
+    dc->job = job;
+    dc->job_step = step;
+    dc->job_loss = loss_sum;
+    dc->job_tokens = tokens;
+    dc->job_loss_out = loss_sum;
+    dc->job_tokens_out = tokens;
+    return FERRY_OK;
+}
+
+void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens) {
+    if (loss_sum != NULL)
+        *loss_sum = dc->job_loss_out;
+    if (tokens != NULL)
+        *tokens = dc->job_tokens_out;
+}
 
 /* One header to every touched server; replies[i] answers servers[i]. */
 static ferry_status ctx_fanout(ferry_dist_ctx *dc, ferry_rpc_method method,
@@ -157,7 +205,8 @@ static ferry_status ctx_fanout(ferry_dist_ctx *dc, ferry_rpc_method method,
     ferry_rpc_msg_init(&req);
     ferry_status st = ferry_rpc_msg_set_head(&req, head);
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(dc->c, method, *n, servers, &req, 1, replies);
+        st = ferry__dist_fanout_deadline(dc->c, method, *n, servers, &req, 1, replies,
+                                         ctx_deadline(dc));
     ferry_rpc_msg_deinit(&req);
     return st;
 }
@@ -179,12 +228,19 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
     Ferry__GradNormRequest q;
     ferry__grad_norm_request__init(&q);
     q.ctx_id = dc->id;
+    Ferry__JobStep js;
+    q.job = ctx_job(dc, &js);
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
     ferry_status st = ctx_fanout(dc, FERRY_RPC_GRAD_NORM, &q.base, servers, replies, &n);
     double total = 0.0;
     for (int i = 0; st == FERRY_OK && i < n; i++) /* in server order: deterministic */
         total += ((const Ferry__GradNormReply *)replies[i].head)->sum_squares;
+    if (st == FERRY_OK && n > 0 && dc->job != NULL) { /* every server sums the same */
+        const Ferry__GradNormReply *r0 = replies[0].head;
+        dc->job_loss_out = r0->loss_sum;
+        dc->job_tokens_out = r0->tokens;
+    }
     replies_deinit(replies, n);
     if (st == FERRY_OK)
         *sumsq = total;
@@ -256,6 +312,8 @@ static ferry_status step_now(ferry_dist_ctx *dc, float grad_scale, double lr) {
     q.ctx_id = dc->id;
     q.scale = (double)grad_scale;
     q.lr = lr;
+    Ferry__JobStep js;
+    q.job = ctx_job(dc, &js);
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
     ferry_status st = ctx_fanout(dc, FERRY_RPC_STEP, &q.base, servers, replies, &n);

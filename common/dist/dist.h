@@ -44,7 +44,21 @@ struct ferry_remote {
     int created;               /* shards this create made new */
 };
 
-enum { FERRY__DIST_EMBEDDING = 1, FERRY__DIST_XENT, FERRY__DIST_LOGITS, FERRY__DIST_LINEAR };
+enum {
+    FERRY__DIST_EMBEDDING = 1,
+    FERRY__DIST_XENT,
+    FERRY__DIST_LOGITS,
+    FERRY__DIST_LINEAR,
+    FERRY__DIST_DENSE
+};
+
+/* A job this process is a rank of (ferry_job_join). */
+struct ferry_job {
+    ferry_cluster *c;
+    ferry_job_config cfg;
+    char name[FERRY_RPC_NAME_MAX];
+    char model[1024];
+};
 
 /* One Forward inside a context, awaiting its Backward. */
 typedef struct ferry__dist_call {
@@ -74,6 +88,12 @@ struct ferry_dist_ctx {
     double step_lr;
     ferry_status step_st;
     char step_err[512]; /* the step thread's ferry_error_last */
+    /* The job step of the open context (ferry_dist_ctx_set_job), and the job's loss
+     * of the step as GradNorm returned it. */
+    ferry_job *job;
+    uint64_t job_step;
+    double job_loss, job_tokens;
+    double job_loss_out, job_tokens_out;
 };
 
 /* A new call record in dc (call id assigned, linked); NULL when out of memory. */
@@ -90,6 +110,10 @@ void ferry__dist_call_drop(ferry_dist_ctx *dc, ferry__dist_call *call);
 ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
                                 const int *servers, const ferry_rpc_msg *reqs, int shared,
                                 ferry_rpc_msg *replies);
+/* The same with its own deadline (calls that may wait in a job barrier). */
+ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
+                                         const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                         ferry_rpc_msg *replies, int deadline_ms);
 
 /* The reply tensor `name` of a call to server, checked to have the dtype and the
  * shape want (entries < 0 match anything); FERRY_ERR_FORMAT naming the peer. */

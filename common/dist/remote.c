@@ -13,7 +13,8 @@
 /* The public kinds are the contract's, in its order. */
 _Static_assert(FERRY_REMOTE_EMBEDDING == (int)FERRY_WIRE_KIND_EMBEDDING &&
                    FERRY_REMOTE_DECODER == (int)FERRY_WIRE_KIND_DECODER &&
-                   FERRY_REMOTE_LINEAR == (int)FERRY_WIRE_KIND_LINEAR,
+                   FERRY_REMOTE_LINEAR == (int)FERRY_WIRE_KIND_LINEAR &&
+                   FERRY_REMOTE_DENSE == (int)FERRY_WIRE_KIND_DENSE,
                "ferry_remote_kind follows ferry_wire_kind");
 #define kind_name(k) (ferry_wire_kinds[k].name)
 
@@ -35,7 +36,7 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
     if (cfg->name == NULL || cfg->name[0] == '\0' || strlen(cfg->name) >= FERRY_RPC_NAME_MAX)
         return ferry_errorf(FERRY_ERR_INVALID, "remote module needs a name of 1..%d bytes",
                             FERRY_RPC_NAME_MAX - 1);
-    if ((int)cfg->kind < 0 || cfg->kind > FERRY_REMOTE_LINEAR)
+    if ((int)cfg->kind < 0 || cfg->kind > FERRY_REMOTE_DENSE)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown kind %d", cfg->name,
                             (int)cfg->kind);
     if (cfg->dims[0] < 1 || cfg->dims[1] < 1 || cfg->dims[0] > INT32_MAX ||

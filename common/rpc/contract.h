@@ -21,7 +21,8 @@
 #define FERRY_WIRE_KIND_MAP(X)                                                                     \
     X(EMBEDDING, "embedding", "[V, E]")                                                            \
     X(DECODER, "decoder", "[V, H]")                                                                \
-    X(LINEAR, "linear", "[C, D]")
+    X(LINEAR, "linear", "[C, D]")                                                                \
+    X(DENSE, "dense", "[R, C]")
 
 /* The Forward/Backward modes: X(ID, kind, mode string, 1 if "" selects it). A Backward
  * uses the mode its Forward used. */
@@ -29,7 +30,8 @@
     X(EMBEDDING_ROWS, EMBEDDING, "rows", 1)                                                        \
     X(DECODER_PARTIALS, DECODER, "partials", 1)                                                    \
     X(DECODER_LOGITS, DECODER, "logits", 0)                                                        \
-    X(LINEAR, LINEAR, "linear", 1)
+    X(LINEAR, LINEAR, "linear", 1)                                                                 \
+    X(DENSE_PULL, DENSE, "pull", 1)
 
 /* Every tensor of every call: X(ID, mode, direction, name, dtype, rank, shape, optional).
  * dtype INDEX means I32 or I64. Shapes use the kind's dims (V, E, H, C, D), the rows a
@@ -64,13 +66,16 @@
     X(LINEAR_FWD_X, LINEAR, FWD_IN, "x", F32, 2, "(N, C)", 0)                                      \
     X(LINEAR_FWD_Y, LINEAR, FWD_OUT, "y", F32, 2, "(N, D) x A^T + b", 0)                           \
     X(LINEAR_BWD_DY, LINEAR, BWD_IN, "dy", F32, 2, "(N, D)", 0)                                    \
-    X(LINEAR_BWD_DX, LINEAR, BWD_OUT, "dx", F32, 2, "(N, C)", 0)
+    X(LINEAR_BWD_DX, LINEAR, BWD_OUT, "dx", F32, 2, "(N, C)", 0)                                   \
+    X(DENSE_FWD_WEIGHT, DENSE_PULL, FWD_OUT, "weight", F32, 2, "(R_s, C) the shard's rows, now", 0) \
+    X(DENSE_BWD_GRAD, DENSE_PULL, BWD_IN, "grad", F32, 2, "(R_s, C) their gradient (the push)", 0)
 
 /* The parameters of each kind, as CreateModule's initial tensors, GetParams' reply and
  * SetParams' request name them: X(ID, name, rank, shape). Rows are the shard's. */
 #define FERRY_WIRE_PARAM_MAP(X)                                                                    \
     X(WEIGHT, "weight", 2, "(rows, E | H | C)")                                                    \
-    X(BIAS, "bias", 1, "(rows); decoder always, linear unless option bias=0, embedding never")
+    X(BIAS, "bias", 1,                                                                             \
+      "(rows); decoder always, linear unless option bias=0, embedding and dense never")
 
 /* CreateModule's ModuleConfig.options keys ("key=value,..."): X(ID, name, meaning). */
 #define FERRY_WIRE_OPTION_MAP(X)                                                                   \

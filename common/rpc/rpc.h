@@ -60,7 +60,8 @@ struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.
     X(SET_PARAMS, SetParams, set_params)                                                           \
     X(CHECKPOINT, Checkpoint, checkpoint)                                                          \
     X(STATS, Stats, stats)                                                                         \
-    X(SHUTDOWN, Shutdown, shutdown)
+    X(SHUTDOWN, Shutdown, shutdown)                                                                \
+    X(JOIN, Join, join)
 
 /* clang-format off */
 typedef enum ferry_rpc_method {
@@ -151,6 +152,7 @@ typedef struct ferry_rpc_msg {
     size_t max_bytes; /* 0, or the most tensor bytes this message may carry (a server
                          sets it on every reply to the message limit, so a reply
                          too large to send is refused before it is built) */
+    void *call;       /* a server's reply: the call it answers (ferry_rpc_defer) */
 } ferry_rpc_msg;
 
 /* Makes *m an empty message. No allocation; cannot fail. */
@@ -225,6 +227,19 @@ typedef struct ferry_rpc_server ferry_rpc_server;
  * server's threads and should not block for long. */
 typedef ferry_status (*ferry_rpc_handler)(void *user, ferry_rpc_method method, ferry_rpc_msg *req,
                                           ferry_rpc_msg *reply);
+
+/* A reply sent later. A handler that must wait for something other calls bring
+ * (a barrier) calls ferry_rpc_defer(reply) and returns FERRY_OK; the server then
+ * sends nothing when the handler returns, and whoever completes the wait, on any
+ * thread, calls ferry_rpc_pending_finish exactly once with the status and a reply
+ * message (filled like a handler's, or NULL on error; it is deinitialized). The
+ * call keeps the server from finishing its shutdown until then, so the owner of
+ * pending calls finishes them (with an error) when it stops. ferry_rpc_defer
+ * returns NULL for a reply that belongs to no network call (an in-process
+ * dispatch): the handler must then answer at once. */
+typedef struct ferry_rpc_pending ferry_rpc_pending;
+ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply);
+void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_msg *reply);
 
 typedef struct ferry_rpc_server_config {
     const char *listen;       /* "127.0.0.1:0" (port 0: an ephemeral port), "[::]:7000" */

@@ -72,6 +72,7 @@ typedef struct server_call {
     grpc_metadata trailer; /* FERRY_RPC_STATUS_KEY on errors */
     char status_text[16];
     int cancelled;
+    int deferred; /* the handler called ferry_rpc_defer: the reply comes later */
     grpc_op ops[4];
 } server_call;
 
@@ -239,7 +240,14 @@ static void call_serve(server_call *c) {
             st == FERRY_ERR_FORMAT ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_RESOURCE_EXHAUSTED;
     } else {
         ferry_error_clear();
+        reply.call = c;
         st = srv->handlers[c->method](srv->user, (ferry_rpc_method)c->method, &req, &reply);
+        if (c->deferred && st == FERRY_OK) {
+            ferry_rpc_msg_deinit(&req);
+            ferry_rpc_msg_deinit(&reply);
+            return; /* ferry_rpc_pending_finish answers */
+        }
+        c->deferred = 0;
         code = ferry__grpc_code_from_status(st);
         if (st == FERRY_OK && (st = reply_encode(c, mi, &reply)) != FERRY_OK)
             code = st == FERRY_ERR_RANGE ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INTERNAL;
@@ -252,6 +260,38 @@ static void call_serve(server_call *c) {
     }
     ferry_rpc_msg_deinit(&req);
     ferry_rpc_msg_deinit(&reply);
+    call_reply(c, st, code, st == FERRY_OK ? "" : detail);
+}
+
+ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply) {
+    server_call *c = reply->call;
+    if (c == NULL)
+        return NULL;
+    c->deferred = 1;
+    return (ferry_rpc_pending *)c;
+}
+
+void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_msg *reply) {
+    server_call *c = (server_call *)p;
+    const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
+    char detail[512];
+    grpc_status_code code = ferry__grpc_code_from_status(st);
+    if (st == FERRY_OK) {
+        if (reply == NULL)
+            st = ferry_errorf(FERRY_ERR_INVALID, "%s: a deferred reply finished without one",
+                              mi->name);
+        else
+            st = reply_encode(c, mi, reply);
+        if (st != FERRY_OK)
+            code = st == FERRY_ERR_RANGE ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INTERNAL;
+    }
+    if (st != FERRY_OK) {
+        const char *msg = ferry_error_last();
+        (void)snprintf(detail, sizeof detail, "%s", msg[0] != '\0' ? msg : ferry_status_str(st));
+        FERRY_LOG_WARN("%s rejected: %s (%s)", mi->name, ferry_status_str(st), detail);
+    }
+    if (reply != NULL)
+        ferry_rpc_msg_deinit(reply);
     call_reply(c, st, code, st == FERRY_OK ? "" : detail);
 }
 

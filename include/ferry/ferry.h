@@ -115,6 +115,16 @@ typedef struct ferry_ps_stats {
 /* The counters of one server. FERRY_ERR_INVALID for a bad index; call errors. */
 ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out);
 
+/* Every counter of one server's Stats whose name starts with prefix (NULL or "":
+ * all), as fn(user, name, value) in the server's order: the fields above, "version/
+ * <module>", and per job "job/<name>/step/<rank>" (steps each rank has done),
+ * "job/<name>/min_step", "job/<name>/applied" (bsp), "job/<name>/max_lead" (ssp: the
+ * most steps a rank was ahead of the slowest when its Step returned),
+ * "job/<name>/waited_s/<rank>". FERRY_ERR_INVALID for a bad index; call errors. */
+ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *prefix,
+                                   void (*fn)(void *user, const char *name, double value),
+                                   void *user);
+
 /* Asks every server to write a checkpoint (all modules, parameters and optimizer
  * state) into its --checkpoint-dir, concurrently. name: a file name, or NULL/"" for
  * the server's default ("ferry-ps-<port>-step<step>.ckpt"). FERRY_ERR_UNSUPPORTED
@@ -134,6 +144,9 @@ typedef enum ferry_remote_kind {
     FERRY_REMOTE_DECODER = 1,   /* dims [V, H]: output layer W (V, H), b (V), vocabulary
                                    slices over every server; sharded softmax */
     FERRY_REMOTE_LINEAR = 2,    /* dims [C, D]: y = x W^T + b, W (D, C), on one server */
+    FERRY_REMOTE_DENSE = 3,     /* dims [R, C]: a block of parameters the caller computes with
+                                   (pull the rows, push their gradient), rows split over every
+                                   server: a data-parallel job's replicated dense weights */
 } ferry_remote_kind;
 
 typedef enum ferry_remote_constraint_kind {
@@ -347,11 +360,90 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, 
 ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
                                           const float *dlogits, float *dh);
 
+/* Dense: pull copies the module's current rows, out (R, C) in global layout; inside a
+ * context it is a Forward whose Backward, push, hands the servers the gradient of
+ * those rows, grad (R, C), which Step then applies with the module's (dense)
+ * optimizer, as ps-lite's pull and push. A data-parallel trainer pulls its dense
+ * weights at the start of every step and pushes their gradient before the step. */
+ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float *out,
+                                     uint64_t *call_id);
+ferry_status ferry_remote_dense_push(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                     const float *grad);
+
 /* Linear: x (N, C) -> y (N, D); dy (N, D) -> dx (N, C). */
 ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, const float *x,
                                          int64_t N, float *y, uint64_t *call_id);
 ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
                                           const float *dy, float *dx);
+
+/* ---- Jobs: many trainers, one model -------------------------------------------
+ * N processes (ranks 0..N-1) train one model on the same servers. Each joins the
+ * job on every server (the servers hold the membership and compare what every rank
+ * says about the model); rank 0 creates the modules and says ready, the others wait
+ * for it. A context tied to a job step (ferry_dist_ctx_set_job) carries (job, rank,
+ * step) with its GradNorm and Step, and the servers apply the job's consistency:
+ *
+ *   FERRY_SYNC_BSP    GradNorm waits for every rank's context of the step and
+ *                     returns the norm of the summed gradient (and the job's loss);
+ *                     the step's first Step applies the sum once, every rank then
+ *                     pulls identical weights. Scale each rank's loss by the global
+ *                     batch (1/B, not 1/(B/N)) and the sum is the global gradient.
+ *   FERRY_SYNC_SSP    each rank's gradient is applied at once; a rank's Step returns
+ *                     only when it is at most `staleness` steps ahead of the slowest.
+ *   FERRY_SYNC_ASYNC  each rank's gradient is applied at once.
+ *
+ * A wait longer than sync_timeout_ms fails with FERRY_ERR_TIMEOUT naming the
+ * missing rank, on every waiting rank; the job is then failed on that server. */
+
+typedef enum ferry_sync_mode {
+    FERRY_SYNC_BSP = 0,
+    FERRY_SYNC_SSP = 1,
+    FERRY_SYNC_ASYNC = 2,
+} ferry_sync_mode;
+
+typedef struct ferry_job_config {
+    const char *name;    /* 1..63 bytes of [A-Za-z0-9_.:/-] */
+    int world, rank;     /* N >= 1 and 0 <= rank < N */
+    ferry_sync_mode sync;
+    int staleness;       /* ssp's K >= 0 */
+    int sync_timeout_ms; /* how long a barrier may wait; 0: 60000 */
+    const char *model;   /* "key=value key=value": the model as this rank builds it; the
+                            servers refuse a rank whose values differ from the job's,
+                            naming the key */
+} ferry_job_config;
+
+typedef struct ferry_job ferry_job;
+
+/* Parses "bsp", "ssp:K" or "async" into *mode and *staleness. FERRY_ERR_INVALID. */
+ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *staleness);
+
+/* Joins the job on every server of c. Errors (one line, naming the server and what
+ * differs): FERRY_ERR_INVALID for a bad config, a finished job; FERRY_ERR_EXISTS for a
+ * job with another world, sync mode or model, or a rank another process holds;
+ * FERRY_ERR_TIMEOUT for a failed job; call errors. */
+ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
+/* Rank 0: the modules exist and hold their initial values. */
+ferry_status ferry_job_ready(ferry_job *job);
+/* Other ranks: waits (polling Join) until rank 0 said ready on every server, at most
+ * the sync timeout: FERRY_ERR_TIMEOUT then. */
+ferry_status ferry_job_wait_ready(ferry_job *job);
+/* This rank is done (bsp ranks still waiting for it fail at once). */
+ferry_status ferry_job_leave(ferry_job *job);
+/* Frees the handle (no Leave). NULL is a no-op. */
+void ferry_job_destroy(ferry_job *job);
+const ferry_job_config *ferry_job_get_config(const ferry_job *job);
+/* The fewest steps any rank of the job has done, from server 0 (Join). */
+ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step);
+
+/* Ties the open context to step `step` (1, 2, ...) of job: its GradNorm and Step
+ * carry (job, rank, step) and this rank's loss_sum and tokens of the step, and wait
+ * as the job's mode says (their deadline grows by the sync timeout). job NULL unties
+ * it. After the GradNorm (ferry_dist_ctx_grad_sumsq, clip_step or step_start),
+ * ferry_dist_ctx_job_loss gives the loss the servers returned: bsp, the sum over
+ * every rank of the step; else this rank's own. */
+ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t step,
+                                    double loss_sum, double tokens);
+void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens);
 
 /* ---- Remote calls on the local autograd tape ---------------------------------
  * Remote modules as nodes of a local autograd tape (docs/architecture.md §3):

@@ -1,0 +1,146 @@
+/* job.c - the client side of a training job: Join on every server (the servers hold
+ * the membership and compare what each rank says about the model), rank 0's
+ * "ready", the other ranks' wait for it, and Leave. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/dist/dist.h"
+#include "ferry.pb-c.h"
+#include "common/core/log.h"
+
+static const char *const sync_names[] = {"bsp", "ssp", "async"};
+
+ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *staleness) {
+    *staleness = 0;
+    if (strcmp(text, "bsp") == 0) {
+        *mode = FERRY_SYNC_BSP;
+    } else if (strcmp(text, "async") == 0) {
+        *mode = FERRY_SYNC_ASYNC;
+    } else if (strncmp(text, "ssp:", 4) == 0) {
+        char *end;
+        long k = strtol(text + 4, &end, 10);
+        if (end == text + 4 || *end != '\0' || k < 0 || k > 1000000)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "--sync %s: ssp needs a staleness bound K in [0, 1e6] (ssp:K)",
+                                text);
+        *mode = FERRY_SYNC_SSP;
+        *staleness = (int)k;
+    } else {
+        return ferry_errorf(FERRY_ERR_INVALID, "--sync '%s': expected bsp, ssp:K or async", text);
+    }
+    return FERRY_OK;
+}
+
+/* Join with `action` on every server; reply fields of the servers combined: ready
+ * when every server says so, min_step the smallest. */
+static ferry_status job_call(ferry_job *job, const char *action, int *ready, uint64_t *min_step) {
+    ferry_cluster *c = job->c;
+    Ferry__JoinRequest q;
+    ferry__join_request__init(&q);
+    q.job = job->name;
+    q.world = (uint32_t)job->cfg.world;
+    q.rank = (uint32_t)job->cfg.rank;
+    q.sync = (char *)(uintptr_t)sync_names[job->cfg.sync];
+    q.staleness = (uint32_t)job->cfg.staleness;
+    q.sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
+    q.model = job->model;
+    q.client_id = c->client_id;
+    q.action = (char *)(uintptr_t)action;
+    int servers[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg req, replies[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg_init(&req);
+    for (int i = 0; i < c->n; i++) {
+        servers[i] = i;
+        ferry_rpc_msg_init(&replies[i]);
+    }
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(c, FERRY_RPC_JOIN, c->n, servers, &req, 1, replies);
+    int all_ready = 1;
+    uint64_t min = UINT64_MAX;
+    for (int i = 0; st == FERRY_OK && i < c->n; i++) {
+        const Ferry__JoinReply *r = replies[i].head;
+        all_ready &= r->ready != 0;
+        min = r->min_step < min ? r->min_step : min;
+    }
+    for (int i = 0; i < c->n; i++)
+        ferry_rpc_msg_deinit(&replies[i]);
+    ferry_rpc_msg_deinit(&req);
+    if (st == FERRY_OK && ready != NULL)
+        *ready = all_ready;
+    if (st == FERRY_OK && min_step != NULL)
+        *min_step = min;
+    return st;
+}
+
+ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out) {
+    if (cfg->name == NULL || cfg->name[0] == '\0' || strlen(cfg->name) >= FERRY_RPC_NAME_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "job name must have 1..%d bytes",
+                            FERRY_RPC_NAME_MAX - 1);
+    if (cfg->world < 1 || cfg->world > 65536 || cfg->rank < 0 || cfg->rank >= cfg->world)
+        return ferry_errorf(FERRY_ERR_INVALID, "rank %d outside [0, %d) (--rank, --world)",
+                            cfg->rank, cfg->world);
+    if ((int)cfg->sync < 0 || cfg->sync > FERRY_SYNC_ASYNC || cfg->staleness < 0 ||
+        cfg->sync_timeout_ms < 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': bad sync mode, staleness or timeout",
+                            cfg->name);
+    if (cfg->model != NULL && strlen(cfg->model) >= sizeof((ferry_job *)0)->model)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': model description over %zu bytes",
+                            cfg->name, sizeof((ferry_job *)0)->model - 1);
+    ferry_job *job = calloc(1, sizeof *job);
+    if (job == NULL)
+        return FERRY_ERR_NOMEM;
+    job->c = c;
+    job->cfg = *cfg;
+    (void)snprintf(job->name, sizeof job->name, "%s", cfg->name);
+    (void)snprintf(job->model, sizeof job->model, "%s", cfg->model != NULL ? cfg->model : "");
+    job->cfg.name = job->name;
+    job->cfg.model = job->model;
+    ferry_status st = job_call(job, "join", NULL, NULL);
+    if (st != FERRY_OK) {
+        free(job);
+        return st;
+    }
+    *out = job;
+    return FERRY_OK;
+}
+
+ferry_status ferry_job_ready(ferry_job *job) {
+    return job_call(job, "ready", NULL, NULL);
+}
+
+ferry_status ferry_job_wait_ready(ferry_job *job) {
+    double limit = (job->cfg.sync_timeout_ms > 0 ? job->cfg.sync_timeout_ms : 60000) / 1000.0;
+    double t0 = ferry_now();
+    for (int polls = 0;; polls++) {
+        int ready = 0;
+        ferry_status st = job_call(job, "join", &ready, NULL);
+        if (st != FERRY_OK || ready)
+            return st;
+        if (ferry_now() - t0 > limit)
+            return ferry_errorf(FERRY_ERR_TIMEOUT,
+                                "job '%s': rank 0 did not say ready within %.1f s "
+                                "(--sync-timeout): is rank 0 running against the same servers?",
+                                job->name, limit);
+        struct timespec ts = {0, polls < 20 ? 20000000L : 100000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+ferry_status ferry_job_leave(ferry_job *job) {
+    return job_call(job, "leave", NULL, NULL);
+}
+
+ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step) {
+    return job_call(job, "join", NULL, min_step);
+}
+
+const ferry_job_config *ferry_job_get_config(const ferry_job *job) {
+    return &job->cfg;
+}
+
+void ferry_job_destroy(ferry_job *job) {
+    free(job);
+}

@@ -1,0 +1,811 @@
+/* jobs.c - training jobs on a server: who belongs to a job (Join), and the
+ * consistency its ranks chose. bsp sums the ranks' gradients of a step into one
+ * and applies it once; ssp lets a rank run at most K steps ahead of the slowest;
+ * async applies each rank's step on arrival. Calls that must wait are deferred
+ * replies (ferry_rpc_defer), finished by the call that ends the wait or by the
+ * sweep timer when the job's sync timeout passes: no server thread ever blocks.
+ *
+ * Locking: jobs->mu first, then a context's mutex, then a module's lock. A Step of
+ * ssp or async runs without jobs->mu (it takes only its context and modules). */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/core/log.h"
+#include "server/ps-impl.h"
+
+#define JOB_MAX_WORLD      65536
+#define JOB_DEFAULT_WAIT_S 60.0
+
+typedef struct job_rank {
+    char client[128];
+    int joined, left;
+    uint64_t steps; /* Steps done */
+    /* bsp: its arrival at the open barrier */
+    int arrived;
+    uint64_t ctx_id;
+    double loss_sum, tokens;
+    ferry_rpc_pending *gn; /* its GradNorm, waiting for the barrier */
+    /* ssp: its Step's reply, built and waiting for the bound */
+    ferry_rpc_pending *sp;
+    ferry_rpc_msg sp_reply;
+    uint64_t sp_step;
+    double wait_since;
+    double waited_s; /* seconds its calls waited, in all */
+} job_rank;
+
+/* One Step reply's metrics, kept to answer the later ranks of a bsp step alike. */
+typedef struct job_metric {
+    char name[FERRY_RPC_NAME_MAX + 16];
+    double value;
+} job_metric;
+
+struct ferry__ps_job {
+    char name[FERRY_RPC_NAME_MAX];
+    uint32_t world;
+    ferry__ps_sync sync;
+    uint32_t K;
+    double wait_s;
+    char model[1024];
+    int ready, finished;
+    char failed[512]; /* "" or why the job failed */
+    job_rank *ranks;
+    uint32_t joined;
+    /* bsp */
+    uint64_t bsp_step; /* the step whose barrier is open or was last completed */
+    int bsp_complete;  /* its gradients are summed (agg) */
+    uint32_t arrived;
+    ferry__ps_ctx_mod *agg; /* the summed gradients of bsp_step, until applied */
+    double *agg_ss;         /* their sums of squares */
+    int nagg;
+    double agg_sumsq, agg_loss, agg_tokens;
+    uint64_t applied; /* the last step applied */
+    double applied_scale;
+    uint64_t applied_version;
+    job_metric *applied_metrics;
+    int napplied_metrics;
+    /* ssp */
+    uint64_t max_lead; /* the most steps a rank was ahead of the slowest when answered */
+    uint64_t held;     /* Step replies that had to wait */
+    struct ferry__ps_job *next;
+};
+
+static const char *sync_name(ferry__ps_sync s) {
+    return s == FERRY__PS_BSP ? "bsp" : s == FERRY__PS_SSP ? "ssp" : "async";
+}
+
+static void sync_text(const ferry__ps_job *job, char *buf, size_t cap) {
+    if (job->sync == FERRY__PS_SSP)
+        (void)snprintf(buf, cap, "ssp:%u", job->K);
+    else
+        (void)snprintf(buf, cap, "%s", sync_name(job->sync));
+}
+
+void ferry__ps_jobs_init(ferry__ps_jobs *j) {
+    memset(j, 0, sizeof *j);
+    pthread_mutex_init(&j->mu, NULL);
+}
+
+static void agg_free(ferry__ps_job *job) {
+    for (int i = 0; i < job->nagg; i++)
+        ferry_grads_deinit(&job->agg[i].G);
+    free(job->agg);
+    free(job->agg_ss);
+    job->agg = NULL;
+    job->agg_ss = NULL;
+    job->nagg = 0;
+}
+
+/* Finishes every waiting call of job with st and the current error detail. */
+static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *why) {
+    for (uint32_t r = 0; r < job->world; r++) {
+        job_rank *k = &job->ranks[r];
+        if (k->gn != NULL) {
+            (void)ferry_errorf(st, "%s", why);
+            ferry_rpc_pending_finish(k->gn, st, NULL);
+            k->gn = NULL;
+        }
+        if (k->sp != NULL) {
+            (void)ferry_errorf(st, "%s", why);
+            ferry_rpc_msg_deinit(&k->sp_reply);
+            ferry_rpc_pending_finish(k->sp, st, NULL);
+            k->sp = NULL;
+        }
+    }
+}
+
+/* The job cannot go on: every wait fails now, and so does every later job call. */
+static void job_fail(ferry__ps_job *job, const char *why) {
+    if (job->failed[0] == '\0') {
+        (void)snprintf(job->failed, sizeof job->failed, "%s", why);
+        FERRY_LOG_WARN("job '%s' failed: %s", job->name, why);
+    }
+    job_fail_waiters(job, FERRY_ERR_TIMEOUT, job->failed);
+}
+
+void ferry__ps_jobs_stop(ferry__ps_jobs *j) {
+    pthread_mutex_lock(&j->mu);
+    j->stopped = 1;
+    for (ferry__ps_job *job = j->list; job != NULL; job = job->next)
+        job_fail_waiters(job, FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
+    pthread_mutex_unlock(&j->mu);
+}
+
+void ferry__ps_jobs_deinit(ferry__ps_jobs *j) {
+    ferry__ps_jobs_stop(j);
+    while (j->list != NULL) {
+        ferry__ps_job *next = j->list->next;
+        agg_free(j->list);
+        free(j->list->applied_metrics);
+        free(j->list->ranks);
+        free(j->list);
+        j->list = next;
+    }
+    pthread_mutex_destroy(&j->mu);
+}
+
+static ferry__ps_job *job_find(ferry__ps_jobs *j, const char *name) {
+    for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+        if (strcmp(job->name, name) == 0)
+            return job;
+    }
+    return NULL;
+}
+
+/* The fewest steps of a rank still in the job (joined and not left); the job's own
+ * count when every rank has left. */
+static uint64_t job_min_steps(const ferry__ps_job *job, uint32_t *slowest) {
+    uint64_t min = UINT64_MAX;
+    for (uint32_t r = 0; r < job->world; r++) {
+        const job_rank *k = &job->ranks[r];
+        if (k->left)
+            continue;
+        uint64_t s = k->joined ? k->steps : 0;
+        if (s < min) {
+            min = s;
+            if (slowest != NULL)
+                *slowest = r;
+        }
+    }
+    return min == UINT64_MAX ? 0 : min;
+}
+
+/* The job and rank of a GradNorm or Step: FERRY_ERR_NOT_FOUND for an unknown job,
+ * FERRY_ERR_INVALID for a rank that did not join, the failure of a failed job. */
+static ferry_status job_of(ferry__ps_jobs *j, const Ferry__JobStep *js, ferry__ps_job **out) {
+    ferry__ps_job *job = job_find(j, js->job);
+    if (job == NULL)
+        return ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%.63s' is unknown here (Join it first)",
+                            js->job);
+    if (job->failed[0] != '\0')
+        return ferry_errorf(FERRY_ERR_TIMEOUT, "%s", job->failed);
+    if (js->rank >= job->world || !job->ranks[js->rank].joined)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined (world %u)",
+                            job->name, js->rank, job->world);
+    if (js->step == 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u sent job step 0 (steps count "
+                            "from 1)", job->name, js->rank);
+    if (j->stopped)
+        return ferry_errorf(FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
+    *out = job;
+    return FERRY_OK;
+}
+
+/* ---- Join ---- */
+
+static int job_name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n >= FERRY_RPC_NAME_MAX)
+        return 0;
+    for (; *s != '\0'; s++) {
+        if (!isalnum((unsigned char)*s) && strchr("_.:/-", *s) == NULL)
+            return 0;
+    }
+    return 1;
+}
+
+/* The value of `key` in a "k=v k=v" string into val (cap bytes); 0 if absent. */
+static int model_value(const char *model, const char *key, char *val, size_t cap) {
+    size_t kl = strlen(key);
+    for (const char *p = model; *p != '\0';) {
+        while (*p == ' ')
+            p++;
+        const char *end = strchr(p, ' ');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (len > kl && strncmp(p, key, kl) == 0 && p[kl] == '=') {
+            size_t vl = len - kl - 1 < cap - 1 ? len - kl - 1 : cap - 1;
+            memcpy(val, p + kl + 1, vl);
+            val[vl] = '\0';
+            return 1;
+        }
+        p += len;
+    }
+    return 0;
+}
+
+/* The first key whose values differ between the job's model and a joiner's, as
+ * "H=650 here, H=200 in the job"; 0 when they agree. */
+static int model_diff(const char *job, const char *mine, char *buf, size_t cap) {
+    const char *sides[2] = {mine, job};
+    for (int side = 0; side < 2; side++) {
+        for (const char *p = sides[side]; *p != '\0';) {
+            while (*p == ' ')
+                p++;
+            const char *end = strchr(p, ' ');
+            size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+            const char *eq = memchr(p, '=', len);
+            if (eq != NULL && len > 0) {
+                char key[64], a[128] = "(none)", b[128] = "(none)";
+                size_t kl = (size_t)(eq - p) < sizeof key - 1 ? (size_t)(eq - p) : sizeof key - 1;
+                memcpy(key, p, kl);
+                key[kl] = '\0';
+                int ha = model_value(mine, key, a, sizeof a);
+                int hb = model_value(job, key, b, sizeof b);
+                if (ha != hb || strcmp(a, b) != 0) {
+                    (void)snprintf(buf, cap, "%s=%s here, %s=%s in the job", key, a, key, b);
+                    return 1;
+                }
+            }
+            p += len;
+        }
+    }
+    return 0;
+}
+
+static ferry_status parse_sync(const char *s, ferry__ps_sync *out) {
+    if (strcmp(s, "bsp") == 0)
+        *out = FERRY__PS_BSP;
+    else if (strcmp(s, "ssp") == 0)
+        *out = FERRY__PS_SSP;
+    else if (strcmp(s, "async") == 0)
+        *out = FERRY__PS_ASYNC;
+    else
+        return ferry_errorf(FERRY_ERR_INVALID, "Join: unknown sync mode '%.32s' (bsp | ssp | async)",
+                            s);
+    return FERRY_OK;
+}
+
+static ferry_status job_create(ferry__ps_jobs *j, const Ferry__JoinRequest *q, ferry__ps_sync sync,
+                               ferry__ps_job **out) {
+    ferry__ps_job *job = calloc(1, sizeof *job);
+    if (job == NULL || (job->ranks = calloc(q->world, sizeof *job->ranks)) == NULL) {
+        free(job);
+        return FERRY_ERR_NOMEM;
+    }
+    (void)snprintf(job->name, sizeof job->name, "%s", q->job);
+    job->world = q->world;
+    job->sync = sync;
+    job->K = sync == FERRY__PS_SSP ? q->staleness : 0;
+    job->wait_s = q->sync_timeout_ms > 0 ? q->sync_timeout_ms / 1000.0 : JOB_DEFAULT_WAIT_S;
+    (void)snprintf(job->model, sizeof job->model, "%s", q->model);
+    job->next = j->list;
+    j->list = job;
+    char st[32];
+    sync_text(job, st, sizeof st);
+    FERRY_LOG_INFO("job '%s': world %u, %s, sync timeout %.1f s", job->name, job->world, st,
+                   job->wait_s);
+    *out = job;
+    return FERRY_OK;
+}
+
+/* A rank leaves: bsp cannot complete a step it has not reached, so waiting ranks
+ * fail now rather than at the timeout; ssp stops counting it. */
+static void job_leave(ferry__ps_job *job, uint32_t rank);
+static void ssp_release(ferry__ps_job *job);
+
+ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q, ferry_rpc_msg *req,
+                               ferry_rpc_msg *reply) {
+    (void)req;
+    ferry__ps_sync sync = FERRY__PS_BSP;
+    ferry_status st;
+    if (!job_name_ok(q->job))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "Join: job name must be 1..%d bytes of [A-Za-z0-9_.:/-]",
+                            FERRY_RPC_NAME_MAX - 1);
+    if (q->world < 1 || q->world > JOB_MAX_WORLD)
+        return ferry_errorf(FERRY_ERR_INVALID, "Join: world %u outside [1, %d]", q->world,
+                            JOB_MAX_WORLD);
+    if (q->rank >= q->world)
+        return ferry_errorf(FERRY_ERR_INVALID, "Join: rank %u outside [0, %u) (world %u)", q->rank,
+                            q->world, q->world);
+    if ((st = parse_sync(q->sync, &sync)) != FERRY_OK)
+        return st;
+    int action = q->action[0] == '\0' || strcmp(q->action, "join") == 0 ? 0
+                 : strcmp(q->action, "ready") == 0                       ? 1
+                 : strcmp(q->action, "leave") == 0                       ? 2
+                                                                         : -1;
+    if (action < 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "Join: unknown action '%.32s' (join | ready | leave)",
+                            q->action);
+    ferry__ps_jobs *j = &ps->jobs;
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = job_find(j, q->job);
+    if (job == NULL && action != 0)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here (Join it first)", q->job);
+    else if (job == NULL)
+        st = job_create(j, q, sync, &job);
+    char why[400];
+    if (st == FERRY_OK && job->world != q->world)
+        st = ferry_errorf(FERRY_ERR_EXISTS,
+                          "job '%s' has world %u; this trainer says world %u (--world)", job->name,
+                          job->world, q->world);
+    if (st == FERRY_OK && (job->sync != sync || job->K != (sync == FERRY__PS_SSP ? q->staleness : 0))) {
+        char have[32];
+        sync_text(job, have, sizeof have);
+        st = ferry_errorf(FERRY_ERR_EXISTS, "job '%s' runs --sync %s; this trainer asks %s%s%.0u",
+                          job->name, have, q->sync, sync == FERRY__PS_SSP ? ":" : "",
+                          sync == FERRY__PS_SSP ? q->staleness : 0u);
+    }
+    if (st == FERRY_OK && model_diff(job->model, q->model, why, sizeof why))
+        st = ferry_errorf(FERRY_ERR_EXISTS, "model differs from job '%s': %s", job->name, why);
+    if (st == FERRY_OK && job->finished)
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "job '%s' has finished (all %u ranks left); name a new --job or "
+                          "restart ferry-ps",
+                          job->name, job->world);
+    if (st == FERRY_OK && job->failed[0] != '\0' && action != 2) /* a failed job's ranks leave */
+        st = ferry_errorf(FERRY_ERR_TIMEOUT, "%s", job->failed);
+    job_rank *k = st == FERRY_OK ? &job->ranks[q->rank] : NULL;
+    if (st == FERRY_OK && action == 0) {
+        if (k->joined && k->left)
+            st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished",
+                              q->rank, job->name);
+        else if (k->joined && strcmp(k->client, q->client_id) != 0)
+            st = ferry_errorf(FERRY_ERR_EXISTS,
+                              "rank %u of job '%s' is already held by %s (two trainers with "
+                              "one --rank?)",
+                              q->rank, job->name, k->client);
+        else if (!k->joined) {
+            k->joined = 1;
+            (void)snprintf(k->client, sizeof k->client, "%s", q->client_id);
+            job->joined++;
+            FERRY_LOG_INFO("job '%s': rank %u joined (%s), %u of %u", job->name, q->rank,
+                           q->client_id, job->joined, job->world);
+        }
+    } else if (st == FERRY_OK) {
+        if (!k->joined || strcmp(k->client, q->client_id) != 0)
+            st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': %s from rank %u, which %s joined",
+                              job->name, q->action, q->rank,
+                              k->joined ? "another client" : "has not");
+        else if (action == 1 && q->rank != 0)
+            st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': only rank 0 says ready", job->name);
+        else if (action == 1)
+            job->ready = 1;
+        else if (!k->left)
+            job_leave(job, q->rank);
+    }
+    Ferry__JoinReply r;
+    ferry__join_reply__init(&r);
+    if (st == FERRY_OK) {
+        r.ready = job->ready;
+        r.joined = job->joined;
+        r.min_step = job_min_steps(job, NULL);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return st != FERRY_OK ? st : ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+static void job_leave(ferry__ps_job *job, uint32_t rank) {
+    job_rank *k = &job->ranks[rank];
+    k->left = 1;
+    uint32_t left = 0;
+    for (uint32_t r = 0; r < job->world; r++)
+        left += job->ranks[r].left;
+    FERRY_LOG_INFO("job '%s': rank %u left after %llu steps (%u of %u left)", job->name, rank,
+                   (unsigned long long)k->steps, left, job->world);
+    if (left == job->world) {
+        job->finished = 1;
+        agg_free(job);
+        return;
+    }
+    if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived) {
+        char why[256];
+        (void)snprintf(why, sizeof why,
+                       "bsp step %llu of job '%s': rank %u left the job before reaching it",
+                       (unsigned long long)job->bsp_step, job->name, rank);
+        job_fail(job, why);
+    }
+    if (job->sync == FERRY__PS_SSP)
+        ssp_release(job);
+}
+
+/* ---- bsp ---- */
+
+static ferry__ps_ctx_mod *agg_entry(ferry__ps_job *job, ferry__ps_module *m) {
+    for (int i = 0; i < job->nagg; i++) {
+        if (job->agg[i].mod == m)
+            return &job->agg[i];
+    }
+    ferry__ps_ctx_mod *a = realloc(job->agg, (size_t)(job->nagg + 1) * sizeof *a);
+    if (a == NULL)
+        return NULL;
+    job->agg = a;
+    ferry__ps_ctx_mod *e = &a[job->nagg];
+    memset(e, 0, sizeof *e);
+    e->mod = m;
+    if (ferry_grads_init(&e->G, &m->P) != FERRY_OK)
+        return NULL;
+    job->nagg++;
+    return e;
+}
+
+/* Sums the ranks' contexts of the open step in rank order into job->agg (the
+ * contexts end here), adds constrained modules' penalty gradients once, and the
+ * sums of squares, loss and tokens every rank receives. */
+static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
+    ferry__ps_ctx_table *t = &ps->ctxs;
+    ferry_status st = FERRY_OK;
+    agg_free(job);
+    job->agg_loss = job->agg_tokens = job->agg_sumsq = 0.0;
+    for (uint32_t r = 0; r < job->world && st == FERRY_OK; r++) {
+        job_rank *k = &job->ranks[r];
+        job->agg_loss += k->loss_sum;
+        job->agg_tokens += k->tokens;
+        ferry__ps_ctx *c;
+        if ((st = ferry__ps_ctx_acquire(t, k->ctx_id, 0, &c)) != FERRY_OK) {
+            char why[256];
+            (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+            return ferry_errorf(st, "bsp step %llu: rank %u's context: %s",
+                                (unsigned long long)job->bsp_step, r, why);
+        }
+        for (int i = 0; i < c->nmods && st == FERRY_OK; i++) {
+            ferry__ps_ctx_mod *e = agg_entry(job, c->mods[i].mod);
+            st = e != NULL ? ferry_grads_add(&e->G, &c->mods[i].G) : FERRY_ERR_NOMEM;
+        }
+        ferry__ps_ctx_retire(t, c, 1);
+        ferry__ps_ctx_release(t, c);
+    }
+    if (st == FERRY_OK && (job->agg_ss = calloc((size_t)job->nagg + 1, sizeof(double))) == NULL)
+        st = FERRY_ERR_NOMEM;
+    for (int i = 0; i < job->nagg && st == FERRY_OK; i++) {
+        if ((st = ferry__ps_ctx_mod_penalty(NULL, NULL, &job->agg[i], 0)) == FERRY_OK &&
+            (st = ferry_grads_sumsq(&job->agg[i].G, &job->agg_ss[i])) == FERRY_OK)
+            job->agg_sumsq += job->agg_ss[i];
+    }
+    if (st == FERRY_OK)
+        job->bsp_complete = 1;
+    return st;
+}
+
+/* The GradNorm reply every rank of a summed bsp step receives. */
+static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
+    Ferry__GradNormReply r;
+    ferry__grad_norm_reply__init(&r);
+    Ferry__Metric *metrics = calloc((size_t)job->nagg + 1, sizeof *metrics);
+    Ferry__Metric **ptrs = calloc((size_t)job->nagg + 1, sizeof *ptrs);
+    ferry_status st = FERRY_ERR_NOMEM;
+    if (metrics != NULL && ptrs != NULL) {
+        for (int i = 0; i < job->nagg; i++) {
+            ferry__metric__init(&metrics[i]);
+            metrics[i].name = job->agg[i].mod->name;
+            metrics[i].value = job->agg_ss[i];
+            ptrs[i] = &metrics[i];
+        }
+        r.per_module = ptrs;
+        r.n_per_module = (size_t)job->nagg;
+        r.sum_squares = job->agg_sumsq;
+        r.loss_sum = job->agg_loss;
+        r.tokens = job->agg_tokens;
+        st = ferry_rpc_msg_set_head(reply, &r.base);
+    }
+    free(metrics);
+    free(ptrs);
+    return st;
+}
+
+static void waiter_names(const ferry__ps_job *job, int arrived, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (uint32_t r = 0; r < job->world && n + 24 < cap; r++) {
+        if ((job->ranks[r].arrived != 0) == arrived)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%u", n ? ", " : "", r);
+    }
+    if (n == 0)
+        (void)snprintf(buf, cap, "none");
+}
+
+ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+                                     ferry_rpc_msg *reply) {
+    ferry__ps_jobs *j = &ps->jobs;
+    const Ferry__JobStep *js = q->job;
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = NULL;
+    ferry_status st = job_of(j, js, &job);
+    if (st == FERRY_OK && job->sync != FERRY__PS_BSP) {
+        pthread_mutex_unlock(&j->mu);
+        return ferry__ps_grad_norm_context(ps, q, reply);
+    }
+    uint64_t s = js->step;
+    if (st == FERRY_OK && q->n_modules != 0)
+        st = ferry_errorf(FERRY_ERR_INVALID, "bsp GradNorm covers every module (modules must be "
+                          "empty)");
+    if (st == FERRY_OK && !(s == job->bsp_step && !job->bsp_complete)) {
+        if (s == job->bsp_step + 1 && job->applied == job->bsp_step) { /* opens step s */
+            for (uint32_t r = 0; r < job->world; r++)
+                job->ranks[r].arrived = 0;
+            job->bsp_step = s;
+            job->bsp_complete = 0;
+            job->arrived = 0;
+        } else {
+            st = ferry_errorf(FERRY_ERR_INVALID,
+                              "bsp: rank %u sent GradNorm of step %llu, but job '%s' is at step "
+                              "%llu (%s)",
+                              js->rank, (unsigned long long)s, job->name,
+                              (unsigned long long)job->bsp_step,
+                              job->bsp_complete ? "summed, not applied yet" : "collecting");
+        }
+    }
+    job_rank *k = st == FERRY_OK ? &job->ranks[js->rank] : NULL;
+    if (st == FERRY_OK && k->arrived)
+        st = ferry_errorf(FERRY_ERR_EXISTS, "bsp step %llu: rank %u sent GradNorm twice",
+                          (unsigned long long)s, js->rank);
+    if (st != FERRY_OK) {
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
+    k->arrived = 1;
+    k->ctx_id = q->ctx_id;
+    k->loss_sum = js->loss_sum;
+    k->tokens = js->tokens;
+    job->arrived++;
+    if (job->arrived < job->world) {
+        ferry_rpc_pending *p = ferry_rpc_defer(reply);
+        if (p == NULL) {
+            k->arrived = 0;
+            job->arrived--;
+            st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "bsp GradNorm must wait, and this call "
+                              "cannot (no network call to answer later)");
+        } else {
+            k->gn = p;
+            k->wait_since = ferry_now();
+        }
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
+    /* The last rank: sum, answer everyone. */
+    if ((st = bsp_sum(ps, job)) != FERRY_OK) {
+        char why[512];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        job_fail_waiters(job, st, why);
+        (void)ferry_errorf(st, "%s", why);
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
+    double now = ferry_now();
+    for (uint32_t r = 0; r < job->world; r++) {
+        job_rank *w = &job->ranks[r];
+        if (w->gn == NULL)
+            continue;
+        ferry_rpc_msg m;
+        ferry_rpc_msg_init(&m);
+        ferry_status ws = bsp_reply(job, &m);
+        ferry_rpc_pending_finish(w->gn, ws, &m);
+        w->gn = NULL;
+        w->waited_s += now - w->wait_since;
+    }
+    st = bsp_reply(job, reply);
+    pthread_mutex_unlock(&j->mu);
+    return st;
+}
+
+/* bsp Step: the first Step of a summed step applies it; later ones acknowledge. */
+static ferry_status bsp_step(ferry__ps_job *job, const Ferry__StepRequest *q, ferry_rpc_msg *reply) {
+    const Ferry__JobStep *js = q->job;
+    uint64_t s = js->step;
+    double scale = q->scale != 0.0 ? q->scale : 1.0;
+    ferry_status st = FERRY_OK;
+    if (s == job->bsp_step && job->bsp_complete && job->applied + 1 == s) {
+        job_metric *mt = calloc(3 * (size_t)job->nagg + 1, sizeof *mt);
+        if (mt == NULL)
+            return FERRY_ERR_NOMEM;
+        int nm = 0;
+        uint64_t vmax = 0;
+        for (int i = 0; i < job->nagg && st == FERRY_OK; i++) {
+            ferry__ps_ctx_mod *e = &job->agg[i];
+            uint64_t v = 0;
+            if ((st = ferry__ps_step_module(NULL, NULL, e, scale, q->lr, &v)) != FERRY_OK)
+                break;
+            vmax = v > vmax ? v : vmax;
+            (void)snprintf(mt[nm].name, sizeof mt[nm].name, "version/%s", e->mod->name);
+            mt[nm++].value = (double)v;
+            if (ferry__ps_constrained(e->mod)) {
+                (void)snprintf(mt[nm].name, sizeof mt[nm].name, "penalty/%s", e->mod->name);
+                mt[nm++].value = e->penalty;
+                (void)snprintf(mt[nm].name, sizeof mt[nm].name, "feasibility/%s", e->mod->name);
+                mt[nm++].value = e->feasibility;
+            }
+        }
+        agg_free(job);
+        /* Applied or not, this step's gradients are spent: a retry must not apply
+         * them again. A failure fails the job (its replicas would differ). */
+        job->applied = s;
+        job->applied_scale = scale;
+        job->applied_version = vmax;
+        free(job->applied_metrics);
+        job->applied_metrics = mt;
+        job->napplied_metrics = nm;
+        if (st != FERRY_OK) {
+            char why[400];
+            (void)snprintf(why, sizeof why, "bsp step %llu: %s", (unsigned long long)s,
+                           ferry_error_last());
+            job_fail(job, why);
+            return ferry_errorf(st, "%s", why);
+        }
+    } else if (s == job->applied && s > 0) {
+        if (scale != job->applied_scale)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "bsp step %llu of job '%s': rank %u steps with gradient scale "
+                                "%.9g, but the step was applied with %.9g",
+                                (unsigned long long)s, job->name, js->rank, scale,
+                                job->applied_scale);
+    } else {
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "bsp: rank %u sent Step of step %llu, but job '%s' has applied step "
+                            "%llu and %s step %llu",
+                            js->rank, (unsigned long long)s, job->name,
+                            (unsigned long long)job->applied,
+                            job->bsp_complete ? "summed" : "is collecting",
+                            (unsigned long long)job->bsp_step);
+    }
+    job_rank *k = &job->ranks[js->rank];
+    k->steps = s > k->steps ? s : k->steps;
+    Ferry__StepReply r;
+    ferry__step_reply__init(&r);
+    r.version = job->applied_version;
+    Ferry__Metric *metrics = calloc((size_t)job->napplied_metrics + 1, sizeof *metrics);
+    Ferry__Metric **ptrs = calloc((size_t)job->napplied_metrics + 1, sizeof *ptrs);
+    if (metrics == NULL || ptrs == NULL) {
+        st = FERRY_ERR_NOMEM;
+    } else {
+        for (int i = 0; i < job->napplied_metrics; i++) {
+            ferry__metric__init(&metrics[i]);
+            metrics[i].name = job->applied_metrics[i].name;
+            metrics[i].value = job->applied_metrics[i].value;
+            ptrs[i] = &metrics[i];
+        }
+        r.metrics = ptrs;
+        r.n_metrics = (size_t)job->napplied_metrics;
+        st = ferry_rpc_msg_set_head(reply, &r.base);
+    }
+    free(metrics);
+    free(ptrs);
+    return st;
+}
+
+/* ---- ssp ---- */
+
+/* Answers every held Step whose rank is now within the bound. */
+static void ssp_release(ferry__ps_job *job) {
+    uint64_t min = job_min_steps(job, NULL);
+    double now = ferry_now();
+    for (uint32_t r = 0; r < job->world; r++) {
+        job_rank *k = &job->ranks[r];
+        if (k->sp == NULL || k->sp_step - min > job->K)
+            continue;
+        uint64_t lead = k->sp_step - min;
+        job->max_lead = lead > job->max_lead ? lead : job->max_lead;
+        ferry_rpc_pending_finish(k->sp, FERRY_OK, &k->sp_reply);
+        k->sp = NULL;
+        k->waited_s += now - k->wait_since;
+    }
+}
+
+ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
+                                ferry_rpc_msg *reply) {
+    ferry__ps_jobs *j = &ps->jobs;
+    const Ferry__JobStep *js = q->job;
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = NULL;
+    ferry_status st = job_of(j, js, &job);
+    if (st == FERRY_OK && job->sync == FERRY__PS_BSP)
+        st = bsp_step(job, q, reply);
+    if (st != FERRY_OK || job->sync == FERRY__PS_BSP) {
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
+    pthread_mutex_unlock(&j->mu);
+    /* ssp, async: the rank's own gradients, now (jobs never go away while serving). */
+    if ((st = ferry__ps_step_context(ps, q, reply)) != FERRY_OK)
+        return st;
+    pthread_mutex_lock(&j->mu);
+    job_rank *k = &job->ranks[js->rank];
+    k->steps = js->step > k->steps ? js->step : k->steps;
+    if (job->sync == FERRY__PS_SSP) {
+        uint64_t min = job_min_steps(job, NULL);
+        uint64_t lead = js->step > min ? js->step - min : 0;
+        if (lead > job->K && !j->stopped && job->failed[0] == '\0') {
+            ferry_rpc_pending *p = ferry_rpc_defer(reply);
+            if (p != NULL) { /* held until the slowest catches up */
+                k->sp = p;
+                k->sp_reply = *reply; /* moved: the built reply waits here */
+                ferry_rpc_msg_init(reply);
+                k->sp_step = js->step;
+                k->wait_since = ferry_now();
+                job->held++;
+            }
+        } else if (lead <= job->K) {
+            job->max_lead = lead > job->max_lead ? lead : job->max_lead;
+        }
+        ssp_release(job);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return FERRY_OK;
+}
+
+/* ---- time-outs, metrics ---- */
+
+void ferry__ps_jobs_expire(ferry__ps_jobs *j) {
+    pthread_mutex_lock(&j->mu);
+    double now = ferry_now();
+    for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+        for (uint32_t r = 0; r < job->world; r++) {
+            job_rank *k = &job->ranks[r];
+            if (k->gn != NULL && now - k->wait_since > job->wait_s) {
+                char missing[128], arrived[128], why[400];
+                waiter_names(job, 0, missing, sizeof missing);
+                waiter_names(job, 1, arrived, sizeof arrived);
+                (void)snprintf(why, sizeof why,
+                               "bsp step %llu of job '%s': rank %s missing after %.1f s "
+                               "(--sync-timeout; arrived: %s)",
+                               (unsigned long long)job->bsp_step, job->name, missing,
+                               now - k->wait_since, arrived);
+                job_fail(job, why);
+                break;
+            }
+            if (k->sp != NULL && now - k->wait_since > job->wait_s) {
+                uint32_t slow = 0;
+                uint64_t min = job_min_steps(job, &slow);
+                char why[512];
+                (void)snprintf(why, sizeof why,
+                               "ssp:%u of job '%s': rank %u at step %llu waited %.1f s for rank "
+                               "%u, still at step %llu (--sync-timeout)",
+                               job->K, job->name, r, (unsigned long long)k->sp_step,
+                               now - k->wait_since, slow, (unsigned long long)min);
+                job_fail(job, why);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+void ferry__ps_jobs_metrics(ferry__ps_jobs *j, ferry__ps_metric_fn add, void *user) {
+    char name[FERRY_RPC_NAME_MAX + 32];
+    pthread_mutex_lock(&j->mu);
+    for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+#define JOB_METRIC(fmt, ...)                                                                       \
+    do {                                                                                           \
+        (void)snprintf(name, sizeof name, "job/%s/" fmt, job->name, __VA_ARGS__);                  \
+    } while (0)
+        JOB_METRIC("%s", "world");
+        add(user, name, (double)job->world);
+        JOB_METRIC("%s", "joined");
+        add(user, name, (double)job->joined);
+        JOB_METRIC("%s", "finished");
+        add(user, name, (double)job->finished);
+        JOB_METRIC("%s", "failed");
+        add(user, name, job->failed[0] != '\0');
+        JOB_METRIC("%s", "min_step");
+        add(user, name, (double)job_min_steps(job, NULL));
+        if (job->sync == FERRY__PS_BSP) {
+            JOB_METRIC("%s", "applied");
+            add(user, name, (double)job->applied);
+        }
+        if (job->sync == FERRY__PS_SSP) {
+            JOB_METRIC("%s", "max_lead");
+            add(user, name, (double)job->max_lead);
+            JOB_METRIC("%s", "held");
+            add(user, name, (double)job->held);
+        }
+        for (uint32_t r = 0; r < job->world && r < 64; r++) {
+            JOB_METRIC("step/%u", r);
+            add(user, name, (double)job->ranks[r].steps);
+            JOB_METRIC("waited_s/%u", r);
+            add(user, name, job->ranks[r].waited_s);
+        }
+#undef JOB_METRIC
+    }
+    pthread_mutex_unlock(&j->mu);
+}

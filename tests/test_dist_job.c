@@ -1,0 +1,405 @@
+/* test_dist_job.c - a bsp job against the local trainer: N ranks, each with batch
+ * B/N (its columns of the global batch) and the loss scaled by B, against 2 in-process
+ * ferry-ps over real gRPC, must reproduce one local trainer with batch B step for
+ * step (same seed, dropout off, clipping on): the job's loss within 1e-5 relative of
+ * the local loss over 50 steps, every rank logging the same figure, and every
+ * parameter (embedding and decoder by GetParams, the LSTM pulled from the servers'
+ * dense module) within 1e-5 relative of the local model's. N = 2 and 4 with SGD, N = 2
+ * with Stiefel-constrained recurrent weights (rank 0 adds the penalty's gradient
+ * once), and with Adam. Then the job's membership rules, and a missing rank.
+ *
+ * The learning rate is 0.1. At the trainer's default of 1 these first steps of PTB
+ * amplify rounding: the local trainer against itself with 2 BLAS threads instead of
+ * 1 differs by 1.6e-5 at step 40 and 7e-3 at step 50, and a job (which sums the same
+ * gradient in another order) does the same; at 0.1 both stay below 1e-7. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "common/core/log.h" /* ferry_now */
+#include "server/ps.h"
+#include "worker/batch.h"
+#include "worker/corpus.h"
+#include "worker/model.h"
+
+#define STEPS   50
+#define GB      20 /* the global batch */
+#define BPTT    20
+#ifndef HID
+#define HID 200 /* the small configuration */
+#endif
+#ifndef LR
+#define LR 0.1
+#endif
+#define SERVERS 2
+
+typedef struct setup {
+    ferry_backend *be;
+    ferry_corpus *corpus;
+    ferry_batches *b;
+    ferry_lm_config mc;
+    ferry_optim_config oc;
+    float clip;
+    ferry_ps_server *srv[SERVERS];
+    char targets[128];
+} setup;
+
+typedef struct rank_run {
+    const setup *s;
+    const char *job;
+    int world, rank;
+    double loss[STEPS]; /* the job's loss per step, as this rank logs it */
+    double tokens[STEPS];
+    ferry_status st;
+    char err[512];
+    ferry_lm *lm; /* kept for the parameter check (rank 0) */
+    ferry_cluster *cl;
+    ferry_dist_ctx *dc;
+    ferry_job *jb;
+} rank_run;
+
+static void window(const setup *s, int step, int c0, int c1, int32_t *in, int32_t *tg,
+                   ferry_tensor *tin, ferry_tensor *ttg) {
+    ferry_window w;
+    CHECK_OK(ferry_batch_window(s->b, (int64_t)step * BPTT, BPTT, &w));
+    int Br = c1 - c0;
+    for (int t = 0; t < w.T; t++) {
+        memcpy(in + t * Br, w.inputs + t * w.B + c0, (size_t)Br * sizeof *in);
+        memcpy(tg + t * Br, w.targets + t * w.B + c0, (size_t)Br * sizeof *tg);
+    }
+    ferry_shape sh = ferry_shape_2d(w.T, Br);
+    *tin = ferry_tensor_wrap(s->be, FERRY_DTYPE_I32, sh, in);
+    *ttg = ferry_tensor_wrap(s->be, FERRY_DTYPE_I32, sh, tg);
+}
+
+static ferry_lm_step_args step_args(const setup *s, int step) {
+    ferry_lm_step_args a = {1.0f / (float)GB, s->clip, s->oc.lr, (uint64_t)step + 1, 11,
+                            (uint64_t)step + 1};
+    return a;
+}
+
+static void *rank_main(void *arg) {
+    rank_run *r = arg;
+    const setup *s = r->s;
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.worker_id = (uint16_t)r->rank;
+    ferry_ctx *ctx = NULL;
+    ferry_optim *opt = NULL;
+    int c0 = r->rank * GB / r->world, c1 = (r->rank + 1) * GB / r->world;
+    int32_t in[BPTT * GB], tg[BPTT * GB];
+    ferry_status st = ferry_ps_connect(s->targets, &cc, &r->cl);
+    if (st == FERRY_OK)
+        st = ferry_dist_ctx_create(r->cl, &r->dc);
+    ferry_job_config jc = {r->job, r->world, r->rank, FERRY_SYNC_BSP, 0, 20000, "test=1"};
+    if (st == FERRY_OK)
+        st = ferry_job_join(r->cl, &jc, &r->jb);
+    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, s->oc, r->jb};
+    if (st == FERRY_OK)
+        st = ferry_lm_create_placed(s->be, &s->mc, &pl, &r->lm);
+    if (st == FERRY_OK)
+        st = ferry_optim_create(&r->lm->P, &s->oc, &opt);
+    if (st == FERRY_OK)
+        st = ferry_ctx_create(s->be, &ctx);
+    for (int step = 0; step < STEPS && st == FERRY_OK; step++) {
+        ferry_tensor tin, ttg;
+        window(s, step, c0, c1, in, tg, &tin, &ttg);
+        ferry_lm_step_args a = step_args(s, step);
+        ferry_lm_step_result res;
+        st = ferry_lm_train_step(r->lm, ctx, r->dc, opt, &tin, &ttg, &a, &res);
+        r->loss[step] = res.job_loss_sum;
+        r->tokens[step] = res.job_tokens;
+    }
+    if (st == FERRY_OK)
+        st = ferry_lm_pull_dense(r->lm); /* the weights after the last step */
+    if (st != FERRY_OK)
+        snprintf(r->err, sizeof r->err, "%s", ferry_error_last());
+    r->st = st;
+    ferry_ctx_destroy(ctx);
+    ferry_optim_destroy(opt);
+    return NULL;
+}
+
+static void rank_free(rank_run *r) {
+    if (r->jb != NULL)
+        CHECK_OK(ferry_job_leave(r->jb));
+    ferry_job_destroy(r->jb);
+    ferry_lm_destroy(r->lm);
+    ferry_dist_ctx_destroy(r->dc);
+    ferry_cluster_destroy(r->cl);
+}
+
+/* Largest |a-b| / max|b| over a tensor: the relative error of the whole tensor. */
+static double tensor_rel(const float *a, const float *b, int64_t n) {
+    double d = 0.0, m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / (m > 0.0 ? m : 1.0);
+}
+
+static double compare_remote(ferry_remote *m, const char *param, const ferry_lm *local,
+                             const char *local_name) {
+    int idx = ferry_params_find(&local->P, local_name);
+    CHECK(idx >= 0);
+    const ferry_param *p = &local->P.items[idx];
+    float *buf = malloc((size_t)p->numel * sizeof *buf);
+    CHECK(buf != NULL);
+    CHECK_OK(ferry_remote_get_params(m, param, 0, p->shape.dim[0], buf));
+    double rel = tensor_rel(buf, ferry_params_data(&local->P, idx), p->numel);
+    free(buf);
+    return rel;
+}
+
+static void setup_init(setup *s, float stiefel, ferry_optim_kind kind, double lr) {
+    memset(s, 0, sizeof *s);
+    s->be = ferry_backend_cpu();
+    CHECK_OK(ferry_corpus_load(ferry_test_path("data/ptb"), &s->corpus));
+    int64_t n;
+    const int32_t *ids = ferry_corpus_ids(s->corpus, FERRY_SPLIT_TRAIN, &n);
+    CHECK_OK(ferry_batch_create(ids, GB * (STEPS * BPTT + 1), GB, &s->b));
+    ferry_lm_config mc = {ferry_vocab_size(ferry_corpus_vocab(s->corpus)), HID, HID, 2, 0.0f, 0.1f,
+                          stiefel, 7};
+    s->mc = mc;
+    s->oc = ferry_optim_defaults(kind);
+    s->oc.lr = lr;
+    s->clip = 5.0f;
+    size_t len = 0;
+    for (int i = 0; i < SERVERS; i++) {
+        ferry_ps_config pc;
+        ferry_ps_config_default(&pc);
+        pc.listen = "127.0.0.1:0";
+        CHECK_OK(ferry_ps_server_create(&pc, &s->srv[i]));
+        CHECK_OK(ferry_ps_server_start(s->srv[i]));
+        len += (size_t)snprintf(s->targets + len, sizeof s->targets - len, "%s127.0.0.1:%d",
+                                i ? "," : "", ferry_ps_server_port(s->srv[i]));
+    }
+}
+
+static void setup_deinit(setup *s) {
+    for (int i = 0; i < SERVERS; i++)
+        ferry_ps_server_destroy(s->srv[i]);
+    ferry_batch_destroy(s->b);
+    ferry_corpus_destroy(s->corpus);
+}
+
+/* N ranks of a bsp job against one local trainer of the global batch. */
+static void bsp_matches_local(int world, float stiefel, ferry_optim_kind kind, double lr,
+                              double param_tol, const char *job) {
+    setup s;
+    setup_init(&s, stiefel, kind, lr);
+    /* The reference: one trainer, batch GB, everything local. */
+    ferry_lm *loc;
+    ferry_optim *lopt;
+    ferry_ctx *lctx;
+    CHECK_OK(ferry_lm_create(s.be, &s.mc, &loc));
+    CHECK_OK(ferry_optim_create(&loc->P, &s.oc, &lopt));
+    CHECK_OK(ferry_ctx_create(s.be, &lctx));
+    double ref[STEPS];
+    int32_t in[BPTT * GB], tg[BPTT * GB];
+    for (int step = 0; step < STEPS; step++) {
+        ferry_tensor tin, ttg;
+        window(&s, step, 0, GB, in, tg, &tin, &ttg);
+        ferry_lm_step_args a = step_args(&s, step);
+        ferry_lm_step_result res;
+        CHECK_OK(ferry_lm_train_step(loc, lctx, NULL, lopt, &tin, &ttg, &a, &res));
+        ref[step] = res.loss_sum;
+    }
+
+    rank_run *runs = calloc((size_t)world, sizeof *runs);
+    pthread_t *th = calloc((size_t)world, sizeof *th);
+    CHECK(runs != NULL && th != NULL);
+    for (int r = 0; r < world; r++) {
+        runs[r] = (rank_run){.s = &s, .job = job, .world = world, .rank = r};
+        CHECK(pthread_create(&th[r], NULL, rank_main, &runs[r]) == 0);
+    }
+    for (int r = 0; r < world; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < world; r++) {
+        if (runs[r].st != FERRY_OK)
+            fprintf(stderr, "  rank %d: %s\n", r, runs[r].err);
+        CHECK_OK(runs[r].st);
+    }
+    double worst = 0.0;
+    for (int step = 0; step < STEPS; step++) {
+        for (int r = 1; r < world; r++) /* every rank logs the job's figure */
+            CHECK(runs[r].loss[step] == runs[0].loss[step]);
+        CHECK(runs[0].tokens[step] == (double)(BPTT * GB));
+        double rel = fabs(runs[0].loss[step] - ref[step]) / fabs(ref[step]);
+        if (rel > 1e-5 || getenv("JOB_VERBOSE") != NULL)
+            fprintf(stderr, "  step %d: local %.9g job %.9g (rel %.3g)\n", step + 1, ref[step],
+                    runs[0].loss[step], rel);
+        worst = fmax(worst, rel);
+    }
+    CHECK(worst <= 1e-5);
+    CHECK(ref[STEPS - 1] < ref[0]); /* it trained */
+
+    /* Parameters: the servers' embedding and decoder, and every rank's LSTM as pulled
+     * from the servers, against the local model; the ranks' LSTMs are one. */
+    ferry_lm *lm0 = runs[0].lm;
+    double pw = 0.0, rel;
+    const char *pworst = "";
+#define PARAM_REL(name, expr)                                                                      \
+    do {                                                                                           \
+        if ((rel = (expr)) > pw) {                                                                 \
+            pw = rel;                                                                              \
+            pworst = (name);                                                                       \
+        }                                                                                          \
+    } while (0)
+    PARAM_REL("encoder.weight", compare_remote(lm0->emb_remote, "weight", loc, "encoder.weight"));
+    PARAM_REL("decoder.weight", compare_remote(lm0->dec_remote, "weight", loc, "decoder.weight"));
+    PARAM_REL("decoder.bias", compare_remote(lm0->dec_remote, "bias", loc, "decoder.bias"));
+    for (int i = 0; i < lm0->P.count; i++) {
+        const ferry_param *p = &lm0->P.items[i];
+        int j = ferry_params_find(&loc->P, p->name);
+        CHECK(j >= 0);
+        PARAM_REL(p->name, tensor_rel(ferry_params_data(&lm0->P, i), ferry_params_data(&loc->P, j),
+                                      p->numel));
+        for (int r = 1; r < world; r++)
+            CHECK(memcmp(ferry_params_data(&runs[r].lm->P, i), ferry_params_data(&lm0->P, i),
+                         (size_t)p->numel * sizeof(float)) == 0);
+    }
+    fprintf(stderr,
+            "  %d ranks x batch %d (%s%s): %d steps, loss %.4f -> %.4f, worst loss rel %.3g, "
+            "worst parameter rel %.3g (%s)\n",
+            world, GB / world, ferry_optim_kind_name(kind), stiefel > 0 ? ", Stiefel" : "", STEPS,
+            ref[0] / (BPTT * GB), ref[STEPS - 1] / (BPTT * GB), worst, pw, pworst);
+    CHECK(pw <= param_tol);
+
+    /* Every server applied each step once and holds no context. */
+    ferry_ps_stats st;
+    for (int i = 0; i < SERVERS; i++) {
+        CHECK_OK(ferry_cluster_stats(runs[0].cl, i, &st));
+        CHECK_EQ(st.contexts_live, 0);
+    }
+    for (int r = 0; r < world; r++)
+        rank_free(&runs[r]);
+    free(runs);
+    free(th);
+    ferry_ctx_destroy(lctx);
+    ferry_optim_destroy(lopt);
+    ferry_lm_destroy(loc);
+    setup_deinit(&s);
+}
+
+TEST(bsp_two_ranks_match_local) {
+    bsp_matches_local(2, 0.0f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp2");
+}
+
+TEST(bsp_four_ranks_match_local) {
+    bsp_matches_local(4, 0.0f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp4");
+}
+
+TEST(bsp_stiefel_matches_local) {
+    bsp_matches_local(2, 0.1f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp-stiefel");
+}
+
+/* Adam divides each update by sqrt(v): an element whose gradient is nearly zero moves
+ * by about lr whatever its sign, so the last-bit differences of a split batch move a
+ * few weights by a visible fraction of lr (measured: losses within 6e-9, parameters
+ * within 1.7e-4 of max |W|, with or without the constraint). The parameters are
+ * checked at 1e-3 here; SGD above at 1e-5. */
+TEST(bsp_adam_stiefel_matches_local) {
+    bsp_matches_local(2, 0.1f, FERRY_OPTIM_ADAM, 1e-3, 1e-3, "bsp-adam");
+}
+
+/* Membership: rank out of range, a rank claimed twice, another world, another model,
+ * a job that finished; each a clear error, and the servers go on serving. */
+TEST(membership_errors) {
+    setup s;
+    setup_init(&s, 0.0f, FERRY_OPTIM_SGD, 1.0);
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.client_id = "trainer-a";
+    ferry_cluster *a, *b2;
+    CHECK_OK(ferry_ps_connect(s.targets, &cc, &a));
+    cc.client_id = "trainer-b";
+    CHECK_OK(ferry_ps_connect(s.targets, &cc, &b2));
+    ferry_job *j0, *j1, *bad;
+    ferry_job_config jc = {"m", 2, 0, FERRY_SYNC_BSP, 0, 2000, "H=200 V=10000"};
+    CHECK_OK(ferry_job_join(a, &jc, &j0));
+    CHECK_OK(ferry_job_join(a, &jc, &bad)); /* the same client again: harmless */
+    ferry_job_destroy(bad);
+    CHECK_STATUS(ferry_job_join(b2, &jc, &bad), FERRY_ERR_EXISTS); /* rank 0 is a's */
+    CHECK(strstr(ferry_error_last(), "already held by trainer-a") != NULL);
+    jc.rank = 2;
+    CHECK_STATUS(ferry_job_join(b2, &jc, &bad), FERRY_ERR_INVALID);
+    jc.rank = 1;
+    jc.world = 3;
+    CHECK_STATUS(ferry_job_join(b2, &jc, &bad), FERRY_ERR_EXISTS);
+    CHECK(strstr(ferry_error_last(), "has world 2; this trainer says world 3") != NULL);
+    jc.world = 2;
+    jc.model = "H=650 V=10000";
+    CHECK_STATUS(ferry_job_join(b2, &jc, &bad), FERRY_ERR_EXISTS);
+    CHECK(strstr(ferry_error_last(), "H=650 here, H=200 in the job") != NULL);
+    jc.model = "H=200 V=10000";
+    jc.sync = FERRY_SYNC_ASYNC;
+    CHECK_STATUS(ferry_job_join(b2, &jc, &bad), FERRY_ERR_EXISTS);
+    CHECK(strstr(ferry_error_last(), "runs --sync bsp; this trainer asks async") != NULL);
+    jc.sync = FERRY_SYNC_BSP;
+    CHECK_OK(ferry_job_join(b2, &jc, &j1));
+    CHECK_OK(ferry_job_leave(j0));
+    CHECK_OK(ferry_job_leave(j1));
+    jc.rank = 0;
+    CHECK_STATUS(ferry_job_join(b2, &jc, &bad), FERRY_ERR_INVALID); /* finished */
+    CHECK(strstr(ferry_error_last(), "has finished") != NULL);
+    ferry_job_destroy(j0);
+    ferry_job_destroy(j1);
+    /* The servers still serve. */
+    int restarted = -1;
+    CHECK_OK(ferry_cluster_hello(a, &restarted));
+    CHECK_EQ(restarted, 0);
+    ferry_cluster_destroy(a);
+    ferry_cluster_destroy(b2);
+    setup_deinit(&s);
+}
+
+/* A bsp rank that never arrives: the other's GradNorm fails after the sync timeout,
+ * naming the missing rank; a later call of the failed job says so too. */
+TEST(bsp_missing_rank_times_out) {
+    setup s;
+    setup_init(&s, 0.0f, FERRY_OPTIM_SGD, 1.0);
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.deadline_ms = 3000;
+    ferry_cluster *cl;
+    CHECK_OK(ferry_ps_connect(s.targets, &cc, &cl));
+    ferry_job *jb;
+    ferry_job_config jc = {"lonely", 2, 0, FERRY_SYNC_BSP, 0, 1500, ""};
+    CHECK_OK(ferry_job_join(cl, &jc, &jb));
+    ferry_remote_config rc;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, "w", 8, 4);
+    rc.bias = 0;
+    ferry_remote *w;
+    CHECK_OK(ferry_remote_create(cl, &rc, &w));
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
+    (void)ferry_dist_ctx_begin(dc);
+    float buf[32];
+    uint64_t call;
+    CHECK_OK(ferry_remote_dense_pull(w, dc, buf, &call));
+    for (int i = 0; i < 32; i++)
+        buf[i] = 0.5f;
+    CHECK_OK(ferry_remote_dense_push(w, dc, call, buf));
+    CHECK_OK(ferry_dist_ctx_set_job(dc, jb, 1, 1.0, 1.0));
+    double t0 = ferry_now(), ss = 0.0;
+    CHECK_STATUS(ferry_dist_ctx_grad_sumsq(dc, &ss), FERRY_ERR_TIMEOUT);
+    double waited = ferry_now() - t0;
+    fprintf(stderr, "  after %.1f s: %s\n", waited, ferry_error_last());
+    CHECK(strstr(ferry_error_last(), "rank 1 missing") != NULL);
+    CHECK(waited >= 1.4 && waited < 6.0);
+    CHECK_STATUS(ferry_job_join(cl, &jc, &jb), FERRY_ERR_TIMEOUT); /* the job failed */
+    ferry_job_destroy(jb);
+    ferry_dist_ctx_destroy(dc);
+    ferry_remote_destroy(w);
+    ferry_cluster_destroy(cl);
+    setup_deinit(&s);
+}
+
+FERRY_TEST_MAIN(T(bsp_two_ranks_match_local) T(bsp_four_ranks_match_local)
+                    T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local)
+                        T(membership_errors)
+                    T(bsp_missing_rank_times_out))
