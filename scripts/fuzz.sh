@@ -30,16 +30,17 @@ CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFERRY_FUZZ=ON -DFER
 cmake --build build-fuzz -j"$jobs" --target fuzz
 
 methods=(Hello CreateModule Forward Backward GradNorm Step ReleaseContext GetParams SetParams
-         Checkpoint Stats Shutdown)
+         Checkpoint Stats Shutdown Join)
 snake() { echo "$1" | sed -E 's/([a-z])([A-Z])/\1_\2/g' | tr 'A-Z' 'a-z'; }
 
 if [ "$record" = 1 ]; then
     echo "== recording seeds from the ps tests =="
     cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build build -j"$jobs" --target test_ps_modules test_ps_errors test_ps_stiefel \
-        test_ps_contexts test_dist_parity >/dev/null
+        test_ps_contexts test_dist_parity test_dist_job >/dev/null
     rec=$(mktemp -d)
-    for t in test_ps_modules test_ps_errors test_ps_stiefel test_ps_contexts test_dist_parity; do
+    for t in test_ps_modules test_ps_errors test_ps_stiefel test_ps_contexts test_dist_parity \
+        test_dist_job; do
         FERRY_RPC_RECORD=$rec FERRY_LOG=error build/tests/$t >/dev/null 2>&1 || true
     done
     rm -rf tests/fuzz/corpus

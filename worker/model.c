@@ -325,8 +325,10 @@ static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G
     double tokens = (double)ferry_tensor_numel(inputs);
     if ((st = ferry_dist_ctx_set_job(dc, lm->job, a->job_step, res->loss_sum, tokens)) != FERRY_OK)
         return st;
-    if ((st = ferry_dist_ctx_clip_step(dc, 0.0, a->clip, a->lr, &res->coef, &res->grad_norm)) !=
-        FERRY_OK)
+    double t0 = ferry_now();
+    st = ferry_dist_ctx_clip_step(dc, 0.0, a->clip, a->lr, &res->coef, &res->grad_norm);
+    res->sync_s = ferry_now() - t0;
+    if (st != FERRY_OK)
         return st;
     ferry_dist_ctx_job_loss(dc, &res->job_loss_sum, &res->job_tokens);
     return FERRY_OK;

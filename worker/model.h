@@ -98,6 +98,7 @@ typedef struct ferry_lm_step_result {
     /* The loss the step's job reports: bsp, every rank's of the step summed (the
      * global batch's); else this rank's (= loss_sum, tokens). */
     double job_loss_sum, job_tokens;
+    double sync_s; /* seconds in the job's GradNorm and Step (waiting for the others) */
 } ferry_lm_step_result;
 
 /* One training step: forward, backward across processes, the Stiefel penalty

@@ -190,6 +190,8 @@ typedef struct trainer {
     ferry_job *job;          /* a data-parallel job */
     int c0, c1;              /* this rank's batch columns [c0, c1) */
     int32_t *in_buf, *tg_buf; /* (bptt, c1 - c0): its slice of a window */
+    double sync_s;            /* time in the job's GradNorm/Step since the last log line */
+    uint64_t wire_last;       /* bytes on the wire at the last log line */
     ferry_lr_schedule sched;
     ferry_metrics *metrics;
     ferry_progress *progress;
@@ -292,18 +294,51 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
     *loss_sum = r.job_loss_sum;
     *tokens = r.job_tokens;
     *grad_norm = r.grad_norm;
+    t->sync_s += r.sync_s;
     t->penalty_sum += r.penalty;
     t->step++;
     return FERRY_OK;
 }
 
+/* A job's line every log interval: the job's tokens/s (bsp: the global batch's),
+ * where the slowest rank is (the servers' count of its steps) and how far ahead this
+ * rank is, the bytes this rank moved per step, and the share of the time it spent
+ * in GradNorm/Step (waiting for the others, and the servers' update). */
+static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double elapsed) {
+    uint64_t min_step = 0, sent, received;
+    ferry_status st = ferry_job_min_step(t->job, &min_step);
+    if (st != FERRY_OK)
+        return st;
+    ferry_cluster_bytes(t->cluster, &sent, &received);
+    double wire = (double)(sent + received - t->wire_last) / (double)(nsteps ? nsteps : 1);
+    double sync = elapsed > 0.0 ? t->sync_s / elapsed : 0.0;
+    t->wire_last = sent + received;
+    t->sync_s = 0.0;
+    int64_t lead = t->step - (int64_t)min_step;
+    FERRY_LOG_INFO("job '%s' rank %d/%d: step %lld | job %.0f tok/s | slowest rank at step %llu "
+                   "(lead %lld) | %.2f MB/step on the wire | %.0f%% in GradNorm/Step",
+                   t->cfg->job, t->cfg->rank, t->cfg->world, (long long)t->step,
+                   tok_s, (unsigned long long)min_step, (long long)lead, wire / 1e6,
+                   100.0 * sync);
+    if (t->metrics == NULL)
+        return FERRY_OK;
+    const char *keys[] = {"step", "rank", "world", "job_tokens_per_s", "min_step", "lead",
+                          "wire_bytes_per_step", "sync_fraction"};
+    double vals[] = {(double)t->step, t->cfg->rank, t->cfg->world, tok_s, (double)min_step,
+                     (double)lead, wire, sync};
+    return ferry_metrics_write_kv(t->metrics, "job", 8, keys, vals);
+}
+
 /* A metrics record (and, with a constraint, the penalty and per-layer feasibility)
  * every log interval. `loss` is the mean cross-entropy per token, without penalty. */
-static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double tok_s) {
+static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double tok_s,
+                              double elapsed) {
     ferry_status st = FERRY_OK;
     if (t->metrics != NULL)
         st = ferry_metrics_train(t->metrics, t->epoch, t->step, loss, exp(loss), t->lr, tok_s,
                                  ferry_now() - t->t_start);
+    if (st == FERRY_OK && t->job != NULL)
+        st = log_job(t, nsteps, tok_s, elapsed);
     if (st != FERRY_OK || t->cfg->stiefel <= 0.0f)
         return st;
     double feas[FERRY_LSTM_MAX_LAYERS], penalty = t->penalty_sum / (double)nsteps;
@@ -344,7 +379,7 @@ static ferry_status train_epoch(trainer *t, int *stop) {
     pc.mode = (ferry_progress_mode)cfg->progress;
     if ((st = ferry_progress_create(&pc, &t->progress)) != FERRY_OK)
         return st;
-    double t0 = ferry_now(), win_loss = 0.0, gn = 0.0;
+    double t0 = ferry_now(), t_win = t0, win_loss = 0.0, gn = 0.0;
     int64_t win_tokens = 0, tokens = 0, i = 0, win_steps = 0;
     for (int64_t start = 0; start < nsteps - 1 && st == FERRY_OK; start += cfg->bptt, i++) {
         ferry_window w;
@@ -368,7 +403,9 @@ static ferry_status train_epoch(trainer *t, int *stop) {
         int last =
             start + cfg->bptt >= nsteps - 1 || (cfg->max_steps > 0 && t->step >= cfg->max_steps);
         if ((i + 1) % cfg->log_interval == 0 || last) {
-            st = log_train(t, win_steps, win_loss / (double)win_tokens, ps.tokens_per_s);
+            st = log_train(t, win_steps, win_loss / (double)win_tokens, ps.tokens_per_s,
+                           ferry_now() - t_win);
+            t_win = ferry_now();
             win_loss = 0.0;
             win_tokens = 0;
             win_steps = 0;

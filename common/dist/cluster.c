@@ -246,6 +246,18 @@ uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server) {
     return server >= 0 && server < c->n ? c->incarnation[server] : 0;
 }
 
+void ferry_cluster_bytes(ferry_cluster *c, uint64_t *sent, uint64_t *received) {
+    uint64_t s = 0, r = 0;
+    for (int i = 0; i < c->n; i++) {
+        uint64_t a, b;
+        ferry_rpc_client_bytes(c->clients[i], &a, &b);
+        s += a;
+        r += b;
+    }
+    *sent = s;
+    *received = r;
+}
+
 /* ---- admin calls ---- */
 
 ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *prefix,

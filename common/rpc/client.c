@@ -28,6 +28,7 @@ struct ferry_rpc_client {
     grpc_completion_queue *cq_idle[CQ_POOL];
     int ncq_idle;
     atomic_int in_flight;
+    atomic_uint_fast64_t bytes_sent, bytes_received; /* messages, as encoded */
 };
 
 /* One call's batch state: everything the ops point to, alive until completion. */
@@ -149,8 +150,10 @@ static ferry_status call_encode(client_call *c, const ferry__rpc_method_info *mi
     else if (w.total > cl->lim.max_message_bytes)
         st = ferry_errorf(FERRY_ERR_RANGE, "%s %s: request of %zu bytes exceeds the %zu-byte limit",
                           cl->target, mi->name, w.total, cl->lim.max_message_bytes);
-    else
+    else {
         c->req_bb = ferry__grpc_bb_borrowed(&w, req != NULL ? req : &empty, pend);
+        atomic_fetch_add(&cl->bytes_sent, w.total);
+    }
     ferry__rpc_wire_deinit(&w);
     return st;
 }
@@ -162,6 +165,7 @@ static ferry_status call_result(client_call *c, ferry_rpc_msg *reply) {
         if (c->reply_bb == NULL)
             return ferry_errorf(FERRY_ERR_FORMAT, "%s %s: OK status without a reply message",
                                 cl->target, c->what);
+        atomic_fetch_add(&cl->bytes_received, grpc_byte_buffer_length(c->reply_bb));
         ferry_status st = ferry__grpc_decode(c->reply_bb, c->reply_desc, &cl->lim, reply);
         if (st != FERRY_OK)
             return errorf_wrap(st, cl->target, c->what, "bad reply");
@@ -364,6 +368,11 @@ void ferry_rpc_client_destroy(ferry_rpc_client *c) {
     pthread_mutex_destroy(&c->mu);
     free(c->target);
     free(c);
+}
+
+void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *received) {
+    *sent = atomic_load(&c->bytes_sent);
+    *received = atomic_load(&c->bytes_received);
 }
 
 const char *ferry_rpc_client_target(const ferry_rpc_client *c) {

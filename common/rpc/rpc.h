@@ -310,6 +310,9 @@ void ferry_rpc_client_destroy(ferry_rpc_client *c);
 
 /* The target string given at creation. */
 const char *ferry_rpc_client_target(const ferry_rpc_client *c);
+/* Message bytes this client has sent and received so far (as encoded, headers and
+ * tensors; gRPC's framing not counted). Thread-safe. */
+void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *received);
 
 /* One synchronous call with a deadline (deadline_ms <= 0: the client's default).
  * req is only read: its borrowed tensors may be reused or freed once this

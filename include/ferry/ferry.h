@@ -115,6 +115,10 @@ typedef struct ferry_ps_stats {
 /* The counters of one server. FERRY_ERR_INVALID for a bad index; call errors. */
 ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out);
 
+/* Message bytes sent to and received from all servers so far (headers and tensors as
+ * encoded; gRPC's own framing not counted). */
+void ferry_cluster_bytes(ferry_cluster *c, uint64_t *sent, uint64_t *received);
+
 /* Every counter of one server's Stats whose name starts with prefix (NULL or "":
  * all), as fn(user, name, value) in the server's order: the fields above, "version/
  * <module>", and per job "job/<name>/step/<rank>" (steps each rank has done),

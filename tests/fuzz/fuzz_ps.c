@@ -1,7 +1,8 @@
 /* fuzz_ps.c - libFuzzer target for one ferry-ps method's request handling, built
  * once per method (FUZZ_METHOD, see CMakeLists.txt). Each input runs against a fresh
  * in-process server (no network) that hosts one module of every kind (a sharded
- * embedding, a decoder slice, a linear layer, a Stiefel-constrained one) under small
+ * embedding, a decoder slice, a linear layer, a Stiefel-constrained one, a dense
+ * block) and a job of each consistency mode under small
  * budgets, with context 1 holding a saved Forward (call id 1) of each, so that
  * Backward, GradNorm, Step and ReleaseContext have state to work on. The input is
  * decoded as the method's request, exactly as the rpc layer does, dispatched, and
@@ -132,6 +133,20 @@ static void forward(ferry_ps_server *s, const char *module, const char *in_name,
     FUZZ_ASSERT(call_built(s, FERRY_RPC_FORWARD, &q.base, &t0, in2 ? &t1 : NULL) == FERRY_OK);
 }
 
+/* Rank 0 of a 2-rank job; an in-process server cannot hold a call, so a bsp or ssp
+ * wait is refused at once rather than waited for. */
+static void join(ferry_ps_server *s, const char *job, const char *sync) {
+    Ferry__JoinRequest q;
+    ferry__join_request__init(&q);
+    q.job = (char *)(uintptr_t)job;
+    q.world = 2;
+    q.sync = (char *)(uintptr_t)sync;
+    q.staleness = 1;
+    q.client_id = (char *)(uintptr_t) "fuzz";
+    q.model = (char *)(uintptr_t) "H=4";
+    FUZZ_ASSERT(call_built(s, FERRY_RPC_JOIN, &q.base, NULL, NULL) == FERRY_OK);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int quiet;
@@ -157,6 +172,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     forward(s, "dec", "hidden", FERRY_RPC_DTYPE_F32, 4, 4, "targets");
     forward(s, "lin", "x", FERRY_RPC_DTYPE_F32, 3, 4, NULL);
     forward(s, "st", "x", FERRY_RPC_DTYPE_F32, 3, 4, NULL);
+    create(s, "den", "dense", 16, 4, 0, 16, NULL);
+    forward(s, "den", "unused", FERRY_RPC_DTYPE_F32, 1, 4, NULL); /* a pull reads no input */
+    join(s, "j", "bsp"); /* jobs for GradNorm and Step to name: one of each mode */
+    join(s, "k", "ssp");
+    join(s, "a", "async");
 
     ferry_rpc_method m = FUZZ_METHOD;
     ferry__rpc_limits lim = {.max_message_bytes = MESSAGE_LIMIT, .max_tensors = 64};
