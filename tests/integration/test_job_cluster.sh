@@ -130,4 +130,15 @@ kill -TERM $(jobs -p) 2>/dev/null || true
 wait || true
 grep -q "Sanitizer\|runtime error" "$TMP/ps0.log" "$TMP/ps1.log" && fail "sanitizer report in ferry-ps"
 ok "both ferry-ps served every job and exited"
+
+# scripts/cluster.sh: the one-command job on this machine.
+bash "$FERRY_SRC/scripts/cluster.sh" --servers 2 --trainers 2 --sync ssp:1 --job one \
+    --bin "$FERRY_BIN" --dir "$TMP/cl" --no-view -- --data "$FERRY_SRC/data/ptb" \
+    --train-tokens 30000 --eval-tokens 2000 --epochs 1 --max-steps 10 --log-interval 5 \
+    >"$TMP/cl.out" 2>&1 || fail "cluster.sh: $(tail -5 "$TMP/cl.out")"
+for f in ps0.log ps1.log rank0.log rank1.log rank0.jsonl rank1.jsonl; do
+    [ -s "$TMP/cl/$f" ] || fail "cluster.sh wrote no $f"
+done
+grep -q "rank 1: .*done: 10 steps" "$TMP/cl.out" || fail "cluster.sh: $(cat "$TMP/cl.out")"
+ok "scripts/cluster.sh ran 2 servers x 2 ranks to the end, a log per process"
 finish
