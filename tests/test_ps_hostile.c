@@ -700,6 +700,78 @@ TEST(hostile_requests) {
                FERRY_ERR_INVALID, "character outside");
     }
 
+    /* -- jobs: membership and the job fields of GradNorm and Step -- */
+    {
+        Ferry__JoinRequest j;
+        ferry__join_request__init(&j);
+        j.job = "hj";
+        j.world = 2;
+        j.sync = "bsp";
+        j.client_id = "hostile";
+        j.world = 0;
+        expect(&d, "Join with world 0", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_INVALID, "world 0 outside");
+        j.world = 70000;
+        expect(&d, "Join with world 70000", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_INVALID, "outside [1, 65536]");
+        j.world = 2;
+        j.rank = 2;
+        expect(&d, "Join with rank = world", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_INVALID, "rank 2 outside [0, 2)");
+        j.rank = 0;
+        j.sync = "bogus";
+        expect(&d, "Join with an unknown sync mode", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_INVALID, "unknown sync mode");
+        j.sync = "bsp";
+        j.job = "a job";
+        expect(&d, "Join with a bad job name", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_INVALID, "job name");
+        j.job = "hj";
+        j.action = "explode";
+        expect(&d, "Join with an unknown action", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_INVALID, "unknown action");
+        j.action = "ready";
+        expect(&d, "ready before joining", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_NOT_FOUND, "unknown here");
+        j.action = "";
+        CHECK_OK(send_head(&d, FERRY_RPC_JOIN, &j.base, NULL));
+        j.client_id = "thief";
+        expect(&d, "a second client on rank 0", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_EXISTS, "already held by hostile");
+        j.action = "leave";
+        expect(&d, "another client's leave", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
+               FERRY_ERR_INVALID, "another client");
+        Ferry__JobStep js;
+        ferry__job_step__init(&js);
+        js.job = "nojob";
+        js.step = 1;
+        Ferry__GradNormRequest gn;
+        ferry__grad_norm_request__init(&gn);
+        gn.ctx_id = 77;
+        gn.job = &js;
+        expect(&d, "GradNorm of an unknown job", send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL),
+               FERRY_ERR_NOT_FOUND, "unknown here");
+        js.job = "hj";
+        js.rank = 1;
+        expect(&d, "GradNorm of a rank that never joined",
+               send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL), FERRY_ERR_INVALID,
+               "rank 1 has not joined");
+        js.rank = 0;
+        js.step = 0;
+        expect(&d, "GradNorm of job step 0", send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL),
+               FERRY_ERR_INVALID, "steps count from 1");
+        js.step = 5;
+        expect(&d, "GradNorm skipping to step 5", send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL),
+               FERRY_ERR_INVALID, "is at step 0");
+        Ferry__StepRequest sq;
+        ferry__step_request__init(&sq);
+        sq.ctx_id = 77;
+        sq.job = &js;
+        js.step = 1;
+        expect(&d, "Step of a bsp step never summed", send_head(&d, FERRY_RPC_STEP, &sq.base, NULL),
+               FERRY_ERR_INVALID, "has applied step 0");
+    }
+
     /* -- checkpoint paths and disk -- */
     expect(&d, "checkpoint path escape ../", checkpoint(&d, "../escape.ckpt"), FERRY_ERR_INVALID,
            "file name inside");
