@@ -40,12 +40,13 @@ ticks() {
 }
 HZ=$(getconf CLK_TCK)
 
-# The train/job events of steps 20 and 60 give the measured window.
-window_tok_s() { # FILE: tokens/s over steps 21..60 from the job's train events
-    awk -F'[,:]' '/"event":"train"/ {
-        for (i = 1; i < NF; i++) { if ($i ~ /"step"/) s = $(i+1); if ($i ~ /"elapsed_s"/) e = $(i+1); if ($i ~ /"tokens_per_s"/) r = $(i+1) }
-        el[s] = e; rate[s] = r }
-        END { if (el[60] > el[20]) printf "%.0f", (rate[60] * el[60] - rate[20] * el[20]) / (el[60] - el[20]); else print 0 }' "$1"
+# tokens/s over steps 21..60: FILE TOKENS_PER_STEP, from the train events' elapsed_s.
+window_tok_s() {
+    awk -v tps="$2" '/"event":"train"/ {
+        match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7)
+        match($0, /"elapsed_s":[0-9.e+-]+/); e = substr($0, RSTART + 12, RLENGTH - 12)
+        el[s] = e + 0 }
+        END { if (el[60] > el[20]) printf "%.0f\n", 40 * tps / (el[60] - el[20]); else print 0 }' "$1"
 }
 event_field() { # FILE EVENT FIELD: the field of the last such event
     grep "\"event\":\"$2\"" "$1" | tail -1 | sed "s/.*\"$3\":\([^,}]*\).*/\1/"
@@ -55,7 +56,7 @@ median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 run_local() {
     "$BIN/worker/ferry-trainer" --local "${DATA[@]}" --batch-size 20 \
         --metrics-out "$TMP/local.jsonl" 2>/dev/null
-    window_tok_s "$TMP/local.jsonl"
+    window_tok_s "$TMP/local.jsonl" $((20 * 20))
 }
 
 run_job() { # N K -> "tok/s bytes/step server_ms/step/rank sync_fraction"
@@ -72,7 +73,7 @@ run_job() { # N K -> "tok/s bytes/step server_ms/step/rank sync_fraction"
     local t0 trs=()
     t0=$(ticks "${pids[@]}")
     for r in $(seq 0 $((n - 1))); do
-        "$BIN/worker/ferry-trainer" --ps "$targets" --job scale --world "$n" --rank "$r" \
+        "$BIN/worker/ferry-trainer" --ps "$targets" --job scale --world "$n" --rank "$r" --sync bsp \
             "${DATA[@]}" --batch-size $((20 * n)) --metrics-out "$TMP/r$r.jsonl" 2>"$TMP/r$r.log" &
         trs+=($!)
     done
@@ -82,7 +83,7 @@ run_job() { # N K -> "tok/s bytes/step server_ms/step/rank sync_fraction"
     kill -TERM "${pids[@]}"
     wait "${pids[@]}" 2>/dev/null || true
     local tok bytes sync
-    tok=$(window_tok_s "$TMP/r0.jsonl")
+    tok=$(window_tok_s "$TMP/r0.jsonl" $((20 * 20 * n)))
     bytes=$(event_field "$TMP/r0.jsonl" job wire_bytes_per_step)
     sync=$(event_field "$TMP/r0.jsonl" job sync_fraction)
     awk -v tok="$tok" -v b="$bytes" -v t="$((t1 - t0))" -v hz="$HZ" -v n="$n" -v s="$STEPS" -v y="$sync" \
