@@ -8,7 +8,7 @@
 # Installs missing Debian packages first. Usage: scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh slurm-wlm munge # slurm: tests/integration/test_job_slurm.sh
 jobs=$(nproc)
 
 echo "== layers (scripts/check-layers.py) =="

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# A job launched by Slurm for real: scripts/slurm-local.sh configures Debian's
+# slurm-wlm (with munge) as a one-node cluster on this machine, `sbatch --wait`
+# runs scripts/slurm-job.sh, which starts 2 ferry-ps as one job step and 3
+# ferry-trainer ranks as another, every rank taking its rank and the world size from
+# Slurm's environment; the job must train to the end with every rank logging the
+# same (bsp) losses. Traffic stays on 127.0.0.1. The cluster is stopped and removed
+# afterwards. Needs root and slurm-wlm (scripts/test.sh installs it; skipped, saying
+# so, without it).
+. "$(dirname "$0")/lib.sh"
+
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: configuring Slurm needs root"; exit 77; }
+command -v slurmctld >/dev/null && command -v munged >/dev/null ||
+    { echo "SKIP: slurm-wlm and munge are not installed (scripts/deps.sh slurm-wlm munge)"; exit 77; }
+pgrep -r R,S,D -x slurmctld >/dev/null && { echo "SKIP: a slurmctld already runs here"; exit 77; }
+
+SL="$FERRY_SRC/scripts/slurm-local.sh"
+bash "$SL" start >"$TMP/slurm-start.log" 2>&1 || fail "slurm-local.sh start: $(cat "$TMP/slurm-start.log")"
+trap 'bash "$SL" stop >/dev/null 2>&1 || true; cleanup' EXIT
+ok "one-node Slurm cluster up: $(sinfo -h -o '%P %D %T' | head -1)"
+
+# Whatever the build directory holds (the daemons under sanitizers too).
+export FERRY_BIN_DIR=$FERRY_BIN
+cd "$TMP"
+FERRY_BIN=$FERRY_BIN_DIR FERRY_HOST=127.0.0.1 FERRY_PORT=$((20000 + RANDOM % 20000)) \
+    FERRY_PROGRESS=plain timeout 300 sbatch --wait --ntasks=3 --output="$TMP/slurm-%j.out" \
+    "$FERRY_SRC/scripts/slurm-job.sh" --data "$FERRY_SRC/data/ptb" --train-tokens 45000 \
+    --eval-tokens 2000 --epochs 1 --batch-size 21 --max-steps 15 --log-interval 5 \
+    >"$TMP/sbatch.log" 2>&1 || fail "sbatch: $(cat "$TMP/sbatch.log"; tail -20 "$TMP"/slurm-*.out)"
+out=$(ls "$TMP"/slurm-*.out)
+for r in 0 1 2; do
+    grep -q "rank $r of 3 (rank $r from SLURM_PROCID, world 3 from SLURM_NTASKS)" "$out" ||
+        fail "rank $r did not take its rank from Slurm: $(grep "job '" "$out" | head)"
+done
+[ "$(grep -c "ferry-trainer: done: 15 steps in" "$out")" -eq 3 ] || fail "not every rank finished: $(tail -20 "$out")"
+[ "$(grep "epoch 1 valid" "$out" | sed 's/.*valid: //; s/ (.*//' | sort -u | wc -l)" -eq 1 ] ||
+    fail "the ranks disagree on the validation loss: $(grep "epoch 1 valid" "$out")"
+ok "sbatch ran 2 ferry-ps and 3 ranks (ranks from Slurm), all 15 steps, one validation loss"
+bash "$SL" stop >/dev/null 2>&1
+pgrep -r R,S,D -x slurmctld >/dev/null && fail "slurmctld still runs after stop"
+[ -e /etc/slurm/slurm.conf ] && fail "slurm.conf left behind"
+ok "Slurm stopped and its configuration removed"
+finish
