@@ -60,12 +60,18 @@ for _ in $(seq 300); do
     sleep 0.05
 done
 kill -STOP "$S1"
-sleep 3 # rank 0 runs into the bound and waits there
-a=$(step_of 0)
 b=$(step_of 1)
-sleep 1
+# Rank 0 runs into the bound and waits there (however slow this machine is).
+for _ in $(seq 300); do
+    a=$(step_of 0)
+    [ "$a" -ge $((b + K + 1)) ] && break
+    sleep 0.1
+done
+sleep 2
 a2=$(step_of 0)
+b2=$(step_of 1)
 kill -CONT "$S1"
+[ "$b2" -eq "$b" ] || fail "rank 1 moved while stopped ($b -> $b2)"
 [ $((a - b)) -eq $((K + 1)) ] ||
     fail "ssp:$K with rank 1 stopped at step $b: rank 0 at step $a (want exactly $((b + K + 1)))"
 [ "$a2" -eq "$a" ] || fail "ssp:$K: rank 0 moved on ($a -> $a2) while rank 1 was stopped"
