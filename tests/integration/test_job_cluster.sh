@@ -60,6 +60,7 @@ for _ in $(seq 300); do
     sleep 0.05
 done
 kill -STOP "$S1"
+sleep 0.5 # a Step rank 1 had in flight lands
 b=$(step_of 1)
 # Rank 0 runs into the bound and waits there (however slow this machine is).
 for _ in $(seq 300); do
