@@ -93,6 +93,14 @@ stop() {
     pkill -x slurmd 2>/dev/null || true
     pkill -x slurmctld 2>/dev/null || true
     if [ -e "$STATE/started-munged" ]; then pkill -x munged 2>/dev/null || true; fi
+    # They shut down in their own time: wait (zombies of daemons whose parent never
+    # reaps them do not count).
+    alive() { pgrep -r R,S,D,T -x slurmd >/dev/null || pgrep -r R,S,D,T -x slurmctld >/dev/null; }
+    for _ in $(seq 100); do
+        alive || break
+        sleep 0.1
+    done
+    if alive; then pkill -9 -x slurmd; pkill -9 -x slurmctld; fi || true
     if [ -e "$STATE/made-munge-key" ]; then rm -f /etc/munge/munge.key; fi
     rm -f "$CONF"
     [ -e "$STATE/slurm.conf.orig" ] && cp "$STATE/slurm.conf.orig" "$CONF"

@@ -185,8 +185,10 @@ static ferry_status job_of(ferry__ps_jobs *j, const Ferry__JobStep *js, ferry__p
         return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined (world %u)",
                             job->name, js->rank, job->world);
     if (js->step == 0)
-        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u sent job step 0 (steps count "
-                            "from 1)", job->name, js->rank);
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "job '%s': rank %u sent job step 0 (steps count "
+                            "from 1)",
+                            job->name, js->rank);
     if (j->stopped)
         return ferry_errorf(FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
     *out = job;
@@ -262,8 +264,8 @@ static ferry_status parse_sync(const char *s, ferry__ps_sync *out) {
     else if (strcmp(s, "async") == 0)
         *out = FERRY__PS_ASYNC;
     else
-        return ferry_errorf(FERRY_ERR_INVALID, "Join: unknown sync mode '%.32s' (bsp | ssp | async)",
-                            s);
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "Join: unknown sync mode '%.32s' (bsp | ssp | async)", s);
     return FERRY_OK;
 }
 
@@ -313,12 +315,12 @@ ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q,
     if ((st = parse_sync(q->sync, &sync)) != FERRY_OK)
         return st;
     int action = q->action[0] == '\0' || strcmp(q->action, "join") == 0 ? 0
-                 : strcmp(q->action, "ready") == 0                       ? 1
-                 : strcmp(q->action, "leave") == 0                       ? 2
-                                                                         : -1;
+                 : strcmp(q->action, "ready") == 0                      ? 1
+                 : strcmp(q->action, "leave") == 0                      ? 2
+                                                                        : -1;
     if (action < 0)
-        return ferry_errorf(FERRY_ERR_INVALID, "Join: unknown action '%.32s' (join | ready | leave)",
-                            q->action);
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "Join: unknown action '%.32s' (join | ready | leave)", q->action);
     ferry__ps_jobs *j = &ps->jobs;
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = job_find(j, q->job);
@@ -331,7 +333,8 @@ ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q,
         st = ferry_errorf(FERRY_ERR_EXISTS,
                           "job '%s' has world %u; this trainer says world %u (--world)", job->name,
                           job->world, q->world);
-    if (st == FERRY_OK && (job->sync != sync || job->K != (sync == FERRY__PS_SSP ? q->staleness : 0))) {
+    if (st == FERRY_OK &&
+        (job->sync != sync || job->K != (sync == FERRY__PS_SSP ? q->staleness : 0))) {
         char have[32];
         sync_text(job, have, sizeof have);
         st = ferry_errorf(FERRY_ERR_EXISTS, "job '%s' runs --sync %s; this trainer asks %s%s%.0u",
@@ -350,8 +353,8 @@ ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q,
     job_rank *k = st == FERRY_OK ? &job->ranks[q->rank] : NULL;
     if (st == FERRY_OK && action == 0) {
         if (k->joined && k->left)
-            st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished",
-                              q->rank, job->name);
+            st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished", q->rank,
+                              job->name);
         else if (k->joined && strcmp(k->client, q->client_id) != 0)
             st = ferry_errorf(FERRY_ERR_EXISTS,
                               "rank %u of job '%s' is already held by %s (two trainers with "
@@ -520,7 +523,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormR
     uint64_t s = js->step;
     if (st == FERRY_OK && q->n_modules != 0)
         st = ferry_errorf(FERRY_ERR_INVALID, "bsp GradNorm covers every module (modules must be "
-                          "empty)");
+                                             "empty)");
     if (st == FERRY_OK && !(s == job->bsp_step && !job->bsp_complete)) {
         if (s == job->bsp_step + 1 && job->applied == job->bsp_step) { /* opens step s */
             for (uint32_t r = 0; r < job->world; r++)
@@ -556,7 +559,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormR
             k->arrived = 0;
             job->arrived--;
             st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "bsp GradNorm must wait, and this call "
-                              "cannot (no network call to answer later)");
+                                                     "cannot (no network call to answer later)");
         } else {
             k->gn = p;
             k->wait_since = ferry_now();
@@ -591,7 +594,8 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormR
 }
 
 /* bsp Step: the first Step of a summed step applies it; later ones acknowledge. */
-static ferry_status bsp_step(ferry__ps_job *job, const Ferry__StepRequest *q, ferry_rpc_msg *reply) {
+static ferry_status bsp_step(ferry__ps_job *job, const Ferry__StepRequest *q,
+                             ferry_rpc_msg *reply) {
     const Ferry__JobStep *js = q->job;
     uint64_t s = js->step;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
@@ -641,13 +645,12 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__StepRequest *q, fe
                                 (unsigned long long)s, job->name, js->rank, scale,
                                 job->applied_scale);
     } else {
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "bsp: rank %u sent Step of step %llu, but job '%s' has applied step "
-                            "%llu and %s step %llu",
-                            js->rank, (unsigned long long)s, job->name,
-                            (unsigned long long)job->applied,
-                            job->bsp_complete ? "summed" : "is collecting",
-                            (unsigned long long)job->bsp_step);
+        return ferry_errorf(
+            FERRY_ERR_INVALID,
+            "bsp: rank %u sent Step of step %llu, but job '%s' has applied step "
+            "%llu and %s step %llu",
+            js->rank, (unsigned long long)s, job->name, (unsigned long long)job->applied,
+            job->bsp_complete ? "summed" : "is collecting", (unsigned long long)job->bsp_step);
     }
     job_rank *k = &job->ranks[js->rank];
     k->steps = s > k->steps ? s : k->steps;

@@ -24,9 +24,9 @@
 #include "worker/corpus.h"
 #include "worker/model.h"
 
-#define STEPS   50
-#define GB      20 /* the global batch */
-#define BPTT    20
+#define STEPS 50
+#define GB    20 /* the global batch */
+#define BPTT  20
 #ifndef HID
 #define HID 200 /* the small configuration */
 #endif
@@ -75,8 +75,8 @@ static void window(const setup *s, int step, int c0, int c1, int32_t *in, int32_
 }
 
 static ferry_lm_step_args step_args(const setup *s, int step) {
-    ferry_lm_step_args a = {1.0f / (float)GB, s->clip, s->oc.lr, (uint64_t)step + 1, 11,
-                            (uint64_t)step + 1};
+    ferry_lm_step_args a = {1.0f / (float)GB,   s->clip, s->oc.lr,
+                            (uint64_t)step + 1, 11,      (uint64_t)step + 1};
     return a;
 }
 
@@ -161,8 +161,8 @@ static void setup_init(setup *s, float stiefel, ferry_optim_kind kind, double lr
     int64_t n;
     const int32_t *ids = ferry_corpus_ids(s->corpus, FERRY_SPLIT_TRAIN, &n);
     CHECK_OK(ferry_batch_create(ids, GB * (STEPS * BPTT + 1), GB, &s->b));
-    ferry_lm_config mc = {ferry_vocab_size(ferry_corpus_vocab(s->corpus)), HID, HID, 2, 0.0f, 0.1f,
-                          stiefel, 7};
+    ferry_lm_config mc = {
+        ferry_vocab_size(ferry_corpus_vocab(s->corpus)), HID, HID, 2, 0.0f, 0.1f, stiefel, 7};
     s->mc = mc;
     s->oc = ferry_optim_defaults(kind);
     s->oc.lr = lr;
@@ -401,5 +401,4 @@ TEST(bsp_missing_rank_times_out) {
 
 FERRY_TEST_MAIN(T(bsp_two_ranks_match_local) T(bsp_four_ranks_match_local)
                     T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local)
-                        T(membership_errors)
-                    T(bsp_missing_rank_times_out))
+                        T(membership_errors) T(bsp_missing_rank_times_out))
