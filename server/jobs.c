@@ -328,7 +328,7 @@ ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q,
         st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here (Join it first)", q->job);
     else if (job == NULL)
         st = job_create(j, q, sync, &job);
-    char why[400];
+    char why[512];
     if (st == FERRY_OK && job->world != q->world)
         st = ferry_errorf(FERRY_ERR_EXISTS,
                           "job '%s' has world %u; this trainer says world %u (--world)", job->name,
@@ -631,7 +631,7 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__StepRequest *q,
         job->applied_metrics = mt;
         job->napplied_metrics = nm;
         if (st != FERRY_OK) {
-            char why[400];
+            char why[512];
             (void)snprintf(why, sizeof why, "bsp step %llu: %s", (unsigned long long)s,
                            ferry_error_last());
             job_fail(job, why);
