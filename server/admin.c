@@ -213,7 +213,8 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
         return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
                                             "is done");
-    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, s->checkpoint_keep, bytes);
+    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, step, s->checkpoint_keep,
+                                    bytes);
     pthread_mutex_unlock(&s->checkpoint_mu);
     return st;
 }

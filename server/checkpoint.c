@@ -1,10 +1,13 @@
 /* checkpoint.c - a ferry-ps checkpoint: every module's configuration (the packed
  * ModuleConfig it was created with), parameter version, parameter block and
- * optimizer state, in one file written atomically (temporary file, then rename).
- * Layout, host byte order:
- *   "FERRYPS1" | u32 format (1) | u32 module count
- *   per module: u32 name length | name | u32 config length | packed ModuleConfig |
- *               u64 version | u64 floats | the parameter block | optimizer state
+ * optimizer state, in one ckfile (common/core/ckfile.h: explicit little-endian
+ * sections, each with its length and CRC-32, committed by rename):
+ *   "FERRYPS2" format 2: section META (u64 job step | u32 module count), then one
+ *   section MODL per module: u32 name length | name | u32 config length | packed
+ *   ModuleConfig | u64 version | u64 floats | f32 parameters | u64 optimizer bytes |
+ *   optimizer state (ferry_optim_state_save's bytes)
+ * A file is verified whole (every CRC) before any module is touched, so a damaged
+ * checkpoint is refused, never half-restored.
  *
  * Safety: the temporary file is created with O_EXCL under a random name (a planted
  * file or symlink makes the create fail, never redirects it), renamed over the
@@ -14,6 +17,7 @@
  * calling Checkpoint in a loop cannot fill the disk. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,30 +25,54 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "common/core/ckfile.h"
 #include "common/core/log.h"
 #include "server/ps-impl.h"
 
-#define CKPT_MAGIC      "FERRYPS1"
-#define CKPT_FORMAT     1u
+#define CKPT_MAGIC      "FERRYPS2"
+#define CKPT_FORMAT     2u
 #define CKPT_MAX_CONFIG (1u << 20)
 #define CKPT_RESERVE    ((uint64_t)64 << 20) /* left free on the file system */
 
-static int put(FILE *f, const void *p, size_t n) {
-    return fwrite(p, 1, n, f) == n;
-}
-
-static ferry_status write_module(ferry__ps_module *m, FILE *f) {
-    uint32_t name_len = (uint32_t)strlen(m->name), config_len = (uint32_t)m->config_len;
-    pthread_rwlock_rdlock(&m->lock);
-    uint64_t version = m->version, numel = (uint64_t)m->P.numel;
-    int ok = put(f, &name_len, 4) && put(f, m->name, name_len) && put(f, &config_len, 4) &&
-             put(f, m->config_packed, config_len) && put(f, &version, 8) && put(f, &numel, 8) &&
-             put(f, m->P.data, (size_t)numel * sizeof(float));
-    ferry_status st = ok ? ferry_optim_state_save(m->opt, f) : FERRY_ERR_IO;
-    pthread_rwlock_unlock(&m->lock);
+/* A module's optimizer state as bytes (ferry_optim_state_save writes a FILE). */
+static ferry_status optim_bytes(const ferry_optim *o, char **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    FILE *f = open_memstream(buf, len);
+    if (f == NULL)
+        return FERRY_ERR_NOMEM;
+    ferry_status st = ferry_optim_state_save(o, f);
+    if (fclose(f) != 0 && st == FERRY_OK)
+        st = FERRY_ERR_NOMEM;
     return st;
 }
 
+static ferry_status write_module(ferry__ps_module *m, ferry_ckw *w) {
+    uint32_t name_len = (uint32_t)strlen(m->name), config_len = (uint32_t)m->config_len;
+    pthread_rwlock_rdlock(&m->lock);
+    uint64_t version = m->version, numel = (uint64_t)m->P.numel;
+    char *ob = NULL;
+    size_t olen = 0;
+    ferry_status st = optim_bytes(m->opt, &ob, &olen);
+    uint64_t len = 4 + name_len + 4 + config_len + 8 + 8 + numel * 4 + 8 + olen;
+    if (st == FERRY_OK)
+        st = ferry_ckw_begin(w, FERRY_CK_TAG("MODL"), len);
+    if (st == FERRY_OK) {
+        ferry_ckw_u32(w, name_len);
+        ferry_ckw_bytes(w, m->name, name_len);
+        ferry_ckw_u32(w, config_len);
+        ferry_ckw_bytes(w, m->config_packed, config_len);
+        ferry_ckw_u64(w, version);
+        ferry_ckw_u64(w, numel);
+        ferry_ckw_f32s(w, m->P.data, (size_t)numel);
+        ferry_ckw_u64(w, olen);
+        ferry_ckw_bytes(w, ob, olen);
+        st = ferry_ckw_end(w);
+    }
+    pthread_rwlock_unlock(&m->lock);
+    free(ob);
+    return st;
+}
 /* An upper bound of the file's size: headers, parameters and optimizer slots. */
 static uint64_t size_bound(ferry__ps_module **mods, int n) {
     uint64_t total = 16;
@@ -124,10 +152,9 @@ static void retain(int dirfd, const char *dir, const char *current, int keep) {
 }
 
 ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
-                                        int keep, uint64_t *bytes) {
-    char tmp[4096], path[4096];
-    if (snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", dir, name) >= (int)sizeof tmp ||
-        snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+                                        uint64_t step, int keep, uint64_t *bytes) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
     int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0)
@@ -153,62 +180,51 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
                                 (double)avail / 1048576.0);
         }
     }
-    int fd = mkostemp(tmp, O_CLOEXEC); /* O_EXCL: never opens what is already there */
-    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (f == NULL) {
-        if (fd >= 0) {
-            (void)close(fd);
-            (void)unlink(tmp);
-        }
-        free(mods);
-        (void)close(dirfd);
-        return ferry_errorf(FERRY_ERR_IO, "cannot create a temporary file in %s", dir);
+    ferry_ckw *w = NULL;
+    ferry_status st = ferry_ckw_open(path, CKPT_MAGIC, CKPT_FORMAT, 1 + n, &w);
+    if (st == FERRY_OK) {
+        uint8_t meta[12];
+        for (int i = 0; i < 8; i++)
+            meta[i] = (uint8_t)(step >> (8 * i));
+        for (int i = 0; i < 4; i++)
+            meta[8 + i] = (uint8_t)(n >> (8 * i));
+        st = ferry_ckw_section(w, FERRY_CK_TAG("META"), meta, sizeof meta);
     }
-    uint32_t format = CKPT_FORMAT;
-    ferry_status st =
-        put(f, CKPT_MAGIC, 8) && put(f, &format, 4) && put(f, &n, 4) ? FERRY_OK : FERRY_ERR_IO;
     for (uint32_t i = 0; i < n && st == FERRY_OK; i++)
-        st = write_module(mods[i], f);
+        st = write_module(mods[i], w);
     free(mods);
-    long size = ftell(f);
-    if (st == FERRY_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        st = FERRY_ERR_IO;
-    if (fclose(f) != 0 && st == FERRY_OK)
-        st = FERRY_ERR_IO;
-    if (st == FERRY_OK && rename(tmp, path) != 0)
-        st = FERRY_ERR_IO;
+    uint64_t size = w != NULL ? ferry_ckw_size(w) : 0;
+    if (st == FERRY_OK)
+        st = ferry_ckw_commit(w);
+    else
+        ferry_ckw_abort(w);
     if (st != FERRY_OK) {
-        (void)unlink(tmp);
         (void)close(dirfd);
-        return ferry_errorf(st, "cannot write checkpoint %s", path);
+        return ferry_errorf(st, "cannot write checkpoint %s: %s", path, ferry_error_last());
     }
-    (void)fsync(dirfd); /* the rename itself survives a crash */
-    *bytes = size > 0 ? (uint64_t)size : 0;
-    FERRY_LOG_INFO("checkpoint %s: %u modules, %llu bytes", path, (unsigned)n,
-                   (unsigned long long)*bytes);
+    *bytes = size;
+    FERRY_LOG_INFO("checkpoint %s: %u modules at step %llu, %llu bytes", path, (unsigned)n,
+                   (unsigned long long)step, (unsigned long long)*bytes);
     retain(dirfd, dir, name, keep);
     (void)close(dirfd);
     return FERRY_OK;
 }
 
-static int get(FILE *f, void *p, size_t n) {
-    return fread(p, 1, n, f) == n;
-}
-
-static ferry_status read_module(ferry__ps_registry *r, FILE *f, const char *path) {
-    uint32_t name_len, config_len;
+/* Recreates (or finds) one module and loads a MODL section into it. */
+static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, const char *path) {
+    ferry_ckcur c = ferry_ckcur_of(sec);
+    uint32_t name_len = ferry_ckcur_u32(&c);
     char name[FERRY_RPC_NAME_MAX];
-    if (!get(f, &name_len, 4) || name_len == 0 || name_len >= sizeof name ||
-        !get(f, name, name_len) || !get(f, &config_len, 4) || config_len > CKPT_MAX_CONFIG)
+    const char *np = name_len > 0 && name_len < sizeof name ? ferry_ckcur_bytes(&c, name_len) : NULL;
+    uint32_t config_len = np != NULL ? ferry_ckcur_u32(&c) : 0;
+    const uint8_t *packed = np != NULL && config_len <= CKPT_MAX_CONFIG
+                                ? ferry_ckcur_bytes(&c, config_len)
+                                : NULL;
+    if (np == NULL || packed == NULL || c.bad)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: bad module header", path);
+    memcpy(name, np, name_len);
     name[name_len] = '\0';
-    uint8_t *packed = malloc(config_len ? config_len : 1);
-    if (packed == NULL)
-        return FERRY_ERR_NOMEM;
-    Ferry__ModuleConfig *cfg = NULL;
-    if (get(f, packed, config_len))
-        cfg = ferry__module_config__unpack(NULL, config_len, packed);
-    free(packed);
+    Ferry__ModuleConfig *cfg = ferry__module_config__unpack(NULL, config_len, packed);
     if (cfg == NULL)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has a bad config", path, name);
     ferry_rpc_msg none;
@@ -219,34 +235,175 @@ static ferry_status read_module(ferry__ps_registry *r, FILE *f, const char *path
     ferry__module_config__free_unpacked(cfg, NULL);
     if (st != FERRY_OK)
         return st;
-    uint64_t version = 0, numel = 0;
-    if (!get(f, &version, 8) || !get(f, &numel, 8) || numel != (uint64_t)m->P.numel)
+    uint64_t version = ferry_ckcur_u64(&c), numel = ferry_ckcur_u64(&c);
+    if (c.bad || numel != (uint64_t)m->P.numel ||
+        ferry_ckcur_left(&c) < numel * 4 + 8)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has %llu floats, expected %lld",
                             path, name, (unsigned long long)numel, (long long)m->P.numel);
     pthread_rwlock_wrlock(&m->lock);
-    st = get(f, m->P.data, (size_t)numel * sizeof(float))
-             ? ferry_optim_state_load(m->opt, f)
-             : ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' is truncated", path, name);
+    ferry_ckcur_f32s(&c, m->P.data, (size_t)numel);
+    uint64_t olen = ferry_ckcur_u64(&c);
+    const void *ob = olen <= ferry_ckcur_left(&c) ? ferry_ckcur_bytes(&c, (size_t)olen) : NULL;
+    FILE *f = ob != NULL && olen > 0 ? fmemopen((void *)(uintptr_t)ob, (size_t)olen, "rb") : NULL;
+    st = f != NULL ? ferry_optim_state_load(m->opt, f)
+                   : ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s': no optimizer state", path,
+                                  name);
+    if (f != NULL)
+        (void)fclose(f);
+    if (st == FERRY_OK && ferry_ckcur_left(&c) != 0)
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s': %zu stray bytes", path, name,
+                          ferry_ckcur_left(&c));
     m->version = version;
     pthread_rwlock_unlock(&m->lock);
     return st;
 }
 
-ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return ferry_errorf(FERRY_ERR_IO, "cannot open checkpoint %s", path);
-    char magic[8];
-    uint32_t format = 0, n = 0;
-    ferry_status st = FERRY_OK;
-    if (!get(f, magic, 8) || memcmp(magic, CKPT_MAGIC, 8) != 0 || !get(f, &format, 4) ||
-        format != CKPT_FORMAT || !get(f, &n, 4))
-        st = ferry_errorf(FERRY_ERR_FORMAT, "%s is not a ferry-ps checkpoint (format %u)", path,
-                          CKPT_FORMAT);
-    for (uint32_t i = 0; i < n && st == FERRY_OK; i++)
-        st = read_module(r, f, path);
-    (void)fclose(f);
-    if (st == FERRY_OK)
-        FERRY_LOG_INFO("restored %u modules from %s", (unsigned)n, path);
+static ferry_status read_meta(const ferry_ckr *ck, uint64_t *step, uint32_t *n) {
+    ferry_ckcur c = ferry_ckr_section(ck, FERRY_CK_TAG("META"));
+    *step = ferry_ckcur_u64(&c);
+    *n = ferry_ckcur_u32(&c);
+    if (c.bad || ck->n != *n + 1)
+        return ferry_errorf(FERRY_ERR_FORMAT, "%s: META says %u modules, the file has %u sections",
+                            ck->path, *n, ck->n);
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step) {
+    ferry_ckr ck;
+    ferry_status st = ferry_ckr_read(path, CKPT_MAGIC, CKPT_FORMAT, &ck);
+    uint32_t n = 0;
+    if (st == FERRY_OK) {
+        st = read_meta(&ck, step, &n);
+        ferry_ckr_free(&ck);
+    }
     return st;
+}
+
+ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path, uint64_t *step) {
+    ferry_ckr ck;
+    ferry_status st = ferry_ckr_read(path, CKPT_MAGIC, CKPT_FORMAT, &ck);
+    if (st != FERRY_OK)
+        return st;
+    uint32_t n = 0;
+    uint64_t s = 0;
+    st = read_meta(&ck, &s, &n);
+    for (uint32_t i = 1; i < ck.n && st == FERRY_OK; i++) {
+        if (ck.sec[i].tag != FERRY_CK_TAG("MODL"))
+            st = ferry_errorf(FERRY_ERR_FORMAT, "%s: section %u is not a module", path, i + 1);
+        else
+            st = read_module(r, &ck.sec[i], path);
+    }
+    ferry_ckr_free(&ck);
+    if (st == FERRY_OK) {
+        FERRY_LOG_INFO("restored %u modules at step %llu from %s", (unsigned)n,
+                       (unsigned long long)s, path);
+        if (step != NULL)
+            *step = s;
+    }
+    return st;
+}
+
+/* "<job>-step<N>.ckpt" -> N; 0 when name is not one of job's. */
+static int job_file_step(const char *name, const char *job, uint64_t *step) {
+    size_t jl = strlen(job);
+    if (strncmp(name, job, jl) != 0 || strncmp(name + jl, "-step", 5) != 0)
+        return 0;
+    const char *p = name + jl + 5;
+    char *end;
+    if (*p < '0' || *p > '9')
+        return 0;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (strcmp(end, ".ckpt") != 0)
+        return 0;
+    *step = v;
+    return 1;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, uint64_t **steps,
+                                            size_t *n) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return ferry_errorf(FERRY_ERR_IO, "cannot list checkpoint directory %s", dir);
+    size_t cap = 0;
+    ferry_status st = FERRY_OK;
+    for (struct dirent *e; st == FERRY_OK && (e = readdir(d)) != NULL;) {
+        uint64_t s = 0, meta = 0;
+        char path[4096];
+        if (!job_file_step(e->d_name, job, &s) ||
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path)
+            continue;
+        if (ferry__ps_checkpoint_verify(path, &meta) != FERRY_OK || meta != s) {
+            FERRY_LOG_WARN("checkpoint %s is not usable: %s", path,
+                           meta != s ? "its step differs from its name" : ferry_error_last());
+            continue;
+        }
+        if (*n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            uint64_t *p = realloc(*steps, nc * sizeof *p);
+            if (p == NULL) {
+                st = FERRY_ERR_NOMEM;
+                break;
+            }
+            *steps = p;
+            cap = nc;
+        }
+        (*steps)[(*n)++] = s;
+    }
+    (void)closedir(d);
+    if (*n > 1)
+        qsort(*steps, *n, sizeof **steps, cmp_u64);
+    return st;
+}
+
+ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap, int *found) {
+    *found = 0;
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = dirfd >= 0 ? dup(dirfd) : -1;
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        if (fd >= 0)
+            (void)close(fd);
+        if (dirfd >= 0)
+            (void)close(dirfd);
+        return ferry_errorf(FERRY_ERR_IO, "cannot list checkpoint directory %s", dir);
+    }
+    ckpt_file *files = NULL;
+    size_t n = 0, fcap = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        struct timespec mt;
+        if (strlen(e->d_name) >= sizeof files->name || !is_checkpoint(dirfd, e->d_name, &mt))
+            continue;
+        if (n == fcap) {
+            size_t nc = fcap ? 2 * fcap : 16;
+            ckpt_file *f = realloc(files, nc * sizeof *f);
+            if (f == NULL)
+                break;
+            files = f;
+            fcap = nc;
+        }
+        files[n].mtime = mt;
+        (void)snprintf(files[n].name, sizeof files[n].name, "%s", e->d_name);
+        n++;
+    }
+    (void)closedir(d);
+    (void)close(dirfd);
+    if (n > 1)
+        qsort(files, n, sizeof *files, newer_first);
+    for (size_t i = 0; i < n && !*found; i++) {
+        uint64_t step;
+        (void)snprintf(path, cap, "%s/%s", dir, files[i].name);
+        if (ferry__ps_checkpoint_verify(path, &step) == FERRY_OK)
+            *found = 1;
+        else
+            FERRY_LOG_WARN("skipping checkpoint %s: %s", path, ferry_error_last());
+    }
+    free(files);
+    return FERRY_OK;
 }

@@ -34,6 +34,10 @@ typedef struct job_rank {
     uint64_t sp_step;
     double wait_since;
     double waited_s; /* seconds its calls waited, in all */
+    /* recovery: its recover call, waiting for the other ranks */
+    ferry_rpc_pending *rec;
+    int rec_arrived;
+    char rec_client[128];
 } job_rank;
 
 /* One Step reply's metrics, kept to answer the later ranks of a bsp step alike. */
@@ -69,6 +73,13 @@ struct ferry__ps_job {
     /* ssp */
     uint64_t max_lead; /* the most steps a rank was ahead of the slowest when answered */
     uint64_t held;     /* Step replies that had to wait */
+    /* recovery: a recover barrier is open (GradNorm/Step refused until it completes) */
+    int recovering;
+    uint32_t rec_arrived;
+    double rec_since;
+    uint64_t *rec_set; /* the steps every rank that arrived offered */
+    size_t rec_n;
+    uint64_t recoveries; /* completed roll-backs */
     struct ferry__ps_job *next;
 };
 
@@ -116,6 +127,24 @@ static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *wh
     }
 }
 
+/* Fails the open recover barrier's calls (they retry) and closes it. */
+static void rec_fail(ferry__ps_job *job, ferry_status st, const char *why) {
+    for (uint32_t r = 0; r < job->world; r++) {
+        job_rank *k = &job->ranks[r];
+        if (k->rec != NULL) {
+            (void)ferry_errorf(st, "%s", why);
+            ferry_rpc_pending_finish(k->rec, st, NULL);
+            k->rec = NULL;
+        }
+        k->rec_arrived = 0;
+    }
+    job->recovering = 0;
+    job->rec_arrived = 0;
+    free(job->rec_set);
+    job->rec_set = NULL;
+    job->rec_n = 0;
+}
+
 /* The job cannot go on: every wait fails now, and so does every later job call. */
 static void job_fail(ferry__ps_job *job, const char *why) {
     if (job->failed[0] == '\0') {
@@ -128,8 +157,10 @@ static void job_fail(ferry__ps_job *job, const char *why) {
 void ferry__ps_jobs_stop(ferry__ps_jobs *j) {
     pthread_mutex_lock(&j->mu);
     j->stopped = 1;
-    for (ferry__ps_job *job = j->list; job != NULL; job = job->next)
+    for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
         job_fail_waiters(job, FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
+        rec_fail(job, FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
+    }
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -139,6 +170,7 @@ void ferry__ps_jobs_deinit(ferry__ps_jobs *j) {
         ferry__ps_job *next = j->list->next;
         agg_free(j->list);
         free(j->list->applied_metrics);
+        free(j->list->rec_set);
         free(j->list->ranks);
         free(j->list);
         j->list = next;
@@ -179,6 +211,11 @@ static ferry_status job_of(ferry__ps_jobs *j, const Ferry__JobStep *js, ferry__p
     if (job == NULL)
         return ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%.63s' is unknown here (Join it first)",
                             js->job);
+    if (job->recovering)
+        return ferry_errorf(FERRY_ERR_BUSY,
+                            "job '%s' is rolling back to a checkpoint (a rank or server "
+                            "restarted): recover too",
+                            job->name);
     if (job->failed[0] != '\0')
         return ferry_errorf(FERRY_ERR_TIMEOUT, "%s", job->failed);
     if (js->rank >= job->world || !job->ranks[js->rank].joined)
@@ -292,6 +329,205 @@ static ferry_status job_create(ferry__ps_jobs *j, const Ferry__JoinRequest *q, f
     return FERRY_OK;
 }
 
+/* ---- recovery ---- */
+
+/* The file prefix of a job's checkpoints: its name with '/' and ':' as '_'. */
+static void job_file_prefix(const char *job, char *out, size_t cap) {
+    (void)snprintf(out, cap, "%s", job);
+    for (char *p = out; *p != '\0'; p++)
+        if (*p == '/' || *p == ':')
+            *p = '_';
+}
+
+/* probe: this server's complete checkpoints of the job, and where its copy is. */
+static ferry_status job_probe(ferry__ps_state *ps, const Ferry__JoinRequest *q,
+                              ferry_rpc_msg *reply) {
+    uint64_t *steps = NULL;
+    size_t n = 0;
+    char prefix[FERRY_RPC_NAME_MAX];
+    job_file_prefix(q->job, prefix, sizeof prefix);
+    ferry_status st = FERRY_OK;
+    if (ps->checkpoint_dir[0] != '\0')
+        st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, prefix, &steps, &n);
+    if (st != FERRY_OK)
+        return st;
+    Ferry__JoinReply r;
+    ferry__join_reply__init(&r);
+    r.checkpoints = steps;
+    r.n_checkpoints = n;
+    pthread_mutex_lock(&ps->jobs.mu);
+    ferry__ps_job *job = job_find(&ps->jobs, q->job);
+    if (job != NULL && job->sync == FERRY__PS_BSP && job->applied > 0) {
+        r.has_state = 1;
+        r.state_step = job->applied;
+    } else if (job != NULL && job->sync != FERRY__PS_BSP && job_min_steps(job, NULL) > 0) {
+        r.has_state = 1;
+        r.state_step = job_min_steps(job, NULL);
+    } else if (ps->restored[0] != '\0') {
+        r.has_state = 1;
+        r.state_step = ps->restored_step;
+    } else if (job != NULL) {
+        r.has_state = job->ready;
+    }
+    pthread_mutex_unlock(&ps->jobs.mu);
+    st = ferry_rpc_msg_set_head(reply, &r.base);
+    free(steps);
+    return st;
+}
+
+static void steps_text(const uint64_t *s, size_t n, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && k + 24 < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%llu", i ? "," : "", (unsigned long long)s[i]);
+    if (n == 0)
+        (void)snprintf(buf, cap, "none");
+}
+
+/* recover: a barrier of all ranks; the last one rolls the job back. Called with
+ * jobs->mu held. */
+static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
+                                const Ferry__JoinRequest *q, ferry_rpc_msg *reply) {
+    job_rank *k = &job->ranks[q->rank];
+    if (!job->recovering) {
+        char why[256];
+        (void)snprintf(why, sizeof why,
+                       "job '%s' is rolling back to a checkpoint (rank %u recovers): recover too",
+                       job->name, q->rank);
+        FERRY_LOG_WARN("job '%s': rank %u asks to roll back (%s); waiting for all %u ranks",
+                       job->name, q->rank, q->client_id, job->world);
+        job_fail_waiters(job, FERRY_ERR_BUSY, why);
+        agg_free(job);
+        job->recovering = 1;
+        job->rec_since = ferry_now();
+    }
+    if (k->rec != NULL) { /* a retry from the same rank replaces its first call */
+        (void)ferry_errorf(FERRY_ERR_BUSY, "replaced by a newer recover call of rank %u", q->rank);
+        ferry_rpc_pending_finish(k->rec, FERRY_ERR_BUSY, NULL);
+        k->rec = NULL;
+    }
+    /* The steps every rank offered: the intersection. */
+    if (!k->rec_arrived) {
+        if (job->rec_arrived == 0) {
+            job->rec_set = malloc((q->n_checkpoints ? q->n_checkpoints : 1) * sizeof(uint64_t));
+            if (job->rec_set == NULL)
+                return FERRY_ERR_NOMEM;
+            memcpy(job->rec_set, q->checkpoints, q->n_checkpoints * sizeof(uint64_t));
+            job->rec_n = q->n_checkpoints;
+        } else {
+            size_t m = 0;
+            for (size_t i = 0; i < job->rec_n; i++) {
+                for (size_t x = 0; x < q->n_checkpoints; x++) {
+                    if (q->checkpoints[x] == job->rec_set[i]) {
+                        job->rec_set[m++] = job->rec_set[i];
+                        break;
+                    }
+                }
+            }
+            job->rec_n = m;
+        }
+        k->rec_arrived = 1;
+        job->rec_arrived++;
+    }
+    (void)snprintf(k->rec_client, sizeof k->rec_client, "%s", q->client_id);
+    if (job->rec_arrived < job->world) {
+        ferry_rpc_pending *p = ferry_rpc_defer(reply);
+        if (p == NULL)
+            return ferry_errorf(FERRY_ERR_UNSUPPORTED, "recover must wait, and this call cannot");
+        k->rec = p;
+        return FERRY_OK;
+    }
+    /* The last rank: the newest step everyone offered that this server holds. */
+    uint64_t *mine = NULL;
+    size_t nmine = 0;
+    char prefix[FERRY_RPC_NAME_MAX], why[600], a[200], b[200];
+    job_file_prefix(job->name, prefix, sizeof prefix);
+    ferry_status st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, prefix, &mine, &nmine);
+    uint64_t best = 0;
+    int have = 0;
+    for (size_t i = 0; st == FERRY_OK && i < job->rec_n; i++) {
+        for (size_t x = 0; x < nmine; x++) {
+            if (mine[x] == job->rec_set[i] && (!have || mine[x] > best)) {
+                best = mine[x];
+                have = 1;
+            }
+        }
+    }
+    char file[FERRY_RPC_NAME_MAX + 48], path[1024 + FERRY_RPC_NAME_MAX + 64];
+    if (st == FERRY_OK && !have) {
+        steps_text(job->rec_set, job->rec_n, a, sizeof a);
+        steps_text(mine, nmine, b, sizeof b);
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND,
+                          "job '%s' cannot roll back: no checkpoint every process has (the ranks "
+                          "offer steps %s; this server holds %s in %s)",
+                          job->name, a, b, ps->checkpoint_dir);
+    }
+    free(mine);
+    if (st == FERRY_OK) {
+        (void)snprintf(file, sizeof file, "%s-step%llu.ckpt", prefix, (unsigned long long)best);
+        (void)snprintf(path, sizeof path, "%s/%s", ps->checkpoint_dir, file);
+        pthread_mutex_lock(&ps->checkpoint_mu);
+        st = ferry__ps_checkpoint_read(&ps->reg, path, NULL);
+        pthread_mutex_unlock(&ps->checkpoint_mu);
+    }
+    if (st != FERRY_OK) {
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        FERRY_LOG_ERROR("%s", why);
+        rec_fail(job, st, why);
+        return ferry_errorf(st, "%s", why);
+    }
+    /* Every rank is a member again, at step `best`. */
+    for (uint32_t r = 0; r < job->world; r++) {
+        job_rank *w = &job->ranks[r];
+        w->joined = 1;
+        w->left = 0;
+        w->steps = best;
+        w->arrived = 0;
+        (void)snprintf(w->client, sizeof w->client, "%s", w->rec_client);
+    }
+    job->joined = job->world;
+    job->ready = 1;
+    job->finished = 0;
+    job->failed[0] = '\0';
+    job->bsp_step = best;
+    job->bsp_complete = 0;
+    job->arrived = 0;
+    job->applied = best;
+    job->applied_scale = 0.0;
+    job->recoveries++;
+    (void)snprintf(ps->restored, sizeof ps->restored, "%s", path);
+    ps->restored_step = best;
+    FERRY_LOG_WARN("job '%s' rolled back to step %llu (%s) after %.1f s; all %u ranks resume",
+                   job->name, (unsigned long long)best, path, ferry_now() - job->rec_since,
+                   job->world);
+    Ferry__JoinReply r;
+    ferry__join_reply__init(&r);
+    r.ready = 1;
+    r.joined = job->world;
+    r.min_step = best;
+    r.resume_step = best;
+    r.resume_file = file;
+    for (uint32_t x = 0; x < job->world; x++) {
+        job_rank *w = &job->ranks[x];
+        if (w->rec == NULL)
+            continue;
+        ferry_rpc_msg m;
+        ferry_rpc_msg_init(&m);
+        ferry_status ws = ferry_rpc_msg_set_head(&m, &r.base);
+        ferry_rpc_pending_finish(w->rec, ws, &m);
+        w->rec = NULL;
+    }
+    st = ferry_rpc_msg_set_head(reply, &r.base);
+    for (uint32_t x = 0; x < job->world; x++)
+        job->ranks[x].rec_arrived = 0;
+    job->recovering = 0;
+    job->rec_arrived = 0;
+    free(job->rec_set);
+    job->rec_set = NULL;
+    job->rec_n = 0;
+    return st;
+}
+
 /* A rank leaves: bsp cannot complete a step it has not reached, so waiting ranks
  * fail now rather than at the timeout; ssp stops counting it. */
 static void job_leave(ferry__ps_job *job, uint32_t rank);
@@ -317,17 +553,28 @@ ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q,
     int action = q->action[0] == '\0' || strcmp(q->action, "join") == 0 ? 0
                  : strcmp(q->action, "ready") == 0                      ? 1
                  : strcmp(q->action, "leave") == 0                      ? 2
+                 : strcmp(q->action, "probe") == 0                      ? 3
+                 : strcmp(q->action, "recover") == 0                    ? 4
                                                                         : -1;
     if (action < 0)
         return ferry_errorf(FERRY_ERR_INVALID,
-                            "Join: unknown action '%.32s' (join | ready | leave)", q->action);
+                            "Join: unknown action '%.32s' (join | ready | leave | probe | recover)",
+                            q->action);
+    if (action == 3)
+        return job_probe(ps, q, reply);
+    if (action == 4 && ps->checkpoint_dir[0] == '\0')
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "job '%s' cannot roll back here: this ferry-ps has no --checkpoint-dir",
+                            q->job);
     ferry__ps_jobs *j = &ps->jobs;
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = job_find(j, q->job);
-    if (job == NULL && action != 0)
+    if (job == NULL && action != 0 && action != 4)
         st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here (Join it first)", q->job);
     else if (job == NULL)
         st = job_create(j, q, sync, &job);
+    if (st == FERRY_OK && action == 4 && j->stopped)
+        st = ferry_errorf(FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
     char why[512];
     if (st == FERRY_OK && job->world != q->world)
         st = ferry_errorf(FERRY_ERR_EXISTS,
@@ -348,9 +595,15 @@ ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q,
                           "job '%s' has finished (all %u ranks left); name a new --job or "
                           "restart ferry-ps",
                           job->name, job->world);
-    if (st == FERRY_OK && job->failed[0] != '\0' && action != 2) /* a failed job's ranks leave */
+    if (st == FERRY_OK && job->failed[0] != '\0' && action != 2 && action != 4)
+        /* a failed job's ranks leave, or roll it back */
         st = ferry_errorf(FERRY_ERR_TIMEOUT, "%s", job->failed);
     job_rank *k = st == FERRY_OK ? &job->ranks[q->rank] : NULL;
+    if (st == FERRY_OK && action == 4) {
+        st = job_recover(ps, job, q, reply);
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
     if (st == FERRY_OK && action == 0) {
         if (k->joined && k->left)
             st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished", q->rank,
@@ -743,6 +996,22 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j) {
     pthread_mutex_lock(&j->mu);
     double now = ferry_now();
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+        if (job->recovering && now - job->rec_since > job->wait_s) {
+            char missing[128], why[400];
+            size_t n = 0;
+            missing[0] = '\0';
+            for (uint32_t r = 0; r < job->world && n + 24 < sizeof missing; r++) {
+                if (!job->ranks[r].rec_arrived)
+                    n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%u", n ? ", " : "",
+                                          r);
+            }
+            (void)snprintf(why, sizeof why,
+                           "job '%s' could not roll back: rank %s did not come back within %.1f s "
+                           "(--sync-timeout)",
+                           job->name, missing, now - job->rec_since);
+            FERRY_LOG_WARN("%s", why);
+            rec_fail(job, FERRY_ERR_TIMEOUT, why);
+        }
         for (uint32_t r = 0; r < job->world; r++) {
             job_rank *k = &job->ranks[r];
             if (k->gn != NULL && now - k->wait_since > job->wait_s) {
@@ -788,6 +1057,8 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, ferry__ps_metric_fn add, void *us
         add(user, name, (double)job->joined);
         JOB_METRIC("%s", "finished");
         add(user, name, (double)job->finished);
+        JOB_METRIC("%s", "recoveries");
+        add(user, name, (double)job->recoveries);
         JOB_METRIC("%s", "failed");
         add(user, name, job->failed[0] != '\0');
         JOB_METRIC("%s", "min_step");

@@ -324,6 +324,10 @@ typedef struct ferry__ps_state {
     size_t max_message_bytes;
     pthread_mutex_t checkpoint_mu; /* one checkpoint written at a time */
     uint64_t incarnation;
+    /* The checkpoint this server restored at start (--restore, or the newest in
+     * --checkpoint-dir), and its job step: what a recovering job compares. */
+    char restored[1024 + 256];
+    uint64_t restored_step;
     double t_start;
     pthread_mutex_t id_mu; /* guards server_id, completed once the port is known */
     char server_id[192];
@@ -381,15 +385,28 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, ferry__ps_metric_fn add, void *us
 
 /* ---- checkpoints (checkpoint.c) ---- */
 
-/* Writes every module (config, version, parameters, optimizer state) to file `name`
- * in directory `dir` atomically: a new temporary file (O_EXCL, never a symlink's
- * target), fsync, rename over the name (which replaces a symlink, never follows
- * it), fsync of the directory. Refused with FERRY_ERR_RESOURCE when the file
- * system lacks the room. *bytes receives the size. Afterwards only the newest
- * `keep` ferry-ps checkpoints in dir are kept (keep <= 0: all). */
+/* Writes every module (config, version, parameters, optimizer state) and the job
+ * step it belongs to into file `name` in directory `dir` (a ckfile, see
+ * checkpoint.c) atomically: a new temporary file (O_EXCL, never a symlink's target),
+ * fsync, rename over the name (which replaces a symlink, never follows it), fsync of
+ * the directory. Refused with FERRY_ERR_RESOURCE when the file system lacks the
+ * room. *bytes receives the size. Afterwards only the newest `keep` ferry-ps
+ * checkpoints in dir are kept (keep <= 0: all). */
 ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
-                                        int keep, uint64_t *bytes);
-/* Recreates the modules of a checkpoint in an empty registry. */
-ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path);
+                                        uint64_t step, int keep, uint64_t *bytes);
+/* Verifies a whole checkpoint (every section's CRC) and only then recreates its
+ * modules, or loads them into the existing ones of the same configuration. *step
+ * (may be NULL) receives the job step it belongs to. FERRY_ERR_FORMAT naming the
+ * file and what is wrong; nothing is changed then. */
+ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path, uint64_t *step);
+/* Verifies a checkpoint without loading it. */
+ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step);
+/* The steps N of job's complete checkpoints "<job>-step<N>.ckpt" in dir, ascending
+ * (*steps malloc'd); damaged ones are logged and left out. */
+ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, uint64_t **steps,
+                                            size_t *n);
+/* The newest (by mtime) complete ferry-ps checkpoint in dir into path; *found 0 when
+ * there is none. Damaged ones are logged and skipped. */
+ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap, int *found);
 
 #endif /* FERRY_PS_IMPL_H */

@@ -125,11 +125,29 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     ps->stop = stop_from_shutdown;
     ps->stop_user = s;
     (void)snprintf(ps->server_id, sizeof ps->server_id, "%s", cfg->server_id ? cfg->server_id : "");
-    if (cfg->restore != NULL &&
-        (st = ferry__ps_checkpoint_read(&ps->reg, cfg->restore)) != FERRY_OK) {
+    /* --restore FILE, else the newest complete checkpoint of --checkpoint-dir: a
+     * restart (by hand, by compose's restart policy, by systemd) needs no flag. */
+    char newest[1200];
+    const char *restore = cfg->restore;
+    int found = 0;
+    if (restore == NULL && ps->checkpoint_dir[0] != '\0' &&
+        (st = ferry__ps_checkpoint_newest(ps->checkpoint_dir, newest, sizeof newest, &found)) !=
+            FERRY_OK) {
         ferry_ps_server_destroy(s);
         return st;
     }
+    if (found) {
+        restore = newest;
+        FERRY_LOG_INFO("restoring the newest complete checkpoint of %s: %s",
+                       ps->checkpoint_dir, newest);
+    }
+    if (restore != NULL &&
+        (st = ferry__ps_checkpoint_read(&ps->reg, restore, &ps->restored_step)) != FERRY_OK) {
+        ferry_ps_server_destroy(s);
+        return st;
+    }
+    if (restore != NULL)
+        (void)snprintf(ps->restored, sizeof ps->restored, "%s", restore);
     *out = s;
     return FERRY_OK;
 }

@@ -96,7 +96,7 @@ static void *rank_main(void *arg) {
     ferry_job_config jc = {r->job, r->world, r->rank, FERRY_SYNC_BSP, 0, 20000, "test=1"};
     if (st == FERRY_OK)
         st = ferry_job_join(r->cl, &jc, &r->jb);
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, s->oc, r->jb};
+    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, s->oc, r->jb, 0};
     if (st == FERRY_OK)
         st = ferry_lm_create_placed(s->be, &s->mc, &pl, &r->lm);
     if (st == FERRY_OK)
@@ -391,9 +391,11 @@ TEST(bsp_missing_rank_times_out) {
     fprintf(stderr, "  after %.1f s: %s\n", waited, ferry_error_last());
     CHECK(strstr(ferry_error_last(), "rank 1 missing") != NULL);
     CHECK(waited >= 1.4 && waited < 6.0);
-    CHECK_STATUS(ferry_job_join(cl, &jc, &jb), FERRY_ERR_TIMEOUT); /* the job failed */
+    ferry_job *again = NULL;
+    CHECK_STATUS(ferry_job_join(cl, &jc, &again), FERRY_ERR_TIMEOUT); /* the job failed */
+    CHECK(again == NULL);
+    ferry_dist_ctx_destroy(dc); /* before the job its context is tied to */
     ferry_job_destroy(jb);
-    ferry_dist_ctx_destroy(dc);
     ferry_remote_destroy(w);
     ferry_cluster_destroy(cl);
     setup_deinit(&s);

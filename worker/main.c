@@ -14,6 +14,7 @@
 #include "common/backend/cpu/cpu.h"
 #include "common/rpc/rpc.h"
 #include "common/core/flags.h"
+#include "worker/checkpoint.h"
 #include "common/core/log.h"
 #include "worker/trainer.h"
 
@@ -64,6 +65,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     bool local = false;
+    const char *load_auto = NULL;
+    static char ck_strings[1024];
     int log_level = 2, world = -1, rank = -1;
     const ferry_flag flags[] = {
         {.name = "local", .type = FERRY_FLAG_BOOL, .ptr = &local,
@@ -124,10 +127,12 @@ int main(int argc, char **argv) {
          .max = 1000000, .help = "plateau schedule: epochs without improvement tolerated"},
         {.name = "seed", .type = FERRY_FLAG_INT64, .ptr = &cfg.seed, .min = 0, .max = 9e15,
          .help = "seed for initialisation and dropout"},
-        {.name = "save", .type = FERRY_FLAG_STRING, .ptr = &cfg.save, .metavar = "FILE",
-         .help = "write a checkpoint after every epoch"},
-        {.name = "load", .type = FERRY_FLAG_STRING, .ptr = &cfg.load, .metavar = "FILE",
-         .help = "resume from a checkpoint"},
+        {.name = "save", .type = FERRY_FLAG_STRING, .ptr = &cfg.save, .metavar = "PATH",
+         .help = "checkpoint as PATH.<step> (a job's rank r: PATH.r<r>.<step>) after every "
+                 "epoch, on SIGTERM and every --checkpoint-every steps"},
+        {.name = "load", .type = FERRY_FLAG_STRING, .ptr = &cfg.load, .metavar = "PATH",
+         .help = "resume from the newest complete checkpoint PATH.<step> (or the file PATH), "
+                 "with its configuration"},
         {.name = "metrics-out", .type = FERRY_FLAG_STRING, .ptr = &cfg.metrics_out,
          .metavar = "FILE", .help = "JSON lines: train and eval events"},
         {.name = "log-interval", .type = FERRY_FLAG_INT, .ptr = &cfg.log_interval, .min = 1,
@@ -150,6 +155,15 @@ int main(int argc, char **argv) {
         {.name = "sync", .type = FERRY_FLAG_STRING, .ptr = &cfg.sync, .metavar = "MODE",
          .help = "bsp | ssp:K | async: a data-parallel job with the LSTM on the servers "
                  "(default bsp when --world > 1)"},
+        {.name = "checkpoint-every", .type = FERRY_FLAG_INT64, .ptr = &cfg.checkpoint_every,
+         .min = 0, .max = 1e15, .metavar = "N",
+         .help = "checkpoint every N steps (with --save; with --ps: the job recovers from "
+                 "crashes, and a restarted trainer resumes by itself)"},
+        {.name = "keep-checkpoints", .type = FERRY_FLAG_INT, .ptr = &cfg.keep_checkpoints,
+         .min = 1, .max = 1000000, .help = "checkpoints kept beside --save"},
+        {.name = "recovery-timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.recovery_timeout_s,
+         .min = 0.1, .max = 86400, .metavar = "SECONDS",
+         .help = "how long a recovering job waits for its processes to come back"},
         {.name = "sync-timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.sync_timeout_s,
          .min = 0.001, .max = 86400, .metavar = "SECONDS",
          .help = "how long a rank waits for the others before the job fails"},
@@ -206,10 +220,63 @@ int main(int argc, char **argv) {
                         "job's model)\n", cfg.world, cfg.sync != NULL ? " with --sync" : "");
         return 2;
     }
-    if ((cfg.world > 1 || cfg.sync != NULL) && cfg.load != NULL) {
-        fprintf(stderr, "ferry-trainer: --load is not supported in a job yet (the servers hold "
-                        "the job's model; restore them with ferry-ps --restore)\n");
+    if (cfg.checkpoint_every > 0 && cfg.save == NULL) {
+        fprintf(stderr, "ferry-trainer: --checkpoint-every needs --save PATH (where this "
+                        "trainer keeps its part of each checkpoint)\n");
         return 2;
+    }
+    /* A restarted trainer of a recovering run resumes by itself. */
+    int as_job = cfg.ps != NULL && (cfg.world > 1 || cfg.sync != NULL ||
+                                    cfg.checkpoint_every > 0 || cfg.save != NULL ||
+                                    cfg.load != NULL);
+    char resolved[2048];
+    int found = 0;
+    if (cfg.load == NULL && cfg.checkpoint_every > 0 &&
+        ferry_checkpoint_resolve(cfg.save, as_job ? cfg.rank : -1, resolved, sizeof resolved,
+                                 &found) == FERRY_OK &&
+        found) {
+        fprintf(stderr, "ferry-trainer: %s holds checkpoints of this run: resuming from them "
+                        "(delete them to start afresh)\n", cfg.save);
+        load_auto = cfg.save;
+    }
+    const char *load = cfg.load != NULL ? cfg.load : load_auto;
+    if (load != NULL) {
+        /* The checkpoint's configuration is the base; the flags given must agree with
+         * what it fixes. */
+        if (ferry_checkpoint_resolve(load, as_job ? cfg.rank : -1, resolved, sizeof resolved,
+                                     &found) != FERRY_OK ||
+            !found) {
+            if (found)
+                fprintf(stderr, "ferry-trainer: --load %s: %s\n", load, ferry_error_last());
+            else
+                fprintf(stderr, "ferry-trainer: cannot open checkpoint %s: no such file, and no "
+                                "complete %s.<step>\n", load, load);
+            return 1;
+        }
+        ferry_trainer_config file, now;
+        ferry_trainer_config_default(&file);
+        if (ferry_checkpoint_read_config(resolved, &file, ck_strings, sizeof ck_strings) !=
+            FERRY_OK) {
+            fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
+            return 1;
+        }
+        now = file;
+        if (preset != NULL)
+            (void)ferry_trainer_config_preset(&now, preset);
+        for (int i = 0; i < n; i++) { /* the same flags, over the checkpoint's values */
+            char *p = all[i].ptr;
+            if (p >= (char *)&cfg && p < (char *)(&cfg + 1))
+                all[i].ptr = (char *)&now + (p - (char *)&cfg);
+        }
+        if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK ||
+            ferry_trainer_membership(&now, world, rank, env_get, membership,
+                                     sizeof membership) != FERRY_OK ||
+            ferry_checkpoint_check_config(resolved, &file, &now) != FERRY_OK) {
+            fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
+            return 2;
+        }
+        now.load = load;
+        cfg = now;
     }
     install_signals();
     ferry_status st = ferry_trainer_run(&cfg);

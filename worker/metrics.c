@@ -109,6 +109,10 @@ static ferry_status line_end(ferry_metrics *m) {
 /* ---- public -------------------------------------------------------------------------- */
 
 ferry_status ferry_metrics_open(const char *path, ferry_metrics **out) {
+    return ferry_metrics_open_mode(path, 0, out);
+}
+
+ferry_status ferry_metrics_open_mode(const char *path, int append, ferry_metrics **out) {
     FERRY_ASSERT(path != NULL && out != NULL);
     ferry_metrics *m = calloc(1, sizeof *m);
     if (m == NULL || (m->path = strdup(path)) == NULL || (m->buf = malloc(256)) == NULL) {
@@ -119,7 +123,7 @@ ferry_status ferry_metrics_open(const char *path, ferry_metrics **out) {
     }
     m->cap = 256;
     m->is_stdout = strcmp(path, "-") == 0;
-    m->f = m->is_stdout ? stdout : fopen(path, "w");
+    m->f = m->is_stdout ? stdout : fopen(path, append ? "a" : "w");
     if (m->f == NULL) {
         ferry_status st =
             ferry_errorf(FERRY_ERR_IO, "cannot open metrics file %s: %s", path, strerror(errno));

@@ -19,6 +19,8 @@ typedef struct ferry_metrics ferry_metrics; /* opaque: an open metrics file */
  * path and the system's reason if it cannot be opened for writing; FERRY_ERR_NOMEM.
  * *out is unchanged on failure. */
 ferry_status ferry_metrics_open(const char *path, ferry_metrics **out);
+/* append 1: adds to an existing file (a resumed run keeps both parts). */
+ferry_status ferry_metrics_open_mode(const char *path, int append, ferry_metrics **out);
 
 /* Flushes, closes the file (not standard output) and frees m. FERRY_ERR_IO if the final
  * flush or close failed (the data may be lost); m is freed either way. NULL is a no-op

@@ -45,6 +45,9 @@ typedef struct ferry_lm_placement {
      * creates every module from its own initial values and says ready; the others
      * wait for it. NULL: the LSTM is the trainer's alone. */
     ferry_job *job;
+    /* A job resuming from a checkpoint: the modules are made where missing, but no
+     * rank initialises, says ready or waits; the roll-back sets their values. */
+    int resume;
 } ferry_lm_placement;
 
 typedef struct ferry_lm {

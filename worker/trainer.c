@@ -4,6 +4,7 @@
  * writes checkpoints, progress and metrics. */
 #include <math.h>
 #include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,9 @@ void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     cfg->sync = NULL;
     cfg->sync_timeout_s = 60.0;
     cfg->membership = "default";
+    cfg->checkpoint_every = 0;
+    cfg->keep_checkpoints = 4;
+    cfg->recovery_timeout_s = 300.0;
 }
 
 /* An environment variable as a non-negative int: 1 and *out set, 0 when unset,
@@ -197,6 +201,12 @@ typedef struct trainer {
     ferry_progress *progress;
     int epoch;    /* current epoch, 1-based */
     int64_t step; /* optimizer steps done in total */
+    int64_t win0; /* the window of `epoch` to start at (a resume) */
+    int carried;  /* the carried state was restored: do not zero it at win0 */
+    int recover;  /* a job that recovers from crashes (checkpoint_every > 0) */
+    int64_t rec_step; /* the step of the last roll-back, and how many in a row */
+    int rec_repeat;
+    const char *ck_base; /* --save, else --load: the checkpoints a recovery looks at */
     float lr;
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
@@ -367,9 +377,12 @@ static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double to
 }
 
 /* One pass over the training split (or up to max_steps). */
-static ferry_status train_epoch(trainer *t, int *stop) {
+static ferry_status save_checkpoint(trainer *t, int epoch, int64_t window);
+
+static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
     const ferry_trainer_config *cfg = t->cfg;
-    ferry_status st = ferry_lm_reset_state(t->lm, t->c1 - t->c0);
+    ferry_status st = t->carried ? FERRY_OK : ferry_lm_reset_state(t->lm, t->c1 - t->c0);
+    t->carried = 0;
     if (st != FERRY_OK)
         return st;
     int64_t nwin = ferry_batch_nwindows(t->train, cfg->bptt), nsteps = ferry_batch_nstep(t->train);
@@ -380,8 +393,10 @@ static ferry_status train_epoch(trainer *t, int *stop) {
     if ((st = ferry_progress_create(&pc, &t->progress)) != FERRY_OK)
         return st;
     double t0 = ferry_now(), t_win = t0, win_loss = 0.0, gn = 0.0;
-    int64_t win_tokens = 0, tokens = 0, i = 0, win_steps = 0;
-    for (int64_t start = 0; start < nsteps - 1 && st == FERRY_OK; start += cfg->bptt, i++) {
+    int64_t win_tokens = 0, tokens = 0, i = t->win0, win_steps = 0;
+    t->win0 = 0;
+    for (int64_t start = i * cfg->bptt; start < nsteps - 1 && st == FERRY_OK;
+         start += cfg->bptt, i++) {
         ferry_window w;
         double sum = 0.0, ntok = 0.0;
         if ((st = ferry_batch_window(t->train, start, cfg->bptt, &w)) != FERRY_OK)
@@ -410,12 +425,15 @@ static ferry_status train_epoch(trainer *t, int *stop) {
             win_tokens = 0;
             win_steps = 0;
         }
+        if (st == FERRY_OK && cfg->checkpoint_every > 0 && t->step % cfg->checkpoint_every == 0)
+            st = save_checkpoint(t, t->epoch, i + 1);
         if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_requested) {
             *stop = 1;
             i++;
             break;
         }
     }
+    *windows_done = i;
     ferry_progress_finish(t->progress);
     ferry_progress_destroy(t->progress);
     t->progress = NULL;
@@ -443,7 +461,8 @@ static ferry_status eval_and_report(trainer *t, const char *split, const ferry_b
 /* Joins the data-parallel job: the model as this rank builds it goes to the servers,
  * which refuse a rank whose model differs from the job's; this rank's columns of the
  * global batch. */
-static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_optim_config *oc) {
+static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_optim_config *oc,
+                             int resume) {
     const ferry_trainer_config *cfg = t->cfg;
     ferry_job_config jc = {0};
     ferry_status st = ferry_sync_parse(cfg->sync != NULL ? cfg->sync : "bsp", &jc.sync,
@@ -487,13 +506,18 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
     jc.rank = cfg->rank;
     jc.sync_timeout_ms = (int)(cfg->sync_timeout_s * 1000.0);
     jc.model = model;
-    if ((st = ferry_job_join(t->cluster, &jc, &t->job)) != FERRY_OK)
+    /* A resuming rank does not join: it recovers (the roll-back makes it a member). */
+    if ((st = resume ? ferry_job_create(t->cluster, &jc, &t->job)
+                     : ferry_job_join(t->cluster, &jc, &t->job)) != FERRY_OK)
         return st;
     FERRY_LOG_INFO("job '%s': rank %d of %d (%s), --sync %s, batch columns [%d, %d) of %d",
                    cfg->job, cfg->rank, cfg->world, cfg->membership,
                    cfg->sync != NULL ? cfg->sync : "bsp", t->c0, t->c1, cfg->batch_size);
     return FERRY_OK;
 }
+
+static ferry_status recover(trainer *t, const char *why);
+static ferry_status apply_progress(trainer *t, const ferry_ck_progress *pr);
 
 static ferry_status trainer_setup(trainer *t) {
     const ferry_trainer_config *cfg = t->cfg;
@@ -543,9 +567,15 @@ static ferry_status trainer_setup(trainer *t) {
             return st;
         if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
             return st;
-        if ((cfg->world > 1 || cfg->sync != NULL) && (st = job_join(t, &mc, &oc)) != FERRY_OK)
+        /* A job: several ranks, a sync mode, or checkpoints (the job protocol is what
+         * ties the servers' checkpoints to the trainers'). */
+        int as_job = cfg->world > 1 || cfg->sync != NULL || cfg->checkpoint_every > 0 ||
+                     cfg->save != NULL || cfg->load != NULL;
+        if (as_job && (st = job_join(t, &mc, &oc, cfg->load != NULL)) != FERRY_OK)
             return st;
-        ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc, t->job};
+        t->recover = as_job && cfg->checkpoint_every > 0;
+        ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc, t->job,
+                                 t->job != NULL && cfg->load != NULL};
         st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
         if (st == FERRY_OK && t->job == NULL &&
             (!ferry_remote_created(t->lm->emb_remote) || !ferry_remote_created(t->lm->dec_remote)))
@@ -564,26 +594,46 @@ static ferry_status trainer_setup(trainer *t) {
     if ((st = ferry_ctx_create(t->be, &t->ctx)) != FERRY_OK)
         return st;
     if (cfg->metrics_out != NULL &&
-        (st = ferry_metrics_open(cfg->metrics_out, &t->metrics)) != FERRY_OK)
+        (st = ferry_metrics_open_mode(cfg->metrics_out, cfg->load != NULL, &t->metrics)) !=
+            FERRY_OK)
         return st;
     t->epoch = 1;
-    if (cfg->load != NULL) {
-        ferry_checkpoint_info info;
-        if ((st = ferry_checkpoint_load(cfg->load, t->lm, t->opt,
-                                        ferry_vocab_hash(ferry_corpus_vocab(t->corpus)), &info)) !=
-            FERRY_OK)
+    if (cfg->load != NULL && t->job != NULL) {
+        /* The whole job goes back to the newest checkpoint every process has. */
+        char why[1200];
+        (void)snprintf(why, sizeof why, "resuming %s", cfg->load);
+        if ((st = recover(t, why)) != FERRY_OK)
             return st;
-        t->epoch = info.epoch + 1;
-        t->step = info.step;
-        t->lr = info.lr;
-        if ((st = ferry_optim_set_lr(t->opt, t->lr)) != FERRY_OK)
+    } else if (cfg->load != NULL) {
+        char path[2048];
+        int found = 0;
+        ferry_ck_progress pr;
+        if ((st = ferry_checkpoint_resolve(cfg->load, -1, path, sizeof path, &found)) != FERRY_OK)
             return st;
-        FERRY_LOG_INFO("resumed from %s: epoch %d done, step %lld, lr %g", cfg->load, info.epoch,
-                       (long long)info.step, (double)info.lr);
-        if (t->cluster != NULL)
-            FERRY_LOG_INFO("the embedding and decoder are those ferry-ps holds now: start it "
-                           "with --restore FILE to resume them from its checkpoint");
+        if (!found)
+            return ferry_errorf(FERRY_ERR_IO, "cannot open checkpoint %s: no such file, and no "
+                                              "complete %s.<step>",
+                                cfg->load, cfg->load);
+        if ((st = ferry_checkpoint_load(path, t->lm, t->opt,
+                                        ferry_vocab_hash(ferry_corpus_vocab(t->corpus)), &pr)) !=
+                FERRY_OK ||
+            (st = apply_progress(t, &pr)) != FERRY_OK)
+            return st;
+        FERRY_LOG_INFO("resumed from %s: epoch %d at window %lld, step %lld, lr %g", path,
+                       t->epoch, (long long)t->win0, (long long)t->step, (double)t->lr);
     }
+    if (cfg->load != NULL && t->metrics != NULL) {
+        const char *keys[] = {"step", "epoch", "window"};
+        double vals[] = {(double)t->step, t->epoch, (double)t->win0};
+        if ((st = ferry_metrics_write_kv(t->metrics, "resume", 3, keys, vals)) != FERRY_OK)
+            return st;
+    }
+    /* A recovering job starts with a checkpoint at step 0: a crash before the first
+     * interval rolls back to the start. */
+    if (cfg->load == NULL && t->recover && (st = save_checkpoint(t, 1, 0)) != FERRY_OK)
+        return st;
+    if (t->recover)
+        ferry_cluster_set_wait_for_ready(t->cluster, 0); /* a dead server fails at once */
     FERRY_LOG_INFO("model: V=%lld E=%d H=%d L=%d, %lld parameters; %s lr %g, batch %d, bptt %d, "
                    "clip %g, loss %s, device %s",
                    (long long)V, cfg->emsize, cfg->nhid, cfg->nlayers, (long long)t->lm->P.numel,
@@ -595,7 +645,7 @@ static ferry_status trainer_setup(trainer *t) {
 
 /* Frees the run; ferry_error_last keeps the run's error (leaving the job or closing
  * files must not replace it). */
-static void trainer_teardown(trainer *t) {
+static void trainer_teardown(trainer *t, ferry_status run) {
     char err[1024];
     (void)snprintf(err, sizeof err, "%s", ferry_error_last());
     ferry_progress_destroy(t->progress);
@@ -604,8 +654,15 @@ static void trainer_teardown(trainer *t) {
     ferry_ctx_destroy(t->ctx);
     ferry_optim_destroy(t->opt);
     ferry_lm_destroy(t->lm);
+    /* After a peer failed, no cleanup call waits on it (the servers sweep). */
+    int peer_failed = run == FERRY_ERR_UNAVAILABLE || run == FERRY_ERR_TIMEOUT ||
+                      run == FERRY_ERR_RPC || run == FERRY_ERR_BUSY;
+    if (peer_failed) {
+        ferry_dist_ctx_abandon(t->dc);
+        ferry_cluster_set_wait_for_ready(t->cluster, 0);
+    }
     ferry_dist_ctx_destroy(t->dc);
-    if (t->job != NULL && ferry_job_leave(t->job) != FERRY_OK)
+    if (t->job != NULL && !peer_failed && ferry_job_leave(t->job) != FERRY_OK)
         FERRY_LOG_WARN("leaving job '%s': %s", t->cfg->job, ferry_error_last());
     ferry_job_destroy(t->job);
     ferry_cluster_destroy(t->cluster);
@@ -620,37 +677,239 @@ static void trainer_teardown(trainer *t) {
     ferry_backend_destroy(t->be);
 }
 
-/* The trainer's own parameters and optimizer state, and, when distributed, a
- * checkpoint of every ferry-ps shard (written by each server into its
- * --checkpoint-dir, restored with ferry-ps --restore). */
-static ferry_status save_checkpoint(trainer *t, int epochs_done) {
-    if (t->job != NULL && t->cfg->rank != 0)
-        return FERRY_OK; /* the job's model is one: rank 0 writes it */
+/* A checkpoint of the whole job at this step boundary, under one id (the step):
+ * rank 0 (or the only trainer) asks every ferry-ps to write its modules as
+ * "<job>-step<N>.ckpt"; then every rank writes its own part (configuration, where it
+ * is, carried state, its parameter block and optimizer) with the list of server
+ * files, which commits the checkpoint for this rank. (epoch, window): where to go
+ * on, window 0 meaning the start of `epoch`. */
+static ferry_status save_checkpoint(trainer *t, int epoch, int64_t window) {
+    const ferry_trainer_config *cfg = t->cfg;
+    if (cfg->save == NULL)
+        return FERRY_OK;
     ferry_status st = ferry_lm_pull_dense(t->lm);
     if (st != FERRY_OK)
         return st;
-    st = ferry_checkpoint_save(t->cfg->save, t->lm, t->opt,
-                                            ferry_vocab_hash(ferry_corpus_vocab(t->corpus)),
-                                            epochs_done, t->step, t->lr);
-    if (st != FERRY_OK || t->cluster == NULL)
-        return st;
-    /* A job's server files are named by job and step, so no other job's (or
-     * trainer's) request overwrites them. */
-    char name[160];
-    if (t->job != NULL)
-        (void)snprintf(name, sizeof name, "%s-step%lld.ckpt", t->cfg->job, (long long)t->step);
-    for (char *p = name; t->job != NULL && *p != '\0'; p++)
-        if (*p == '/' || *p == ':')
-            *p = '_';
-    st = ferry_cluster_checkpoint(t->cluster, t->job != NULL ? name : NULL, (uint64_t)t->step);
-    if (st == FERRY_ERR_UNSUPPORTED) {
-        FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): start them with "
-                       "--checkpoint-dir DIR to keep the embedding and decoder too",
-                       ferry_error_last());
-        return FERRY_OK;
+    char manifest[4096] = "", name[160] = "";
+    if (t->job != NULL) {
+        (void)snprintf(name, sizeof name, "%s-step%lld.ckpt", cfg->job, (long long)t->step);
+        for (char *p = name; *p != '\0'; p++)
+            if (*p == '/' || *p == ':')
+                *p = '_';
     }
+    if (t->cluster != NULL && (t->job == NULL || cfg->rank == 0)) {
+        st = ferry_cluster_checkpoint(t->cluster, t->job != NULL ? name : NULL, (uint64_t)t->step);
+        if (st == FERRY_ERR_UNSUPPORTED && !t->recover) {
+            FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): start them with "
+                           "--checkpoint-dir DIR to keep the embedding and decoder too",
+                           ferry_error_last());
+            st = FERRY_OK;
+        } else if (st != FERRY_OK) {
+            return st;
+        }
+    }
+    for (int i = 0; t->cluster != NULL && i < ferry_cluster_size(t->cluster); i++) {
+        size_t n = strlen(manifest);
+        /* by index, not address: a job may come back on other hosts */
+        (void)snprintf(manifest + n, sizeof manifest - n, "server %d %s\n", i,
+                       name[0] ? name : "(default name)");
+    }
+    ferry_ck_progress pr;
+    memset(&pr, 0, sizeof pr);
+    pr.epoch = epoch;
+    pr.window = window;
+    pr.step = t->step;
+    pr.lr = t->lr;
+    pr.sched = t->sched;
+    pr.vocab_hash = ferry_vocab_hash(ferry_corpus_vocab(t->corpus));
+    pr.has_state = window > 0;
+    char path[2048];
+    int rank = t->job != NULL ? cfg->rank : -1;
+    ferry_checkpoint_part(cfg->save, rank, t->step, path, sizeof path);
+    st = ferry_checkpoint_save(path, cfg, t->lm, t->opt, &pr, manifest);
     if (st == FERRY_OK)
-        FERRY_LOG_INFO("every ferry-ps checkpointed its shards at step %lld", (long long)t->step);
+        ferry_checkpoint_retain(cfg->save, rank, cfg->keep_checkpoints);
+    return st;
+}
+
+/* Takes a loaded part's progress. */
+static ferry_status apply_progress(trainer *t, const ferry_ck_progress *pr) {
+    t->epoch = pr->epoch;
+    t->win0 = pr->window;
+    t->carried = pr->has_state;
+    t->step = pr->step;
+    t->lr = pr->lr;
+    t->sched.best = pr->sched.best;
+    t->sched.bad_epochs = pr->sched.bad_epochs;
+    t->sched.cooldown_left = pr->sched.cooldown_left;
+    return ferry_optim_set_lr(t->opt, t->lr);
+}
+
+static void steps_text(const int64_t *s, size_t n, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && k + 24 < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? "," : "", (long long)s[i]);
+    if (n == 0)
+        (void)snprintf(buf, cap, "none");
+}
+
+/* The whole job rolls back to the newest checkpoint every process has: this rank's
+ * complete parts, each server's complete files (a probe, which also says where the
+ * server's copy stands: fresh, older, newer), then the recover barrier on every
+ * server, which restores that step there; then this rank's part of it. Servers that
+ * are down are waited for, within --recovery-timeout. */
+static ferry_status recover(trainer *t, const char *why) {
+    const ferry_trainer_config *cfg = t->cfg;
+    double t0 = ferry_now(), limit = cfg->recovery_timeout_s;
+    FERRY_LOG_WARN("recovering: %s; the job rolls back to its newest complete checkpoint "
+                   "(waiting up to %.0f s, --recovery-timeout)",
+                   why, limit);
+    ferry_dist_ctx_abandon(t->dc); /* no cleanup calls to a dead peer */
+    ferry_cluster_set_wait_for_ready(t->cluster, 0);
+    int n = ferry_cluster_size(t->cluster), waiting = -1;
+    ferry_status st = FERRY_OK;
+    uint64_t resume = 0;
+    char text[512], have[256];
+    for (int attempt = 0;; attempt++) {
+        if (attempt > 0) {
+            if (ferry_now() - t0 > limit)
+                return ferry_errorf(FERRY_ERR_TIMEOUT,
+                                    "recovery failed: %s after %.0f s (--recovery-timeout)", text,
+                                    ferry_now() - t0);
+            struct timespec ts = {0, 250000000L};
+            nanosleep(&ts, NULL);
+        }
+        int64_t *mine = NULL;
+        size_t nmine = 0;
+        if ((st = ferry_checkpoint_steps(t->ck_base, cfg->rank, &mine, &nmine)) != FERRY_OK)
+            return st;
+        /* offer = mine ∩ every server's */
+        int down = -1;
+        for (int s = 0; s < n && nmine > 0; s++) {
+            ferry_job_probe_result pr;
+            if (ferry_job_probe(t->job, s, &pr) != FERRY_OK) {
+                down = s;
+                (void)snprintf(text, sizeof text, "%s", ferry_error_last());
+                break;
+            }
+            size_t m = 0;
+            for (size_t i = 0; i < nmine; i++) {
+                for (size_t k = 0; k < pr.n; k++) {
+                    if ((uint64_t)mine[i] == pr.steps[k]) {
+                        mine[m++] = mine[i];
+                        break;
+                    }
+                }
+            }
+            nmine = m;
+            if (attempt == 0 || waiting == s) {
+                if (!pr.has_state)
+                    (void)snprintf(have, sizeof have, "fresh (no state of the job)");
+                else
+                    (void)snprintf(have, sizeof have, "at step %llu",
+                                   (unsigned long long)pr.state_step);
+                FERRY_LOG_INFO("recovery: server %d (%s) is %s, holds %zu complete checkpoints "
+                               "of the job",
+                               s, ferry_cluster_target(t->cluster, s), have, pr.n);
+            }
+            ferry_job_probe_free(&pr);
+        }
+        if (down >= 0) {
+            if (waiting != down)
+                FERRY_LOG_WARN("recovery: waiting for %s to come back (%s)",
+                               ferry_cluster_target(t->cluster, down), text);
+            waiting = down;
+            free(mine);
+            continue;
+        }
+        if (nmine == 0) {
+            int64_t *all = NULL;
+            size_t nall = 0;
+            (void)ferry_checkpoint_steps(t->ck_base, cfg->rank, &all, &nall);
+            steps_text(all, nall, have, sizeof have);
+            free(all);
+            free(mine);
+            return ferry_errorf(FERRY_ERR_NOT_FOUND,
+                                "recovery impossible: no checkpoint that this rank (steps %s in "
+                                "%s.r%d.*) and every ferry-ps hold (start the servers with the "
+                                "same --checkpoint-dir they had)",
+                                have, t->ck_base, cfg->rank);
+        }
+        uint64_t offer[1024];
+        size_t no = nmine < 1024 ? nmine : 1024;
+        for (size_t i = 0; i < no; i++)
+            offer[i] = (uint64_t)mine[nmine - no + i];
+        free(mine);
+        double left = limit - (ferry_now() - t0);
+        st = ferry_job_recover(t->job, offer, no, (int)(left > 1.0 ? left * 1000.0 : 1000.0),
+                               &resume);
+        if (st == FERRY_OK)
+            break;
+        (void)snprintf(text, sizeof text, "%s", ferry_error_last());
+        if (st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_EXISTS || st == FERRY_ERR_INVALID)
+            return ferry_errorf(st, "recovery failed: %s", text);
+        FERRY_LOG_INFO("recovery: retrying the roll-back (%s)", text);
+    }
+    char path[2048];
+    ferry_checkpoint_part(t->ck_base, cfg->rank, (int64_t)resume, path, sizeof path);
+    ferry_ck_progress pr;
+    if ((st = ferry_checkpoint_load(path, t->lm, t->opt,
+                                    ferry_vocab_hash(ferry_corpus_vocab(t->corpus)), &pr)) !=
+            FERRY_OK ||
+        (st = apply_progress(t, &pr)) != FERRY_OK || (st = ferry_lm_pull_dense(t->lm)) != FERRY_OK)
+        return st;
+    ferry_cluster_set_wait_for_ready(t->cluster, 0);
+    FERRY_LOG_WARN("recovered in %.1f s: the job rolled back to step %llu (%s); epoch %d "
+                   "continues at window %lld",
+                   ferry_now() - t0, (unsigned long long)resume, path, t->epoch,
+                   (long long)t->win0);
+    if (t->metrics != NULL) {
+        const char *keys[] = {"step", "epoch", "window", "seconds"};
+        double vals[] = {(double)t->step, t->epoch, (double)t->win0, ferry_now() - t0};
+        st = ferry_metrics_write_kv(t->metrics, "recover", 4, keys, vals);
+    }
+    return st;
+}
+
+/* A failure recovery can repair: a peer died, stalled or restarted (its state is
+ * gone: unknown contexts, modules or job), or the job is rolling back. */
+static int recoverable(ferry_status st) {
+    return st == FERRY_ERR_UNAVAILABLE || st == FERRY_ERR_TIMEOUT || st == FERRY_ERR_BUSY ||
+           st == FERRY_ERR_RPC || st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_INVALID ||
+           st == FERRY_ERR_IO;
+}
+
+/* The epochs from where the run is; returns at the end, on a stop, or on an error. */
+static ferry_status run_epochs(trainer *t, int *stop) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_status st = FERRY_OK;
+    double val = 0.0;
+    for (; st == FERRY_OK && t->epoch <= cfg->epochs && !*stop; t->epoch++) {
+        int64_t windows = 0;
+        if ((st = train_epoch(t, stop, &windows)) != FERRY_OK)
+            break;
+        /* Stopped inside the epoch (--max-steps): a checkpoint of exactly where. */
+        if (*stop && !stop_requested && (st = save_checkpoint(t, t->epoch, windows)) != FERRY_OK)
+            break;
+        if (stop_requested) {
+            /* Keep what was trained: where the epoch stopped, to resume exactly there. */
+            FERRY_LOG_INFO("stopping on signal after step %lld", (long long)t->step);
+            st = save_checkpoint(t, t->epoch, windows);
+            return st;
+        }
+        if ((st = eval_and_report(t, "valid", t->valid, &val)) != FERRY_OK)
+            break;
+        t->lr = (float)ferry_lr_schedule_epoch_end(&t->sched, t->epoch, val, t->lr);
+        if ((st = ferry_optim_set_lr(t->opt, t->lr)) != FERRY_OK)
+            break;
+        if (!*stop && (st = save_checkpoint(t, t->epoch + 1, 0)) != FERRY_OK)
+            break;
+    }
+    if (st == FERRY_OK && !stop_requested) {
+        t->epoch--;
+        st = eval_and_report(t, "test", t->test, &val);
+    }
     return st;
 }
 
@@ -659,34 +918,36 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
     t.t_start = ferry_now();
+    t.ck_base = cfg->save != NULL ? cfg->save : cfg->load;
     ferry_status st = trainer_setup(&t);
     int stop = 0;
-    double val = 0.0;
-    for (; st == FERRY_OK && t.epoch <= cfg->epochs && !stop; t.epoch++) {
-        if ((st = train_epoch(&t, &stop)) != FERRY_OK)
+    while (st == FERRY_OK) {
+        st = run_epochs(&t, &stop);
+        if (st == FERRY_OK || !t.recover || stop_requested || !recoverable(st))
             break;
-        if (stop_requested) {
-            /* Keep what was trained: checkpoint the interrupted epoch as not done. */
-            FERRY_LOG_INFO("stopping on signal after step %lld", (long long)t.step);
-            if (cfg->save != NULL)
-                st = save_checkpoint(&t, t.epoch - 1);
-            trainer_teardown(&t);
-            return st;
+        char why[1024];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        int64_t at = t.step;
+        if ((st = recover(&t, why)) != FERRY_OK)
+            break;
+        /* The same failure at the same step again and again is not a crash. */
+        t.rec_repeat = t.step == t.rec_step && at <= t.step + cfg->checkpoint_every
+                           ? t.rec_repeat + 1
+                           : 0;
+        t.rec_step = t.step;
+        if (t.rec_repeat >= 3) {
+            st = ferry_errorf(FERRY_ERR_INVALID,
+                              "recovery gave up: the job failed again after rolling back to "
+                              "step %lld (3 times): %s",
+                              (long long)t.step, why);
+            break;
         }
-        if ((st = eval_and_report(&t, "valid", t.valid, &val)) != FERRY_OK)
-            break;
-        t.lr = (float)ferry_lr_schedule_epoch_end(&t.sched, t.epoch, val, t.lr);
-        if ((st = ferry_optim_set_lr(t.opt, t.lr)) != FERRY_OK)
-            break;
-        if (cfg->save != NULL && (st = save_checkpoint(&t, t.epoch)) != FERRY_OK)
-            break;
     }
-    if (st == FERRY_OK) {
-        t.epoch--;
-        st = eval_and_report(&t, "test", t.test, &val);
-    }
-    if (st == FERRY_OK)
+    if (st == FERRY_OK && !stop_requested)
         FERRY_LOG_INFO("done: %lld steps in %.1f s", (long long)t.step, ferry_now() - t.t_start);
-    trainer_teardown(&t);
+    if (st == FERRY_OK && stop_requested)
+        FERRY_LOG_INFO("stopped: %lld steps in %.1f s", (long long)t.step,
+                       ferry_now() - t.t_start);
+    trainer_teardown(&t, st);
     return st;
 }

@@ -55,6 +55,14 @@ typedef struct ferry_trainer_config {
     const char *sync;        /* bsp | ssp:K | async; NULL: bsp */
     double sync_timeout_s;   /* how long a rank waits for the others */
     const char *membership;  /* where world and rank came from, for the log */
+    /* Fault tolerance: a checkpoint every N steps (0: at epoch ends and on SIGTERM
+     * only), the newest K kept; a run with --ps and checkpoint_every > 0 is a job
+     * (world 1 by default) that recovers from a server's or a rank's crash by
+     * rolling back to the newest checkpoint every process has, waiting at most
+     * recovery_timeout_s for the processes to come back. */
+    int64_t checkpoint_every;
+    int keep_checkpoints;
+    double recovery_timeout_s;
 } ferry_trainer_config;
 
 /* Fills world, rank and job from the flags or else from the environment a launcher

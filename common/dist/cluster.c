@@ -238,6 +238,13 @@ int ferry_cluster_size(const ferry_cluster *c) {
     return c->n;
 }
 
+void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on) {
+    for (int i = 0; i < c->n; i++) {
+        if (c->clients[i] != NULL)
+            ferry_rpc_client_set_wait_for_ready(c->clients[i], on);
+    }
+}
+
 const char *ferry_cluster_target(const ferry_cluster *c, int server) {
     return server >= 0 && server < c->n ? ferry_rpc_client_target(c->clients[server]) : "?";
 }

@@ -98,6 +98,15 @@ static int touched_any(const ferry_dist_ctx *dc) {
 
 static void step_settle(ferry_dist_ctx *dc);
 
+void ferry_dist_ctx_abandon(ferry_dist_ctx *dc) {
+    if (dc == NULL)
+        return;
+    step_settle(dc);
+    ctx_close(dc);
+    dc->job = NULL;
+    dc->job_step = 0;
+}
+
 void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
     if (dc == NULL)
         return;

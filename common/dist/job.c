@@ -75,7 +75,7 @@ static ferry_status job_call(ferry_job *job, const char *action, int *ready, uin
     return st;
 }
 
-ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out) {
+ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out) {
     if (cfg->name == NULL || cfg->name[0] == '\0' || strlen(cfg->name) >= FERRY_RPC_NAME_MAX)
         return ferry_errorf(FERRY_ERR_INVALID, "job name must have 1..%d bytes",
                             FERRY_RPC_NAME_MAX - 1);
@@ -98,13 +98,105 @@ ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry
     (void)snprintf(job->model, sizeof job->model, "%s", cfg->model != NULL ? cfg->model : "");
     job->cfg.name = job->name;
     job->cfg.model = job->model;
-    ferry_status st = job_call(job, "join", NULL, NULL);
-    if (st != FERRY_OK) {
-        free(job);
-        return st;
-    }
     *out = job;
     return FERRY_OK;
+}
+
+ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out) {
+    ferry_job *job = NULL;
+    ferry_status st = ferry_job_create(c, cfg, &job);
+    if (st == FERRY_OK && (st = job_call(job, "join", NULL, NULL)) != FERRY_OK) {
+        free(job);
+        job = NULL;
+    }
+    *out = job;
+    return st;
+}
+
+static void join_request(ferry_job *job, const char *action, Ferry__JoinRequest *q) {
+    ferry__join_request__init(q);
+    q->job = job->name;
+    q->world = (uint32_t)job->cfg.world;
+    q->rank = (uint32_t)job->cfg.rank;
+    q->sync = (char *)(uintptr_t)sync_names[job->cfg.sync];
+    q->staleness = (uint32_t)job->cfg.staleness;
+    q->sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
+    q->model = job->model;
+    q->client_id = job->c->client_id;
+    q->action = (char *)(uintptr_t)action;
+}
+
+ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out) {
+    ferry_cluster *c = job->c;
+    memset(out, 0, sizeof *out);
+    if (server < 0 || server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "probe: server %d of %d", server, c->n);
+    Ferry__JoinRequest q;
+    join_request(job, "probe", &q);
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(c, FERRY_RPC_JOIN, 1, &server, &req, 1, &reply);
+    if (st == FERRY_OK) {
+        const Ferry__JoinReply *r = reply.head;
+        out->n = r->n_checkpoints;
+        out->steps = malloc((out->n ? out->n : 1) * sizeof *out->steps);
+        if (out->steps == NULL)
+            st = FERRY_ERR_NOMEM;
+        else
+            memcpy(out->steps, r->checkpoints, out->n * sizeof *out->steps);
+        out->has_state = r->has_state;
+        out->state_step = r->state_step;
+    }
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
+void ferry_job_probe_free(ferry_job_probe_result *p) {
+    free(p->steps);
+    p->steps = NULL;
+    p->n = 0;
+}
+
+ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, int deadline_ms,
+                               uint64_t *resume_step) {
+    ferry_cluster *c = job->c;
+    Ferry__JoinRequest q;
+    join_request(job, "recover", &q);
+    q.checkpoints = (uint64_t *)(uintptr_t)offer;
+    q.n_checkpoints = n;
+    int servers[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg req, replies[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg_init(&req);
+    for (int i = 0; i < c->n; i++) {
+        servers[i] = i;
+        ferry_rpc_msg_init(&replies[i]);
+    }
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout_deadline(c, FERRY_RPC_JOIN, c->n, servers, &req, 1, replies,
+                                         deadline_ms);
+    uint64_t step = 0;
+    for (int i = 0; st == FERRY_OK && i < c->n; i++) {
+        const Ferry__JoinReply *r = replies[i].head;
+        if (i > 0 && r->resume_step != step)
+            st = ferry_errorf(FERRY_ERR_EXISTS,
+                              "job '%s': the servers rolled back to different steps (%llu on "
+                              "server 0, %llu on %s): their checkpoint directories differ",
+                              job->name, (unsigned long long)step,
+                              (unsigned long long)r->resume_step,
+                              ferry_rpc_client_target(c->clients[i]));
+        step = r->resume_step;
+    }
+    for (int i = 0; i < c->n; i++)
+        ferry_rpc_msg_deinit(&replies[i]);
+    ferry_rpc_msg_deinit(&req);
+    if (st == FERRY_OK)
+        *resume_step = step;
+    return st;
 }
 
 ferry_status ferry_job_ready(ferry_job *job) {

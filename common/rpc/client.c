@@ -23,7 +23,7 @@ struct ferry_rpc_client {
     void *registered[FERRY_RPC_METHOD_COUNT];
     ferry__rpc_limits lim;
     int deadline_ms;
-    int wait_for_ready;
+    _Atomic int wait_for_ready;
     pthread_mutex_t mu; /* guards the queue pool */
     grpc_completion_queue *cq_idle[CQ_POOL];
     int ncq_idle;
@@ -114,7 +114,7 @@ static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void 
     size_t n = 0;
     memset(c->ops, 0, sizeof c->ops);
     op[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-    op[n++].flags = cl->wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
+    op[n++].flags = atomic_load(&cl->wait_for_ready) ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
     op[n].op = GRPC_OP_SEND_MESSAGE;
     op[n++].data.send_message.send_message = c->req_bb;
     op[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -373,6 +373,10 @@ void ferry_rpc_client_destroy(ferry_rpc_client *c) {
 void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *received) {
     *sent = atomic_load(&c->bytes_sent);
     *received = atomic_load(&c->bytes_received);
+}
+
+void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on) {
+    atomic_store(&c->wait_for_ready, on != 0);
 }
 
 const char *ferry_rpc_client_target(const ferry_rpc_client *c) {

@@ -310,6 +310,8 @@ void ferry_rpc_client_destroy(ferry_rpc_client *c);
 
 /* The target string given at creation. */
 const char *ferry_rpc_client_target(const ferry_rpc_client *c);
+/* Whether later calls wait for a server that is not up (up to their deadline). */
+void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on);
 /* Message bytes this client has sent and received so far (as encoded, headers and
  * tensors; gRPC's framing not counted). Thread-safe. */
 void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *received);

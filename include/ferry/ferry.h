@@ -95,6 +95,9 @@ void ferry_cluster_destroy(ferry_cluster *c);
 
 int ferry_cluster_size(const ferry_cluster *c);                       /* servers */
 const char *ferry_cluster_target(const ferry_cluster *c, int server); /* "h:p" */
+/* 0: later calls to a server that is down fail at once (UNAVAILABLE) instead of
+ * waiting for it up to their deadline. Call while no call is in flight. */
+void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
 /* The server's incarnation as of the last Hello (a new random value per start). */
 uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
 
@@ -426,6 +429,30 @@ ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *stal
  * job with another world, sync mode or model, or a rank another process holds;
  * FERRY_ERR_TIMEOUT for a failed job; call errors. */
 ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
+/* A handle without joining (a restarted rank recovers instead of joining). */
+ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
+
+/* Recovery. ferry_job_probe asks one server which complete checkpoints of the job it
+ * holds ("<job>-step<N>.ckpt" in its --checkpoint-dir, verified) and where its copy
+ * of the job stands. ferry_job_recover is a barrier of all ranks on every server:
+ * `offer` lists the steps this rank can resume from (its own checkpoints that every
+ * server holds); when every rank has called it, each server restores the newest step
+ * all ranks offered and resets the job to it, and *resume_step receives that step.
+ * Its first caller makes the others' waiting GradNorm/Step fail with FERRY_ERR_BUSY,
+ * so every rank still running comes to recover too. Errors: FERRY_ERR_NOT_FOUND (no
+ * common step, naming what each side holds), FERRY_ERR_TIMEOUT (a rank did not come
+ * within the sync timeout, naming it), call errors (retry while the time allows). */
+typedef struct ferry_job_probe_result {
+    uint64_t *steps; /* ascending */
+    size_t n;
+    int has_state;       /* the server holds the job's parameters (else: fresh) */
+    uint64_t state_step; /* at this step */
+} ferry_job_probe_result;
+ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out);
+void ferry_job_probe_free(ferry_job_probe_result *p);
+ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, int deadline_ms,
+                               uint64_t *resume_step);
+
 /* Rank 0: the modules exist and hold their initial values. */
 ferry_status ferry_job_ready(ferry_job *job);
 /* Other ranks: waits (polling Join) until rank 0 said ready on every server, at most
@@ -448,6 +475,9 @@ ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step);
 ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t step,
                                     double loss_sum, double tokens);
 void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens);
+/* Forgets the open context without telling the servers (they sweep it after their
+ * --context-ttl): after a peer failed, no cleanup call waits on a dead server. */
+void ferry_dist_ctx_abandon(ferry_dist_ctx *dc);
 
 /* ---- Remote calls on the local autograd tape ---------------------------------
  * Remote modules as nodes of a local autograd tape (docs/architecture.md §3):

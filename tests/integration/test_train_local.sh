@@ -18,13 +18,45 @@ grep -q '"event":"eval","split":"test"' "$TMP/m.jsonl" || fail "no test eval eve
 n=$(grep -c '"event":"train"' "$TMP/m.jsonl")
 [ "$n" -eq 6 ] || fail "expected 6 train events (every 50 of 300 steps), got $n"
 ok "metrics file has train and eval events"
-[ -s "$TMP/lm.ck" ] || fail "no checkpoint written"
+ls "$TMP"/lm.ck.300 >/dev/null 2>&1 || fail "no checkpoint lm.ck.300 written: $(ls "$TMP")"
 
-"$TRAINER" --data "$FERRY_SRC/data/ptb" --train-tokens 130000 --eval-tokens 20000 \
-    --epochs 2 --max-steps 320 --log-interval 10 --load "$TMP/lm.ck" \
-    --metrics-out "$TMP/m2.jsonl" 2>"$TMP/log2" || fail "resume failed: $(tail -3 "$TMP/log2")"
-grep -q "resumed from .*epoch 1 done, step 300" "$TMP/log2" || fail "no resume line"
-first2=$(train_losses "$TMP/m2.jsonl" | head -1)
-awk -v a="$first2" 'BEGIN { exit !(a < 6.8) }' || fail "resumed run starts at loss $first2"
-ok "resumed at step 300 with loss $first2"
+# Exact resume: a run stopped with SIGTERM mid-epoch and resumed with --load alone
+# (the checkpoint carries the configuration, the batch position, the carried LSTM
+# state and the learning rate; dropout masks follow the step) logs the losses of an
+# uninterrupted run, step for step, and its metrics file holds both parts.
+RUN=(--local --data "$FERRY_SRC/data/ptb" --train-tokens 20000 --eval-tokens 2000 --epochs 2
+    --emsize 64 --nhid 64 --bptt 10 --batch-size 8 --dropout 0.3 --max-steps 400
+    --log-interval 1 --progress off)
+"$TRAINER" "${RUN[@]}" --metrics-out "$TMP/a.jsonl" 2>"$TMP/a.log" ||
+    fail "uninterrupted run: $(tail -3 "$TMP/a.log")"
+"$TRAINER" "${RUN[@]}" --save "$TMP/b.ck" --metrics-out "$TMP/b.jsonl" 2>"$TMP/b.log" &
+BP=$!
+for _ in $(seq 1000); do
+    grep -q '"step":180,' "$TMP/b.jsonl" 2>/dev/null && break
+    sleep 0.01
+done
+kill -TERM "$BP"
+wait "$BP" || fail "SIGTERM: exit $?: $(tail -3 "$TMP/b.log")"
+grep -q "stopping on signal" "$TMP/b.log" || fail "no stop line"
+cut=$(grep -o 'stopping on signal after step [0-9]*' "$TMP/b.log" | grep -o '[0-9]*$')
+"$TRAINER" --load "$TMP/b.ck" --data "$FERRY_SRC/data/ptb" --metrics-out "$TMP/b.jsonl" \
+    --progress off 2>"$TMP/b2.log" || fail "resume: $(tail -3 "$TMP/b2.log")"
+grep -q "resumed from $TMP/b.ck.$cut: epoch [12] at window [0-9]*, step $cut" "$TMP/b2.log" ||
+    fail "no resume line: $(grep -i resum "$TMP/b2.log")"
+grep -q '"event":"resume"' "$TMP/b.jsonl" || fail "no resume event in the metrics file"
+[ "$(train_losses "$TMP/b.jsonl" | wc -l)" -eq 400 ] ||
+    fail "the metrics file holds $(train_losses "$TMP/b.jsonl" | wc -l) train events, not 400"
+cmp -s <(train_losses "$TMP/a.jsonl") <(train_losses "$TMP/b.jsonl") ||
+    fail "resumed losses differ: $(diff <(train_losses "$TMP/a.jsonl") <(train_losses "$TMP/b.jsonl") | head -4)"
+ok "SIGTERM at step $cut of 400 (epoch 1 of 2, dropout on), --load alone: the same 400 losses, both parts in one metrics file"
+
+# The README's example: --preset medium --save, then --load alone.
+"$TRAINER" --preset medium --data "$FERRY_SRC/data/ptb" --train-tokens 4000 --eval-tokens 700 \
+    --max-steps 2 --save "$TMP/lm-m.ck" 2>"$TMP/m1.log" || fail "medium: $(tail -3 "$TMP/m1.log")"
+"$TRAINER" --data "$FERRY_SRC/data/ptb" --load "$TMP/lm-m.ck" --max-steps 3 2>"$TMP/m2.log" ||
+    fail "--load of a medium checkpoint: $(tail -3 "$TMP/m2.log")"
+grep -q "E=650 H=650" "$TMP/m2.log" || fail "the medium shape was not restored: $(grep model: "$TMP/m2.log")"
+expect_error "a flag contradicting the checkpoint" "--nhid 200 contradicts the checkpoint" \
+    "$TRAINER" --data "$FERRY_SRC/data/ptb" --load "$TMP/lm-m.ck" --nhid 200
+ok "--preset medium --save, then --load alone: the medium model resumed"
 finish

@@ -31,12 +31,26 @@ expect_error "missing checkpoint" "cannot open checkpoint" \
 # A checkpoint of another model shape is refused with both shapes named.
 "$TRAINER" --data "$TMP/tiny" --emsize 16 --nhid 16 --epochs 1 --max-steps 2 \
     --save "$TMP/small.ck" 2>"$TMP/log" || fail "could not make a checkpoint: $(cat "$TMP/log")"
-expect_error "checkpoint of another shape" "holds a model of shape" \
+expect_error "a flag contradicting the checkpoint" "--emsize 32 contradicts the checkpoint" \
     "$TRAINER" --data "$TMP/tiny" --emsize 32 --nhid 16 --max-steps 1 --load "$TMP/small.ck"
-head -c 100 "$TMP/small.ck" >"$TMP/trunc.ck"
+ck=$(ls "$TMP"/small.ck.* | head -1)
+head -c 100 "$ck" >"$TMP/trunc.ck"
 expect_error "truncated checkpoint" "truncated" \
     "$TRAINER" --data "$TMP/tiny" --emsize 16 --nhid 16 --max-steps 1 --load "$TMP/trunc.ck"
 echo garbage >"$TMP/garbage.ck"
-expect_error "foreign checkpoint" "not a ferry checkpoint" \
+expect_error "foreign checkpoint" "is not a FERRYCK2 file" \
     "$TRAINER" --data "$TMP/tiny" --emsize 16 --nhid 16 --max-steps 1 --load "$TMP/garbage.ck"
+# Another format version, a flipped bit, appended bytes: each named.
+cp "$ck" "$TMP/v9.ck" && printf '\x09' | dd of="$TMP/v9.ck" bs=1 seek=8 conv=notrunc 2>/dev/null
+expect_error "another format version" "format 9, this build reads format 2" \
+    "$TRAINER" --data "$TMP/tiny" --load "$TMP/v9.ck"
+cp "$ck" "$TMP/flip.ck" && printf '\x5a' | dd of="$TMP/flip.ck" bs=1 seek=$(($(stat -c %s "$ck") - 40)) conv=notrunc 2>/dev/null
+expect_error "a flipped byte" "fails its CRC-32" "$TRAINER" --data "$TMP/tiny" --load "$TMP/flip.ck"
+cp "$ck" "$TMP/app.ck" && head -c 100 /dev/zero >>"$TMP/app.ck"
+expect_error "100 appended bytes" "100 bytes after the last section" \
+    "$TRAINER" --data "$TMP/tiny" --load "$TMP/app.ck"
+# A learning rate written into the file is covered by its CRC like everything else.
+off=$(grep -abo 'lr=' "$ck" | head -1 | cut -d: -f1)
+cp "$ck" "$TMP/lr.ck" && printf '9' | dd of="$TMP/lr.ck" bs=1 seek=$((off + 3)) conv=notrunc 2>/dev/null
+expect_error "an edited learning rate" "fails its CRC-32" "$TRAINER" --data "$TMP/tiny" --load "$TMP/lr.ck"
 finish

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Crash recovery, end to end: a bsp job of 2 ferry-ps x 2 ferry-trainer with dropout
+# on and a checkpoint every 5 steps. Each trial (FERRY_RECOVERY_TRIALS, default 10)
+# picks, from its seed, one process (a server or a rank) and a step; the test's
+# supervisor kills it with SIGKILL when rank 0 reaches that step and starts it again
+# with the same command line. The job must finish by itself, and its final state
+# (every server's checkpoint of the last step: parameters, optimizer state and
+# versions; both ranks' parts: LSTM, carried state, position) and the loss of its
+# last step must be bit-identical to an undisturbed run with the same seed. Then: a
+# server frozen (SIGSTOP) for less than the recovery timeout, and for more than the
+# deadline, leaves the run identical too.
+. "$(dirname "$0")/lib.sh"
+TRIALS=${FERRY_RECOVERY_TRIALS:-10}
+STEPS=40
+DATA=(--data "$FERRY_SRC/data/ptb" --train-tokens 4000 --eval-tokens 400 --epochs 1
+    --emsize 32 --nhid 32 --bptt 10 --batch-size 4 --dropout 0.3 --seed 7
+    --max-steps "$STEPS" --checkpoint-every 5 --log-interval 1 --progress off
+    --deadline-ms 2000 --sync-timeout 30 --recovery-timeout 60)
+
+# run_job DIR [VICTIM STEP]: servers and ranks under DIR; with a victim (ps0, ps1,
+# r0, r1), it is killed with SIGKILL once rank 0 has logged STEP, then restarted.
+run_job() {
+    local dir=$1 victim=${2:-} at=${3:-0}
+    mkdir -p "$dir/ck0" "$dir/ck1" "$dir/save"
+    local -a ports pspid rpid
+    for s in 0 1; do
+        start_ps "$(basename "$dir")-ps$s" --checkpoint-dir "$dir/ck$s" --checkpoint-keep 20 \
+            --context-ttl 30
+        ports[$s]=$PORT
+        pspid[$s]=$PS_PID
+    done
+    local pss="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}"
+    start_rank() {
+        "$TRAINER" --ps "$pss" --job rec --world 2 --rank "$1" "${DATA[@]}" \
+            --save "$dir/save/lm" --metrics-out "$dir/m$1.jsonl" 2>>"$dir/r$1.log" &
+        rpid[$1]=$!
+    }
+    start_rank 0
+    start_rank 1
+    if [ -n "$victim" ]; then
+        for _ in $(seq 600); do
+            grep -q "\"event\":\"train\".*\"step\":$at," "$dir/m0.jsonl" 2>/dev/null && break
+            kill -0 "${rpid[0]}" 2>/dev/null || break
+            sleep 0.02
+        done
+        case $victim in
+        stop:*) # freeze server 1 for that many seconds, then let it go on
+            kill -STOP "${pspid[1]}"
+            sleep "${victim#stop:}"
+            kill -CONT "${pspid[1]}"
+            ;;
+        ps*)
+            local s=${victim#ps}
+            kill -9 "${pspid[$s]}"
+            wait "${pspid[$s]}" 2>/dev/null || true
+            echo "=== restarted" >>"$TMP/$(basename "$dir")-ps$s.log"
+            "$PS" --listen "127.0.0.1:${ports[$s]}" --checkpoint-dir "$dir/ck$s" \
+                --checkpoint-keep 20 --context-ttl 30 2>>"$TMP/$(basename "$dir")-ps$s.log" &
+            pspid[$s]=$!
+            ;;
+        r*)
+            local r=${victim#r}
+            kill -9 "${rpid[$r]}"
+            wait "${rpid[$r]}" 2>/dev/null || true
+            echo "=== restarted" >>"$dir/r$r.log"
+            start_rank "$r"
+            ;;
+        esac
+    fi
+    local rc=0
+    wait "${rpid[0]}" || rc=$?
+    [ "$rc" = 0 ] || fail "$dir: rank 0 exited $rc: $(tail -5 "$dir/r0.log")"
+    wait "${rpid[1]}" || rc=$?
+    [ "$rc" = 0 ] || fail "$dir: rank 1 exited $rc: $(tail -5 "$dir/r1.log")"
+    kill "${pspid[0]}" "${pspid[1]}"
+    wait "${pspid[0]}" "${pspid[1]}" 2>/dev/null || true
+}
+
+# The last step's files and loss must equal the reference's, byte for byte.
+same_as_ref() {
+    local dir=$1 what=$2
+    for s in 0 1; do
+        cmp -s "$TMP/ref/ck$s/rec-step$STEPS.ckpt" "$dir/ck$s/rec-step$STEPS.ckpt" ||
+            fail "$what: server $s's state at step $STEPS differs from the undisturbed run"
+    done
+    for r in 0 1; do
+        cmp -s "$TMP/ref/save/lm.r$r.$STEPS" "$dir/save/lm.r$r.$STEPS" ||
+            fail "$what: rank $r's part at step $STEPS differs from the undisturbed run"
+    done
+    local a b
+    a=$(train_losses "$TMP/ref/m0.jsonl" | tail -1)
+    b=$(train_losses "$dir/m0.jsonl" | tail -1)
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "$what: last loss $b, undisturbed $a"
+}
+
+run_job "$TMP/ref"
+[ -s "$TMP/ref/ck0/rec-step$STEPS.ckpt" ] || fail "no server checkpoint at step $STEPS"
+ok "undisturbed run: 2 ferry-ps x 2 ranks, dropout 0.3, $STEPS steps, checkpoints every 5"
+
+identical=0
+victims=(ps0 ps1 r0 r1)
+for trial in $(seq 1 "$TRIALS"); do
+    RANDOM=$((trial * 7919))
+    victim=${victims[$(((trial - 1) % 4))]} # every kind in turn; the step from the seed
+    at=$((2 + RANDOM % (STEPS - 4)))
+    run_job "$TMP/t$trial" "$victim" "$at"
+    grep -q "recovered in" "$TMP/t$trial/r0.log" ||
+        fail "trial $trial ($victim at step $at): rank 0 never recovered: $(tail -5 "$TMP/t$trial/r0.log")"
+    same_as_ref "$TMP/t$trial" "trial $trial ($victim killed at step $at)"
+    grep -q '"event":"recover"' "$TMP/t$trial/m0.jsonl" || fail "trial $trial: no recover event"
+    identical=$((identical + 1))
+    echo "  trial $trial: $victim SIGKILLed at step $at -> $(grep -o 'rolled back to step [0-9]*' "$TMP/t$trial/r0.log" | tail -1), identical"
+    rm -rf "$TMP/t$trial"
+done
+ok "$identical of $TRIALS trials (a server or a rank SIGKILLed at a random step, restarted): the job finished by itself, bit-identical"
+
+# ---- stalls: SIGSTOP shorter than the deadline, and longer ----------------------------
+run_job "$TMP/stall1" stop:1 12
+grep -q "recover" "$TMP/stall1/r0.log" && fail "a 1 s stall (deadline 2 s) made the job recover"
+same_as_ref "$TMP/stall1" "1 s stall"
+ok "server 1 frozen 1 s (under the 2 s deadline): no recovery, bit-identical"
+run_job "$TMP/stall2" stop:5 12
+grep -q "recovered in" "$TMP/stall2/r0.log" || fail "a 5 s stall: no recovery: $(tail -3 "$TMP/stall2/r0.log")"
+same_as_ref "$TMP/stall2" "5 s stall"
+ok "server 1 frozen 5 s (past the deadline): the job rolled back by itself, bit-identical"
+
+# ---- a stopped job resumed over damaged or mismatched checkpoints ----------------------
+# resume_job DIR MAXSTEPS [PS1-FLAG...]: 2 servers on DIR's checkpoint directories (the
+# second with the extra flags) and 2 ranks resuming from DIR/save, to MAXSTEPS.
+resume_job() {
+    local dir=$1 max=$2
+    shift 2
+    local p0 p1 q0 q1 rc=0
+    start_ps "$(basename "$dir")-rs0" --checkpoint-dir "$dir/ck0" --checkpoint-keep 20
+    p0=$PORT q0=$PS_PID
+    start_ps "$(basename "$dir")-rs1" --checkpoint-dir "$dir/ck1" --checkpoint-keep 20 "$@"
+    p1=$PORT q1=$PS_PID
+    for r in 0 1; do
+        "$TRAINER" --ps "127.0.0.1:$p0,127.0.0.1:$p1" --job rec --world 2 --rank "$r" \
+            "${DATA[@]}" --max-steps "$max" --save "$dir/save/lm" \
+            --metrics-out "$dir/m$r.jsonl" 2>>"$dir/r$r.log" &
+        eval "R$r=\$!"
+    done
+    wait "$R0" || rc=$?
+    wait "$R1" || rc=$?
+    kill "$q0" "$q1"
+    wait "$q0" "$q1" 2>/dev/null || true
+    return "$rc"
+}
+half=("${DATA[@]}")
+for i in "${!half[@]}"; do [ "${half[$i]}" = "$STEPS" ] && [ "${half[$((i - 1))]}" = --max-steps ] && half[$i]=20; done
+FULL=("${DATA[@]}")
+DATA=("${half[@]}")
+for damage in flip truncate delete part; do
+    d=$TMP/dmg-$damage
+    run_job "$d"
+    f=$d/ck1/rec-step20.ckpt
+    case $damage in
+    flip) printf '\xff' | dd of="$f" bs=1 seek=$(($(stat -c %s "$f") / 2)) conv=notrunc 2>/dev/null ;;
+    truncate) truncate -s $(($(stat -c %s "$f") - 100)) "$f" ;;
+    delete) rm "$f" ;;
+    part) f=$d/save/lm.r1.20; printf '\x01' | dd of="$f" bs=1 seek=200 conv=notrunc 2>/dev/null ;;
+    esac
+    DATA=("${FULL[@]}")
+    resume_job "$d" "$STEPS" || fail "$damage: the resumed job failed: $(tail -3 "$d/r0.log")"
+    DATA=("${half[@]}")
+    grep -q "rolled back to step 15" "$d/r0.log" ||
+        fail "$damage: not resumed from step 15: $(grep -i 'roll\|recover' "$d/r0.log" | tail -3)"
+    if [ "$damage" != delete ]; then
+        cat "$TMP"/dmg-"$damage"-*.log "$d"/*.log | grep "$(basename "$f")" |
+            grep -q "CRC\|truncated" ||
+            fail "$damage: no log line names $(basename "$f") and what is wrong: $(cat "$TMP"/dmg-"$damage"-*.log "$d"/*.log | grep -i "usable\|skipping" | head -3)"
+    fi
+    same_as_ref "$d" "resumed over a damaged step-20 checkpoint ($damage)"
+    ok "step-20 checkpoint damaged ($damage): the job resumed from step 15, named the bad file, and ended bit-identical"
+done
+
+# Mismatch: server 1 comes back at an older step (--restore of step 10), then fresh.
+d=$TMP/mismatch
+run_job "$d"
+DATA=("${FULL[@]}")
+resume_job "$d" "$STEPS" --restore "$d/ck1/rec-step10.ckpt" || fail "older shard: $(tail -3 "$d/r0.log")"
+grep -q "server 1 (.*) is at step 10" "$d/r0.log" || fail "older shard not reported: $(grep recovery "$d/r0.log")"
+grep -q "rolled back to step 20" "$d/r0.log" || fail "older shard: not rolled to step 20"
+same_as_ref "$d" "older shard"
+ok "a shard restored at step 10 under ranks at step 20: reported, rolled to step 20, bit-identical"
+rm -rf "$d/ck1" && mkdir "$d/ck1"
+rc=0
+resume_job "$d" "$STEPS" || rc=$?
+[ "$rc" -ne 0 ] || fail "a fresh shard without checkpoints: the job went on"
+grep -q "is fresh" "$d/r0.log" || fail "fresh shard not reported"
+grep -q "recovery impossible: no checkpoint that this rank" "$d/r0.log" ||
+    fail "fresh shard: no clear error: $(tail -2 "$d/r0.log")"
+ok "a fresh shard with no checkpoint: reported, and the ranks stop with a clear error"
+
+finish
