@@ -412,7 +412,8 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
             job->rec_set = malloc((q->n_checkpoints ? q->n_checkpoints : 1) * sizeof(uint64_t));
             if (job->rec_set == NULL)
                 return FERRY_ERR_NOMEM;
-            memcpy(job->rec_set, q->checkpoints, q->n_checkpoints * sizeof(uint64_t));
+            if (q->n_checkpoints > 0) /* an empty repeated field is a NULL array */
+                memcpy(job->rec_set, q->checkpoints, q->n_checkpoints * sizeof(uint64_t));
             job->rec_n = q->n_checkpoints;
         } else {
             size_t m = 0;

@@ -145,7 +145,7 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
         out->steps = malloc((out->n ? out->n : 1) * sizeof *out->steps);
         if (out->steps == NULL)
             st = FERRY_ERR_NOMEM;
-        else
+        else if (out->n > 0) /* an empty repeated field is a NULL array */
             memcpy(out->steps, r->checkpoints, out->n * sizeof *out->steps);
         out->has_state = r->has_state;
         out->state_step = r->state_step;
