@@ -111,24 +111,25 @@ static int newer_first(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-/* Deletes all but the newest `keep` checkpoints in dir; `current` (just written)
- * always stays. */
-static void retain(int dirfd, const char *dir, const char *current, int keep) {
+/* The ferry-ps checkpoints in dirfd other than `skip` (may be NULL), newest first;
+ * *n receives the count (a failed allocation lists what was read so far). */
+static ckpt_file *list_newest_first(int dirfd, const char *skip, size_t *n) {
+    *n = 0;
     int fd = dup(dirfd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (d == NULL) {
         if (fd >= 0)
             (void)close(fd);
-        return;
+        return NULL;
     }
     ckpt_file *files = NULL;
-    size_t n = 0, cap = 0;
+    size_t cap = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         struct timespec mt;
-        if (strcmp(e->d_name, current) == 0 || strlen(e->d_name) >= sizeof files->name ||
-            !is_checkpoint(dirfd, e->d_name, &mt))
+        if ((skip != NULL && strcmp(e->d_name, skip) == 0) ||
+            strlen(e->d_name) >= sizeof files->name || !is_checkpoint(dirfd, e->d_name, &mt))
             continue;
-        if (n == cap) {
+        if (*n == cap) {
             size_t nc = cap ? 2 * cap : 16;
             ckpt_file *f = realloc(files, nc * sizeof *f);
             if (f == NULL)
@@ -136,13 +137,21 @@ static void retain(int dirfd, const char *dir, const char *current, int keep) {
             files = f;
             cap = nc;
         }
-        files[n].mtime = mt;
-        (void)snprintf(files[n].name, sizeof files[n].name, "%s", e->d_name);
-        n++;
+        files[*n].mtime = mt;
+        (void)snprintf(files[*n].name, sizeof files[*n].name, "%s", e->d_name);
+        (*n)++;
     }
     (void)closedir(d);
-    if (n > 1)
-        qsort(files, n, sizeof *files, newer_first);
+    if (*n > 1)
+        qsort(files, *n, sizeof *files, newer_first);
+    return files;
+}
+
+/* Deletes all but the newest `keep` checkpoints in dir; `current` (just written)
+ * always stays. */
+static void retain(int dirfd, const char *dir, const char *current, int keep) {
+    size_t n;
+    ckpt_file *files = list_newest_first(dirfd, current, &n);
     for (size_t i = keep > 1 ? (size_t)keep - 1 : 0; keep > 0 && i < n; i++) {
         if (unlinkat(dirfd, files[i].name, 0) == 0)
             FERRY_LOG_INFO("checkpoint %s/%s deleted (--checkpoint-keep %d)", dir, files[i].name,
@@ -365,37 +374,11 @@ ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, ui
 ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap, int *found) {
     *found = 0;
     int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int fd = dirfd >= 0 ? dup(dirfd) : -1;
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (d == NULL) {
-        if (fd >= 0)
-            (void)close(fd);
-        if (dirfd >= 0)
-            (void)close(dirfd);
+    if (dirfd < 0)
         return ferry_errorf(FERRY_ERR_IO, "cannot list checkpoint directory %s", dir);
-    }
-    ckpt_file *files = NULL;
-    size_t n = 0, fcap = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        struct timespec mt;
-        if (strlen(e->d_name) >= sizeof files->name || !is_checkpoint(dirfd, e->d_name, &mt))
-            continue;
-        if (n == fcap) {
-            size_t nc = fcap ? 2 * fcap : 16;
-            ckpt_file *f = realloc(files, nc * sizeof *f);
-            if (f == NULL)
-                break;
-            files = f;
-            fcap = nc;
-        }
-        files[n].mtime = mt;
-        (void)snprintf(files[n].name, sizeof files[n].name, "%s", e->d_name);
-        n++;
-    }
-    (void)closedir(d);
+    size_t n;
+    ckpt_file *files = list_newest_first(dirfd, NULL, &n);
     (void)close(dirfd);
-    if (n > 1)
-        qsort(files, n, sizeof *files, newer_first);
     for (size_t i = 0; i < n && !*found; i++) {
         uint64_t step;
         (void)snprintf(path, cap, "%s/%s", dir, files[i].name);

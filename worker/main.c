@@ -243,9 +243,11 @@ int main(int argc, char **argv) {
     if (load != NULL) {
         /* The checkpoint's configuration is the base; the flags given must agree with
          * what it fixes. */
-        if (ferry_checkpoint_resolve(load, as_job ? cfg.rank : -1, resolved, sizeof resolved,
-                                     &found) != FERRY_OK ||
-            !found) {
+        /* (an automatic resume has resolved and verified it already) */
+        if (load_auto == NULL &&
+            (ferry_checkpoint_resolve(load, as_job ? cfg.rank : -1, resolved, sizeof resolved,
+                                      &found) != FERRY_OK ||
+             !found)) {
             if (found)
                 fprintf(stderr, "ferry-trainer: --load %s: %s\n", load, ferry_error_last());
             else

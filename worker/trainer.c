@@ -759,32 +759,33 @@ static void steps_text(const int64_t *s, size_t n, char *buf, size_t cap) {
  * server's copy stands: fresh, older, newer), then the recover barrier on every
  * server, which restores that step there; then this rank's part of it. Servers that
  * are down are waited for, within --recovery-timeout. */
-static ferry_status recover(trainer *t, const char *why) {
+/* The roll-back proper: probes and the recover barrier until every server answers
+ * and agrees on a step (*resume), within the recovery timeout from t0. `all`: this
+ * rank's complete checkpoints, ascending. */
+static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double t0,
+                             uint64_t *resume) {
     const ferry_trainer_config *cfg = t->cfg;
-    double t0 = ferry_now(), limit = cfg->recovery_timeout_s;
-    FERRY_LOG_WARN("recovering: %s; the job rolls back to its newest complete checkpoint "
-                   "(waiting up to %.0f s, --recovery-timeout)",
-                   why, limit);
-    ferry_dist_ctx_abandon(t->dc); /* no cleanup calls to a dead peer */
-    ferry_cluster_set_wait_for_ready(t->cluster, 0);
+    double limit = cfg->recovery_timeout_s;
     int n = ferry_cluster_size(t->cluster), waiting = -1;
     ferry_status st = FERRY_OK;
-    uint64_t resume = 0;
     char text[512], have[256];
+    int64_t *mine = malloc((nall ? nall : 1) * sizeof *mine);
+    if (mine == NULL)
+        return FERRY_ERR_NOMEM;
     for (int attempt = 0;; attempt++) {
         if (attempt > 0) {
-            if (ferry_now() - t0 > limit)
-                return ferry_errorf(FERRY_ERR_TIMEOUT,
-                                    "recovery failed: %s after %.0f s (--recovery-timeout)", text,
-                                    ferry_now() - t0);
+            if (ferry_now() - t0 > limit) {
+                st = ferry_errorf(FERRY_ERR_TIMEOUT,
+                                  "recovery failed: %s after %.0f s (--recovery-timeout)", text,
+                                  ferry_now() - t0);
+                break;
+            }
             struct timespec ts = {0, 250000000L};
             nanosleep(&ts, NULL);
         }
-        int64_t *mine = NULL;
-        size_t nmine = 0;
-        if ((st = ferry_checkpoint_steps(t->ck_base, cfg->rank, &mine, &nmine)) != FERRY_OK)
-            return st;
-        /* offer = mine ∩ every server's */
+        /* offer = this rank's ∩ every server's */
+        memcpy(mine, all, nall * sizeof *mine);
+        size_t nmine = nall;
         int down = -1;
         for (int s = 0; s < n && nmine > 0; s++) {
             ferry_job_probe_result pr;
@@ -820,37 +821,55 @@ static ferry_status recover(trainer *t, const char *why) {
                 FERRY_LOG_WARN("recovery: waiting for %s to come back (%s)",
                                ferry_cluster_target(t->cluster, down), text);
             waiting = down;
-            free(mine);
             continue;
         }
         if (nmine == 0) {
-            int64_t *all = NULL;
-            size_t nall = 0;
-            (void)ferry_checkpoint_steps(t->ck_base, cfg->rank, &all, &nall);
             steps_text(all, nall, have, sizeof have);
-            free(all);
-            free(mine);
-            return ferry_errorf(FERRY_ERR_NOT_FOUND,
-                                "recovery impossible: no checkpoint that this rank (steps %s in "
-                                "%s.r%d.*) and every ferry-ps hold (start the servers with the "
-                                "same --checkpoint-dir they had)",
-                                have, t->ck_base, cfg->rank);
+            st = ferry_errorf(FERRY_ERR_NOT_FOUND,
+                              "recovery impossible: no checkpoint that this rank (steps %s in "
+                              "%s.r%d.*) and every ferry-ps hold (start the servers with the "
+                              "same --checkpoint-dir they had)",
+                              have, t->ck_base, cfg->rank);
+            break;
         }
         uint64_t offer[1024];
         size_t no = nmine < 1024 ? nmine : 1024;
         for (size_t i = 0; i < no; i++)
             offer[i] = (uint64_t)mine[nmine - no + i];
-        free(mine);
         double left = limit - (ferry_now() - t0);
         st = ferry_job_recover(t->job, offer, no, (int)(left > 1.0 ? left * 1000.0 : 1000.0),
-                               &resume);
+                               resume);
         if (st == FERRY_OK)
             break;
         (void)snprintf(text, sizeof text, "%s", ferry_error_last());
-        if (st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_EXISTS || st == FERRY_ERR_INVALID)
-            return ferry_errorf(st, "recovery failed: %s", text);
+        if (st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_EXISTS || st == FERRY_ERR_INVALID) {
+            st = ferry_errorf(st, "recovery failed: %s", text);
+            break;
+        }
         FERRY_LOG_INFO("recovery: retrying the roll-back (%s)", text);
     }
+    free(mine);
+    return st;
+}
+
+static ferry_status recover(trainer *t, const char *why) {
+    const ferry_trainer_config *cfg = t->cfg;
+    double t0 = ferry_now();
+    FERRY_LOG_WARN("recovering: %s; the job rolls back to its newest complete checkpoint "
+                   "(waiting up to %.0f s, --recovery-timeout)",
+                   why, cfg->recovery_timeout_s);
+    ferry_dist_ctx_abandon(t->dc); /* no cleanup calls to a dead peer */
+    ferry_cluster_set_wait_for_ready(t->cluster, 0);
+    /* This rank's parts do not change while it waits: read and verify them once. */
+    int64_t *all = NULL;
+    size_t nall = 0;
+    uint64_t resume = 0;
+    ferry_status st = ferry_checkpoint_steps(t->ck_base, cfg->rank, &all, &nall);
+    if (st == FERRY_OK)
+        st = rollback(t, all, nall, t0, &resume);
+    free(all);
+    if (st != FERRY_OK)
+        return st;
     char path[2048];
     ferry_checkpoint_part(t->ck_base, cfg->rank, (int64_t)resume, path, sizeof path);
     ferry_ck_progress pr;
@@ -859,7 +878,6 @@ static ferry_status recover(trainer *t, const char *why) {
             FERRY_OK ||
         (st = apply_progress(t, &pr)) != FERRY_OK || (st = ferry_lm_pull_dense(t->lm)) != FERRY_OK)
         return st;
-    ferry_cluster_set_wait_for_ready(t->cluster, 0);
     FERRY_LOG_WARN("recovered in %.1f s: the job rolled back to step %llu (%s); epoch %d "
                    "continues at window %lld",
                    ferry_now() - t0, (unsigned long long)resume, path, t->epoch,

@@ -33,31 +33,52 @@ ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *stal
     return FERRY_OK;
 }
 
-/* Join with `action` on every server; reply fields of the servers combined: ready
- * when every server says so, min_step the smallest. */
-static ferry_status job_call(ferry_job *job, const char *action, int *ready, uint64_t *min_step) {
+static void join_request(ferry_job *job, const char *action, Ferry__JoinRequest *q) {
+    ferry__join_request__init(q);
+    q->job = job->name;
+    q->world = (uint32_t)job->cfg.world;
+    q->rank = (uint32_t)job->cfg.rank;
+    q->sync = (char *)(uintptr_t)sync_names[job->cfg.sync];
+    q->staleness = (uint32_t)job->cfg.staleness;
+    q->sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
+    q->model = job->model;
+    q->client_id = job->c->client_id;
+    q->action = (char *)(uintptr_t)action;
+}
+
+/* q on every server of the job's cluster, concurrently; replies[c->n] are
+ * initialised here and deinitialised by the caller. */
+static ferry_status join_all(ferry_job *job, const Ferry__JoinRequest *q, int deadline_ms,
+                             ferry_rpc_msg *replies) {
     ferry_cluster *c = job->c;
-    Ferry__JoinRequest q;
-    ferry__join_request__init(&q);
-    q.job = job->name;
-    q.world = (uint32_t)job->cfg.world;
-    q.rank = (uint32_t)job->cfg.rank;
-    q.sync = (char *)(uintptr_t)sync_names[job->cfg.sync];
-    q.staleness = (uint32_t)job->cfg.staleness;
-    q.sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
-    q.model = job->model;
-    q.client_id = c->client_id;
-    q.action = (char *)(uintptr_t)action;
     int servers[FERRY_DIST_MAX_SERVERS];
-    ferry_rpc_msg req, replies[FERRY_DIST_MAX_SERVERS];
+    ferry_rpc_msg req;
     ferry_rpc_msg_init(&req);
     for (int i = 0; i < c->n; i++) {
         servers[i] = i;
         ferry_rpc_msg_init(&replies[i]);
     }
-    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q->base);
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(c, FERRY_RPC_JOIN, c->n, servers, &req, 1, replies);
+        st = ferry__dist_fanout_deadline(c, FERRY_RPC_JOIN, c->n, servers, &req, 1, replies,
+                                         deadline_ms);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
+static void replies_deinit(ferry_rpc_msg *replies, int n) {
+    for (int i = 0; i < n; i++)
+        ferry_rpc_msg_deinit(&replies[i]);
+}
+
+/* Join with `action` on every server; reply fields of the servers combined: ready
+ * when every server says so, min_step the smallest. */
+static ferry_status job_call(ferry_job *job, const char *action, int *ready, uint64_t *min_step) {
+    ferry_cluster *c = job->c;
+    Ferry__JoinRequest q;
+    join_request(job, action, &q);
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = join_all(job, &q, c->cfg.deadline_ms, replies);
     int all_ready = 1;
     uint64_t min = UINT64_MAX;
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
@@ -65,9 +86,7 @@ static ferry_status job_call(ferry_job *job, const char *action, int *ready, uin
         all_ready &= r->ready != 0;
         min = r->min_step < min ? r->min_step : min;
     }
-    for (int i = 0; i < c->n; i++)
-        ferry_rpc_msg_deinit(&replies[i]);
-    ferry_rpc_msg_deinit(&req);
+    replies_deinit(replies, c->n);
     if (st == FERRY_OK && ready != NULL)
         *ready = all_ready;
     if (st == FERRY_OK && min_step != NULL)
@@ -113,19 +132,6 @@ ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry
     return st;
 }
 
-static void join_request(ferry_job *job, const char *action, Ferry__JoinRequest *q) {
-    ferry__join_request__init(q);
-    q->job = job->name;
-    q->world = (uint32_t)job->cfg.world;
-    q->rank = (uint32_t)job->cfg.rank;
-    q->sync = (char *)(uintptr_t)sync_names[job->cfg.sync];
-    q->staleness = (uint32_t)job->cfg.staleness;
-    q->sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
-    q->model = job->model;
-    q->client_id = job->c->client_id;
-    q->action = (char *)(uintptr_t)action;
-}
-
 ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out) {
     ferry_cluster *c = job->c;
     memset(out, 0, sizeof *out);
@@ -168,17 +174,8 @@ ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, 
     join_request(job, "recover", &q);
     q.checkpoints = (uint64_t *)(uintptr_t)offer;
     q.n_checkpoints = n;
-    int servers[FERRY_DIST_MAX_SERVERS];
-    ferry_rpc_msg req, replies[FERRY_DIST_MAX_SERVERS];
-    ferry_rpc_msg_init(&req);
-    for (int i = 0; i < c->n; i++) {
-        servers[i] = i;
-        ferry_rpc_msg_init(&replies[i]);
-    }
-    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
-    if (st == FERRY_OK)
-        st = ferry__dist_fanout_deadline(c, FERRY_RPC_JOIN, c->n, servers, &req, 1, replies,
-                                         deadline_ms);
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = join_all(job, &q, deadline_ms, replies);
     uint64_t step = 0;
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
         const Ferry__JoinReply *r = replies[i].head;
@@ -191,9 +188,7 @@ ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, 
                               ferry_rpc_client_target(c->clients[i]));
         step = r->resume_step;
     }
-    for (int i = 0; i < c->n; i++)
-        ferry_rpc_msg_deinit(&replies[i]);
-    ferry_rpc_msg_deinit(&req);
+    replies_deinit(replies, c->n);
     if (st == FERRY_OK)
         *resume_step = step;
     return st;
