@@ -39,15 +39,23 @@ ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
     atomic_init(&t->swept, 0);
     atomic_init(&t->stepped, 0);
     atomic_init(&t->released, 0);
+    atomic_init(&t->replayed, 0);
     return FERRY_OK;
+}
+
+static void call_free(ferry__ps_call *call) {
+    ferry__ps_saved_free(&call->saved);
+    for (int i = 0; i < call->nreply; i++)
+        ferry_rpc_buf_free(call->reply[i].data);
+    free(call->reply);
+    free(call);
 }
 
 static void ctx_free(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     atomic_fetch_sub(&t->bytes, c->bytes);
     for (ferry__ps_call *call = c->calls, *next; call != NULL; call = next) {
         next = call->next;
-        ferry__ps_saved_free(&call->saved);
-        free(call);
+        call_free(call);
     }
     for (int i = 0; i < c->nmods; i++)
         ferry_grads_deinit(&c->mods[i].G);
@@ -66,6 +74,8 @@ void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t) {
         }
     }
     free(t->buckets);
+    for (int i = 0; i < FERRY__PS_STEPPED_KEEP; i++)
+        free(t->stepped_ring[i].head);
     pthread_mutex_destroy(&t->mu);
     memset(t, 0, sizeof *t);
 }
@@ -182,7 +192,7 @@ static int64_t ctx_bytes(const ferry__ps_ctx *c) {
     for (int i = 0; i < c->nmods; i++)
         bytes += ferry_grads_bytes(&c->mods[i].G);
     for (const ferry__ps_call *call = c->calls; call != NULL; call = call->next)
-        bytes += (int64_t)(sizeof *call + call->saved.bytes);
+        bytes += (int64_t)(sizeof *call + call->saved.bytes) + call->reply_bytes;
     return bytes;
 }
 
@@ -276,8 +286,88 @@ void ferry__ps_ctx_drop_call(ferry__ps_ctx *c, ferry__ps_call *call) {
     while (*pp != call)
         pp = &(*pp)->next;
     *pp = call->next;
+    call_free(call);
+}
+
+ferry_status ferry__ps_ctx_finish_call(ferry__ps_ctx *c, ferry__ps_call *call,
+                                       const ferry_rpc_msg *reply) {
+    (void)c;
+    ferry_rpc_tensor *kept = calloc((size_t)reply->ntensors + 1, sizeof *kept);
+    if (kept == NULL)
+        return FERRY_ERR_NOMEM;
+    int64_t bytes = 0;
+    for (int i = 0; i < reply->ntensors; i++) {
+        kept[i] = reply->tensors[i];
+        kept[i].release = NULL;
+        kept[i].release_user = NULL;
+        kept[i].data = ferry_rpc_buf_alloc(kept[i].nbytes);
+        if (kept[i].data == NULL) {
+            for (int k = 0; k < i; k++)
+                ferry_rpc_buf_free(kept[k].data);
+            free(kept);
+            return FERRY_ERR_NOMEM;
+        }
+        if (kept[i].nbytes > 0)
+            memcpy(kept[i].data, reply->tensors[i].data, kept[i].nbytes);
+        bytes += (int64_t)kept[i].nbytes;
+    }
     ferry__ps_saved_free(&call->saved);
-    free(call);
+    call->done = 1;
+    call->reply = kept;
+    call->nreply = reply->ntensors;
+    call->reply_bytes = bytes;
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_ctx_replay_call(ferry__ps_ctx_table *t, const ferry__ps_call *call,
+                                       ferry_rpc_msg *reply) {
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < call->nreply && st == FERRY_OK; i++) {
+        ferry_rpc_tensor v = call->reply[i];
+        if (v.nbytes == 0)
+            v.data = NULL;
+        st = ferry_rpc_msg_add_copy(reply, &v);
+    }
+    if (st == FERRY_OK)
+        atomic_fetch_add(&t->replayed, 1);
+    return st;
+}
+
+void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t id, const ferry_rpc_msg *reply) {
+    uint8_t *head = malloc(reply->head_len + 1);
+    if (head == NULL)
+        return; /* a retry of this Step will be told the context is gone */
+    if (reply->head_len > 0)
+        memcpy(head, reply->head_bytes, reply->head_len);
+    pthread_mutex_lock(&t->mu);
+    ferry__ps_stepped *e = &t->stepped_ring[t->stepped_next];
+    t->stepped_next = (t->stepped_next + 1) % FERRY__PS_STEPPED_KEEP;
+    free(e->head);
+    e->id = id;
+    e->head = head;
+    e->len = reply->head_len;
+    pthread_mutex_unlock(&t->mu);
+}
+
+ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t id,
+                                         ferry_rpc_msg *reply) {
+    Ferry__StepReply *r = NULL;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < FERRY__PS_STEPPED_KEEP && id != 0; i++) {
+        const ferry__ps_stepped *e = &t->stepped_ring[i];
+        if (e->id == id && e->head != NULL) {
+            r = ferry__step_reply__unpack(NULL, e->len, e->head);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (r == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry_status st = ferry_rpc_msg_set_head(reply, &r->base);
+    ferry__step_reply__free_unpacked(r, NULL);
+    if (st == FERRY_OK)
+        atomic_fetch_add(&t->replayed, 1);
+    return st;
 }
 
 int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t) {

@@ -27,6 +27,7 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardReque
                             ferry_wire_mode_list(m->kind->wire, modes, sizeof modes));
     }
     int saving = q->ctx_id != 0 && !q->no_grad;
+    int keep = saving; /* the Forward's state is kept for a Backward */
     ferry__ps_ctx *c = NULL;
     ferry__ps_saved sv;
     memset(&sv, 0, sizeof sv);
@@ -34,26 +35,28 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardReque
     if (saving) {
         if ((st = ferry__ps_ctx_acquire(t, q->ctx_id, 1, &c)) != FERRY_OK)
             return st;
-        if (ferry__ps_ctx_find_call(c, m, q->call_id) != NULL)
-            st = ferry_errorf(FERRY_ERR_EXISTS,
-                              "%s '%s': context %#llx already has a Forward with call id %llu",
-                              ferry__ps_kind_name(m->kind), m->name, (unsigned long long)q->ctx_id,
-                              (unsigned long long)q->call_id);
+        /* The same Forward again is a retry whose first reply was lost: it replaces a
+         * pending one, and after its Backward it only answers. */
+        ferry__ps_call *prev = ferry__ps_ctx_find_call(c, m, q->call_id);
+        if (prev != NULL && prev->done)
+            keep = 0;
+        else if (prev != NULL)
+            ferry__ps_ctx_drop_call(c, prev);
         sv.table = t; /* what the Forward keeps is charged to this context */
         sv.ctx = c;
         /* The pending-call record itself. */
-        if (st == FERRY_OK)
+        if (keep)
             st =
                 ferry__ps_ctx_charge(t, c, (int64_t)sizeof(ferry__ps_call), "a pending call", NULL);
     }
     uint64_t version = 0;
     if (st == FERRY_OK) {
         pthread_rwlock_rdlock(&m->lock);
-        st = m->kind->forward(m, mode, req, reply, saving ? &sv : NULL);
+        st = m->kind->forward(m, mode, req, reply, keep ? &sv : NULL);
         version = m->version;
         pthread_rwlock_unlock(&m->lock);
     }
-    if (st == FERRY_OK && saving) {
+    if (st == FERRY_OK && keep) {
         /* The module joins the context now, so that Step advances its optimizer even
          * if no gradient reaches it (the step counter stays in line with the trainer). */
         ferry_grads *G;
@@ -84,10 +87,15 @@ ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardReq
         return st;
     ferry__ps_call *call = ferry__ps_ctx_find_call(c, m, q->call_id);
     ferry_grads *G = NULL;
+    if (call != NULL && call->done) { /* a retry: answered alike, applied once */
+        st = ferry__ps_ctx_replay_call(t, call, reply);
+        ferry__ps_ctx_release(t, c);
+        goto answer;
+    }
     if (call == NULL)
         st = ferry_errorf(FERRY_ERR_NOT_FOUND,
                           "%s '%s': context %#llx has no pending Forward with call id %llu "
-                          "(already backpropagated, or run without a context or with no_grad)",
+                          "(never made, or run without a context or with no_grad)",
                           ferry__ps_kind_name(m->kind), m->name, (unsigned long long)q->ctx_id,
                           (unsigned long long)q->call_id);
     else
@@ -101,10 +109,12 @@ ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardReq
         st = m->kind->backward(m, q, &call->saved, req, G, reply);
         pthread_rwlock_unlock(&m->lock);
     }
-    /* One Backward per Forward: the saved state may have been consumed in place. */
-    if (st == FERRY_OK)
+    /* One Backward per Forward: the saved state may have been consumed in place. The
+     * reply is kept, so that a retry is answered without adding the gradient again. */
+    if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK)
         ferry__ps_ctx_drop_call(c, call);
     ferry__ps_ctx_release(t, c);
+answer:
     if (st != FERRY_OK)
         return st;
     Ferry__BackwardReply r;
@@ -184,6 +194,7 @@ ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradN
     if (q->job != NULL) { /* a job's ssp or async step: this rank's own figures */
         r.loss_sum = q->job->loss_sum;
         r.tokens = q->job->tokens;
+        r.checkpoint = q->job->checkpoint;
     }
     if (st == FERRY_OK)
         st = ferry_rpc_msg_set_head(reply, &r.base); /* packs a copy while names live */
@@ -246,6 +257,13 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepReques
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry__ps_ctx *c;
     ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    if (st == FERRY_ERR_NOT_FOUND) { /* stepped already: a retry is answered alike */
+        char why[512];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        if (ferry__ps_ctx_stepped_reply(t, q->ctx_id, reply) == FERRY_OK)
+            return FERRY_OK;
+        return ferry_errorf(st, "%s", why);
+    }
     if (st != FERRY_OK)
         return st;
     Ferry__StepReply r;
@@ -278,8 +296,8 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepReques
                         (unsigned long long)c->id);
     ferry__ps_ctx_retire(t, c, 1);
     r.metrics = ptrs;
-    if (st == FERRY_OK)
-        st = ferry_rpc_msg_set_head(reply, &r.base);
+    if (st == FERRY_OK && (st = ferry_rpc_msg_set_head(reply, &r.base)) == FERRY_OK)
+        ferry__ps_ctx_remember_step(t, c->id, reply);
     ferry__ps_ctx_release(t, c);
     free(metrics);
     free(ptrs);

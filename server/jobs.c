@@ -27,6 +27,7 @@ typedef struct job_rank {
     int arrived;
     uint64_t ctx_id;
     double loss_sum, tokens;
+    int ck; /* asked for a checkpoint after this step */
     ferry_rpc_pending *gn; /* its GradNorm, waiting for the barrier */
     /* ssp: its Step's reply, built and waiting for the bound */
     ferry_rpc_pending *sp;
@@ -65,6 +66,7 @@ struct ferry__ps_job {
     double *agg_ss;         /* their sums of squares */
     int nagg;
     double agg_sumsq, agg_loss, agg_tokens;
+    int agg_ck; /* some rank asked for a checkpoint after bsp_step */
     uint64_t applied; /* the last step applied */
     double applied_scale;
     uint64_t applied_version;
@@ -696,8 +698,10 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
     ferry_status st = FERRY_OK;
     agg_free(job);
     job->agg_loss = job->agg_tokens = job->agg_sumsq = 0.0;
+    job->agg_ck = 0;
     for (uint32_t r = 0; r < job->world && st == FERRY_OK; r++) {
         job_rank *k = &job->ranks[r];
+        job->agg_ck |= k->ck;
         job->agg_loss += k->loss_sum;
         job->agg_tokens += k->tokens;
         ferry__ps_ctx *c;
@@ -745,6 +749,7 @@ static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
         r.sum_squares = job->agg_sumsq;
         r.loss_sum = job->agg_loss;
         r.tokens = job->agg_tokens;
+        r.checkpoint = job->agg_ck;
         st = ferry_rpc_msg_set_head(reply, &r.base);
     }
     free(metrics);
@@ -775,6 +780,29 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormR
         return ferry__ps_grad_norm_context(ps, q, reply);
     }
     uint64_t s = js->step;
+    if (st == FERRY_OK && s == job->bsp_step && job->ranks[js->rank].arrived &&
+        job->ranks[js->rank].ctx_id == q->ctx_id) {
+        /* The same GradNorm again: a retry after its reply was lost or late. */
+        job_rank *k = &job->ranks[js->rank];
+        if (job->bsp_complete) {
+            st = bsp_reply(job, reply);
+        } else {
+            ferry_rpc_pending *p = ferry_rpc_defer(reply);
+            if (p == NULL) {
+                st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "bsp GradNorm must wait, and this call "
+                                                         "cannot (no network call to answer later)");
+            } else {
+                if (k->gn != NULL) { /* its first attempt's caller gave up on it */
+                    (void)ferry_errorf(FERRY_ERR_TIMEOUT, "bsp step %llu: superseded by a retry",
+                                       (unsigned long long)s);
+                    ferry_rpc_pending_finish(k->gn, FERRY_ERR_TIMEOUT, NULL);
+                }
+                k->gn = p;
+            }
+        }
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
     if (st == FERRY_OK && q->n_modules != 0)
         st = ferry_errorf(FERRY_ERR_INVALID, "bsp GradNorm covers every module (modules must be "
                                              "empty)");
@@ -806,6 +834,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormR
     k->ctx_id = q->ctx_id;
     k->loss_sum = js->loss_sum;
     k->tokens = js->tokens;
+    k->ck = js->checkpoint;
     job->arrived++;
     if (job->arrived < job->world) {
         ferry_rpc_pending *p = ferry_rpc_defer(reply);
@@ -974,6 +1003,13 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__StepRequest *q
         uint64_t lead = js->step > min ? js->step - min : 0;
         if (lead > job->K && !j->stopped && job->failed[0] == '\0') {
             ferry_rpc_pending *p = ferry_rpc_defer(reply);
+            if (p != NULL && k->sp != NULL) { /* a retry of the held Step replaces it */
+                (void)ferry_errorf(FERRY_ERR_TIMEOUT, "ssp: superseded by a retry");
+                ferry_rpc_pending_finish(k->sp, FERRY_ERR_TIMEOUT, NULL);
+                ferry_rpc_msg_deinit(&k->sp_reply);
+                k->sp = NULL;
+                job->held--;
+            }
             if (p != NULL) { /* held until the slowest catches up */
                 k->sp = p;
                 k->sp_reply = *reply; /* moved: the built reply waits here */

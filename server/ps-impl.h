@@ -217,8 +217,24 @@ typedef struct ferry__ps_call {
     uint64_t call_id;
     ferry__ps_module *mod;
     ferry__ps_saved saved;
+    /* Backpropagated: the saved state is gone, and the reply's tensors are kept (owned
+     * copies, release NULL) to answer a retry of the same Backward alike. */
+    int done;
+    ferry_rpc_tensor *reply;
+    int nreply;
+    int64_t reply_bytes;
     struct ferry__ps_call *next;
 } ferry__ps_call;
+
+/* A context that Step ended, remembered (its packed StepReply) so that a retried
+ * Step of it is answered alike instead of stepping again. */
+typedef struct ferry__ps_stepped {
+    uint64_t id;
+    uint8_t *head;
+    size_t len;
+} ferry__ps_stepped;
+
+#define FERRY__PS_STEPPED_KEEP 1024
 
 typedef struct ferry__ps_ctx {
     uint64_t id;
@@ -241,6 +257,9 @@ typedef struct ferry__ps_ctx_table {
     const ferry__ps_limits *lim; /* the server's, which outlives the table */
     atomic_llong bytes;          /* sum of every context's bytes */
     atomic_llong created, swept, stepped, released;
+    ferry__ps_stepped stepped_ring[FERRY__PS_STEPPED_KEEP]; /* table lock */
+    int stepped_next;
+    atomic_llong replayed; /* retried calls answered from what was kept */
 } ferry__ps_ctx_table;
 
 ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
@@ -277,6 +296,19 @@ ferry_status ferry__ps_ctx_save(ferry__ps_ctx *c, ferry__ps_module *m, uint64_t 
 ferry__ps_call *ferry__ps_ctx_find_call(ferry__ps_ctx *c, const ferry__ps_module *m,
                                         uint64_t call_id);
 void ferry__ps_ctx_drop_call(ferry__ps_ctx *c, ferry__ps_call *call);
+/* Marks a Backward's call done: frees its saved state and keeps copies of the
+ * reply's tensors for a retry (FERRY_ERR_NOMEM leaves the call pending). */
+ferry_status ferry__ps_ctx_finish_call(ferry__ps_ctx *c, ferry__ps_call *call,
+                                       const ferry_rpc_msg *reply);
+/* Answers a retried Backward of a done call with the kept tensors. */
+ferry_status ferry__ps_ctx_replay_call(ferry__ps_ctx_table *t, const ferry__ps_call *call,
+                                       ferry_rpc_msg *reply);
+/* Remembers the Step reply of context id (its packed header). */
+void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t id, const ferry_rpc_msg *reply);
+/* The remembered Step reply of context id into *reply: FERRY_OK, or
+ * FERRY_ERR_NOT_FOUND when none is kept. */
+ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t id,
+                                         ferry_rpc_msg *reply);
 /* Frees contexts idle longer than the TTL (and not in use); returns the count. */
 int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t);
 int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t);

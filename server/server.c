@@ -167,6 +167,7 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     rc.threads = cfg->threads;
     rc.max_message_bytes = cfg->max_message_bytes;
     rc.user = &s->ps;
+    rc.incarnation = s->ps.incarnation;
     for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++) /* each method its own handler */
         rc.handlers[m] = ferry__ps_handlers[m];
     if ((st = ferry_rpc_server_create(&rc, &s->rpc)) != FERRY_OK) {

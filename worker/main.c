@@ -39,6 +39,12 @@ static void on_signal(int sig) {
     ferry_trainer_request_stop();
 }
 
+/* SIGUSR1: a checkpoint after the next step (a job's: every rank's, one step). */
+static void on_checkpoint_signal(int sig) {
+    (void)sig;
+    ferry_trainer_request_checkpoint();
+}
+
 static void install_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -46,6 +52,8 @@ static void install_signals(void) {
     sigemptyset(&sa.sa_mask);
     (void)sigaction(SIGINT, &sa, NULL);
     (void)sigaction(SIGTERM, &sa, NULL);
+    sa.sa_handler = on_checkpoint_signal;
+    (void)sigaction(SIGUSR1, &sa, NULL);
 }
 
 int main(int argc, char **argv) {
@@ -129,7 +137,8 @@ int main(int argc, char **argv) {
          .help = "seed for initialisation and dropout"},
         {.name = "save", .type = FERRY_FLAG_STRING, .ptr = &cfg.save, .metavar = "PATH",
          .help = "checkpoint as PATH.<step> (a job's rank r: PATH.r<r>.<step>) after every "
-                 "epoch, on SIGTERM and every --checkpoint-every steps"},
+                 "epoch, on SIGTERM, on SIGUSR1 (training goes on; a job: every rank after "
+                 "the same step) and every --checkpoint-every steps"},
         {.name = "load", .type = FERRY_FLAG_STRING, .ptr = &cfg.load, .metavar = "PATH",
          .help = "resume from the newest complete checkpoint PATH.<step> (or the file PATH), "
                  "with its configuration"},

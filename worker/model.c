@@ -333,6 +333,7 @@ static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G
     if (st != FERRY_OK)
         return st;
     ferry_dist_ctx_job_loss(dc, &res->job_loss_sum, &res->job_tokens);
+    res->checkpoint = ferry_dist_ctx_job_checkpoint(dc);
     return FERRY_OK;
 }
 
@@ -409,7 +410,11 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
         /* Keep the error message of the step, not of the release. */
         char err[512];
         (void)snprintf(err, sizeof err, "%s", ferry_error_last());
-        if (ferry_dist_ctx_release(dc) != FERRY_OK)
+        /* A server that did not answer gets no cleanup call (it would cost another
+         * deadline): it sweeps the context by itself. */
+        if (st == FERRY_ERR_TIMEOUT || st == FERRY_ERR_UNAVAILABLE)
+            ferry_dist_ctx_abandon(dc);
+        else if (ferry_dist_ctx_release(dc) != FERRY_OK)
             FERRY_LOG_WARN("releasing context after a failed step: %s", ferry_error_last());
         (void)ferry_errorf(st, "%s", err);
     }

@@ -102,6 +102,7 @@ typedef struct ferry_lm_step_result {
      * global batch's); else this rank's (= loss_sum, tokens). */
     double job_loss_sum, job_tokens;
     double sync_s; /* seconds in the job's GradNorm and Step (waiting for the others) */
+    int checkpoint; /* a job rank asked for a checkpoint after this step */
 } ferry_lm_step_result;
 
 /* One training step: forward, backward across processes, the Stiefel penalty

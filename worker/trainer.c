@@ -21,11 +21,15 @@
 #include "worker/progress.h"
 #include "worker/trainer.h"
 
-/* The process's only global: set from a signal handler, read between steps. */
-static volatile sig_atomic_t stop_requested;
+/* The process's only globals: set from signal handlers, read between steps. */
+static volatile sig_atomic_t stop_requested, checkpoint_requested;
 
 void ferry_trainer_request_stop(void) {
     stop_requested = 1;
+}
+
+void ferry_trainer_request_checkpoint(void) {
+    checkpoint_requested = 1;
 }
 
 int ferry_trainer_stop_requested(void) {
@@ -204,6 +208,8 @@ typedef struct trainer {
     int64_t win0; /* the window of `epoch` to start at (a resume) */
     int carried;  /* the carried state was restored: do not zero it at win0 */
     int recover;  /* a job that recovers from crashes (checkpoint_every > 0) */
+    double step_t0;   /* when the step under way began; 0 between steps */
+    int ck_asked;     /* a checkpoint was requested after the last step */
     int64_t rec_step; /* the step of the last roll-back, and how many in a row */
     int rec_repeat;
     const char *ck_base; /* --save, else --load: the checkpoints a recovery looks at */
@@ -298,9 +304,17 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
         .job_step = (uint64_t)t->step + 1,
     };
     ferry_lm_step_result r;
+    int asked = checkpoint_requested != 0;
+    if (asked) {
+        checkpoint_requested = 0;
+        if (t->job != NULL) /* every rank learns of it in this step's answer */
+            ferry_job_request_checkpoint(t->job);
+        FERRY_LOG_INFO("checkpoint requested (SIGUSR1): after step %lld", (long long)t->step + 1);
+    }
     ferry_status st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);
     if (st != FERRY_OK)
         return ferry_errorf(st, "step %lld: %s", (long long)t->step + 1, ferry_error_last());
+    t->ck_asked = t->job != NULL ? r.checkpoint : asked;
     *loss_sum = r.job_loss_sum;
     *tokens = r.job_tokens;
     *grad_norm = r.grad_norm;
@@ -401,8 +415,10 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
         double sum = 0.0, ntok = 0.0;
         if ((st = ferry_batch_window(t->train, start, cfg->bptt, &w)) != FERRY_OK)
             break;
+        t->step_t0 = ferry_now();
         if ((st = train_step(t, &w, &sum, &ntok, &gn)) != FERRY_OK)
             break;
+        t->step_t0 = 0.0;
         win_loss += sum;
         win_tokens += (int64_t)ntok;
         win_steps++;
@@ -425,8 +441,15 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
             win_tokens = 0;
             win_steps = 0;
         }
-        if (st == FERRY_OK && cfg->checkpoint_every > 0 && t->step % cfg->checkpoint_every == 0)
+        int every = cfg->checkpoint_every > 0 && t->step % cfg->checkpoint_every == 0;
+        if (st == FERRY_OK && t->ck_asked && cfg->save == NULL)
+            FERRY_LOG_WARN("checkpoint requested, but there is nowhere to write it (--save)");
+        if (st == FERRY_OK && (every || t->ck_asked)) {
+            if (t->ck_asked && cfg->save != NULL)
+                FERRY_LOG_INFO("checkpoint at step %lld (requested)", (long long)t->step);
             st = save_checkpoint(t, t->epoch, i + 1);
+        }
+        t->ck_asked = 0;
         if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_requested) {
             *stop = 1;
             i++;
@@ -632,8 +655,12 @@ static ferry_status trainer_setup(trainer *t) {
      * interval rolls back to the start. */
     if (cfg->load == NULL && t->recover && (st = save_checkpoint(t, 1, 0)) != FERRY_OK)
         return st;
-    if (t->recover)
+    if (t->recover) {
         ferry_cluster_set_wait_for_ready(t->cluster, 0); /* a dead server fails at once */
+        /* A call lost in a stall or a broken connection is sent again (the servers
+         * apply it once); a restarted server refuses it, and the job rolls back. */
+        ferry_cluster_set_retry(t->cluster, (int)(cfg->recovery_timeout_s * 1000.0));
+    }
     FERRY_LOG_INFO("model: V=%lld E=%d H=%d L=%d, %lld parameters; %s lr %g, batch %d, bptt %d, "
                    "clip %g, loss %s, device %s",
                    (long long)V, cfg->emsize, cfg->nhid, cfg->nlayers, (long long)t->lm->P.numel,
@@ -776,8 +803,8 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
         if (attempt > 0) {
             if (ferry_now() - t0 > limit) {
                 st = ferry_errorf(FERRY_ERR_TIMEOUT,
-                                  "recovery failed: %s after %.0f s (--recovery-timeout)", text,
-                                  ferry_now() - t0);
+                                  "recovery failed after %.0f s (--recovery-timeout %g): %s",
+                                  ferry_now() - t0, limit, text);
                 break;
             }
             struct timespec ts = {0, 250000000L};
@@ -854,10 +881,13 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
 
 static ferry_status recover(trainer *t, const char *why) {
     const ferry_trainer_config *cfg = t->cfg;
-    double t0 = ferry_now();
+    /* The recovery timeout counts from the start of the failed step: the step's calls
+     * may have spent part of it being sent again. */
+    double t0 = t->step_t0 > 0.0 ? t->step_t0 : ferry_now();
+    t->step_t0 = 0.0;
     FERRY_LOG_WARN("recovering: %s; the job rolls back to its newest complete checkpoint "
-                   "(waiting up to %.0f s, --recovery-timeout)",
-                   why, cfg->recovery_timeout_s);
+                   "(waiting up to %.0f s more, --recovery-timeout %g)",
+                   why, fmax(0.0, cfg->recovery_timeout_s - (ferry_now() - t0)), cfg->recovery_timeout_s);
     ferry_dist_ctx_abandon(t->dc); /* no cleanup calls to a dead peer */
     ferry_cluster_set_wait_for_ready(t->cluster, 0);
     /* This rank's parts do not change while it waits: read and verify them once. */
@@ -869,6 +899,11 @@ static ferry_status recover(trainer *t, const char *why) {
         st = rollback(t, all, nall, t0, &resume);
     free(all);
     if (st != FERRY_OK)
+        return st;
+    /* Learn the servers' incarnations anew: later context calls name them, so that a
+     * server restarting again is noticed at once. */
+    int restarted = 0;
+    if ((st = ferry_cluster_hello(t->cluster, &restarted)) != FERRY_OK)
         return st;
     char path[2048];
     ferry_checkpoint_part(t->ck_base, cfg->rank, (int64_t)resume, path, sizeof path);

@@ -88,6 +88,9 @@ int ferry_trainer_config_preset(ferry_trainer_config *cfg, const char *name);
 /* Asks a running ferry_trainer_run to stop after the current step (checkpointing
  * when --save is set) and return FERRY_OK. Async-signal-safe. */
 void ferry_trainer_request_stop(void);
+/* Async-signal-safe: a checkpoint after the next step (a job: every rank, the same
+ * step), and training goes on (SIGUSR1). */
+void ferry_trainer_request_checkpoint(void);
 int ferry_trainer_stop_requested(void);
 
 /* Runs training and evaluation as configured. Returns FERRY_OK or a status with a

@@ -51,14 +51,25 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
                                        c->cfg.deadline_ms);
 }
 
+/* Methods a caller may send again after a failure in transit: each is applied once
+ * on the server however often it arrives (or changes nothing). */
+static int retry_safe(ferry_rpc_method m) {
+    return m == FERRY_RPC_FORWARD || m == FERRY_RPC_BACKWARD || m == FERRY_RPC_GRAD_NORM ||
+           m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS;
+}
+
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,
                                          ferry_rpc_msg *replies, int deadline_ms) {
     if (n == 0)
         return FERRY_OK;
     ferry_rpc_fanout *calls = calloc((size_t)n, sizeof *calls);
-    if (calls == NULL)
+    int *idx = calloc((size_t)n, sizeof *idx);
+    if (calls == NULL || idx == NULL) {
+        free(calls);
+        free(idx);
         return FERRY_ERR_NOMEM;
+    }
     for (int i = 0; i < n; i++) {
         calls[i].client = c->clients[servers[i]];
         calls[i].method = method;
@@ -66,7 +77,57 @@ ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method meth
         calls[i].reply = &replies[i];
     }
     ferry_status st = ferry_rpc_call_many(calls, n, deadline_ms);
+    int retry_ms = atomic_load(&c->retry_ms);
+    double t0 = ferry_now();
+    long pause_ms = 50;
+    for (int attempt = 1; st != FERRY_OK && retry_ms > 0 && retry_safe(method); attempt++) {
+        /* Only the calls that failed in transit go again; an answer from a server
+         * (even an error) is final. */
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            if (calls[i].status == FERRY_OK)
+                continue;
+            if (!calls[i].transport)
+                m = -1;
+            if (m < 0)
+                break;
+            idx[m++] = i;
+        }
+        double spent = ferry_now() - t0;
+        if (m <= 0 || spent * 1000.0 + (double)pause_ms > retry_ms)
+            break;
+        if (attempt == 1)
+            FERRY_LOG_WARN("%s; sending it again (same ids) for up to %.0f s", ferry_error_last(),
+                           retry_ms / 1000.0);
+        struct timespec ts = {pause_ms / 1000, (pause_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        pause_ms = pause_ms * 2 > 1000 ? 1000 : pause_ms * 2;
+        /* Compact the failed entries to the front, send them, put them back. */
+        ferry_rpc_fanout *again = calloc((size_t)m, sizeof *again);
+        if (again == NULL) {
+            st = FERRY_ERR_NOMEM;
+            break;
+        }
+        for (int k = 0; k < m; k++)
+            again[k] = calls[idx[k]];
+        atomic_fetch_add(&c->retries, (uint64_t)m);
+        /* No attempt runs past the window. */
+        int dl = deadline_ms > 0 ? deadline_ms : c->cfg.deadline_ms;
+        double left_ms = retry_ms - (ferry_now() - t0) * 1000.0;
+        if (left_ms < dl)
+            dl = left_ms > 100.0 ? (int)left_ms : 100;
+        st = ferry_rpc_call_many(again, m, dl);
+        for (int k = 0; k < m; k++)
+            calls[idx[k]] = again[k];
+        free(again);
+        if (st == FERRY_OK)
+            FERRY_LOG_WARN("%s %s answered after %d %s (%.1f s)",
+                           ferry_rpc_client_target(calls[idx[0]].client),
+                           ferry_rpc_method_name(method), attempt,
+                           attempt == 1 ? "retry" : "retries", ferry_now() - t0);
+    }
     free(calls);
+    free(idx);
     return st;
 }
 
@@ -115,6 +176,9 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
             changed++;
         }
         c->incarnation[i] = r->incarnation;
+        /* Context calls now name it: a later restart refuses them instead of
+         * serving them from a new state. */
+        ferry_rpc_client_set_incarnation(c->clients[i], r->incarnation);
     }
     for (int i = 0; replies != NULL && i < c->n; i++)
         ferry_rpc_msg_deinit(&replies[i]);
@@ -201,6 +265,8 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
     struct timespec ts;
     (void)clock_gettime(CLOCK_REALTIME, &ts);
     atomic_init(&c->next_ctx, (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
+    atomic_init(&c->retry_ms, c->cfg.retry_ms > 0 ? c->cfg.retry_ms : 0);
+    atomic_init(&c->retries, 0);
     c->clients = calloc((size_t)n, sizeof *c->clients);
     c->incarnation = calloc((size_t)n, sizeof *c->incarnation);
     if (c->clients == NULL || c->incarnation == NULL) {
@@ -236,6 +302,14 @@ void ferry_cluster_destroy(ferry_cluster *c) {
 
 int ferry_cluster_size(const ferry_cluster *c) {
     return c->n;
+}
+
+void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms) {
+    atomic_store(&c->retry_ms, retry_ms > 0 ? retry_ms : 0);
+}
+
+uint64_t ferry_cluster_retries(const ferry_cluster *c) {
+    return atomic_load(&((ferry_cluster *)(uintptr_t)c)->retries);
 }
 
 void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on) {

@@ -172,6 +172,7 @@ static Ferry__JobStep *ctx_job(const ferry_dist_ctx *dc, Ferry__JobStep *js) {
     js->step = dc->job_step;
     js->loss_sum = dc->job_loss;
     js->tokens = dc->job_tokens;
+    js->checkpoint = atomic_load(&dc->job->ck_request) != 0;
     return js;
 }
 
@@ -189,7 +190,16 @@ ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t
     dc->job_tokens = tokens;
     dc->job_loss_out = loss_sum;
     dc->job_tokens_out = tokens;
+    dc->job_ck_out = 0;
     return FERRY_OK;
+}
+
+void ferry_job_request_checkpoint(ferry_job *job) {
+    atomic_store(&job->ck_request, 1);
+}
+
+int ferry_dist_ctx_job_checkpoint(const ferry_dist_ctx *dc) {
+    return dc->job_ck_out;
 }
 
 void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens) {
@@ -249,6 +259,9 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
         const Ferry__GradNormReply *r0 = replies[0].head;
         dc->job_loss_out = r0->loss_sum;
         dc->job_tokens_out = r0->tokens;
+        dc->job_ck_out = r0->checkpoint;
+        if (js.checkpoint) /* delivered: the answer carries it from now on */
+            atomic_store(&dc->job->ck_request, 0);
     }
     replies_deinit(replies, n);
     if (st == FERRY_OK)

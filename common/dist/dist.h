@@ -24,6 +24,8 @@ struct ferry_cluster {
     ferry_rpc_client **clients;    /* (n) */
     uint64_t *incarnation;         /* (n) as of the last Hello; 0 before the first */
     atomic_uint_fast64_t next_ctx; /* low 48 bits of the next context id */
+    atomic_int retry_ms;           /* ferry_cluster_set_retry */
+    atomic_uint_fast64_t retries;  /* calls sent again */
 };
 
 typedef struct ferry__dist_shard {
@@ -58,6 +60,7 @@ struct ferry_job {
     ferry_job_config cfg;
     char name[FERRY_RPC_NAME_MAX];
     char model[1024];
+    atomic_int ck_request; /* ferry_job_request_checkpoint, sent with the next GradNorm */
 };
 
 /* One Forward inside a context, awaiting its Backward. */
@@ -94,6 +97,7 @@ struct ferry_dist_ctx {
     uint64_t job_step;
     double job_loss, job_tokens;
     double job_loss_out, job_tokens_out;
+    int job_ck_out; /* the GradNorm's answer: checkpoint after this step */
 };
 
 /* A new call record in dc (call id assigned, linked); NULL when out of memory. */

@@ -24,6 +24,7 @@ struct ferry_rpc_client {
     ferry__rpc_limits lim;
     int deadline_ms;
     _Atomic int wait_for_ready;
+    atomic_uint_fast64_t incarnation; /* expected by context calls; 0: not sent */
     pthread_mutex_t mu; /* guards the queue pool */
     grpc_completion_queue *cq_idle[CQ_POOL];
     int ncq_idle;
@@ -45,6 +46,9 @@ typedef struct client_call {
     grpc_slice details;
     const char *error_string;
     grpc_op ops[6];
+    grpc_metadata md;     /* FERRY_RPC_INCARNATION_KEY, when sent */
+    char md_value[20];
+    int transport;        /* failed in transit, not by the server's answer */
     int prepared; /* the metadata arrays and details are initialized */
     int started;  /* the batch is running: one completion will come */
 } client_call;
@@ -95,7 +99,7 @@ static ferry_status errorf_wrap(ferry_status st, const char *target, const char 
 /* Starts c's 6-op batch on cq, sending c->req_bb. `reg` is the registered
  * method, or NULL to call `path` by name. */
 static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void *reg,
-                                const char *path) {
+                                const char *path, int method) {
     ferry_rpc_client *cl = c->cl;
     gpr_timespec deadline = ferry__grpc_deadline_in(c->deadline_ms);
     grpc_metadata_array_init(&c->init_md);
@@ -114,6 +118,15 @@ static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void 
     size_t n = 0;
     memset(c->ops, 0, sizeof c->ops);
     op[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    uint64_t inc = atomic_load(&cl->incarnation);
+    if (inc != 0 && (method == FERRY_RPC_FORWARD || method == FERRY_RPC_BACKWARD ||
+                     method == FERRY_RPC_GRAD_NORM || method == FERRY_RPC_STEP)) {
+        (void)snprintf(c->md_value, sizeof c->md_value, "%016llx", (unsigned long long)inc);
+        c->md.key = grpc_slice_from_static_string(FERRY_RPC_INCARNATION_KEY);
+        c->md.value = grpc_slice_from_static_buffer(c->md_value, strlen(c->md_value));
+        op[n].data.send_initial_metadata.count = 1;
+        op[n].data.send_initial_metadata.metadata = &c->md;
+    }
     op[n++].flags = atomic_load(&cl->wait_for_ready) ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
     op[n].op = GRPC_OP_SEND_MESSAGE;
     op[n++].data.send_message.send_message = c->req_bb;
@@ -175,6 +188,8 @@ static ferry_status call_result(client_call *c, ferry_rpc_msg *reply) {
     int from_server = st != FERRY_OK;
     if (!from_server)
         st = ferry__grpc_status_from_code(c->code);
+    c->transport = !from_server && (c->code == GRPC_STATUS_DEADLINE_EXCEEDED ||
+                                    c->code == GRPC_STATUS_UNAVAILABLE);
     char details[384];
     size_t n = GRPC_SLICE_LENGTH(c->details);
     if (n >= sizeof details)
@@ -246,6 +261,7 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
         ferry_rpc_fanout *fo = &calls[i];
         const ferry__rpc_method_info *mi = ferry__rpc_method(fo->method);
         fo->status = FERRY_OK;
+        fo->transport = 0;
         fo->error[0] = '\0';
         ferry_rpc_msg_deinit(fo->reply);
         if (mi == NULL) {
@@ -260,7 +276,7 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
         c->deadline_ms = deadline_ms > 0 ? deadline_ms : fo->client->deadline_ms;
         ferry_status st = call_encode(c, mi, fo->req, &pend);
         if (st == FERRY_OK)
-            st = call_launch(c, cq, fo->client->registered[fo->method], NULL);
+            st = call_launch(c, cq, fo->client->registered[fo->method], NULL, (int)fo->method);
         if (st != FERRY_OK)
             fanout_fail(fo, st);
         started += c->started;
@@ -272,8 +288,10 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
         ferry_rpc_fanout *fo = &calls[i];
         if (cc[i].started) {
             ferry_status st = call_result(&cc[i], fo->reply);
-            if (st != FERRY_OK)
+            if (st != FERRY_OK) {
                 fanout_fail(fo, st);
+                fo->transport = cc[i].transport;
+            }
         }
         call_cleanup(&cc[i]);
         if (first == FERRY_OK && fo->status != FERRY_OK) {
@@ -308,7 +326,7 @@ ferry_status ferry__rpc_call_raw(ferry_rpc_client *cl, const char *path, const v
     c.req_bb = grpc_raw_byte_buffer_create(&s, 1);
     grpc_slice_unref(s);
     grpc_completion_queue *cq = cq_get(cl);
-    ferry_status st = call_launch(&c, cq, NULL, path);
+    ferry_status st = call_launch(&c, cq, NULL, path, -1);
     if (st == FERRY_OK) {
         cq_wait_all(cq, 1);
         st = call_result(&c, reply);
@@ -377,6 +395,10 @@ void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *recei
 
 void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on) {
     atomic_store(&c->wait_for_ready, on != 0);
+}
+
+void ferry_rpc_client_set_incarnation(ferry_rpc_client *c, uint64_t incarnation) {
+    atomic_store(&c->incarnation, incarnation);
 }
 
 const char *ferry_rpc_client_target(const ferry_rpc_client *c) {

@@ -246,6 +246,10 @@ typedef struct ferry_rpc_server_config {
     int threads;              /* completion-queue threads running handlers; 0: 2 */
     size_t max_message_bytes; /* both directions; 0: FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES */
     int slots;                /* calls kept posted per method; 0: 4 */
+    /* Non-zero: this server's incarnation. A call whose request metadata names
+     * another (a client that spoke to an earlier process on this address) is refused
+     * with FERRY_ERR_NOT_FOUND before its handler runs: whatever it refers to is gone. */
+    uint64_t incarnation;
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT]; /* NULL: UNIMPLEMENTED */
     void *user;                                         /* first argument of every handler */
 } ferry_rpc_server_config;
@@ -312,6 +316,11 @@ void ferry_rpc_client_destroy(ferry_rpc_client *c);
 const char *ferry_rpc_client_target(const ferry_rpc_client *c);
 /* Whether later calls wait for a server that is not up (up to their deadline). */
 void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on);
+/* Non-zero: the server incarnation this client expects (from Hello). Forward,
+ * Backward, GradNorm and Step then carry it, and a server of another incarnation
+ * (it restarted: the contexts these calls refer to are gone) refuses them with
+ * FERRY_ERR_NOT_FOUND instead of serving them from its new state. 0: not sent. */
+void ferry_rpc_client_set_incarnation(ferry_rpc_client *c, uint64_t incarnation);
 /* Message bytes this client has sent and received so far (as encoded, headers and
  * tensors; gRPC's framing not counted). Thread-safe. */
 void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *received);
@@ -339,6 +348,9 @@ typedef struct ferry_rpc_fanout {
     const ferry_rpc_msg *req; /* may be shared by several entries */
     ferry_rpc_msg *reply;     /* initialized by the caller, as for ferry_rpc_call */
     ferry_status status;      /* out: this call's result */
+    int transport;            /* out: 1 if it failed in transit (deadline, no connection),
+                                 not by the server's answer: the server may or may not
+                                 have run it */
     char error[256];          /* out: its detail message, "" on success */
 } ferry_rpc_fanout;
 

@@ -23,6 +23,7 @@ struct ferry_rpc_server {
     void *registered[FERRY_RPC_METHOD_COUNT]; /* NULL: no handler, served by the catch-all */
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT];
     void *user;
+    uint64_t incarnation; /* 0: not checked */
     ferry__rpc_limits lim;
     int port;
     int slots;
@@ -205,6 +206,32 @@ static ferry_status reply_encode(server_call *c, const ferry__rpc_method_info *m
     return st;
 }
 
+/* Whether the call names an incarnation other than this server's (its client spoke
+ * to an earlier process on this address); then detail says so. */
+static int stale_incarnation(const server_call *c, char *detail, size_t cap) {
+    for (size_t i = 0; i < c->req_md.count; i++) {
+        const grpc_metadata *md = &c->req_md.metadata[i];
+        if (grpc_slice_str_cmp(md->key, FERRY_RPC_INCARNATION_KEY) != 0)
+            continue;
+        char v[24];
+        size_t n = GRPC_SLICE_LENGTH(md->value);
+        n = n < sizeof v - 1 ? n : sizeof v - 1;
+        memcpy(v, GRPC_SLICE_START_PTR(md->value), n);
+        v[n] = '\0';
+        unsigned long long want = strtoull(v, NULL, 16);
+        if (want == c->srv->incarnation)
+            return 0;
+        (void)snprintf(detail, cap,
+                       "this ferry-ps restarted: it is incarnation %016llx, the caller spoke to "
+                       "%s (the contexts and job state it refers to are gone)",
+                       (unsigned long long)c->srv->incarnation, v);
+        FERRY_LOG_INFO("%s refused: %s", ferry__rpc_method((ferry_rpc_method)c->method)->name,
+                       detail);
+        return 1;
+    }
+    return 0;
+}
+
 static void call_serve(server_call *c) {
     ferry_rpc_server *srv = c->srv;
     const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
@@ -223,6 +250,10 @@ static void call_serve(server_call *c) {
             if (ferry__grpc_bb_save(c->req_bb, path) != FERRY_OK)
                 FERRY_LOG_WARN("rpc server: cannot record %s", path);
         }
+    }
+    if (srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail)) {
+        call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
+        return;
     }
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
@@ -435,6 +466,7 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
     FERRY_ASSERT(pthread_mutex_init(&srv->mu, NULL) == 0);
     FERRY_ASSERT(pthread_cond_init(&srv->cv, NULL) == 0);
     srv->user = cfg->user;
+    srv->incarnation = cfg->incarnation;
     srv->slots = slots;
     const char *record = getenv("FERRY_RPC_RECORD");
     if (record != NULL && record[0] != '\0' && strlen(record) < sizeof srv->record_dir) {

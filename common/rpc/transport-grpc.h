@@ -18,6 +18,8 @@
 
 /* Trailing-metadata key carrying the exact ferry_status of a failed call. */
 #define FERRY_RPC_STATUS_KEY "ferry-status"
+/* Request metadata: the server incarnation (16 hex digits) a context call expects. */
+#define FERRY_RPC_INCARNATION_KEY "ferry-incarnation"
 
 /* grpc_init/grpc_shutdown, plus routing gRPC's own log lines into ferry_log. */
 void ferry__grpc_init(void);

@@ -74,6 +74,7 @@ typedef struct ferry_cluster_config {
                                  up yet, and fail with FERRY_ERR_TIMEOUT; 0: fail at once with
                                  FERRY_ERR_UNAVAILABLE */
     const char *client_id;    /* sent in Hello; NULL: "ferry@<host>:<pid>" */
+    int retry_ms;             /* see ferry_cluster_set_retry; 0: no retries */
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
@@ -98,6 +99,17 @@ const char *ferry_cluster_target(const ferry_cluster *c, int server); /* "h:p" *
 /* 0: later calls to a server that is down fail at once (UNAVAILABLE) instead of
  * waiting for it up to their deadline. Call while no call is in flight. */
 void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
+/* retry_ms > 0: a Forward, Backward, GradNorm, Step, ReleaseContext, GetParams or
+ * Stats that fails in transit (its deadline passed, or the server could not be
+ * reached) is sent again, with the same context and call ids, after a short pause
+ * (50 ms doubling to 1 s), until it is answered or retry_ms have passed since the
+ * first failure (no attempt runs past that). The server applies each such call once however often it arrives
+ * (proto/ferry.proto section 6), so a stall or a lost connection costs time, not
+ * the step. A server that restarted meanwhile refuses the retry (NOT_FOUND: its
+ * contexts are gone). 0 (the default): no retries. Thread-safe. */
+void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms);
+/* Calls sent again so far (see ferry_cluster_set_retry). */
+uint64_t ferry_cluster_retries(const ferry_cluster *c);
 /* The server's incarnation as of the last Hello (a new random value per start). */
 uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
 
@@ -475,6 +487,14 @@ ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step);
 ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t step,
                                     double loss_sum, double tokens);
 void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens);
+/* Asks for a job-wide checkpoint: the request goes with this rank's next GradNorm,
+ * and under bsp the answer of that step tells every rank (thread-safe; for a signal
+ * handler's flag to pass on). */
+void ferry_job_request_checkpoint(ferry_job *job);
+/* After the GradNorm of a job step: 1 when a rank asked for a checkpoint in it (bsp:
+ * any rank, the same answer on every rank; else this rank's own request), so that
+ * every rank checkpoints after this same step. */
+int ferry_dist_ctx_job_checkpoint(const ferry_dist_ctx *dc);
 /* Forgets the open context without telling the servers (they sweep it after their
  * --context-ttl): after a peer failed, no cleanup call waits on a dead server. */
 void ferry_dist_ctx_abandon(ferry_dist_ctx *dc);

@@ -8,7 +8,9 @@
 # versions; both ranks' parts: LSTM, carried state, position) and the loss of its
 # last step must be bit-identical to an undisturbed run with the same seed. Then: a
 # server frozen (SIGSTOP) for less than the recovery timeout, and for more than the
-# deadline, leaves the run identical too.
+# deadline (its calls are sent again and applied once), leaves the run identical too;
+# one past --recovery-timeout ends the job with a clear error. Shards found fresh,
+# older or newer than the ranks are reported and dealt with.
 . "$(dirname "$0")/lib.sh"
 TRIALS=${FERRY_RECOVERY_TRIALS:-10}
 STEPS=40
@@ -44,6 +46,9 @@ run_job() {
             sleep 0.02
         done
         case $victim in
+        usr1) # ask rank 1 for a job-wide checkpoint; training goes on
+            kill -USR1 "${rpid[1]}"
+            ;;
         stop:*) # freeze server 1 for that many seconds, then let it go on
             kill -STOP "${pspid[1]}"
             sleep "${victim#stop:}"
@@ -114,15 +119,65 @@ for trial in $(seq 1 "$TRIALS"); do
 done
 ok "$identical of $TRIALS trials (a server or a rank SIGKILLed at a random step, restarted): the job finished by itself, bit-identical"
 
+# ---- a checkpoint on request: SIGUSR1 to rank 1 -----------------------------------------
+run_job "$TMP/usr1" usr1 12
+n0=$(grep -o "checkpoint at step [0-9]* (requested)" "$TMP/usr1/r0.log" | grep -o "[0-9]*" | head -1)
+n1=$(grep -o "checkpoint at step [0-9]* (requested)" "$TMP/usr1/r1.log" | grep -o "[0-9]*" | head -1)
+[ -n "$n0" ] && [ "$n0" = "$n1" ] || fail "SIGUSR1 to rank 1: ranks checkpointed after steps '$n0' and '$n1'"
+for s in 0 1; do
+    [ -s "$TMP/usr1/ck$s/rec-step$n0.ckpt" ] || fail "SIGUSR1: server $s wrote no rec-step$n0.ckpt"
+done
+same_as_ref "$TMP/usr1" "checkpoint on request"
+ok "SIGUSR1 to rank 1: both ranks and both servers checkpointed after step $n0, training went on, bit-identical"
+
 # ---- stalls: SIGSTOP shorter than the deadline, and longer ----------------------------
 run_job "$TMP/stall1" stop:1 12
 grep -q "recover" "$TMP/stall1/r0.log" && fail "a 1 s stall (deadline 2 s) made the job recover"
 same_as_ref "$TMP/stall1" "1 s stall"
 ok "server 1 frozen 1 s (under the 2 s deadline): no recovery, bit-identical"
 run_job "$TMP/stall2" stop:5 12
-grep -q "recovered in" "$TMP/stall2/r0.log" || fail "a 5 s stall: no recovery: $(tail -3 "$TMP/stall2/r0.log")"
+cat "$TMP/stall2"/r*.log | grep -q "answered after" ||
+    fail "a 5 s stall: no call was sent again: $(tail -3 "$TMP/stall2/r0.log")"
+grep -q "recover" "$TMP/stall2/r0.log" "$TMP/stall2/r1.log" &&
+    fail "a 5 s stall (under the recovery timeout) made the job roll back: $(grep recover "$TMP/stall2/r0.log" | head -2)"
 same_as_ref "$TMP/stall2" "5 s stall"
-ok "server 1 frozen 5 s (past the deadline): the job rolled back by itself, bit-identical"
+ok "server 1 frozen 5 s (past the 2 s deadline): the calls were sent again and applied once, no roll-back, bit-identical"
+
+# A stall longer than --recovery-timeout: the ranks give up with a clear error and a
+# non-zero exit (and do not hang); the frozen server is then let go and stopped. The
+# bound: a bsp GradNorm may wait --sync-timeout (5) for the other ranks, then the
+# deadline (2), then retries and roll-back share --recovery-timeout (4), plus a
+# deadline for the last probe: 13 s.
+d=$TMP/stall3
+mkdir -p "$d/ck0" "$d/ck1" "$d/save"
+start_ps stall3-ps0 --checkpoint-dir "$d/ck0"
+p0=$PORT q0=$PS_PID
+start_ps stall3-ps1 --checkpoint-dir "$d/ck1"
+p1=$PORT q1=$PS_PID
+for r in 0 1; do
+    "$TRAINER" --ps "127.0.0.1:$p0,127.0.0.1:$p1" --job rec --world 2 --rank "$r" "${DATA[@]}" \
+        --recovery-timeout 4 --sync-timeout 5 --save "$d/save/lm" --metrics-out "$d/m$r.jsonl" \
+        2>>"$d/r$r.log" &
+    eval "R$r=\$!"
+done
+for _ in $(seq 600); do
+    grep -q '"event":"train".*"step":12,' "$d/m0.jsonl" 2>/dev/null && break
+    sleep 0.02
+done
+kill -STOP "$q1"
+t0=$(date +%s)
+rc0=0 rc1=0
+wait "$R0" || rc0=$?
+wait "$R1" || rc1=$?
+took=$(($(date +%s) - t0))
+kill -CONT "$q1"
+kill "$q0" "$q1"
+wait "$q0" "$q1" 2>/dev/null || true
+[ "$rc0" -ne 0 ] && [ "$rc1" -ne 0 ] || fail "a stall past --recovery-timeout: ranks exited $rc0 and $rc1"
+[ "$took" -le 30 ] || fail "a stall past --recovery-timeout 4: the ranks took $took s to give up"
+grep -q "recovery failed after .*--recovery-timeout 4" "$d/r0.log" ||
+    fail "a stall past --recovery-timeout: no clear error: $(tail -3 "$d/r0.log")"
+ok "server 1 frozen past --recovery-timeout 4: both ranks stopped after $took s with '$(grep -o 'recovery failed after.*' "$d/r0.log" | head -1 | cut -c1-110)'"
 
 # ---- a stopped job resumed over damaged or mismatched checkpoints ----------------------
 # resume_job DIR MAXSTEPS [PS1-FLAG...]: 2 servers on DIR's checkpoint directories (the
@@ -184,6 +239,19 @@ grep -q "server 1 (.*) is at step 10" "$d/r0.log" || fail "older shard not repor
 grep -q "rolled back to step 20" "$d/r0.log" || fail "older shard: not rolled to step 20"
 same_as_ref "$d" "older shard"
 ok "a shard restored at step 10 under ranks at step 20: reported, rolled to step 20, bit-identical"
+# A shard that ran ahead: both ranks lose their step-20 parts, so they resume from
+# step 15 while the servers came back at step 20; the job rolls back to 15.
+d=$TMP/ahead
+DATA=("${half[@]}")
+run_job "$d"
+rm "$d/save/lm.r0.20" "$d/save/lm.r1.20"
+DATA=("${FULL[@]}")
+resume_job "$d" "$STEPS" || fail "shard ahead: $(tail -3 "$d/r0.log")"
+grep -q "server 1 (.*) is at step 20" "$d/r0.log" || fail "shard ahead not reported: $(grep recovery "$d/r0.log")"
+grep -q "rolled back to step 15" "$d/r0.log" || fail "shard ahead: not rolled to step 15"
+same_as_ref "$d" "shard ahead"
+ok "shards at step 20 under ranks resuming from step 15: reported, rolled back to 15, bit-identical"
+d=$TMP/mismatch
 rm -rf "$d/ck1" && mkdir "$d/ck1"
 rc=0
 resume_job "$d" "$STEPS" || rc=$?
@@ -192,5 +260,21 @@ grep -q "recovery impossible: no checkpoint that this rank" "$d/r0.log" ||
     fail "fresh shard: no clear error: $(tail -4 "$d/r0.log")"
 grep -q "is fresh" "$d/r0.log" || fail "fresh shard not reported: $(grep recovery "$d/r0.log" | tail -4)"
 ok "a fresh shard with no checkpoint: reported, and the ranks stop with a clear error"
+
+# ---- checkpoints that are not this model's, or not this format ---------------------------
+expect_error "ferry-ps --restore of a trainer's file" "is not a FERRYPS2 file (bad magic)" \
+    "$PS" --listen 127.0.0.1:0 --restore "$TMP/ref/save/lm.r0.$STEPS"
+cp "$TMP/ref/ck0/rec-step$STEPS.ckpt" "$TMP/v9.ckpt"
+printf '\x09' | dd of="$TMP/v9.ckpt" bs=1 seek=8 conv=notrunc 2>/dev/null
+expect_error "ferry-ps --restore of another format version" "format 9, this build reads format 2" \
+    "$PS" --listen 127.0.0.1:0 --restore "$TMP/v9.ckpt"
+start_ps other --restore "$TMP/ref/ck0/rec-step$STEPS.ckpt"
+mkdir -p "$TMP/other"
+expect_error "a job of another model over a restored ferry-ps" \
+    "module 'rec/encoder' already exists with a different config" \
+    "$TRAINER" --ps "127.0.0.1:$PORT" --job rec "${DATA[@]}" --nhid 64 --max-steps 3 \
+    --save "$TMP/other/lm"
+kill "$PS_PID"
+wait "$PS_PID" 2>/dev/null || true
 
 finish
