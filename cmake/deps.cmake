@@ -7,4 +7,5 @@ pkg_check_modules(GRPC REQUIRED IMPORTED_TARGET grpc gpr)
 pkg_check_modules(PROTOBUFC REQUIRED IMPORTED_TARGET libprotobuf-c)
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)
+pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd) # the daemons' /metrics
 find_program(PROTOC_C protoc-c REQUIRED)

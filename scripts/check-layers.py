@@ -28,7 +28,9 @@ from collections import deque
 LAYER_RULES = [
     ("server/main.c", "app"),
     ("worker/main.c", "app"),
+    ("server/ctl/", "app"),
     ("common/core/", "core"),
+    ("common/ops/", "ops"),
     ("include/ferry/status.h", "core"),
     ("include/ferry/log.h", "core"),
     ("include/ferry/version.h", "core"),
@@ -56,10 +58,10 @@ LAYER_RULES = [
 ]
 
 # Headers generated at build time (not in the tree) and their layer.
-GENERATED = {"ferry.pb-c.h": "rpc"}
+GENERATED = {"ferry.pb-c.h": "rpc", "health.pb-c.h": "rpc"}
 
 # Layers in order (low to high) and what each may include besides itself.
-LAYERS = ["core", "tensor", "cuda", "nn", "optim", "rpc", "dist", "ps", "trainer", "app"]
+LAYERS = ["core", "tensor", "cuda", "nn", "optim", "rpc", "dist", "ops", "ps", "trainer", "app"]
 ALLOWED = {
     "core": [],
     "tensor": ["core"],
@@ -68,8 +70,9 @@ ALLOWED = {
     "optim": ["core", "tensor", "nn"],
     "rpc": ["core"],
     "dist": ["core", "tensor", "nn", "optim", "rpc"],
-    "ps": ["core", "tensor", "nn", "optim", "rpc"],
-    "trainer": ["core", "tensor", "nn", "optim", "dist"],
+    "ops": ["core"],
+    "ps": ["core", "tensor", "nn", "optim", "rpc", "ops"],
+    "trainer": ["core", "tensor", "nn", "optim", "dist", "ops"],
     "app": LAYERS,
 }
 # Extra rules (enforced in check_include):

@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [extra-package ...]   (needs root or sudo for apt-get)
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-dev libgrpc-dev protobuf-c-compiler
-      libprotobuf-c-dev libuv1-dev zlib1g-dev python3 "$@")
+      libprotobuf-c-dev libuv1-dev zlib1g-dev libmicrohttpd-dev python3 "$@")
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

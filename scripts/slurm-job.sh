@@ -39,7 +39,7 @@ echo "ferry under Slurm job $SLURM_JOB_ID: $K servers ($targets), $SLURM_NTASKS 
 
 # Server i: task i of a step of K tasks, cyclic over the nodes, port PORT + i.
 srun --overlap --ntasks="$K" --distribution=cyclic --kill-on-bad-exit=0 \
-    bash -c "exec \"$PS_BIN\" --listen ${FERRY_HOST:-0.0.0.0}:\$(($PORT + SLURM_PROCID)) --server-id ps\$SLURM_PROCID" &
+    bash -c "exec \"$PS_BIN\" --listen ${FERRY_HOST:-0.0.0.0}:\$(($PORT + SLURM_PROCID)) --insecure --server-id ps\$SLURM_PROCID" &
 servers=$!
 trap 'kill "$servers" 2>/dev/null || true; wait "$servers" 2>/dev/null || true' EXIT
 for i in $(seq 0 $((K - 1))); do

@@ -8,7 +8,7 @@
 # Installs missing Debian packages first. Usage: scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh slurm-wlm munge # slurm: tests/integration/test_job_slurm.sh
+bash scripts/deps.sh slurm-wlm munge python3-grpcio python3-grpc-tools python3-prometheus-client prometheus openssl # slurm: test_job_slurm.sh; grpcio, openssl: test_security.sh; prometheus-client: test_observability.sh
 jobs=$(nproc)
 
 echo "== layers (scripts/check-layers.py) =="

@@ -213,6 +213,18 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
         return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
                                             "is done");
+    /* A token bucket: ck_rate per minute, in bursts of as many. */
+    double now = ferry_now();
+    s->ck_tokens += (now - s->ck_last) * s->ck_rate / 60.0;
+    s->ck_tokens = s->ck_tokens > s->ck_rate ? s->ck_rate : s->ck_tokens;
+    s->ck_last = now;
+    if (s->ck_tokens < 1.0) {
+        pthread_mutex_unlock(&s->checkpoint_mu);
+        return ferry_errorf(FERRY_ERR_BUSY, "Checkpoint refused: more than %g per minute "
+                                            "(--checkpoint-rate); try again in %.1f s",
+                            s->ck_rate, (1.0 - s->ck_tokens) * 60.0 / s->ck_rate);
+    }
+    s->ck_tokens -= 1.0;
     st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, step, s->checkpoint_keep,
                                     bytes);
     pthread_mutex_unlock(&s->checkpoint_mu);
@@ -252,7 +264,10 @@ ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__ShutdownRequ
     Ferry__ShutdownReply r;
     ferry__shutdown_reply__init(&r);
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    /* At least 250 ms, so that this call's own reply still goes out before the
+     * server cancels what is in flight. */
+    uint32_t grace = q->grace_ms < 250 ? 250 : q->grace_ms > 600000 ? 600000 : q->grace_ms;
     if (st == FERRY_OK)
-        s->stop(s->stop_user, (int)(q->grace_ms > 600000 ? 600000 : q->grace_ms));
+        s->stop(s->stop_user, (int)grace);
     return st;
 }

@@ -91,7 +91,7 @@ static void unlink_locked(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
 }
 
 ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int create,
-                                   ferry__ps_ctx **out) {
+                                   const char *caller, ferry__ps_ctx **out) {
     if (id == 0)
         return ferry_errorf(FERRY_ERR_INVALID, "context id 0 means no context: this call "
                                                "needs one");
@@ -123,6 +123,7 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
         }
         c->bytes = (int64_t)sizeof *c;
         c->id = id;
+        (void)snprintf(c->owner, sizeof c->owner, "%s", caller != NULL ? caller : "");
         pthread_mutex_init(&c->mu, NULL);
         c->next = *head;
         *head = c;
@@ -147,6 +148,15 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
         ferry__ps_ctx_release(t, c);
         return ferry_errorf(FERRY_ERR_NOT_FOUND,
                             "context %#llx was stepped or released while this call waited",
+                            (unsigned long long)id);
+    }
+    if (caller != NULL && c->owner[0] != '\0' && strcmp(caller, c->owner) != 0) {
+        char owner[sizeof c->owner];
+        memcpy(owner, c->owner, sizeof owner);
+        ferry__ps_ctx_release(t, c);
+        FERRY_LOG_WARN("context %#llx: a call from %s refused (it belongs to %s)",
+                       (unsigned long long)id, caller, owner);
+        return ferry_errorf(FERRY_ERR_DENIED, "context %#llx belongs to another client",
                             (unsigned long long)id);
     }
     *out = c;

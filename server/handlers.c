@@ -33,7 +33,7 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardReque
     memset(&sv, 0, sizeof sv);
     ferry_status st = FERRY_OK;
     if (saving) {
-        if ((st = ferry__ps_ctx_acquire(t, q->ctx_id, 1, &c)) != FERRY_OK)
+        if ((st = ferry__ps_ctx_acquire(t, q->ctx_id, 1, ferry_rpc_caller(reply), &c)) != FERRY_OK)
             return st;
         /* The same Forward again is a retry whose first reply was lost: it replaces a
          * pending one, and after its Backward it only answers. */
@@ -82,7 +82,7 @@ ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardReq
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
     ferry__ps_ctx *c;
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
     if (st != FERRY_OK)
         return st;
     ferry__ps_call *call = ferry__ps_ctx_find_call(c, m, q->call_id);
@@ -166,7 +166,7 @@ ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradN
                                          ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
     if (st != FERRY_OK)
         return st;
     Ferry__GradNormReply r;
@@ -256,7 +256,7 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepReques
     ferry__ps_ctx_table *t = &ps->ctxs;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry__ps_ctx *c;
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
     if (st == FERRY_ERR_NOT_FOUND) { /* stepped already: a retry is answered alike */
         char why[512];
         (void)snprintf(why, sizeof why, "%s", ferry_error_last());
@@ -324,7 +324,7 @@ ferry_status ferry__ps_on_release_context(ferry__ps_state *ps,
     ferry__ps_ctx *c;
     Ferry__ReleaseContextReply r;
     ferry__release_context_reply__init(&r);
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
     if (st == FERRY_OK) {
         ferry__ps_ctx_retire(t, c, 0);
         ferry__ps_ctx_release(t, c);

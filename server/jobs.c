@@ -705,7 +705,7 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
         job->agg_loss += k->loss_sum;
         job->agg_tokens += k->tokens;
         ferry__ps_ctx *c;
-        if ((st = ferry__ps_ctx_acquire(t, k->ctx_id, 0, &c)) != FERRY_OK) {
+        if ((st = ferry__ps_ctx_acquire(t, k->ctx_id, 0, NULL, &c)) != FERRY_OK) {
             char why[256];
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
             return ferry_errorf(st, "bsp step %llu: rank %u's context: %s",

@@ -2,6 +2,7 @@
  * SIGINT, SIGTERM or a Shutdown call has drained the calls in flight), destroy.
  * Exit codes: 0 clean shutdown, 1 the server failed, 2 bad command line. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef FERRY_WITH_CUDA
@@ -11,6 +12,8 @@
 #include "common/rpc/rpc.h"
 #include "common/core/flags.h"
 #include "common/core/log.h"
+#include "common/core/secret.h"
+#include "common/ops/http.h"
 #include "server/ps.h"
 
 /* Writes the bound port for scripts that started the server on port 0. */
@@ -27,6 +30,80 @@ static int write_port_file(const char *path, int port) {
     return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
 
+static void metrics_page(void *user, ferry_prom *p) {
+    ferry_ps_server_prometheus(user, p);
+}
+
+static int healthz(void *user) {
+    return ferry_ps_server_serving(user);
+}
+
+/* A --listen value gRPC would take: HOST:PORT with a port in 0..65535 (gRPC itself
+ * wraps 99999 silently to another port), or unix:PATH. */
+static ferry_status check_listen(const char *listen) {
+    if (strncmp(listen, "unix:", 5) == 0)
+        return FERRY_OK;
+    const char *colon = strrchr(listen, ':');
+    if (colon == NULL || colon == listen)
+        return ferry_errorf(FERRY_ERR_INVALID, "--listen '%s': want HOST:PORT (e.g. 0.0.0.0:7000)",
+                            listen);
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || port < 0 || port > 65535)
+        return ferry_errorf(FERRY_ERR_INVALID, "--listen '%s': port '%s' is not a number in 0..65535",
+                            listen, colon + 1);
+    return FERRY_OK;
+}
+
+/* Whether a --listen host is this machine only. */
+static int loopback(const char *listen) {
+    static const char *const local[] = {"127.", "localhost:", "[::1]:", "unix:", "ip6-localhost:"};
+    for (size_t i = 0; i < sizeof local / sizeof local[0]; i++) {
+        if (strncmp(listen, local[i], strlen(local[i])) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Reads the token and TLS files into cfg (their buffers in pem and tok), and
+ * refuses a network address without TLS and a token unless told --insecure. */
+static ferry_status security(ferry_ps_config *cfg, const char *token_file,
+                             const char *admin_token_file, const char *tls_cert,
+                             const char *tls_key, const char *tls_ca, bool insecure, char **pem,
+                             char **tok) {
+    ferry_status st;
+    if ((st = ferry_token_read(token_file, "FERRY_TOKEN_FILE", &tok[0])) != FERRY_OK ||
+        (st = ferry_token_read(admin_token_file, "FERRY_ADMIN_TOKEN_FILE", &tok[1])) != FERRY_OK)
+        return st;
+    if ((tls_cert != NULL) != (tls_key != NULL))
+        return ferry_errorf(FERRY_ERR_INVALID, "--tls-cert and --tls-key go together");
+    if (tls_ca != NULL && tls_cert == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "--tls-ca needs --tls-cert and --tls-key");
+    const char *files[3] = {tls_cert, tls_key, tls_ca};
+    for (int i = 0; i < 3; i++) {
+        if (files[i] != NULL && (st = ferry_file_read_text(files[i], 1 << 20, &pem[i])) != FERRY_OK)
+            return st;
+    }
+    if (tok[0] != NULL && tok[1] != NULL && strcmp(tok[0], tok[1]) == 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "the trainer and admin tokens are the same");
+    cfg->trainer_token = tok[0];
+    cfg->admin_token = tok[1];
+    cfg->tls_cert_pem = pem[0];
+    cfg->tls_key_pem = pem[1];
+    cfg->tls_ca_pem = pem[2];
+    int secured = pem[0] != NULL && (tok[0] != NULL || tok[1] != NULL);
+    if (!loopback(cfg->listen) && !secured && !insecure)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "refusing to serve %s without TLS and a token: anyone who reaches it "
+                            "could stop it or overwrite the model (give --tls-cert/--tls-key and "
+                            "--token-file, or --insecure on a network you trust)",
+                            cfg->listen);
+    if (!loopback(cfg->listen) && !secured)
+        FERRY_LOG_WARN("serving %s %s (--insecure)", cfg->listen,
+                       pem[0] == NULL ? "in plaintext" : "without a token");
+    return FERRY_OK;
+}
+
 int main(int argc, char **argv) {
     ferry_cpu_ensure_blas_kernels(argv);
 #ifdef FERRY_WITH_CUDA
@@ -41,6 +118,11 @@ int main(int argc, char **argv) {
     int log_level = FERRY_LOG_LEVEL_INFO, max_message_mb = 256;
     int max_module_mb = 0, max_model_mb = 0, max_context_mb = 0, max_contexts_mb = 0;
     const char *port_file = NULL;
+    const char *token_file = NULL, *admin_token_file = NULL;
+    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
+    bool insecure = false;
+    const char *metrics_listen = NULL;
+    int log_format = 0;
     const ferry_flag flags[] = {
         {.name = "listen",
          .type = FERRY_FLAG_STRING,
@@ -108,6 +190,12 @@ int main(int argc, char **argv) {
          .min = 0,
          .max = 1 << 20,
          .help = "checkpoints kept in --checkpoint-dir, older ones deleted (0: 4)"},
+        {.name = "checkpoint-rate",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.checkpoint_rate,
+         .min = 0,
+         .max = 1000000,
+         .help = "Checkpoint calls allowed per minute, in bursts of as many (0: 60)"},
         {.name = "checkpoint-dir",
          .type = FERRY_FLAG_STRING,
          .ptr = &cfg.checkpoint_dir,
@@ -128,14 +216,63 @@ int main(int argc, char **argv) {
          .min = 0,
          .max = 600000,
          .help = "time calls in flight get on SIGINT/SIGTERM"},
+        {.name = "token-file",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &token_file,
+         .metavar = "FILE",
+         .help = "the trainer token: calls must carry 'authorization: Bearer <it>' "
+                 "(env FERRY_TOKEN_FILE)"},
+        {.name = "admin-token-file",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &admin_token_file,
+         .metavar = "FILE",
+         .help = "the admin token, which may also SetParams, Checkpoint and Shutdown "
+                 "(env FERRY_ADMIN_TOKEN_FILE)"},
+        {.name = "tls-cert",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &tls_cert,
+         .metavar = "PEM",
+         .help = "serve TLS with this certificate (chain) ..."},
+        {.name = "tls-key", .type = FERRY_FLAG_STRING, .ptr = &tls_key, .metavar = "PEM",
+         .help = "... and this private key"},
+        {.name = "tls-ca",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &tls_ca,
+         .metavar = "PEM",
+         .help = "mutual TLS: clients must present a certificate this CA signed"},
+        {.name = "metrics-listen",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &metrics_listen,
+         .metavar = "HOST:PORT",
+         .help = "serve Prometheus /metrics and /healthz over HTTP here (no token: keep it "
+                 "on a trusted network)"},
+        {.name = "insecure",
+         .type = FERRY_FLAG_BOOL,
+         .ptr = &insecure,
+         .help = "allow a non-loopback --listen without TLS and a token"},
         {.name = "log-level",
          .type = FERRY_FLAG_ENUM,
          .ptr = &log_level,
          .choices = "error|warn|info|debug",
          .help = "log verbosity"},
+        {.name = "log-format",
+         .type = FERRY_FLAG_ENUM,
+         .ptr = &log_format,
+         .choices = "text|json",
+         .help = "log lines as text or as JSON objects"},
     };
+    static const char *const env[] = {
+        "FERRY_TOKEN_FILE", "a file with the trainer token (--token-file wins)",
+        "FERRY_ADMIN_TOKEN_FILE", "a file with the admin token (--admin-token-file wins)",
+        "FERRY_LOG", "error | warn | info | debug: the log level",
+        "FERRY_LOG_FORMAT", "json: log lines as JSON (--log-format wins)",
+        "FERRY_RPC_RECORD", "a directory: record the first requests of each method (fuzz seeds)",
+        "OPENBLAS_CORETYPE", "OpenBLAS kernels to use (else ferry picks the strongest)",
+        "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
+        "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
+        NULL};
     ferry_flags fs = {"ferry-ps", "hosts model shards and their optimizers for ferry trainers",
-                      flags, (int)(sizeof flags / sizeof flags[0])};
+                      flags, (int)(sizeof flags / sizeof flags[0]), env};
     bool help = false;
     if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK) {
         fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
@@ -144,13 +281,30 @@ int main(int argc, char **argv) {
     if (help)
         return 0;
     ferry_log_set_level((ferry_log_level)log_level);
+    if (log_format == 1)
+        ferry_log_set_json(1);
     cfg.max_message_bytes = (size_t)max_message_mb << 20;
     cfg.max_module_bytes = (size_t)max_module_mb << 20;
     cfg.max_model_bytes = (size_t)max_model_mb << 20;
     cfg.max_context_bytes = (size_t)max_context_mb << 20;
     cfg.max_contexts_bytes = (size_t)max_contexts_mb << 20;
+    if (check_listen(cfg.listen) != FERRY_OK) {
+        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
+        return 2;
+    }
+    char *pem[3] = {NULL, NULL, NULL}, *tok[2] = {NULL, NULL};
+    ferry_status st = security(&cfg, token_file, admin_token_file, tls_cert, tls_key, tls_ca,
+                               insecure, pem, tok);
+    if (st != FERRY_OK) {
+        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
+        return 2;
+    }
     ferry_ps_server *s;
-    ferry_status st = ferry_ps_server_create(&cfg, &s);
+    st = ferry_ps_server_create(&cfg, &s);
+    for (int i = 0; i < 3; i++)
+        ferry_secret_free(pem[i]); /* the rpc layer keeps its own copies */
+    for (int i = 0; i < 2; i++)
+        ferry_secret_free(tok[i]);
     if (st != FERRY_OK) {
         fprintf(stderr, "ferry-ps: %s\n",
                 ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));
@@ -161,7 +315,20 @@ int main(int argc, char **argv) {
         ferry_ps_server_destroy(s);
         return 1;
     }
+    ferry_http *http = NULL;
+    if (metrics_listen != NULL) {
+        st = ferry_http_start(metrics_listen, metrics_page, healthz, s, &http);
+        if (st != FERRY_OK) {
+            fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
+            ferry_ps_server_destroy(s);
+            return 1;
+        }
+        const char *colon = strrchr(metrics_listen, ':');
+        FERRY_LOG_INFO("metrics on http://%.*s:%d (/metrics, /healthz)",
+                       (int)(colon - metrics_listen), metrics_listen, ferry_http_port(http));
+    }
     st = ferry_ps_server_run(s);
+    ferry_http_stop(http);
     if (st != FERRY_OK)
         FERRY_LOG_ERROR("%s (%s)", ferry_status_str(st), ferry_error_last());
     ferry_ps_server_destroy(s);

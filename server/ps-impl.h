@@ -242,6 +242,7 @@ typedef struct ferry__ps_ctx {
     int refs;                /* table lock */
     int dead;                /* table lock: stepped or released; freed at refs == 0 */
     double last_used;        /* table lock */
+    char owner[224];         /* ferry_rpc_caller of its first Forward; "" in-process */
     ferry__ps_ctx_mod *mods; /* modules touched, in order */
     int nmods, cap;
     ferry__ps_call *calls;      /* saved Forwards awaiting Backward */
@@ -266,10 +267,11 @@ ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
                                       const ferry__ps_limits *lim);
 void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t);
 /* Finds (or with create, makes) context id, refreshes its lease, and returns it
- * locked. FERRY_ERR_NOT_FOUND with a message for an unknown, stepped, released or
+ * locked. caller (NULL: not checked): a new context belongs to it, and an existing
+ * one that belongs to another caller is refused with FERRY_ERR_DENIED. FERRY_ERR_NOT_FOUND with a message for an unknown, stepped, released or
  * swept context; FERRY_ERR_INVALID for id 0. */
 ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int create,
-                                   ferry__ps_ctx **out);
+                                   const char *caller, ferry__ps_ctx **out);
 /* Re-accounts its memory, unlocks, and drops the reference (freeing a retired one). */
 void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c);
 /* Marks a locked context stepped/released: later calls get NOT_FOUND, and it is
@@ -353,6 +355,8 @@ typedef struct ferry__ps_state {
     ferry__ps_limits lim;
     char checkpoint_dir[1024]; /* "" without --checkpoint-dir */
     int checkpoint_keep;
+    double ck_rate;           /* Checkpoint calls allowed per minute (a burst of as many) */
+    double ck_tokens, ck_last; /* the token bucket, under checkpoint_mu */
     size_t max_message_bytes;
     pthread_mutex_t checkpoint_mu; /* one checkpoint written at a time */
     uint64_t incarnation;
@@ -388,6 +392,10 @@ ferry_status ferry__ps_server_create_local(const ferry_ps_config *cfg, ferry_ps_
 ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s); /* tests */
 /* Resident memory of this process (VmRSS), or 0 when unknown. */
 int64_t ferry__ps_rss_bytes(void);
+
+/* The /metrics page (metrics.c). */
+struct ferry_prom;
+void ferry__ps_prometheus(ferry__ps_state *s, struct ferry_prom *p);
 
 /* The job calls of GradNorm and Step (jobs.c): q->job is set. */
 ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,

@@ -48,9 +48,23 @@ typedef struct ferry_ps_config {
     int max_contexts;          /* contexts alive at once (16384) */
     int checkpoint_keep;       /* ferry-ps checkpoints kept in checkpoint_dir; older ones
                                   are deleted after each write (4) */
+    int checkpoint_rate;       /* Checkpoint calls allowed per minute, in bursts of as many;
+                                  more are refused with FERRY_ERR_BUSY (60) */
+    /* Security (all NULL: plaintext, no tokens). Tokens: the trainer token may call
+     * Hello, CreateModule, Join, Forward, Backward, GradNorm, Step, ReleaseContext,
+     * GetParams and Stats; the admin token everything (SetParams, Checkpoint,
+     * Shutdown too). TLS: PEM text; with tls_ca_pem, clients need a certificate it
+     * signed. A context belongs to the caller that opened it (ferry_rpc_caller). */
+    const char *trainer_token, *admin_token;
+    const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
 } ferry_ps_config;
 
 typedef struct ferry_ps_server ferry_ps_server;
+struct ferry_prom;
+/* Writes the Prometheus page of the server (server/metrics.c). Thread-safe. */
+void ferry_ps_server_prometheus(ferry_ps_server *s, struct ferry_prom *p);
+/* 1 while the server serves (not stopping): /healthz and grpc.health.v1. */
+int ferry_ps_server_serving(ferry_ps_server *s);
 
 /* Defaults: listen 127.0.0.1:7000, 2 threads, TTL 60 s, grace 5000 ms, no signals;
  * budgets 0 (their defaults, see above). */

@@ -101,6 +101,9 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     s->cfg.server_id = NULL;
     s->cfg.restore = NULL;
     ps->checkpoint_keep = cfg->checkpoint_keep != 0 ? cfg->checkpoint_keep : 4;
+    ps->ck_rate = cfg->checkpoint_rate > 0 ? cfg->checkpoint_rate : 60;
+    ps->ck_tokens = ps->ck_rate;
+    ps->ck_last = ferry_now();
     ps->max_message_bytes =
         cfg->max_message_bytes ? cfg->max_message_bytes : FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES;
     if (cfg->checkpoint_dir != NULL)
@@ -168,6 +171,14 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     rc.max_message_bytes = cfg->max_message_bytes;
     rc.user = &s->ps;
     rc.incarnation = s->ps.incarnation;
+    rc.trainer_token = cfg->trainer_token;
+    rc.admin_token = cfg->admin_token;
+    rc.admin_only[FERRY_RPC_SET_PARAMS] = 1;
+    rc.admin_only[FERRY_RPC_CHECKPOINT] = 1;
+    rc.admin_only[FERRY_RPC_SHUTDOWN] = 1;
+    rc.tls_cert_pem = cfg->tls_cert_pem;
+    rc.tls_key_pem = cfg->tls_key_pem;
+    rc.tls_ca_pem = cfg->tls_ca_pem;
     for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++) /* each method its own handler */
         rc.handlers[m] = ferry__ps_handlers[m];
     if ((st = ferry_rpc_server_create(&rc, &s->rpc)) != FERRY_OK) {
@@ -197,6 +208,17 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
                        1048576.0);
     *out = s;
     return FERRY_OK;
+}
+
+void ferry_ps_server_prometheus(ferry_ps_server *s, struct ferry_prom *p) {
+    ferry__ps_prometheus(&s->ps, p);
+}
+
+int ferry_ps_server_serving(ferry_ps_server *s) {
+    pthread_mutex_lock(&s->mu);
+    int stopping = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return !stopping;
 }
 
 int ferry_ps_server_port(const ferry_ps_server *s) {
@@ -230,6 +252,7 @@ void ferry_ps_server_stop(ferry_ps_server *s, int grace_ms) {
     if (first)
         ferry__ps_jobs_stop(&s->ps.jobs); /* calls waiting in a job barrier fail now */
     if (first && s->rpc != NULL) {
+        ferry_rpc_server_set_serving(s->rpc, 0);
         FERRY_LOG_INFO("shutting down: no new calls, %d ms for the calls in flight", grace_ms);
         ferry_rpc_server_shutdown(s->rpc, grace_ms);
     }

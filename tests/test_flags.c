@@ -61,7 +61,7 @@ static void setup(bool required_data) {
          .help = "update rule"},
     };
     memcpy(table, t, sizeof t);
-    fs = (ferry_flags){"ferry-trainer", "trains a language model", table, 7};
+    fs = (ferry_flags){"ferry-trainer", "trains a language model", table, 7, NULL};
 }
 
 /* Parses a NULL-terminated argument list (argv[0] supplied). */
@@ -181,6 +181,7 @@ TEST(help) {
         "  --tied            tie weights (default false)\n",
         "  --optimizer NAME  update rule: sgd|adagrad|adadelta|adam|adamw (default adam)\n",
         "  --help            print this help and exit\n",
+        "  --version         print the version and exit\n",
     };
     const char *p = text;
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

@@ -125,7 +125,13 @@ TEST(bad_command_lines_exit_2) {
     char *a2[] = {"--threads", "0"};
     CHECK_EQ(wait_exit(spawn(a2, 2, log)), 2);
     char *a3[] = {"--listen", "256.1.1.1:bad"};
-    CHECK_EQ(wait_exit(spawn(a3, 2, log)), 1);
+    CHECK_EQ(wait_exit(spawn(a3, 2, log)), 2);
+    CHECK(file_contains(log, "port 'bad' is not a number in 0..65535"));
+    char *a4[] = {"--listen", "localhost:99999"}; /* gRPC would bind another port */
+    CHECK_EQ(wait_exit(spawn(a4, 2, log)), 2);
+    CHECK(file_contains(log, "port '99999' is not a number in 0..65535"));
+    char *a5[] = {"--listen", "256.1.1.1:7000", "--insecure"}; /* well formed, not ours */
+    CHECK_EQ(wait_exit(spawn(a5, 3, log)), 1);
     CHECK(remove(log) == 0);
 }
 

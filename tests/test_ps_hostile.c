@@ -97,7 +97,7 @@ static void daemon_start(psd *d, const char *restore) {
     CHECK(d->port > 0);
     (void)snprintf(d->addr, sizeof d->addr, "127.0.0.1:%d", d->port);
     /* The client may send more than the server takes (the server must refuse). */
-    ferry_rpc_client_config cc = {64u << 20, 10000, 1};
+    ferry_rpc_client_config cc = {.max_message_bytes = 64u << 20, .deadline_ms = 10000, .wait_for_ready = 1};
     CHECK_OK(ferry_rpc_client_create(d->addr, &cc, &d->c));
 }
 
@@ -889,7 +889,7 @@ TEST(context_count_limit) {
     CHECK_OK(ferry_ps_server_create(&cfg, &s));
     CHECK_OK(ferry_ps_server_start(s));
     psd d = {0};
-    ferry_rpc_client_config cc = {0, 10000, 1};
+    ferry_rpc_client_config cc = {.deadline_ms = 10000, .wait_for_ready = 1};
     CHECK_OK(ferry_rpc_client_create(ferry_ps_server_address(s), &cc, &d.c));
     CHECK_OK(create(&d, "emb", "embedding", V_EMB, E_DIM, 0, 0, NULL));
     int32_t ids[2] = {1, 2};

@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     bool local = false;
     const char *load_auto = NULL;
     static char ck_strings[1024];
-    int log_level = 2, world = -1, rank = -1;
+    int log_level = 2, world = -1, rank = -1, log_format = 0;
     const ferry_flag flags[] = {
         {.name = "local", .type = FERRY_FLAG_BOOL, .ptr = &local,
          .help = "train the whole model in this process (the default without --ps)"},
@@ -154,6 +154,8 @@ int main(int argc, char **argv) {
          .max = 3.6e6, .help = "deadline of every remote call"},
         {.name = "log-level", .type = FERRY_FLAG_ENUM, .ptr = &log_level,
          .choices = "error|warn|info|debug", .help = "log verbosity"},
+        {.name = "log-format", .type = FERRY_FLAG_ENUM, .ptr = &log_format,
+         .choices = "text|json", .help = "log lines as text or as JSON objects"},
         {.name = "world", .type = FERRY_FLAG_INT, .ptr = &world, .min = 1, .max = 65536,
          .help = "trainers in the job (default: FERRY_WORLD, SLURM_NTASKS, or 1)"},
         {.name = "rank", .type = FERRY_FLAG_INT, .ptr = &rank, .min = 0, .max = 65535,
@@ -170,6 +172,20 @@ int main(int argc, char **argv) {
                  "crashes, and a restarted trainer resumes by itself)"},
         {.name = "keep-checkpoints", .type = FERRY_FLAG_INT, .ptr = &cfg.keep_checkpoints,
          .min = 1, .max = 1000000, .help = "checkpoints kept beside --save"},
+        {.name = "connect-timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.connect_timeout_s,
+         .min = 0, .max = 86400, .metavar = "SECONDS",
+         .help = "wait this long for ferry-ps to resolve and accept connections (0: one try)"},
+        {.name = "metrics-listen", .type = FERRY_FLAG_STRING, .ptr = &cfg.metrics_listen,
+         .metavar = "HOST:PORT", .help = "serve Prometheus /metrics and /healthz over HTTP here"},
+        {.name = "token-file", .type = FERRY_FLAG_STRING, .ptr = &cfg.token_file,
+         .metavar = "FILE",
+         .help = "bearer token for ferry-ps (env FERRY_TOKEN_FILE names the file too)"},
+        {.name = "tls-ca", .type = FERRY_FLAG_STRING, .ptr = &cfg.tls_ca, .metavar = "PEM",
+         .help = "connect to ferry-ps with TLS, verifying it against this CA"},
+        {.name = "tls-cert", .type = FERRY_FLAG_STRING, .ptr = &cfg.tls_cert, .metavar = "PEM",
+         .help = "mutual TLS: this trainer's certificate ..."},
+        {.name = "tls-key", .type = FERRY_FLAG_STRING, .ptr = &cfg.tls_key, .metavar = "PEM",
+         .help = "... and its key"},
         {.name = "recovery-timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.recovery_timeout_s,
          .min = 0.1, .max = 86400, .metavar = "SECONDS",
          .help = "how long a recovering job waits for its processes to come back"},
@@ -204,8 +220,21 @@ int main(int argc, char **argv) {
             }
         }
     }
+    static const char *const env[] = {
+        "FERRY_TOKEN_FILE", "a file with the bearer token for ferry-ps (--token-file wins)",
+        "FERRY_WORLD, FERRY_RANK", "the job's size and this rank (--world/--rank win)",
+        "SLURM_NTASKS, SLURM_PROCID", "the same under srun",
+        "JOB_COMPLETION_INDEX", "the rank in a Kubernetes Indexed Job",
+        "FERRY_JOB", "the job name (--job wins)",
+        "FERRY_PROGRESS", "bar | plain | off: the progress display (--progress wins)",
+        "FERRY_LOG", "error | warn | info | debug: the log level",
+        "FERRY_LOG_FORMAT", "json: log lines as JSON (--log-format wins)",
+        "OPENBLAS_CORETYPE", "OpenBLAS kernels to use (else ferry picks the strongest)",
+        "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
+        "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
+        NULL};
     ferry_flags fs = {"ferry-trainer", "trains an LSTM language model (locally or with ferry-ps)",
-                      all, n};
+                      all, n, env};
     bool help = false;
     if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK) {
         fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
@@ -214,6 +243,8 @@ int main(int argc, char **argv) {
     if (help)
         return 0;
     ferry_log_set_level((ferry_log_level)log_level);
+    if (log_format == 1)
+        ferry_log_set_json(1);
     if (local && cfg.ps != NULL) {
         fprintf(stderr, "ferry-trainer: --local and --ps exclude each other\n");
         return 2;

@@ -3,6 +3,7 @@
  * steps the optimizer, evaluates at each epoch's end, adjusts the learning rate,
  * writes checkpoints, progress and metrics. */
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 #include <stdio.h>
@@ -20,6 +21,9 @@
 #include "optim/schedule.h"
 #include "worker/progress.h"
 #include "worker/trainer.h"
+#include "common/core/secret.h"
+#include "common/ops/http.h"
+#include "ferry/version.h"
 
 /* The process's only globals: set from signal handlers, read between steps. */
 static volatile sig_atomic_t stop_requested, checkpoint_requested;
@@ -86,6 +90,7 @@ void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     cfg->checkpoint_every = 0;
     cfg->keep_checkpoints = 4;
     cfg->recovery_timeout_s = 300.0;
+    cfg->connect_timeout_s = 30.0;
 }
 
 /* An environment variable as a non-negative int: 1 and *out set, 0 when unset,
@@ -185,6 +190,13 @@ int ferry_trainer_config_preset(ferry_trainer_config *cfg, const char *name) {
 
 /* ---- state of one run ---- */
 
+/* What /metrics shows, as of the last log line. */
+typedef struct trainer_live {
+    int64_t step;
+    int epoch;
+    double loss, tok_s, lr, t;
+} trainer_live;
+
 typedef struct trainer {
     const ferry_trainer_config *cfg;
     ferry_backend *be;
@@ -209,6 +221,9 @@ typedef struct trainer {
     int carried;  /* the carried state was restored: do not zero it at win0 */
     int recover;  /* a job that recovers from crashes (checkpoint_every > 0) */
     double step_t0;   /* when the step under way began; 0 between steps */
+    ferry_http *http; /* --metrics-listen */
+    pthread_mutex_t live_mu; /* guards live: what /metrics shows */
+    trainer_live live;
     int ck_asked;     /* a checkpoint was requested after the last step */
     int64_t rec_step; /* the step of the last roll-back, and how many in a row */
     int rec_repeat;
@@ -358,6 +373,14 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
 static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double tok_s,
                               double elapsed) {
     ferry_status st = FERRY_OK;
+    pthread_mutex_lock(&t->live_mu);
+    t->live.step = t->step;
+    t->live.epoch = t->epoch;
+    t->live.loss = loss;
+    t->live.tok_s = tok_s;
+    t->live.lr = t->lr;
+    t->live.t = ferry_now();
+    pthread_mutex_unlock(&t->live_mu);
     if (t->metrics != NULL)
         st = ferry_metrics_train(t->metrics, t->epoch, t->step, loss, exp(loss), t->lr, tok_s,
                                  ferry_now() - t->t_start);
@@ -540,6 +563,7 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
 }
 
 static ferry_status recover(trainer *t, const char *why);
+static void metrics_page(void *user, ferry_prom *p);
 static ferry_status apply_progress(trainer *t, const ferry_ck_progress *pr);
 
 static ferry_status trainer_setup(trainer *t) {
@@ -585,8 +609,18 @@ static ferry_status trainer_setup(trainer *t) {
         ferry_cluster_config_default(&cc);
         cc.deadline_ms = (int)cfg->deadline_ms;
         cc.wait_for_ready = 1; /* ride out daemons that are still starting */
+        cc.connect_timeout_ms = (int)(cfg->connect_timeout_s * 1000.0);
         cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
-        if ((st = ferry_ps_connect(cfg->ps, &cc, &t->cluster)) != FERRY_OK)
+        char *token = NULL;
+        if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
+            return st;
+        cc.token = token;
+        cc.tls_ca_file = cfg->tls_ca;
+        cc.tls_cert_file = cfg->tls_cert;
+        cc.tls_key_file = cfg->tls_key;
+        st = ferry_ps_connect(cfg->ps, &cc, &t->cluster);
+        ferry_secret_free(token);
+        if (st != FERRY_OK)
             return st;
         if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
             return st;
@@ -620,6 +654,15 @@ static ferry_status trainer_setup(trainer *t) {
         (st = ferry_metrics_open_mode(cfg->metrics_out, cfg->load != NULL, &t->metrics)) !=
             FERRY_OK)
         return st;
+    if (cfg->metrics_listen != NULL) {
+        if ((st = ferry_http_start(cfg->metrics_listen, metrics_page, NULL, t, &t->http)) !=
+            FERRY_OK)
+            return st;
+        const char *colon = strrchr(cfg->metrics_listen, ':');
+        FERRY_LOG_INFO("metrics on http://%.*s:%d (/metrics, /healthz)",
+                       (int)(colon - cfg->metrics_listen), cfg->metrics_listen,
+                       ferry_http_port(t->http));
+    }
     t->epoch = 1;
     if (cfg->load != NULL && t->job != NULL) {
         /* The whole job goes back to the newest checkpoint every process has. */
@@ -670,11 +713,61 @@ static ferry_status trainer_setup(trainer *t) {
     return FERRY_OK;
 }
 
+/* The trainer's /metrics page (--metrics-listen). */
+static void metrics_page(void *user, ferry_prom *p) {
+    trainer *t = user;
+    pthread_mutex_lock(&t->live_mu);
+    trainer_live live = t->live;
+    pthread_mutex_unlock(&t->live_mu);
+    ferry_prom_family(p, "ferry_build_info", "gauge", "ferry version of this daemon");
+    const char *info[] = {"version", FERRY_VERSION, "daemon", "ferry-trainer", NULL};
+    ferry_prom_sample(p, "ferry_build_info", info, 1);
+    static const struct {
+        const char *name, *help;
+    } g[] = {{"ferry_trainer_step", "optimizer steps done"},
+             {"ferry_trainer_epoch", "current epoch"},
+             {"ferry_trainer_loss", "mean training loss of the last log interval (nats/token)"},
+             {"ferry_trainer_tokens_per_second", "training throughput of the last log interval"},
+             {"ferry_trainer_learning_rate", "current learning rate"},
+             {"ferry_trainer_uptime_seconds", "seconds since the trainer started"}};
+    double v[] = {(double)live.step, live.epoch, live.loss, live.tok_s, live.lr,
+                  ferry_now() - t->t_start};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        ferry_prom_family(p, g[i].name, "gauge", g[i].help);
+        ferry_prom_sample(p, g[i].name, NULL, v[i]);
+    }
+    ferry_prom_family(p, "process_resident_memory_bytes", "gauge", "resident memory");
+    ferry_prom_sample(p, "process_resident_memory_bytes", NULL, (double)ferry_process_rss_bytes());
+    if (t->cluster == NULL)
+        return;
+    ferry_prom_family(p, "ferry_trainer_retries_total", "counter",
+                      "calls sent again after a stall or a lost connection");
+    ferry_prom_sample(p, "ferry_trainer_retries_total", NULL,
+                      (double)ferry_cluster_retries(t->cluster));
+    static const char *const methods[] = {"Forward", "Backward", "GradNorm", "Step"};
+    ferry_prom_family(p, "ferry_trainer_call_latency_seconds", "histogram",
+                      "calls to each ferry-ps, by method: sending to the fan-out's last answer");
+    for (int s = 0; s < ferry_cluster_size(t->cluster); s++) {
+        for (int m = 0; m < 4; m++) {
+            ferry_call_stats cs;
+            if (ferry_cluster_call_stats(t->cluster, s, methods[m], &cs) != FERRY_OK)
+                continue;
+            const char *l[] = {"server", ferry_cluster_target(t->cluster, s), "method", methods[m],
+                               NULL};
+            ferry_prom_histogram(p, "ferry_trainer_call_latency_seconds", l,
+                                 ferry_call_latency_bounds, cs.buckets, FERRY_CALL_LATENCY_BUCKETS,
+                                 cs.over, cs.sum_s);
+        }
+    }
+}
+
 /* Frees the run; ferry_error_last keeps the run's error (leaving the job or closing
  * files must not replace it). */
 static void trainer_teardown(trainer *t, ferry_status run) {
     char err[1024];
     (void)snprintf(err, sizeof err, "%s", ferry_error_last());
+    ferry_http_stop(t->http); /* before what its page reads */
+    t->http = NULL;
     ferry_progress_destroy(t->progress);
     if (t->metrics != NULL && ferry_metrics_close(t->metrics) != FERRY_OK)
         FERRY_LOG_WARN("metrics: %s", ferry_error_last());
@@ -730,6 +823,15 @@ static ferry_status save_checkpoint(trainer *t, int epoch, int64_t window) {
             FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): start them with "
                            "--checkpoint-dir DIR to keep the embedding and decoder too",
                            ferry_error_last());
+            st = FERRY_OK;
+        } else if (st == FERRY_ERR_DENIED) {
+            char why[512];
+            (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+            if (t->recover)
+                return ferry_errorf(st, "%s: a job that checkpoints ferry-ps needs the admin token "
+                                        "(--token-file)", why);
+            FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): give this trainer the "
+                           "admin token to keep the embedding and decoder too", why);
             st = FERRY_OK;
         } else if (st != FERRY_OK) {
             return st;
@@ -969,6 +1071,7 @@ static ferry_status run_epochs(trainer *t, int *stop) {
 ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
     trainer t;
     memset(&t, 0, sizeof t);
+    pthread_mutex_init(&t.live_mu, NULL);
     t.cfg = cfg;
     t.t_start = ferry_now();
     t.ck_base = cfg->save != NULL ? cfg->save : cfg->load;
@@ -1002,5 +1105,6 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
         FERRY_LOG_INFO("stopped: %lld steps in %.1f s", (long long)t.step,
                        ferry_now() - t.t_start);
     trainer_teardown(&t, st);
+    pthread_mutex_destroy(&t.live_mu);
     return st;
 }

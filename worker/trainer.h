@@ -63,6 +63,12 @@ typedef struct ferry_trainer_config {
     int64_t checkpoint_every;
     int keep_checkpoints;
     double recovery_timeout_s;
+    /* Security toward ferry-ps (NULL: none): a token file (or $FERRY_TOKEN_FILE), and
+     * TLS PEM files: the CA that signed the servers, this trainer's certificate and
+     * key for mutual TLS. */
+    const char *token_file, *tls_ca, *tls_cert, *tls_key;
+    const char *metrics_listen; /* HOST:PORT: Prometheus /metrics and /healthz, or NULL */
+    double connect_timeout_s;   /* how long to wait for the servers to come up */
 } ferry_trainer_config;
 
 /* Fills world, rank and job from the flags or else from the environment a launcher

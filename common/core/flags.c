@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/core/flags.h"
+#include "ferry/version.h"
 #include "common/core/log.h" /* FERRY_ASSERT */
 
 /* ---- lookup -------------------------------------------------------------------------- */
@@ -214,6 +215,12 @@ ferry_status ferry_flags_parse(const ferry_flags *fs, int argc, char *const argv
     ferry_status st = FERRY_OK;
     for (int i = 1; i < argc && st == FERRY_OK; i++) {
         const char *arg = argv[i];
+        if (strcmp(arg, "--version") == 0) {
+            (void)printf("%s %s\n", fs->prog != NULL ? fs->prog : "ferry", ferry_version());
+            *help = true;
+            free(seen);
+            return FERRY_OK;
+        }
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
             ferry_flags_usage(fs, stdout);
             *help = true;
@@ -318,4 +325,10 @@ void ferry_flags_usage(const ferry_flags *fs, FILE *out) {
         (void)fprintf(out, "\n");
     }
     (void)fprintf(out, "  %-*s  %s\n", width, "--help", "print this help and exit");
+    (void)fprintf(out, "  %-*s  %s\n", width, "--version", "print the version and exit");
+    if (fs->env != NULL && fs->env[0] != NULL) {
+        (void)fprintf(out, "\nenvironment:\n");
+        for (int i = 0; fs->env[i] != NULL && fs->env[i + 1] != NULL; i += 2)
+            (void)fprintf(out, "  %-*s  %s\n", width, fs->env[i], fs->env[i + 1]);
+    }
 }

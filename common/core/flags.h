@@ -57,9 +57,13 @@ typedef struct ferry_flags {
     const char *summary;     /* one line printed under the usage line (may be NULL) */
     const ferry_flag *flags; /* (nflags,) */
     int nflags;
+    /* NULL-terminated "NAME", "what it does" pairs: the environment variables the
+     * program reads, listed at the end of --help (may be NULL). */
+    const char *const *env;
 } ferry_flags;
 
-/* Parses argv[1..argc-1] into the fields the table points at. On "--help" or "-h" it
+/* "--version" prints "<prog> <FERRY_VERSION>" to stdout and stops like --help.
+ * Parses argv[1..argc-1] into the fields the table points at. On "--help" or "-h" it
  * prints the usage to stdout, stops, sets *help (which must not be NULL) and returns
  * FERRY_OK; otherwise *help is false. Errors (FERRY_ERR_INVALID, or FERRY_ERR_RANGE for
  * a value outside the range), each one ferry_errorf line:

@@ -12,6 +12,7 @@
 #include "common/core/log.h"
 
 static _Atomic int log_level = FERRY_LOG_LEVEL_INFO;
+static _Atomic int log_json; /* ferry_log_set_json */
 static char log_prog[32] = "ferry";
 /* The host program's sink, if any. Lines read it under the read lock, so a sink (and
  * its user pointer) is never swapped while a line is being handed to it. */
@@ -44,6 +45,13 @@ void ferry_log_init(const char *progname) {
     ferry_log_level lv;
     if (env != NULL && ferry_log_parse_level(env, &lv) == FERRY_OK)
         ferry_log_set_level(lv);
+    const char *fmt = getenv("FERRY_LOG_FORMAT");
+    if (fmt != NULL && strcmp(fmt, "json") == 0)
+        ferry_log_set_json(1);
+}
+
+void ferry_log_set_json(int on) {
+    atomic_store(&log_json, on != 0);
 }
 
 void ferry_log_set_level(ferry_log_level level) {
@@ -65,6 +73,37 @@ static int log_prefix(char *buf, size_t cap, ferry_log_level level) {
                     ts.tv_nsec / 1000000, tag[level], log_prog);
 }
 
+/* {"ts":"...","level":"info","prog":"ferry-ps","msg":"..."}: one JSON object per line,
+ * the message escaped (quote, backslash, control bytes). */
+static void log_write_json(ferry_log_level level, const char *fmt, va_list ap) {
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    char msg[2048], line[4600];
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line,
+                     "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
+                     "\"prog\":\"%s\",\"msg\":\"",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, names[level], log_prog);
+    size_t len = n > 0 ? (size_t)n : 0;
+    for (const unsigned char *c = (const unsigned char *)msg; *c != '\0' && len < sizeof line - 16;
+         c++) {
+        if (*c == '"' || *c == '\\') {
+            line[len++] = '\\';
+            line[len++] = (char)*c;
+        } else if (*c < 0x20) {
+            len += (size_t)snprintf(line + len, sizeof line - len, "\\u%04x", *c);
+        } else {
+            line[len++] = (char)*c;
+        }
+    }
+    memcpy(line + len, "\"}\n", 3);
+    (void)fwrite(line, 1, len + 3, stderr);
+}
+
 static void log_write(ferry_log_level level, const char *fmt, va_list ap) {
     char line[2048];
     pthread_rwlock_rdlock(&log_route_lock);
@@ -75,6 +114,10 @@ static void log_write(ferry_log_level level, const char *fmt, va_list ap) {
         return;
     }
     pthread_rwlock_unlock(&log_route_lock);
+    if (atomic_load(&log_json)) {
+        log_write_json(level, fmt, ap);
+        return;
+    }
     int n = log_prefix(line, sizeof line, level);
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);

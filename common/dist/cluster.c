@@ -2,6 +2,7 @@
  * server, Hello (incarnations, to notice restarts), the concurrent fan-out every
  * other file uses, and the admin calls (Stats, Checkpoint, Shutdown). */
 #include <ctype.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "common/dist/dist.h"
 #include "ferry.pb-c.h"
 #include "common/core/log.h"
+#include "common/core/secret.h"
 
 void ferry_cluster_config_default(ferry_cluster_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -235,6 +237,98 @@ static ferry_status parse_targets(const char *targets, char ***out, int *n) {
     return FERRY_OK;
 }
 
+/* A target gRPC would take as HOST:PORT (or a scheme of its own: unix:, dns:, ...).
+ * *host receives the host part when it should be resolved here. */
+static ferry_status check_target(const char *t, char *host, size_t cap) {
+    host[0] = '\0';
+    if (strncmp(t, "unix:", 5) == 0 || strncmp(t, "dns:", 4) == 0 ||
+        strncmp(t, "ipv4:", 5) == 0 || strncmp(t, "ipv6:", 5) == 0)
+        return FERRY_OK;
+    const char *colon = strrchr(t, ':');
+    if (colon == NULL || colon == t)
+        return ferry_errorf(FERRY_ERR_INVALID, "server '%s': want HOST:PORT", t);
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || port < 1 || port > 65535)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "server '%s': port '%s' is not a number in 1..65535 (HOST:PORT)", t,
+                            colon + 1);
+    const char *h = t;
+    size_t hl = (size_t)(colon - t);
+    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
+    }
+    if (hl >= cap)
+        return ferry_errorf(FERRY_ERR_INVALID, "server '%s': host name too long", t);
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    return FERRY_OK;
+}
+
+/* Resolves host: FERRY_OK, or FERRY_ERR_UNAVAILABLE with the resolver's reason. */
+static ferry_status resolve(const char *target, const char *host) {
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int e = getaddrinfo(host, NULL, &hints, &ai);
+    if (ai != NULL)
+        freeaddrinfo(ai);
+    if (e == 0)
+        return FERRY_OK;
+    return ferry_errorf(FERRY_ERR_UNAVAILABLE, "server '%s': cannot resolve host '%s' (%s)", target,
+                        host, gai_strerror(e));
+}
+
+/* Says Hello until every server answers or connect_timeout_ms passes, telling apart
+ * a host that does not resolve, a refused connection and a server that does not
+ * answer. */
+static ferry_status connect_all(ferry_cluster *c, char **list) {
+    double t0 = ferry_now(), limit = c->cfg.connect_timeout_ms / 1000.0;
+    char waiting[600] = "";
+    ferry_status st;
+    for (;;) {
+        st = FERRY_OK;
+        char host[256];
+        for (int i = 0; i < c->n && st == FERRY_OK; i++) {
+            if ((st = check_target(list[i], host, sizeof host)) == FERRY_OK && host[0] != '\0')
+                st = resolve(list[i], host);
+        }
+        if (st == FERRY_OK) {
+            ferry_cluster_set_wait_for_ready(c, 0); /* a refusal comes back at once */
+            st = ferry_cluster_hello(c, NULL);
+            ferry_cluster_set_wait_for_ready(c, c->cfg.wait_for_ready);
+        }
+        if (st != FERRY_ERR_UNAVAILABLE)
+            break;
+        char why[512];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        char what[600];
+        if (strstr(why, "onnection refused") != NULL) {
+            const char *sp = strchr(why, ' '); /* "<target> Hello: ..." */
+            (void)snprintf(what, sizeof what, "cannot connect to %.*s: connection refused "
+                           "(nothing listens on that port)", (int)(sp != NULL ? sp - why : 0), why);
+        } else {
+            (void)snprintf(what, sizeof what, "%s", why);
+        }
+        if (ferry_now() - t0 >= limit)
+            return ferry_errorf(st, "%s%s", what,
+                                limit > 0 ? " (still, at the end of --connect-timeout)" : "");
+        if (strcmp(waiting, what) != 0) {
+            FERRY_LOG_WARN("waiting for the servers: %s; trying again for up to %.0f s", what,
+                           limit - (ferry_now() - t0));
+            (void)snprintf(waiting, sizeof waiting, "%s", what);
+        }
+        struct timespec ts = {0, 250000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (st == FERRY_ERR_TIMEOUT) {
+        char why[512];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        return ferry_errorf(st, "%s: the server took the connection but did not answer in time",
+                            why);
+    }
+    return st;
+}
+
 ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
                               ferry_cluster **out) {
     char **list = NULL;
@@ -273,13 +367,34 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
         st = FERRY_ERR_NOMEM;
         goto done;
     }
-    ferry_rpc_client_config rc = {c->cfg.max_message_bytes, c->cfg.deadline_ms,
-                                  c->cfg.wait_for_ready};
-    for (c->n = 0; c->n < n; c->n++) {
-        if ((st = ferry_rpc_client_create(list[c->n], &rc, &c->clients[c->n])) != FERRY_OK)
-            goto done;
+    ferry_rpc_client_config rc = {.max_message_bytes = c->cfg.max_message_bytes,
+                                  .deadline_ms = c->cfg.deadline_ms,
+                                  .wait_for_ready = c->cfg.wait_for_ready};
+    rc.token = c->cfg.token;
+    rc.client_name = c->client_id;
+    char *pem[3] = {NULL, NULL, NULL};
+    const char *files[3] = {c->cfg.tls_ca_file, c->cfg.tls_cert_file, c->cfg.tls_key_file};
+    if ((files[1] != NULL) != (files[2] != NULL) || (files[1] != NULL && files[0] == NULL))
+        st = ferry_errorf(FERRY_ERR_INVALID, "TLS: a client certificate and key go together, "
+                                             "and with a CA to verify the servers");
+    for (int i = 0; i < 3 && st == FERRY_OK; i++) {
+        if (files[i] != NULL)
+            st = ferry_file_read_text(files[i], 1 << 20, &pem[i]);
     }
-    if ((st = ferry_cluster_hello(c, NULL)) != FERRY_OK)
+    rc.tls_ca_pem = pem[0];
+    rc.tls_cert_pem = pem[1];
+    rc.tls_key_pem = pem[2];
+    for (c->n = 0; st == FERRY_OK && c->n < n; c->n++) {
+        if ((st = ferry_rpc_client_create(list[c->n], &rc, &c->clients[c->n])) != FERRY_OK)
+            break;
+    }
+    for (int i = 0; i < 3; i++)
+        ferry_secret_free(pem[i]);
+    c->cfg.token = NULL; /* the rpc clients keep their own copies */
+    c->cfg.tls_ca_file = c->cfg.tls_cert_file = c->cfg.tls_key_file = NULL;
+    if (st != FERRY_OK)
+        goto done;
+    if ((st = connect_all(c, list)) != FERRY_OK)
         goto done;
     FERRY_LOG_DEBUG("connected to %d ferry-ps servers (%s)", n, targets);
     *out = c;
@@ -308,12 +423,44 @@ void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms) {
     atomic_store(&c->retry_ms, retry_ms > 0 ? retry_ms : 0);
 }
 
+const double ferry_call_latency_bounds[FERRY_CALL_LATENCY_BUCKETS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0};
+_Static_assert(FERRY_CALL_LATENCY_BUCKETS == FERRY_RPC_LATENCY_BUCKETS, "one set of buckets");
+
+ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *method,
+                                      ferry_call_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (server < 0 || server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++) {
+        if (strcmp(ferry_rpc_method_name((ferry_rpc_method)m), method) != 0)
+            continue;
+        ferry_rpc_method_stats ms;
+        ferry_rpc_client_method_stats(c->clients[server], m, &ms);
+        for (int k = 0; k < FERRY_RPC_CODES; k++) {
+            out->calls += ms.calls[k];
+            out->errors += k != 0 ? ms.calls[k] : 0;
+        }
+        memcpy(out->buckets, ms.buckets, sizeof out->buckets);
+        out->over = ms.over;
+        out->sum_s = ms.sum_s;
+        return FERRY_OK;
+    }
+    return ferry_errorf(FERRY_ERR_INVALID, "no method '%s'", method);
+}
+
+ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving) {
+    if (server < 0 || server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
+    return ferry_rpc_health_check(c->clients[server], c->cfg.deadline_ms, serving);
+}
+
 uint64_t ferry_cluster_retries(const ferry_cluster *c) {
     return atomic_load(&((ferry_cluster *)(uintptr_t)c)->retries);
 }
 
 void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on) {
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; c != NULL && i < c->n; i++) {
         if (c->clients[i] != NULL)
             ferry_rpc_client_set_wait_for_ready(c->clients[i], on);
     }

@@ -14,6 +14,7 @@
 #include "common/core/log.h"
 #include "common/rpc/testing.h"
 #include "common/rpc/transport-grpc.h"
+#include "health.pb-c.h"
 
 #define CQ_POOL 4 /* idle completion queues kept per client */
 
@@ -25,6 +26,9 @@ struct ferry_rpc_client {
     int deadline_ms;
     _Atomic int wait_for_ready;
     atomic_uint_fast64_t incarnation; /* expected by context calls; 0: not sent */
+    char *auth;                       /* "Bearer <token>", or NULL */
+    char *name;                       /* ferry-client metadata, or NULL */
+    ferry__rpc_meter meter[FERRY_RPC_STATS_SLOTS];
     pthread_mutex_t mu; /* guards the queue pool */
     grpc_completion_queue *cq_idle[CQ_POOL];
     int ncq_idle;
@@ -46,7 +50,7 @@ typedef struct client_call {
     grpc_slice details;
     const char *error_string;
     grpc_op ops[6];
-    grpc_metadata md;     /* FERRY_RPC_INCARNATION_KEY, when sent */
+    grpc_metadata md[3];  /* incarnation, authorization, ferry-client: those sent */
     char md_value[20];
     int transport;        /* failed in transit, not by the server's answer */
     int prepared; /* the metadata arrays and details are initialized */
@@ -118,15 +122,25 @@ static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void 
     size_t n = 0;
     memset(c->ops, 0, sizeof c->ops);
     op[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    /* Static slices: their bytes live in c and cl, which outlive the batch. */
+    size_t nmd = 0;
     uint64_t inc = atomic_load(&cl->incarnation);
     if (inc != 0 && (method == FERRY_RPC_FORWARD || method == FERRY_RPC_BACKWARD ||
                      method == FERRY_RPC_GRAD_NORM || method == FERRY_RPC_STEP)) {
         (void)snprintf(c->md_value, sizeof c->md_value, "%016llx", (unsigned long long)inc);
-        c->md.key = grpc_slice_from_static_string(FERRY_RPC_INCARNATION_KEY);
-        c->md.value = grpc_slice_from_static_buffer(c->md_value, strlen(c->md_value));
-        op[n].data.send_initial_metadata.count = 1;
-        op[n].data.send_initial_metadata.metadata = &c->md;
+        c->md[nmd].key = grpc_slice_from_static_string(FERRY_RPC_INCARNATION_KEY);
+        c->md[nmd++].value = grpc_slice_from_static_buffer(c->md_value, strlen(c->md_value));
     }
+    if (cl->auth != NULL) {
+        c->md[nmd].key = grpc_slice_from_static_string("authorization");
+        c->md[nmd++].value = grpc_slice_from_static_buffer(cl->auth, strlen(cl->auth));
+    }
+    if (cl->name != NULL) {
+        c->md[nmd].key = grpc_slice_from_static_string("ferry-client");
+        c->md[nmd++].value = grpc_slice_from_static_buffer(cl->name, strlen(cl->name));
+    }
+    op[n].data.send_initial_metadata.count = nmd;
+    op[n].data.send_initial_metadata.metadata = nmd > 0 ? c->md : NULL;
     op[n++].flags = atomic_load(&cl->wait_for_ready) ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
     op[n].op = GRPC_OP_SEND_MESSAGE;
     op[n++].data.send_message.send_message = c->req_bb;
@@ -281,12 +295,16 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
             fanout_fail(fo, st);
         started += c->started;
     }
+    double t0 = ferry_now();
     cq_wait_all(cq, started);
+    double took = ferry_now() - t0;
     ferry_status first = FERRY_OK;
     char first_error[sizeof calls[0].error] = "";
     for (int i = 0; i < n; i++) {
         ferry_rpc_fanout *fo = &calls[i];
         if (cc[i].started) {
+            if (fo->method >= 0 && fo->method < FERRY_RPC_METHOD_COUNT)
+                ferry__rpc_meter_add(&fo->client->meter[fo->method], (int)cc[i].code, took);
             ferry_status st = call_result(&cc[i], fo->reply);
             if (st != FERRY_OK) {
                 fanout_fail(fo, st);
@@ -362,10 +380,31 @@ ferry_status ferry_rpc_client_create(const char *target, const ferry_rpc_client_
         (ferry__rpc_limits){.max_message_bytes = max_bytes, .max_tensors = FERRY_RPC_MAX_TENSORS};
     cl->deadline_ms = cfg->deadline_ms > 0 ? cfg->deadline_ms : FERRY_RPC_DEFAULT_DEADLINE_MS;
     cl->wait_for_ready = cfg->wait_for_ready != 0;
+    if (cfg->token != NULL) {
+        size_t n = strlen(cfg->token) + 8;
+        if ((cl->auth = malloc(n)) != NULL)
+            (void)snprintf(cl->auth, n, "Bearer %s", cfg->token);
+    }
+    if (cfg->client_name != NULL)
+        cl->name = strdup(cfg->client_name);
+    if ((cfg->token != NULL && cl->auth == NULL) || (cfg->client_name != NULL && cl->name == NULL)) {
+        free(cl->auth);
+        free(cl->target);
+        free(cl);
+        return ferry_errorf(FERRY_ERR_NOMEM, "rpc client: out of memory");
+    }
     ferry__grpc_init();
     grpc_arg args[8];
     grpc_channel_args ca = {ferry__grpc_fill_args(args, max_bytes, 1), args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds;
+    if (cfg->tls_ca_pem != NULL) {
+        grpc_ssl_pem_key_cert_pair pair = {cfg->tls_key_pem, cfg->tls_cert_pem};
+        creds = grpc_ssl_credentials_create(
+            cfg->tls_ca_pem, cfg->tls_cert_pem != NULL && cfg->tls_key_pem != NULL ? &pair : NULL,
+            NULL, NULL);
+    } else {
+        creds = grpc_insecure_credentials_create();
+    }
     cl->channel = grpc_channel_create(target, creds, &ca); /* a bad target gives a lame channel */
     grpc_channel_credentials_release(creds);
     for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
@@ -384,6 +423,10 @@ void ferry_rpc_client_destroy(ferry_rpc_client *c) {
     grpc_channel_destroy(c->channel);
     ferry__grpc_shutdown();
     pthread_mutex_destroy(&c->mu);
+    if (c->auth != NULL)
+        explicit_bzero(c->auth, strlen(c->auth));
+    free(c->auth);
+    free(c->name);
     free(c->target);
     free(c);
 }
@@ -395,6 +438,57 @@ void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *recei
 
 void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on) {
     atomic_store(&c->wait_for_ready, on != 0);
+}
+
+void ferry_rpc_client_method_stats(ferry_rpc_client *c, int slot, ferry_rpc_method_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (slot >= 0 && slot < FERRY_RPC_STATS_SLOTS)
+        ferry__rpc_meter_read(&c->meter[slot], out);
+}
+
+ferry_status ferry_rpc_health_check(ferry_rpc_client *cl, int deadline_ms, int *serving) {
+    *serving = 0;
+    uint8_t buf[8];
+    Grpc__Health__V1__HealthCheckRequest q;
+    grpc__health__v1__health_check_request__init(&q);
+    size_t n = grpc__health__v1__health_check_request__pack(&q, buf);
+    client_call c = {.cl = cl, .what = "Health/Check"};
+    c.deadline_ms = deadline_ms > 0 ? deadline_ms : cl->deadline_ms;
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
+    c.req_bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_completion_queue *cq = cq_get(cl);
+    ferry_status st = call_launch(&c, cq, NULL, "/grpc.health.v1.Health/Check", -1);
+    if (st == FERRY_OK) {
+        cq_wait_all(cq, 1);
+        if (c.code == GRPC_STATUS_OK && c.reply_bb != NULL) {
+            grpc_byte_buffer_reader rd;
+            Grpc__Health__V1__HealthCheckResponse *r = NULL;
+            if (grpc_byte_buffer_reader_init(&rd, c.reply_bb)) {
+                grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+                r = grpc__health__v1__health_check_response__unpack(
+                    NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+                grpc_slice_unref(all);
+                grpc_byte_buffer_reader_destroy(&rd);
+            }
+            if (r == NULL) {
+                st = ferry_errorf(FERRY_ERR_FORMAT, "%s Health/Check: undecodable reply",
+                                  cl->target);
+            } else {
+                *serving =
+                    r->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+                grpc__health__v1__health_check_response__free_unpacked(r, NULL);
+            }
+        } else {
+            ferry_rpc_msg none;
+            ferry_rpc_msg_init(&none);
+            st = call_result(&c, &none);
+            ferry_rpc_msg_deinit(&none);
+        }
+    }
+    call_cleanup(&c);
+    cq_put(cl, cq);
+    return st;
 }
 
 void ferry_rpc_client_set_incarnation(ferry_rpc_client *c, uint64_t incarnation) {

@@ -250,6 +250,16 @@ typedef struct ferry_rpc_server_config {
      * another (a client that spoke to an earlier process on this address) is refused
      * with FERRY_ERR_NOT_FOUND before its handler runs: whatever it refers to is gone. */
     uint64_t incarnation;
+    /* Bearer tokens (NULL: none). With either set, every call but the health service
+     * must carry metadata "authorization: Bearer <token>" (compared in constant
+     * time): none or an unknown one is refused with FERRY_ERR_AUTH
+     * (UNAUTHENTICATED), a trainer token on a method with admin_only[m] set with
+     * FERRY_ERR_DENIED (PERMISSION_DENIED), before the handler runs. */
+    const char *trainer_token, *admin_token;
+    unsigned char admin_only[FERRY_RPC_METHOD_COUNT];
+    /* TLS, PEM text (NULL: plaintext). cert and key: serve TLS; ca as well: clients
+     * must present a certificate that ca signed (mutual TLS). */
+    const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT]; /* NULL: UNIMPLEMENTED */
     void *user;                                         /* first argument of every handler */
 } ferry_rpc_server_config;
@@ -264,6 +274,40 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
 
 /* The bound TCP port (the ephemeral one for ":0"). */
 int ferry_rpc_server_port(const ferry_rpc_server *s);
+
+/* Who made the call a handler is answering (reply->call): "<role>:<client>", role
+ * "admin", "trainer" or "anyone" (no tokens configured), then the TLS client
+ * certificate's identity when mutual TLS is on ("cert=<CN>"), then the client's
+ * own name from metadata "ferry-client" (ferry's clients send their Hello id). ""
+ * outside a network call. Contexts are owned by it. */
+const char *ferry_rpc_caller(const ferry_rpc_msg *reply);
+
+/* Per-method call counts and latency, for metrics. Latency buckets are upper bounds
+ * in seconds (ferry_rpc_latency_bounds); a server measures from the call's arrival
+ * to its answer being queued, a client from sending to the fan-out's last answer. */
+#define FERRY_RPC_LATENCY_BUCKETS 14
+#define FERRY_RPC_CODES           17 /* gRPC status codes 0..16 */
+extern const double ferry_rpc_latency_bounds[FERRY_RPC_LATENCY_BUCKETS];
+typedef struct ferry_rpc_method_stats {
+    uint64_t calls[FERRY_RPC_CODES]; /* answered, by gRPC status code */
+    uint64_t buckets[FERRY_RPC_LATENCY_BUCKETS], over; /* per bucket, not cumulative */
+    double sum_s;
+} ferry_rpc_method_stats;
+/* Method slots: ferry's methods 0..FERRY_RPC_METHOD_COUNT-1, then
+ * FERRY_RPC_STATS_HEALTH (grpc.health.v1.Health) and FERRY_RPC_STATS_OTHER
+ * (unknown paths). */
+#define FERRY_RPC_STATS_HEALTH FERRY_RPC_METHOD_COUNT
+#define FERRY_RPC_STATS_OTHER  (FERRY_RPC_METHOD_COUNT + 1)
+#define FERRY_RPC_STATS_SLOTS  (FERRY_RPC_METHOD_COUNT + 2)
+/* The label of a slot: "Forward", ..., "grpc.health.v1.Health", "unknown". */
+const char *ferry_rpc_stats_slot_name(int slot);
+/* The name of a gRPC status code ("OK", "NOT_FOUND", ...). */
+const char *ferry_rpc_code_name(int code);
+void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_method_stats *out);
+
+/* The grpc.health.v1 status the server reports: 1 SERVING (from the start), 0
+ * NOT_SERVING (a daemon draining). Thread-safe. */
+void ferry_rpc_server_set_serving(ferry_rpc_server *s, int serving);
 
 /* Starts a graceful shutdown and returns at once: stop accepting calls, let
  * in-flight calls finish, and cancel those still running grace_ms later
@@ -300,6 +344,11 @@ typedef struct ferry_rpc_client_config {
     int deadline_ms;          /* for calls that pass deadline_ms <= 0; 0: 10000 */
     int wait_for_ready;       /* 1: calls wait up to their deadline for the server to
                                  come up; 0: fail fast with FERRY_ERR_UNAVAILABLE */
+    const char *token;        /* sent as "authorization: Bearer <token>"; NULL: none */
+    const char *client_name;  /* sent as "ferry-client" metadata; NULL: none */
+    /* TLS, PEM text: ca set: connect with TLS and verify the server's certificate
+     * against it; cert and key as well: present them (mutual TLS). */
+    const char *tls_ca_pem, *tls_cert_pem, *tls_key_pem;
 } ferry_rpc_client_config;
 
 /* Creates a client for target ("127.0.0.1:7000", "host:port", "unix:/path").
@@ -321,6 +370,11 @@ void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on);
  * (it restarted: the contexts these calls refer to are gone) refuses them with
  * FERRY_ERR_NOT_FOUND instead of serving them from its new state. 0: not sent. */
 void ferry_rpc_client_set_incarnation(ferry_rpc_client *c, uint64_t incarnation);
+/* This client's calls of method slot (see ferry_rpc_server_method_stats). */
+void ferry_rpc_client_method_stats(ferry_rpc_client *c, int slot, ferry_rpc_method_stats *out);
+/* grpc.health.v1.Health/Check of service "" on this client's server: *serving is 1
+ * for SERVING, 0 for anything else. Errors as ferry_rpc_call. */
+ferry_status ferry_rpc_health_check(ferry_rpc_client *c, int deadline_ms, int *serving);
 /* Message bytes this client has sent and received so far (as encoded, headers and
  * tensors; gRPC's framing not counted). Thread-safe. */
 void ferry_rpc_client_bytes(ferry_rpc_client *c, uint64_t *sent, uint64_t *received);

@@ -5,6 +5,9 @@
  * accepting, drain, cancel what is left after the grace period, and let the
  * threads exit once gRPC reports the queue empty (spec/grpc-core.md §3). */
 #include <errno.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,16 +17,30 @@
 #include "common/core/log.h"
 #include "common/rpc/transport-grpc.h"
 
+#include "health.pb-c.h"
+
 #define CATCH_ALL       (-1) /* server_call.method of the unregistered slot */
 #define CATCH_ALL_SLOTS 2
+/* grpc.health.v1.Health, served here for every daemon: methods after ferry's own. */
+#define HEALTH_CHECK  FERRY_RPC_METHOD_COUNT
+#define HEALTH_WATCH  (FERRY_RPC_METHOD_COUNT + 1)
+#define NMETHODS      (FERRY_RPC_METHOD_COUNT + 2)
+#define HEALTH_SLOTS  2
+static const char *const health_paths[2] = {"/grpc.health.v1.Health/Check",
+                                            "/grpc.health.v1.Health/Watch"};
 
 struct ferry_rpc_server {
     grpc_server *server;
     grpc_completion_queue *cq;
-    void *registered[FERRY_RPC_METHOD_COUNT]; /* NULL: no handler, served by the catch-all */
+    void *registered[NMETHODS]; /* NULL: no handler, served by the catch-all */
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT];
     void *user;
     uint64_t incarnation; /* 0: not checked */
+    char *tokens[2];      /* trainer, admin; NULL: none */
+    unsigned char admin_only[FERRY_RPC_METHOD_COUNT];
+    int mtls;             /* clients present certificates */
+    atomic_int serving;   /* grpc.health.v1: 1 SERVING, 0 NOT_SERVING */
+    ferry__rpc_meter meter[FERRY_RPC_STATS_SLOTS];
     ferry__rpc_limits lim;
     int port;
     int slots;
@@ -74,6 +91,8 @@ typedef struct server_call {
     char status_text[16];
     int cancelled;
     int deferred; /* the handler called ferry_rpc_defer: the reply comes later */
+    char caller[224]; /* ferry_rpc_caller */
+    double t0;        /* when the call arrived */
     grpc_op ops[4];
 } server_call;
 
@@ -168,6 +187,10 @@ static void call_reply(server_call *c, ferry_status st, grpc_status_code code, c
     op[n++].data.recv_close_on_server.cancelled = &c->cancelled;
     c->state = CALL_REPLYING;
     /* Counted before sending, so a client that has its answer sees it counted. */
+    int slot = c->method == HEALTH_CHECK || c->method == HEALTH_WATCH ? FERRY_RPC_STATS_HEALTH
+               : c->method == CATCH_ALL                               ? FERRY_RPC_STATS_OTHER
+                                                                      : c->method;
+    ferry__rpc_meter_add(&c->srv->meter[slot], (int)code, ferry_now() - c->t0);
     atomic_fetch_add(&c->srv->calls, 1);
     if (code != GRPC_STATUS_OK)
         atomic_fetch_add(&c->srv->errors, 1);
@@ -204,6 +227,89 @@ static ferry_status reply_encode(server_call *c, const ferry__rpc_method_info *m
     }
     ferry__rpc_wire_deinit(&w);
     return st;
+}
+
+/* The value of request metadata `key` copied into buf ("" when absent); 1 if found. */
+static int md_get(const server_call *c, const char *key, char *buf, size_t cap) {
+    buf[0] = '\0';
+    for (size_t i = 0; i < c->req_md.count; i++) {
+        const grpc_metadata *md = &c->req_md.metadata[i];
+        if (grpc_slice_str_cmp(md->key, key) != 0)
+            continue;
+        size_t n = GRPC_SLICE_LENGTH(md->value);
+        n = n < cap - 1 ? n : cap - 1;
+        memcpy(buf, GRPC_SLICE_START_PTR(md->value), n);
+        buf[n] = '\0';
+        return 1;
+    }
+    return 0;
+}
+
+/* a == b in time that depends on the lengths only, not on where they differ. */
+static int same_secret(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char diff = (unsigned char)(na != nb);
+    for (size_t i = 0; i < na; i++)
+        diff |= (unsigned char)(a[i] ^ b[i % (nb ? nb : 1)]);
+    return diff == 0 && nb > 0;
+}
+
+/* The client certificate's identity (its CN, or the first name gRPC reports). */
+static void cert_identity(const server_call *c, char *buf, size_t cap) {
+    buf[0] = '\0';
+    grpc_auth_context *ac = grpc_call_auth_context(c->call);
+    if (ac == NULL)
+        return;
+    grpc_auth_property_iterator it =
+        grpc_auth_context_find_properties_by_name(ac, GRPC_X509_CN_PROPERTY_NAME);
+    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+    if (p == NULL) {
+        it = grpc_auth_context_peer_identity(ac);
+        p = grpc_auth_property_iterator_next(&it);
+    }
+    if (p != NULL)
+        (void)snprintf(buf, cap, "%.*s", (int)(p->value_length < 96 ? p->value_length : 96),
+                       p->value);
+    grpc_auth_context_release(ac);
+}
+
+/* Checks the call's bearer token against the method's role and records who the
+ * caller is (c->caller). Refusals name what was wrong, never the token. */
+static ferry_status authorize(server_call *c, char *detail, size_t cap) {
+    ferry_rpc_server *srv = c->srv;
+    const char *mname = ferry__rpc_method((ferry_rpc_method)c->method)->name;
+    const char *role = "anyone";
+    if (srv->tokens[0] != NULL || srv->tokens[1] != NULL) {
+        char auth[512];
+        const char *tok = NULL;
+        if (md_get(c, "authorization", auth, sizeof auth) && strncmp(auth, "Bearer ", 7) == 0)
+            tok = auth + 7;
+        int admin = tok != NULL && srv->tokens[1] != NULL && same_secret(tok, srv->tokens[1]);
+        int trainer = tok != NULL && srv->tokens[0] != NULL && same_secret(tok, srv->tokens[0]);
+        if (!admin && !trainer) {
+            (void)snprintf(detail, cap, "%s: %s", mname,
+                           tok == NULL ? "no bearer token (metadata authorization: Bearer <token>)"
+                                       : "unknown token");
+            FERRY_LOG_WARN("%s refused: %s", mname, detail);
+            return FERRY_ERR_AUTH;
+        }
+        if (!admin && srv->admin_only[c->method]) {
+            (void)snprintf(detail, cap, "%s needs the admin token (this is the trainer token)",
+                           mname);
+            FERRY_LOG_WARN("%s refused: %s", mname, detail);
+            return FERRY_ERR_DENIED;
+        }
+        role = admin ? "admin" : "trainer";
+    }
+    char cert[100], client[100];
+    if (srv->mtls)
+        cert_identity(c, cert, sizeof cert);
+    else
+        cert[0] = '\0';
+    (void)md_get(c, "ferry-client", client, sizeof client);
+    (void)snprintf(c->caller, sizeof c->caller, "%s:%s%s%s%s", role, cert[0] ? "cert=" : "", cert,
+                   cert[0] ? "," : "", client);
+    return FERRY_OK;
 }
 
 /* Whether the call names an incarnation other than this server's (its client spoke
@@ -251,6 +357,11 @@ static void call_serve(server_call *c) {
                 FERRY_LOG_WARN("rpc server: cannot record %s", path);
         }
     }
+    ferry_status auth = authorize(c, detail, sizeof detail);
+    if (auth != FERRY_OK) {
+        call_reply(c, auth, ferry__grpc_code_from_status(auth), detail);
+        return;
+    }
     if (srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail)) {
         call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
         return;
@@ -292,6 +403,69 @@ static void call_serve(server_call *c) {
     ferry_rpc_msg_deinit(&req);
     ferry_rpc_msg_deinit(&reply);
     call_reply(c, st, code, st == FERRY_OK ? "" : detail);
+}
+
+const char *ferry_rpc_caller(const ferry_rpc_msg *reply) {
+    const server_call *c = reply->call;
+    return c != NULL ? c->caller : "";
+}
+
+void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_method_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (slot >= 0 && slot < FERRY_RPC_STATS_SLOTS)
+        ferry__rpc_meter_read(&s->meter[slot], out);
+}
+
+void ferry_rpc_server_set_serving(ferry_rpc_server *s, int serving) {
+    atomic_store(&s->serving, serving != 0);
+}
+
+/* grpc.health.v1.Health/Check and /Watch: no token, answered here. "" and
+ * "ferry.Ferry" are this server; Watch sends the status once and ends (clients
+ * watch again). */
+static void call_health(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    atomic_fetch_add(&srv->bytes_in, c->req_bb != NULL ? grpc_byte_buffer_length(c->req_bb) : 0);
+    Grpc__Health__V1__HealthCheckRequest *q = NULL;
+    if (c->req_bb != NULL) {
+        grpc_byte_buffer_reader rd;
+        if (grpc_byte_buffer_reader_init(&rd, c->req_bb)) {
+            grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+            q = grpc__health__v1__health_check_request__unpack(NULL, GRPC_SLICE_LENGTH(all),
+                                                               GRPC_SLICE_START_PTR(all));
+            grpc_slice_unref(all);
+            grpc_byte_buffer_reader_destroy(&rd);
+        }
+    }
+    if (q == NULL) {
+        call_reply(c, FERRY_ERR_FORMAT, GRPC_STATUS_INVALID_ARGUMENT,
+                   "malformed grpc.health.v1.HealthCheckRequest");
+        return;
+    }
+    int known = q->service[0] == '\0' || strcmp(q->service, "ferry.Ferry") == 0;
+    char service[80];
+    (void)snprintf(service, sizeof service, "%s", q->service);
+    grpc__health__v1__health_check_request__free_unpacked(q, NULL);
+    if (!known && c->method == HEALTH_CHECK) {
+        char detail[160];
+        (void)snprintf(detail, sizeof detail, "unknown service '%s' (this server: \"\" or "
+                                              "ferry.Ferry)", service);
+        call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
+        return;
+    }
+    Grpc__Health__V1__HealthCheckResponse r;
+    grpc__health__v1__health_check_response__init(&r);
+    r.status = !known ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
+               : atomic_load(&srv->serving) && !atomic_load(&srv->shutting_down)
+                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    uint8_t buf[16];
+    size_t n = grpc__health__v1__health_check_response__pack(&r, buf);
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
+    c->reply_bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    atomic_fetch_add(&srv->bytes_out, n);
+    call_reply(c, FERRY_OK, GRPC_STATUS_OK, "");
 }
 
 ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply) {
@@ -354,12 +528,15 @@ static void call_event(server_call *c, int ok) {
         return;
     }
     atomic_fetch_add(&srv->in_flight, 1);
+    c->t0 = ferry_now();
     /* Re-arm first, so the next call of this method is not kept waiting. This
      * call keeps `live` above zero, so the queue is still open. */
     if (!atomic_load(&srv->shutting_down))
         call_post(srv, c->method);
     if (c->method == CATCH_ALL)
         call_unimplemented(c);
+    else if (c->method == HEALTH_CHECK || c->method == HEALTH_WATCH)
+        call_health(c);
     else
         call_serve(c);
 }
@@ -425,6 +602,36 @@ static ferry_status config_check(const ferry_rpc_server_config *cfg, int *thread
     return FERRY_OK;
 }
 
+/* Why binding listen failed, found by binding it once more with a plain socket. */
+static const char *bind_reason(const char *listen) {
+    const char *colon = strrchr(listen, ':');
+    if (colon == NULL || strncmp(listen, "unix:", 5) == 0)
+        return "bad address";
+    char host[256];
+    size_t hl = (size_t)(colon - listen);
+    if (listen[0] == '[' && hl >= 2 && listen[hl - 1] == ']') {
+        listen++;
+        hl -= 2;
+    }
+    if (hl >= sizeof host)
+        return "bad address";
+    memcpy(host, listen, hl);
+    host[hl] = '\0';
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    if (getaddrinfo(hl > 0 ? host : NULL, colon + 1, &hints, &ai) != 0 || ai == NULL)
+        return "the host is not an address of this machine, or does not resolve";
+    int fd = socket(ai->ai_family, SOCK_STREAM, 0), e = 0;
+    if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+        e = errno;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    return e == EADDRINUSE      ? "the port is in use (another process listens on it)"
+           : e == EADDRNOTAVAIL ? "the host is not an address of this machine"
+           : e == EACCES        ? "permission denied (a port below 1024 needs privileges)"
+                                : "bad address";
+}
+
 /* Creates the gRPC server, registers the queue and methods, and binds. */
 static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_config *cfg) {
     grpc_arg args[8];
@@ -443,12 +650,35 @@ static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_co
             return ferry_errorf(FERRY_ERR_INVALID, "rpc server: cannot register %s",
                                 ferry_rpc_method_name((ferry_rpc_method)m));
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    for (int h = 0; h < 2; h++) {
+        srv->registered[HEALTH_CHECK + h] = grpc_server_register_method(
+            srv->server, health_paths[h], NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        if (srv->registered[HEALTH_CHECK + h] == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "rpc server: cannot register %s",
+                                health_paths[h]);
+    }
+    grpc_server_credentials *creds;
+    if (cfg->tls_cert_pem != NULL) {
+        grpc_ssl_pem_key_cert_pair pair = {cfg->tls_key_pem, cfg->tls_cert_pem};
+        creds = grpc_ssl_server_credentials_create_ex(
+            cfg->tls_ca_pem, &pair, 1,
+            cfg->tls_ca_pem != NULL ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                    : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+        if (creds == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "rpc server: the TLS certificate or key is "
+                                                   "not usable");
+        srv->mtls = cfg->tls_ca_pem != NULL;
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    ferry__grpc_quiet = 1; /* a failure is said below, in one line */
     srv->port = grpc_server_add_http2_port(srv->server, cfg->listen, creds);
+    ferry__grpc_quiet = 0;
     grpc_server_credentials_release(creds); /* the server keeps its own reference */
     if (srv->port == 0)
-        return ferry_errorf(FERRY_ERR_IO, "rpc server: cannot listen on %s (bad address or in use)",
-                            cfg->listen);
+        return ferry_errorf(FERRY_ERR_IO, "cannot listen on %s: %s", cfg->listen,
+                            bind_reason(cfg->listen));
     return FERRY_OK;
 }
 
@@ -467,6 +697,17 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
     FERRY_ASSERT(pthread_cond_init(&srv->cv, NULL) == 0);
     srv->user = cfg->user;
     srv->incarnation = cfg->incarnation;
+    atomic_init(&srv->serving, 1);
+    memcpy(srv->admin_only, cfg->admin_only, sizeof srv->admin_only);
+    const char *toks[2] = {cfg->trainer_token, cfg->admin_token};
+    for (int i = 0; i < 2; i++) {
+        if (toks[i] != NULL && (srv->tokens[i] = strdup(toks[i])) == NULL) {
+            free(srv->tokens[0]);
+            free(srv->threads);
+            free(srv);
+            return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
+        }
+    }
     srv->slots = slots;
     const char *record = getenv("FERRY_RPC_RECORD");
     if (record != NULL && record[0] != '\0' && strlen(record) < sizeof srv->record_dir) {
@@ -487,6 +728,10 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
     }
     for (int i = 0; i < CATCH_ALL_SLOTS; i++)
         call_post(srv, CATCH_ALL);
+    for (int i = 0; i < HEALTH_SLOTS; i++) {
+        call_post(srv, HEALTH_CHECK);
+        call_post(srv, HEALTH_WATCH);
+    }
     srv->alive = threads;
     for (; srv->nthreads < threads; srv->nthreads++) {
         int e = pthread_create(&srv->threads[srv->nthreads], NULL, poll_main, srv);
@@ -573,6 +818,11 @@ void ferry_rpc_server_destroy(ferry_rpc_server *s) {
         grpc_completion_queue_destroy(s->cq);
     if (s->grpc_inited)
         ferry__grpc_shutdown();
+    for (int i = 0; i < 2; i++) {
+        if (s->tokens[i] != NULL) /* no copy of a secret left in freed memory */
+            explicit_bzero(s->tokens[i], strlen(s->tokens[i]));
+        free(s->tokens[i]);
+    }
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->threads);

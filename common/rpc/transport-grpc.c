@@ -17,10 +17,12 @@
 
 /* gRPC logs through gpr_log; its errors (bind failures, oversized messages)
  * become ferry warnings so that every line a daemon prints looks the same. */
+_Thread_local int ferry__grpc_quiet;
+
 static void grpc_log_to_ferry(gpr_log_func_args *args) {
     const char *file = strrchr(args->file, '/');
     file = file != NULL ? file + 1 : args->file;
-    if (args->severity == GPR_LOG_SEVERITY_ERROR)
+    if (args->severity == GPR_LOG_SEVERITY_ERROR && !ferry__grpc_quiet)
         FERRY_LOG_WARN("grpc: %s (%s:%d)", args->message, file, args->line);
     else
         FERRY_LOG_DEBUG("grpc: %s (%s:%d)", args->message, file, args->line);
@@ -190,6 +192,10 @@ grpc_status_code ferry__grpc_code_from_status(ferry_status st) {
     case FERRY_ERR_NOMEM:
     case FERRY_ERR_RESOURCE:
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case FERRY_ERR_AUTH:
+        return GRPC_STATUS_UNAUTHENTICATED;
+    case FERRY_ERR_DENIED:
+        return GRPC_STATUS_PERMISSION_DENIED;
     default:
         return GRPC_STATUS_INTERNAL;
     }
@@ -218,9 +224,45 @@ ferry_status ferry__grpc_status_from_code(grpc_status_code code) {
         return FERRY_ERR_UNSUPPORTED;
     case GRPC_STATUS_UNAVAILABLE:
         return FERRY_ERR_UNAVAILABLE;
-    default: /* CANCELLED, UNKNOWN, PERMISSION_DENIED, INTERNAL, DATA_LOSS, ... */
+    case GRPC_STATUS_UNAUTHENTICATED:
+        return FERRY_ERR_AUTH;
+    case GRPC_STATUS_PERMISSION_DENIED:
+        return FERRY_ERR_DENIED;
+    default: /* CANCELLED, UNKNOWN, INTERNAL, DATA_LOSS, ... */
         return FERRY_ERR_RPC;
     }
+}
+
+const double ferry_rpc_latency_bounds[FERRY_RPC_LATENCY_BUCKETS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0};
+
+void ferry__rpc_meter_add(ferry__rpc_meter *m, int code, double seconds) {
+    if (code >= 0 && code < FERRY_RPC_CODES)
+        atomic_fetch_add(&m->calls[code], 1);
+    int b = 0;
+    while (b < FERRY_RPC_LATENCY_BUCKETS && seconds > ferry_rpc_latency_bounds[b])
+        b++;
+    atomic_fetch_add(b < FERRY_RPC_LATENCY_BUCKETS ? &m->buckets[b] : &m->over, 1);
+    atomic_fetch_add(&m->sum_ns, (uint64_t)(seconds > 0 ? seconds * 1e9 : 0));
+}
+
+void ferry__rpc_meter_read(ferry__rpc_meter *m, ferry_rpc_method_stats *out) {
+    for (int i = 0; i < FERRY_RPC_CODES; i++)
+        out->calls[i] = atomic_load(&m->calls[i]);
+    for (int i = 0; i < FERRY_RPC_LATENCY_BUCKETS; i++)
+        out->buckets[i] = atomic_load(&m->buckets[i]);
+    out->over = atomic_load(&m->over);
+    out->sum_s = (double)atomic_load(&m->sum_ns) * 1e-9;
+}
+
+const char *ferry_rpc_stats_slot_name(int slot) {
+    if (slot >= 0 && slot < FERRY_RPC_METHOD_COUNT)
+        return ferry_rpc_method_name((ferry_rpc_method)slot);
+    return slot == FERRY_RPC_STATS_HEALTH ? "grpc.health.v1.Health" : "unknown";
+}
+
+const char *ferry_rpc_code_name(int code) {
+    return ferry__grpc_code_name((grpc_status_code)code);
 }
 
 const char *ferry__grpc_code_name(grpc_status_code code) {

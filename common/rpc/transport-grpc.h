@@ -6,6 +6,7 @@
 #define FERRY_RPC_TRANSPORT_GRPC_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -60,6 +61,19 @@ grpc_event ferry__grpc_cq_next(grpc_completion_queue *cq, gpr_timespec until);
 grpc_status_code ferry__grpc_code_from_status(ferry_status st);
 ferry_status ferry__grpc_status_from_code(grpc_status_code code);
 const char *ferry__grpc_code_name(grpc_status_code code); /* "DEADLINE_EXCEEDED" */
+
+/* Set on a thread while gRPC's errors there are reported by ferry itself (a bind
+ * that fails): they are logged at debug level instead of as warnings. */
+extern _Thread_local int ferry__grpc_quiet;
+
+/* Counts and latency of one method's calls (ferry_rpc_method_stats), lock-free. */
+typedef struct ferry__rpc_meter {
+    atomic_uint_fast64_t calls[FERRY_RPC_CODES];
+    atomic_uint_fast64_t buckets[FERRY_RPC_LATENCY_BUCKETS], over;
+    atomic_uint_fast64_t sum_ns;
+} ferry__rpc_meter;
+void ferry__rpc_meter_add(ferry__rpc_meter *m, int code, double seconds);
+void ferry__rpc_meter_read(ferry__rpc_meter *m, ferry_rpc_method_stats *out);
 
 /* Parses the FERRY_RPC_STATUS_KEY value; FERRY_OK if absent or not a ferry error. */
 ferry_status ferry__grpc_status_from_metadata(const grpc_metadata_array *md);

@@ -70,11 +70,24 @@ typedef struct ferry_cluster_config {
     uint16_t worker_id;       /* high 16 bits of every context id this process makes */
     int deadline_ms;          /* deadline of every call; 0: 10000 */
     size_t max_message_bytes; /* both directions; 0: 256 MiB (match the servers') */
-    int wait_for_ready;       /* 1: calls wait (up to their deadline) for a server that is not
-                                 up yet, and fail with FERRY_ERR_TIMEOUT; 0: fail at once with
-                                 FERRY_ERR_UNAVAILABLE */
+    int wait_for_ready;       /* 1: calls after connecting wait (up to their deadline) for a
+                                 server that is not up, and fail with FERRY_ERR_TIMEOUT; 0:
+                                 fail at once with FERRY_ERR_UNAVAILABLE. Connecting itself
+                                 follows connect_timeout_ms. */
     const char *client_id;    /* sent in Hello; NULL: "ferry@<host>:<pid>" */
     int retry_ms;             /* see ferry_cluster_set_retry; 0: no retries */
+    /* Connecting: a malformed HOST:PORT fails at once (FERRY_ERR_INVALID); a host that
+     * does not resolve or a port nobody listens on (FERRY_ERR_UNAVAILABLE) is retried
+     * for up to connect_timeout_ms (0: one try), with a log line saying what it waits
+     * for; a server that accepts but does not answer Hello in deadline_ms is
+     * FERRY_ERR_TIMEOUT. Each message names the server and which of these it was. */
+    int connect_timeout_ms;
+    /* Security (NULL: none). token: sent on every call as "authorization: Bearer
+     * <token>" (a ferry-ps started with --token-file/--admin-token-file needs it).
+     * tls_ca_file: connect with TLS, verifying the servers against this CA (PEM);
+     * tls_cert_file + tls_key_file: present this certificate (mutual TLS). */
+    const char *token;
+    const char *tls_ca_file, *tls_cert_file, *tls_key_file;
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
@@ -110,6 +123,21 @@ void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
 void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms);
 /* Calls sent again so far (see ferry_cluster_set_retry). */
 uint64_t ferry_cluster_retries(const ferry_cluster *c);
+
+/* This process's calls of one method ("Forward", ...) to one server: how many, how
+ * many failed, and their latency (from sending to the fan-out's last answer) per
+ * bucket of ferry_call_latency_bounds (seconds, upper bounds; not cumulative). */
+#define FERRY_CALL_LATENCY_BUCKETS 14
+extern const double ferry_call_latency_bounds[FERRY_CALL_LATENCY_BUCKETS];
+typedef struct ferry_call_stats {
+    uint64_t calls, errors;
+    uint64_t buckets[FERRY_CALL_LATENCY_BUCKETS], over;
+    double sum_s;
+} ferry_call_stats;
+ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *method,
+                                      ferry_call_stats *out);
+/* grpc.health.v1 Check of one server: *serving 1 when it reports SERVING. */
+ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving);
 /* The server's incarnation as of the last Hello (a new random value per start). */
 uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
 

@@ -38,6 +38,9 @@ ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out);
  * level tag, program name or newline. Called on the thread that logs, possibly from
  * several threads at once (ferry-ps handlers, RPC threads): it must be thread-safe
  * and must not call back into ferry. */
+/* 1: stderr lines are JSON objects {"ts","level","prog","msg"} (--log-format json,
+ * or FERRY_LOG_FORMAT=json at ferry_log_init); 0: text (the default). */
+void ferry_log_set_json(int on);
 typedef void (*ferry_log_sink)(void *user, ferry_log_level level, const char *message);
 /* Routes every later line to sink (NULL: back to stderr). Thread-safe: it waits for
  * lines being handed to the previous sink, which receives none afterwards. */

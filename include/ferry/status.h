@@ -26,7 +26,9 @@ extern "C" {
     X(ERR_UNAVAILABLE,-13,  "peer unavailable")                              \
     X(ERR_UNSUPPORTED,-14,  "not supported")                                 \
     X(ERR_NUMERIC,    -15,  "non-finite value")                              \
-    X(ERR_RESOURCE,   -16,  "resource budget exhausted")
+    X(ERR_RESOURCE,   -16,  "resource budget exhausted")                     \
+    X(ERR_AUTH,       -17,  "not authenticated")                             \
+    X(ERR_DENIED,     -18,  "permission denied")
 
 typedef enum ferry_status {
 #define FERRY_STATUS_ENUM_(name, code, text) FERRY_##name = code,

@@ -63,10 +63,10 @@ port_of() {
 # a prefix runs the process in a namespace ("" here).
 run_job() {
     local name=$1 p0=$2 p1=$3 t0=$4 t1=$5 a0=$6 a1=$7
-    $p0 "$PS" --listen "$a0:0" --port-file "$TMP/$name-0.port" --shutdown-grace-ms 500 \
+    $p0 "$PS" --listen "$a0:0" --insecure --port-file "$TMP/$name-0.port" --shutdown-grace-ms 500 \
         2>"$TMP/$name-ps0.log" &
     local s0=$!
-    $p1 "$PS" --listen "$a1:0" --port-file "$TMP/$name-1.port" --shutdown-grace-ms 500 \
+    $p1 "$PS" --listen "$a1:0" --insecure --port-file "$TMP/$name-1.port" --shutdown-grace-ms 500 \
         2>"$TMP/$name-ps1.log" &
     local s1=$!
     local pss="$a0:$(port_of "$TMP/$name-0.port"),$a1:$(port_of "$TMP/$name-1.port")"

@@ -1,0 +1,138 @@
+/* ferry-ctl - an operator's CLI for ferry-ps, over libferry's public API:
+ *
+ *   ferry-ctl --ps HOST:PORT[,...] health | stats | modules | checkpoint [NAME] | shutdown
+ *
+ * with the same token and TLS flags as ferry-trainer (checkpoint and shutdown need
+ * the admin token). Exit codes: 0 done (health: every server SERVING), 1 a server
+ * refused or did not answer, 2 bad command line. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/core/flags.h"
+#include "common/core/log.h"
+#include "common/core/secret.h"
+#include "ferry/ferry.h"
+
+static void print_metric(void *user, const char *name, double value) {
+    const char *prefix = user;
+    if (prefix != NULL && strncmp(name, prefix, strlen(prefix)) != 0)
+        return;
+    (void)printf("  %-40s %.17g\n", prefix != NULL ? name + strlen(prefix) : name, value);
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "ferry-ctl: %s: %s\n", what, ferry_error_last());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    ferry_log_init("ferry-ctl");
+    ferry_log_set_level(FERRY_LOG_LEVEL_WARN);
+    const char *ps = NULL, *token_file = NULL, *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
+    int deadline_ms = 5000, grace_ms = 5000;
+    /* The command and its argument come after the flags. */
+    int nflags = argc;
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] != '-') {
+            nflags = i;
+            break;
+        }
+        const char *a = argv[i];
+        if (strchr(a, '=') == NULL && strcmp(a, "--help") != 0 && strcmp(a, "-h") != 0 &&
+            strcmp(a, "--version") != 0)
+            i++; /* its value */
+    }
+    const ferry_flag flags[] = {
+        {.name = "ps", .type = FERRY_FLAG_STRING, .ptr = &ps, .metavar = "HOST:PORT[,...]",
+         .help = "the ferry-ps servers", .required = true},
+        {.name = "token-file", .type = FERRY_FLAG_STRING, .ptr = &token_file, .metavar = "FILE",
+         .help = "bearer token (the admin token for checkpoint and shutdown)"},
+        {.name = "tls-ca", .type = FERRY_FLAG_STRING, .ptr = &tls_ca, .metavar = "PEM",
+         .help = "connect with TLS, verifying the servers against this CA"},
+        {.name = "tls-cert", .type = FERRY_FLAG_STRING, .ptr = &tls_cert, .metavar = "PEM",
+         .help = "mutual TLS: this client's certificate ..."},
+        {.name = "tls-key", .type = FERRY_FLAG_STRING, .ptr = &tls_key, .metavar = "PEM",
+         .help = "... and its key"},
+        {.name = "deadline-ms", .type = FERRY_FLAG_INT, .ptr = &deadline_ms, .min = 1,
+         .max = 3600000, .help = "deadline of every call"},
+        {.name = "grace-ms", .type = FERRY_FLAG_INT, .ptr = &grace_ms, .min = 0, .max = 600000,
+         .help = "shutdown: time the server's calls in flight get"},
+    };
+    static const char *const env[] = {"FERRY_TOKEN_FILE", "a file with the token (--token-file "
+                                                          "wins)",
+                                      NULL};
+    ferry_flags fs = {"ferry-ctl",
+                      "operates ferry-ps: ferry-ctl [flags] health | stats | modules | "
+                      "checkpoint [NAME] | shutdown",
+                      flags, (int)(sizeof flags / sizeof flags[0]), env};
+    bool help = false;
+    if (ferry_flags_parse(&fs, nflags, argv, &help) != FERRY_OK) {
+        fprintf(stderr, "ferry-ctl: %s\n", ferry_error_last());
+        return 2;
+    }
+    if (help)
+        return 0;
+    const char *cmd = nflags < argc ? argv[nflags] : NULL;
+    const char *arg = nflags + 1 < argc ? argv[nflags + 1] : NULL;
+    static const char *const cmds[] = {"health", "stats", "modules", "checkpoint", "shutdown"};
+    int which = -1;
+    for (int i = 0; cmd != NULL && i < 5; i++)
+        which = strcmp(cmd, cmds[i]) == 0 ? i : which;
+    if (which < 0 || (arg != NULL && which != 3) || nflags + 2 < argc) {
+        fprintf(stderr, "ferry-ctl: want one of health, stats, modules, checkpoint [NAME], "
+                        "shutdown (see --help)\n");
+        return 2;
+    }
+    char *token = NULL;
+    if (ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK) {
+        fprintf(stderr, "ferry-ctl: %s\n", ferry_error_last());
+        return 2;
+    }
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.deadline_ms = deadline_ms;
+    cc.client_id = "ferry-ctl";
+    cc.token = token;
+    cc.tls_ca_file = tls_ca;
+    cc.tls_cert_file = tls_cert;
+    cc.tls_key_file = tls_key;
+    ferry_cluster *c = NULL;
+    ferry_status st = ferry_ps_connect(ps, &cc, &c);
+    ferry_secret_free(token);
+    if (st != FERRY_OK)
+        return fail("connect");
+    int rc = 0;
+    for (int s = 0; s < ferry_cluster_size(c) && which <= 2; s++) {
+        const char *target = ferry_cluster_target(c, s);
+        if (which == 0) {
+            int serving = 0;
+            if (ferry_cluster_health(c, s, &serving) != FERRY_OK) {
+                rc = fail(target);
+                continue;
+            }
+            (void)printf("%s %s\n", target, serving ? "SERVING" : "NOT_SERVING");
+            rc |= !serving;
+        } else {
+            (void)printf("%s (incarnation %016llx)\n", target,
+                         (unsigned long long)ferry_cluster_incarnation(c, s));
+            if (ferry_cluster_metrics(c, s, which == 2 ? "version/" : "", print_metric,
+                                      which == 2 ? "version/" : NULL) != FERRY_OK)
+                rc = fail(target);
+        }
+    }
+    if (which == 3) {
+        if ((st = ferry_cluster_checkpoint(c, arg, 0)) != FERRY_OK)
+            rc = fail("checkpoint");
+        else
+            (void)printf("checkpoint written on %d servers\n", ferry_cluster_size(c));
+    } else if (which == 4) {
+        if ((st = ferry_cluster_shutdown(c, -1, grace_ms)) != FERRY_OK)
+            rc = fail("shutdown");
+        else
+            (void)printf("shutdown accepted by %d servers\n", ferry_cluster_size(c));
+    }
+    ferry_cluster_destroy(c);
+    return rc;
+}

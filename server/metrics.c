@@ -1,0 +1,162 @@
+/* metrics.c - ferry-ps's /metrics page (Prometheus text, served by common/ops/http.c
+ * with --metrics-listen): calls by method and status, their latency, bytes in and
+ * out, contexts and their memory, modules with their versions and bytes, steps
+ * applied, retried calls answered again, job progress, process memory. Names are
+ * prefixed ferry_ps_ (the server's own) or ferry_rpc_ (the transport's). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/core/log.h"
+#include "ferry/version.h"
+#include "common/ops/http.h"
+#include "server/ps-impl.h"
+
+static void gauge(ferry_prom *p, const char *name, const char *help, double v) {
+    ferry_prom_family(p, name, "gauge", help);
+    ferry_prom_sample(p, name, NULL, v);
+}
+
+static void counter(ferry_prom *p, const char *name, const char *help, double v) {
+    ferry_prom_family(p, name, "counter", help);
+    ferry_prom_sample(p, name, NULL, v);
+}
+
+/* Job metrics arrive as "job/<name>/<what>[/<rank>]": one gauge family per <what>. */
+typedef struct job_line {
+    char what[48], job[FERRY_RPC_NAME_MAX], rank[16];
+    double value;
+} job_line;
+
+typedef struct job_lines {
+    job_line *v;
+    int n, cap;
+} job_lines;
+
+static void job_collect(void *user, const char *name, double value) {
+    job_lines *jl = user;
+    if (strncmp(name, "job/", 4) != 0)
+        return;
+    if (jl->n == jl->cap) {
+        int cap = jl->cap ? 2 * jl->cap : 32;
+        job_line *v = realloc(jl->v, (size_t)cap * sizeof *v);
+        if (v == NULL)
+            return;
+        jl->v = v;
+        jl->cap = cap;
+    }
+    job_line *l = &jl->v[jl->n];
+    memset(l, 0, sizeof *l);
+    const char *a = name + 4, *b = strchr(a, '/');
+    if (b == NULL)
+        return;
+    (void)snprintf(l->job, sizeof l->job, "%.*s", (int)(b - a), a);
+    const char *c = strchr(b + 1, '/');
+    if (c != NULL) {
+        (void)snprintf(l->what, sizeof l->what, "%.*s", (int)(c - b - 1), b + 1);
+        (void)snprintf(l->rank, sizeof l->rank, "%s", c + 1);
+    } else {
+        (void)snprintf(l->what, sizeof l->what, "%s", b + 1);
+    }
+    for (char *q = l->what; *q != '\0'; q++) /* a metric name: [a-z0-9_] */
+        if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9')))
+            *q = '_';
+    l->value = value;
+    jl->n++;
+}
+
+void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
+    ferry_rpc_server *rpc = atomic_load(&s->rpc);
+    ferry_prom_family(p, "ferry_build_info", "gauge", "ferry version of this daemon");
+    const char *info[] = {"version", FERRY_VERSION, "daemon", "ferry-ps", NULL};
+    ferry_prom_sample(p, "ferry_build_info", info, 1);
+    gauge(p, "ferry_ps_uptime_seconds", "seconds since ferry-ps started", ferry_now() - s->t_start);
+    gauge(p, "process_resident_memory_bytes", "resident memory of the process",
+          (double)ferry_process_rss_bytes());
+    if (rpc != NULL) {
+        ferry_rpc_method_stats ms[FERRY_RPC_STATS_SLOTS];
+        for (int m = 0; m < FERRY_RPC_STATS_SLOTS; m++)
+            ferry_rpc_server_method_stats(rpc, m, &ms[m]);
+        ferry_prom_family(p, "ferry_rpc_server_calls_total", "counter",
+                          "calls answered, by method and gRPC status code");
+        for (int m = 0; m < FERRY_RPC_STATS_SLOTS; m++) {
+            for (int c = 0; c < FERRY_RPC_CODES; c++) {
+                if (ms[m].calls[c] == 0 && c != 0)
+                    continue;
+                const char *l[] = {"method", ferry_rpc_stats_slot_name(m), "code",
+                                   ferry_rpc_code_name(c), NULL};
+                ferry_prom_sample(p, "ferry_rpc_server_calls_total", l, (double)ms[m].calls[c]);
+            }
+        }
+        ferry_prom_family(p, "ferry_rpc_server_latency_seconds", "histogram",
+                          "from a call's arrival to its answer, by method");
+        for (int m = 0; m < FERRY_RPC_STATS_SLOTS; m++) {
+            const char *l[] = {"method", ferry_rpc_stats_slot_name(m), NULL};
+            ferry_prom_histogram(p, "ferry_rpc_server_latency_seconds", l, ferry_rpc_latency_bounds,
+                                 ms[m].buckets, FERRY_RPC_LATENCY_BUCKETS, ms[m].over,
+                                 ms[m].sum_s);
+        }
+        ferry_rpc_server_stats rs;
+        ferry_rpc_server_get_stats(rpc, &rs);
+        counter(p, "ferry_rpc_server_received_bytes_total", "request bytes received",
+                (double)rs.bytes_in);
+        counter(p, "ferry_rpc_server_sent_bytes_total", "reply bytes sent", (double)rs.bytes_out);
+        gauge(p, "ferry_rpc_server_in_flight", "calls being served now", (double)rs.in_flight);
+    }
+    gauge(p, "ferry_ps_contexts_live", "distributed-autograd contexts held",
+          (double)ferry__ps_ctx_live(&s->ctxs));
+    gauge(p, "ferry_ps_context_bytes", "memory the live contexts hold",
+          (double)atomic_load(&s->ctxs.bytes));
+    ferry_prom_family(p, "ferry_ps_contexts_total", "counter", "contexts by how they ended");
+    static const char *const ends[] = {"created", "stepped", "released", "swept"};
+    double vals[] = {(double)atomic_load(&s->ctxs.created), (double)atomic_load(&s->ctxs.stepped),
+                     (double)atomic_load(&s->ctxs.released), (double)atomic_load(&s->ctxs.swept)};
+    for (int i = 0; i < 4; i++) {
+        const char *l[] = {"event", ends[i], NULL};
+        ferry_prom_sample(p, "ferry_ps_contexts_total", l, vals[i]);
+    }
+    counter(p, "ferry_ps_retries_answered_total",
+            "retried Backward/Step calls answered from what the first one kept",
+            (double)atomic_load(&s->ctxs.replayed));
+    int n = 0;
+    ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
+    ferry_prom_family(p, "ferry_ps_module_version", "gauge",
+                      "parameter version: +1 per Step or SetParams");
+    double steps = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_rwlock_rdlock(&mods[i]->lock);
+        uint64_t v = mods[i]->version;
+        pthread_rwlock_unlock(&mods[i]->lock);
+        steps += (double)v;
+        const char *l[] = {"module", mods[i]->name, "kind", ferry__ps_kind_name(mods[i]->kind), NULL};
+        ferry_prom_sample(p, "ferry_ps_module_version", l, (double)v);
+    }
+    ferry_prom_family(p, "ferry_ps_module_bytes", "gauge", "weights and optimizer state");
+    for (int i = 0; i < n; i++) {
+        const char *l[] = {"module", mods[i]->name, "kind", ferry__ps_kind_name(mods[i]->kind), NULL};
+        ferry_prom_sample(p, "ferry_ps_module_bytes", l, (double)mods[i]->bytes);
+    }
+    free(mods);
+    counter(p, "ferry_ps_steps_applied_total", "optimizer steps applied, over all modules",
+            steps);
+    job_lines jl = {0};
+    ferry__ps_jobs_metrics(&s->jobs, job_collect, &jl);
+    for (int i = 0; i < jl.n; i++) {
+        int first = 1;
+        for (int k = 0; k < i; k++)
+            first &= strcmp(jl.v[k].what, jl.v[i].what) != 0;
+        if (!first)
+            continue;
+        char name[96];
+        (void)snprintf(name, sizeof name, "ferry_ps_job_%s", jl.v[i].what);
+        ferry_prom_family(p, name, "gauge", "per job (and rank): Stats' job/<name>/... figures");
+        for (int k = i; k < jl.n; k++) {
+            if (strcmp(jl.v[k].what, jl.v[i].what) != 0)
+                continue;
+            const char *l[] = {"job", jl.v[k].job, jl.v[k].rank[0] ? "rank" : NULL,
+                               jl.v[k].rank, NULL};
+            ferry_prom_sample(p, name, l, jl.v[k].value);
+        }
+    }
+    free(jl.v);
+}
