@@ -190,6 +190,13 @@ int main(int argc, char **argv) {
          .min = 0,
          .max = 1 << 20,
          .help = "checkpoints kept in --checkpoint-dir, older ones deleted (0: 4)"},
+        {.name = "drain-ms",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.drain_ms,
+         .min = 0,
+         .max = 600000,
+         .help = "on SIGTERM/Shutdown, report NOT_SERVING to health checks this long "
+                 "before refusing new calls (for load balancers and probes)"},
         {.name = "checkpoint-rate",
          .type = FERRY_FLAG_INT,
          .ptr = &cfg.checkpoint_rate,

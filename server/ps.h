@@ -48,6 +48,8 @@ typedef struct ferry_ps_config {
     int max_contexts;          /* contexts alive at once (16384) */
     int checkpoint_keep;       /* ferry-ps checkpoints kept in checkpoint_dir; older ones
                                   are deleted after each write (4) */
+    int drain_ms;              /* on stop: health reports NOT_SERVING (and calls are still
+                                  served) this long before new calls are refused (0) */
     int checkpoint_rate;       /* Checkpoint calls allowed per minute, in bursts of as many;
                                   more are refused with FERRY_ERR_BUSY (60) */
     /* Security (all NULL: plaintext, no tokens). Tokens: the trainer token may call

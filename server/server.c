@@ -28,6 +28,8 @@ struct ferry_ps_server {
     uv_loop_t loop;
     uv_async_t wake;
     uv_timer_t sweep;
+    uv_timer_t drain;  /* --drain-ms: NOT_SERVING before the rpc server stops */
+    int drain_grace;   /* the grace the stop asked for, used when the drain ends; -1: none */
     uv_signal_t sigint, sigterm;
     pthread_t thread;
     int thread_started;
@@ -94,6 +96,7 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     ferry_ps_server *s = calloc(1, sizeof *s);
     if (s == NULL)
         return FERRY_ERR_NOMEM;
+    s->drain_grace = -1;
     ferry__ps_state *ps = &s->ps;
     s->cfg = *cfg;
     s->cfg.listen = NULL; /* the caller's strings may go away: copies below */
@@ -246,6 +249,11 @@ void ferry_ps_server_stop(ferry_ps_server *s, int grace_ms) {
     pthread_mutex_lock(&s->mu);
     int first = !s->stopping;
     s->stopping = 1;
+    /* With --drain-ms and a running loop, health checks see NOT_SERVING (and calls are
+     * still served) for that long; then the loop stops the rpc server. */
+    int drain = first && s->rpc != NULL && s->cfg.drain_ms > 0 && s->loop_state == 1;
+    if (drain)
+        s->drain_grace = grace_ms;
     if (s->loop_state == 1)
         uv_async_send(&s->wake);
     pthread_mutex_unlock(&s->mu);
@@ -253,9 +261,26 @@ void ferry_ps_server_stop(ferry_ps_server *s, int grace_ms) {
         ferry__ps_jobs_stop(&s->ps.jobs); /* calls waiting in a job barrier fail now */
     if (first && s->rpc != NULL) {
         ferry_rpc_server_set_serving(s->rpc, 0);
-        FERRY_LOG_INFO("shutting down: no new calls, %d ms for the calls in flight", grace_ms);
-        ferry_rpc_server_shutdown(s->rpc, grace_ms);
+        if (drain) {
+            FERRY_LOG_INFO("draining: health NOT_SERVING for %d ms, then no new calls", s->cfg.drain_ms);
+        } else {
+            FERRY_LOG_INFO("shutting down: no new calls, %d ms for the calls in flight", grace_ms);
+            ferry_rpc_server_shutdown(s->rpc, grace_ms);
+        }
     }
+}
+
+static void close_handle(uv_handle_t *h, void *arg);
+
+static void on_drained(uv_timer_t *t) {
+    ferry_ps_server *s = t->data;
+    pthread_mutex_lock(&s->mu);
+    int grace = s->drain_grace;
+    s->drain_grace = -1;
+    pthread_mutex_unlock(&s->mu);
+    FERRY_LOG_INFO("shutting down: no new calls, %d ms for the calls in flight", grace);
+    ferry_rpc_server_shutdown(s->rpc, grace);
+    uv_walk(t->loop, close_handle, NULL);
 }
 
 static void close_handle(uv_handle_t *h, void *arg) {
@@ -267,11 +292,13 @@ static void close_handle(uv_handle_t *h, void *arg) {
 static void on_wake(uv_async_t *a) {
     ferry_ps_server *s = a->data;
     pthread_mutex_lock(&s->mu);
-    int stop = s->stopping;
+    int stop = s->stopping, drain = s->drain_grace >= 0;
     if (stop)
         s->loop_state = 2; /* no uv_async_send after this point */
     pthread_mutex_unlock(&s->mu);
-    if (stop)
+    if (stop && drain && !uv_is_active((uv_handle_t *)&s->drain))
+        (void)uv_timer_start(&s->drain, on_drained, (uint64_t)s->cfg.drain_ms, 0);
+    else if (stop && !drain)
         uv_walk(a->loop, close_handle, NULL);
 }
 
@@ -294,15 +321,16 @@ static ferry_status server_run(ferry_ps_server *s, int signals) {
         return ferry_errorf(FERRY_ERR_BUSY, "the server loop has already run");
     }
     int rc = uv_loop_init(&s->loop);
-    if (rc == 0 && (rc = uv_async_init(&s->loop, &s->wake, on_wake)) == 0)
-        rc = uv_timer_init(&s->loop, &s->sweep);
+    if (rc == 0 && (rc = uv_async_init(&s->loop, &s->wake, on_wake)) == 0 &&
+        (rc = uv_timer_init(&s->loop, &s->sweep)) == 0)
+        rc = uv_timer_init(&s->loop, &s->drain);
     if (rc == 0 && signals && (rc = uv_signal_init(&s->loop, &s->sigint)) == 0)
         rc = uv_signal_init(&s->loop, &s->sigterm);
     if (rc != 0) {
         pthread_mutex_unlock(&s->mu);
         return ferry_errorf(FERRY_ERR_IO, "libuv: %s", uv_strerror(rc));
     }
-    s->wake.data = s->sweep.data = s->sigint.data = s->sigterm.data = s;
+    s->wake.data = s->sweep.data = s->drain.data = s->sigint.data = s->sigterm.data = s;
     s->loop_state = 1;
     if (s->stopping)
         uv_async_send(&s->wake);

@@ -29,6 +29,8 @@
 static const char *const health_paths[2] = {"/grpc.health.v1.Health/Check",
                                             "/grpc.health.v1.Health/Watch"};
 
+#define MAX_WATCHERS 64 /* open Health/Watch streams; later ones get one answer */
+
 struct ferry_rpc_server {
     grpc_server *server;
     grpc_completion_queue *cq;
@@ -40,6 +42,8 @@ struct ferry_rpc_server {
     unsigned char admin_only[FERRY_RPC_METHOD_COUNT];
     int mtls;             /* clients present certificates */
     atomic_int serving;   /* grpc.health.v1: 1 SERVING, 0 NOT_SERVING */
+    struct server_call *watchers[MAX_WATCHERS]; /* open Health/Watch streams (mu) */
+    int nwatchers;
     ferry__rpc_meter meter[FERRY_RPC_STATS_SLOTS];
     ferry__rpc_limits lim;
     int port;
@@ -70,8 +74,10 @@ struct ferry_rpc_server {
 #define RECORD_MAX 16
 
 typedef enum call_state {
-    CALL_WAIT_NEW, /* posted, waiting for a client */
-    CALL_REPLYING, /* reply batch started */
+    CALL_WAIT_NEW,    /* posted, waiting for a client */
+    CALL_REPLYING,    /* reply batch started */
+    CALL_WATCH_FIRST, /* Health/Watch: the first status is being sent */
+    CALL_WATCHING,    /* Health/Watch: open, in srv->watchers, no batch running */
 } call_state;
 
 /* Everything a call's batches point to lives here until the last one completes. */
@@ -416,8 +422,86 @@ void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_meth
         ferry__rpc_meter_read(&s->meter[slot], out);
 }
 
+static void watchers_end(ferry_rpc_server *srv);
+
 void ferry_rpc_server_set_serving(ferry_rpc_server *s, int serving) {
-    atomic_store(&s->serving, serving != 0);
+    if (atomic_exchange(&s->serving, serving != 0) != (serving != 0))
+        watchers_end(s); /* the status changed: watchers get it, then the stream ends */
+}
+
+/* The packed HealthCheckResponse for the server's current status (known service) or
+ * SERVICE_UNKNOWN, as a byte buffer. */
+static grpc_byte_buffer *health_reply(ferry_rpc_server *srv, int known) {
+    Grpc__Health__V1__HealthCheckResponse r;
+    grpc__health__v1__health_check_response__init(&r);
+    r.status = !known ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
+               : atomic_load(&srv->serving) && !atomic_load(&srv->shutting_down)
+                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    uint8_t buf[16];
+    size_t n = grpc__health__v1__health_check_response__pack(&r, buf);
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    atomic_fetch_add(&srv->bytes_out, n);
+    return bb;
+}
+
+/* Ends an open Watch: the status as it is now, then OK. Its completion frees c. */
+static void watch_end(server_call *c) {
+    if (c->reply_bb != NULL)
+        grpc_byte_buffer_destroy(c->reply_bb);
+    c->reply_bb = health_reply(c->srv, 1);
+    grpc_op *op = c->ops;
+    size_t n = 0;
+    memset(c->ops, 0, sizeof c->ops);
+    op[n].op = GRPC_OP_SEND_MESSAGE;
+    op[n++].data.send_message.send_message = c->reply_bb;
+    op[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op[n++].data.send_status_from_server.status = GRPC_STATUS_OK;
+    op[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+    c->state = CALL_REPLYING;
+    ferry__rpc_meter_add(&c->srv->meter[FERRY_RPC_STATS_HEALTH], GRPC_STATUS_OK,
+                         ferry_now() - c->t0);
+    if (grpc_call_start_batch(c->call, c->ops, n, c, NULL) != GRPC_CALL_OK) {
+        atomic_fetch_sub(&c->srv->in_flight, 1);
+        call_free(c);
+    }
+}
+
+/* Sends every open Watch its last status and ends it (the status changed, or the
+ * server stops). */
+static void watchers_end(ferry_rpc_server *srv) {
+    server_call *w[MAX_WATCHERS];
+    pthread_mutex_lock(&srv->mu);
+    int n = srv->nwatchers;
+    memcpy(w, srv->watchers, (size_t)n * sizeof w[0]);
+    srv->nwatchers = 0;
+    pthread_mutex_unlock(&srv->mu);
+    for (int i = 0; i < n; i++)
+        watch_end(w[i]);
+}
+
+/* The first status of a Watch is out: keep the stream open until the status changes
+ * (or answer it at once if the server is already going, or too many are open). */
+static void watch_opened(server_call *c, int ok) {
+    ferry_rpc_server *srv = c->srv;
+    if (!ok) { /* the client went away */
+        atomic_fetch_sub(&srv->in_flight, 1);
+        call_free(c);
+        return;
+    }
+    pthread_mutex_lock(&srv->mu);
+    int keep = srv->nwatchers < MAX_WATCHERS && atomic_load(&srv->serving) &&
+               !atomic_load(&srv->shutting_down);
+    if (keep) {
+        c->state = CALL_WATCHING;
+        srv->watchers[srv->nwatchers++] = c;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    if (!keep)
+        watch_end(c);
 }
 
 /* grpc.health.v1.Health/Check and /Watch: no token, answered here. "" and
@@ -453,19 +537,22 @@ static void call_health(server_call *c) {
         call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
         return;
     }
-    Grpc__Health__V1__HealthCheckResponse r;
-    grpc__health__v1__health_check_response__init(&r);
-    r.status = !known ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
-               : atomic_load(&srv->serving) && !atomic_load(&srv->shutting_down)
-                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-    uint8_t buf[16];
-    size_t n = grpc__health__v1__health_check_response__pack(&r, buf);
-    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
-    c->reply_bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    atomic_fetch_add(&srv->bytes_out, n);
-    call_reply(c, FERRY_OK, GRPC_STATUS_OK, "");
+    c->reply_bb = health_reply(srv, known);
+    if (c->method == HEALTH_CHECK || !known) {
+        call_reply(c, FERRY_OK, GRPC_STATUS_OK, "");
+        return;
+    }
+    /* Watch: initial metadata and the first status; the stream stays open. */
+    grpc_op *op = c->ops;
+    memset(c->ops, 0, sizeof c->ops);
+    op[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    op[1].op = GRPC_OP_SEND_MESSAGE;
+    op[1].data.send_message.send_message = c->reply_bb;
+    c->state = CALL_WATCH_FIRST;
+    if (grpc_call_start_batch(c->call, c->ops, 2, c, NULL) != GRPC_CALL_OK) {
+        atomic_fetch_sub(&srv->in_flight, 1);
+        call_free(c);
+    }
 }
 
 ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply) {
@@ -521,6 +608,10 @@ static void call_event(server_call *c, int ok) {
     if (c->state == CALL_REPLYING) {
         atomic_fetch_sub(&srv->in_flight, 1);
         call_free(c);
+        return;
+    }
+    if (c->state == CALL_WATCH_FIRST) {
+        watch_opened(c, ok);
         return;
     }
     if (!ok) { /* shutting down: the slot was never matched with a call */
@@ -766,6 +857,7 @@ void ferry_rpc_server_shutdown(ferry_rpc_server *s, int grace_ms) {
         atomic_store(&s->cancelled, 1); /* done below, not by a poll thread */
     atomic_store(&s->shutting_down, 1);
     pthread_mutex_unlock(&s->mu);
+    watchers_end(s); /* before gRPC cancels them: they end with NOT_SERVING */
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     if (grace_ms <= 0)
         grpc_server_cancel_all_calls(s->server);

@@ -5,6 +5,7 @@ ferry-ps, for tests/integration/test_security.sh. Each mode prints one line; the
 shell checks it.
 
   grpc_client.py STUBDIR TARGET health                    -> SERVING | NOT_SERVING | <CODE>
+  grpc_client.py STUBDIR TARGET watch                     -> each status Watch sends, then END
   grpc_client.py STUBDIR TARGET call METHOD               -> OK | <CODE>: <details>
   grpc_client.py STUBDIR TARGET drive                     -> "drive ok ..." or raises
   grpc_client.py STUBDIR TARGET steal                     -> what another worker got
@@ -72,6 +73,16 @@ def main():
             print(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
         except grpc.RpcError as e:
             print(code_of(e))
+        return
+    if MODE == "watch":
+        # Prints each status the stream sends, then how it ended.
+        try:
+            for r in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""),
+                                                           timeout=15):
+                print(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status), flush=True)
+            print("END OK", flush=True)
+        except grpc.RpcError as e:
+            print("END " + e.code().name, flush=True)
         return
     if MODE == "call":
         method = sys.argv[4]

@@ -108,6 +108,19 @@ rc=0
 [ "$rc" -ne 0 ] && grep -q "waiting for the servers: cannot connect to 127.0.0.1:1" "$TMP/wait.log" ||
     fail "--connect-timeout: no waiting line: $(cat "$TMP/wait.log")"
 ok "refused, unresolvable, malformed: one line each within $took ms together; a silent server: its own line; --connect-timeout says what it waits for"
+kill "$PS_PID"
+wait "$PS_PID" 2>/dev/null || true
+
+# --drain-ms: after SIGTERM the health check says NOT_SERVING while calls are still
+# served, then ferry-ps stops.
+start_ps drain --drain-ms 1500
+kill -TERM "$PS_PID"
+sleep 0.3
+h=$("$CTL" --ps "127.0.0.1:$PORT" health) && fail "ferry-ctl health during the drain: exit 0 ($h)"
+[ "$h" = "127.0.0.1:$PORT NOT_SERVING" ] || fail "during the drain: '$h'"
+wait "$PS_PID" || fail "ferry-ps exited non-zero after the drain"
+ok "--drain-ms 1500: SIGTERM, then health NOT_SERVING while calls are served, then exit 0"
+start_ps holder
 expect_error "a port in use" "cannot listen on 127.0.0.1:$PORT: the port is in use" "$PS" --listen "127.0.0.1:$PORT"
 expect_error "a --listen port out of range" "port '99999' is not a number in 0..65535" "$PS" --listen localhost:99999
 kill "$PS_PID"

@@ -78,6 +78,19 @@ kill -0 "$PS_PID" 2>/dev/null && fail "ferry-ps still running after the admin's 
 wait "$PS_PID" || fail "ferry-ps exited non-zero after Shutdown"
 ok "the admin token's Shutdown stopped ferry-ps (exit 0)"
 
+# Health/Watch: a stream that stays open, says NOT_SERVING when the server drains, ends.
+start_ps watch --drain-ms 1500
+export FERRY_T_CA=
+client watch >"$TMP/watch" &
+WPID=$!
+for _ in $(seq 100); do grep -q SERVING "$TMP/watch" 2>/dev/null && break; sleep 0.05; done
+sleep 0.3
+kill -TERM "$PS_PID"
+wait "$WPID"
+wait "$PS_PID" || fail "ferry-ps exited non-zero after draining"
+[ "$(tr '\n' ' ' <"$TMP/watch")" = "SERVING NOT_SERVING END OK " ] || fail "Watch: $(cat "$TMP/watch")"
+ok "grpc.health.v1.Health/Watch: SERVING, stays open, NOT_SERVING on SIGTERM (--drain-ms), then ends OK"
+
 # Checkpoints are rate-limited (a token bucket, --checkpoint-rate per minute).
 start_ps rate --admin-token-file "$TMP/admin.tok" --checkpoint-dir "$TMP" --checkpoint-rate 2
 export FERRY_T_CA= FERRY_T_TOKEN=$(cat "$TMP/admin.tok")
