@@ -12,10 +12,9 @@
  *                 [--ps-blas-threads N] [--data DIR | --random] [--ps-bin PATH] [--no-tune]
  *
  * --threads: the trainer's OpenBLAS threads (1, as ferry-trainer); --ps-threads:
- * ferry-ps --threads; --ps-blas-threads: OPENBLAS_NUM_THREADS of the servers (0:
- * OpenBLAS's default, every core, as a deployed ferry-ps runs); --no-tune: leave
- * glibc's malloc trimming alone in this process (ferry-trainer tunes it, see
- * ferry_rpc_tune_malloc). */
+ * ferry-ps --threads; --ps-blas-threads: ferry-ps --blas-threads (0: its default, 1);
+ * --no-tune: leave glibc's malloc trimming alone in this process (ferry-trainer tunes
+ * it, see ferry_rpc_tune_malloc). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <signal.h>
@@ -29,6 +28,7 @@
 #include <cblas.h>
 
 #include "common/backend/cpu/cpu.h"
+#include "bench/bench_ps.h"
 #include "bench/bench_util.h"
 #include "ferry.pb-c.h"
 #include "common/rpc/rpc.h"
@@ -45,110 +45,16 @@
 #define B_SMALL 20
 #define T_SMALL 20
 
-/* ---- the ferry-ps children (tool code: failures exit, stopping them first) ---- */
-
-typedef struct ps_child {
-    pid_t pid;
-    char dir[64];    /* holds the port file */
-    char target[64]; /* "127.0.0.1:PORT" */
-} ps_child;
-
 /* One server per distributed mode, so that each starts from fresh modules. */
 static ps_child ps[2] = {{-1, "", ""}, {-1, "", ""}};
 
-static void sleep_ms(long ms) {
-    nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL);
-}
-
-static void ps_cleanup_dir(ps_child *p) {
-    char path[128];
-    if (p->dir[0] == '\0')
-        return;
-    snprintf(path, sizeof path, "%s/port", p->dir);
-    unlink(path);
-    rmdir(p->dir);
-    p->dir[0] = '\0';
-}
-
-/* SIGTERM, then up to 10 s for a clean exit (SIGKILL after). Returns the exit
- * status, 128 + signal, or -1 when there was no child. */
-static int ps_stop(ps_child *p) {
-    int code = -1;
-    if (p->pid > 0) {
-        kill(p->pid, SIGTERM);
-        for (int i = 0; i < 1000 && code < 0; i++) {
-            int ws;
-            if (waitpid(p->pid, &ws, WNOHANG) == p->pid)
-                code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-            else
-                sleep_ms(10);
-        }
-        if (code < 0) {
-            kill(p->pid, SIGKILL);
-            waitpid(p->pid, NULL, 0);
-            code = 128 + SIGKILL;
-        }
-        p->pid = -1;
-    }
-    ps_cleanup_dir(p);
-    return code;
-}
-
 static void die(const char *what) {
-    fprintf(stderr, "train_bench: %s%s%s\n", what, ferry_error_last()[0] ? ": " : "",
-            ferry_error_last());
-    ps_stop(&ps[0]);
-    ps_stop(&ps[1]);
-    exit(1);
+    bench_die("train_bench", what);
 }
 
 static void check_ok(ferry_status st, const char *what) {
     if (st != FERRY_OK)
         die(what);
-}
-
-/* Starts `bin --listen 127.0.0.1:0 --port-file DIR/port` and waits for the port.
- * Called before this process initializes gRPC, so the fork copies no gRPC state. */
-static void ps_spawn(ps_child *p, const char *bin, int threads, int blas_threads) {
-    snprintf(p->dir, sizeof p->dir, "/tmp/ferry-train-bench.XXXXXX");
-    if (mkdtemp(p->dir) == NULL) {
-        p->dir[0] = '\0';
-        die("mkdtemp failed");
-    }
-    char port_file[128], th[16], blas[16];
-    snprintf(port_file, sizeof port_file, "%s/port", p->dir);
-    snprintf(th, sizeof th, "%d", threads);
-    snprintf(blas, sizeof blas, "%d", blas_threads);
-    fflush(stdout); /* the child must not inherit unwritten output */
-    p->pid = fork();
-    if (p->pid < 0)
-        die("fork failed");
-    if (p->pid == 0) {
-        if (blas_threads > 0) /* else OpenBLAS's default: every core */
-            setenv("OPENBLAS_NUM_THREADS", blas, 1);
-        execl(bin, bin, "--listen", "127.0.0.1:0", "--port-file", port_file, "--threads", th,
-              "--log-level", "warn", (char *)NULL);
-        fprintf(stderr, "train_bench: cannot exec %s (build ferry-ps, or pass --ps-bin)\n", bin);
-        _exit(127);
-    }
-    for (int i = 0; i < 1500; i++) { /* 15 s */
-        int ws, port = 0;
-        if (waitpid(p->pid, &ws, WNOHANG) == p->pid) {
-            p->pid = -1;
-            die("ferry-ps exited before listening");
-        }
-        FILE *f = fopen(port_file, "r");
-        if (f != NULL) {
-            int got = fscanf(f, "%d", &port);
-            fclose(f);
-            if (got == 1 && port > 0) {
-                snprintf(p->target, sizeof p->target, "127.0.0.1:%d", port);
-                return;
-            }
-        }
-        sleep_ms(10);
-    }
-    die("ferry-ps did not write its port file within 15 s");
 }
 
 /* ---- the server's wire counters ---- */
@@ -358,8 +264,8 @@ int main(int argc, char **argv) {
     ferry_log_init("train_bench");
     ferry_log_set_level(FERRY_LOG_LEVEL_WARN);
     /* The servers first: fork+exec before this process initializes gRPC. */
-    ps_spawn(&ps[0], ps_bin, ps_threads, ps_blas);
-    ps_spawn(&ps[1], ps_bin, ps_threads, ps_blas);
+    bench_ps_spawn(&ps[0], ps_bin, ps_threads, ps_blas);
+    bench_ps_spawn(&ps[1], ps_bin, ps_threads, ps_blas);
     ferry_cpu_set_threads(threads);
     /* As ferry-trainer does: keep freed pages of large RPC payloads (logits mode). */
     if (tune)
@@ -398,7 +304,7 @@ int main(int argc, char **argv) {
            "clip 5; data: %s\n",
            V_SMALL, E_SMALL, H_SMALL, L_SMALL, B_SMALL, T_SMALL, B_SMALL * T_SMALL,
            random_ids ? "uniform random ids" : data);
-    char blas_desc[32] = "every core";
+    char blas_desc[32] = "ferry-ps's default (1)";
     if (ps_blas > 0)
         snprintf(blas_desc, sizeof blas_desc, "%d", ps_blas);
     printf("ferry-ps: %s, separate processes with --threads %d and OpenBLAS threads: %s, one "
@@ -422,7 +328,7 @@ int main(int argc, char **argv) {
     runner_finish(&loc, steps);
     runner_finish(&shd, steps);
     runner_finish(&lgt, steps);
-    int exit_shd = ps_stop(&ps[0]), exit_lgt = ps_stop(&ps[1]);
+    int exit_shd = bench_ps_stop(&ps[0]), exit_lgt = bench_ps_stop(&ps[1]);
 
     const double N = T_SMALL * B_SMALL, U = mean_distinct_ids(b, warmup, steps);
     /* Tensor payload per step, 4-byte elements (ids, targets and flags are int32):

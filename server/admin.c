@@ -9,6 +9,7 @@
 
 #include "common/core/log.h"
 #include "ferry/version.h"
+#include "ferry/backend.h"
 #include "server/ps-impl.h"
 
 /* The bound port, 0 without the network. */
@@ -128,6 +129,7 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__StatsRequest *q
     stat_add(b, "budget_contexts_bytes", (double)s->lim.contexts_bytes);
     stat_add(b, "budget_contexts", (double)s->lim.contexts);
     stat_add(b, "rss_bytes", (double)ferry__ps_rss_bytes());
+    stat_add(b, "blas_threads", (double)ferry_cpu_threads());
     stat_add(b, "calls", (double)rs.calls);
     stat_add(b, "errors", (double)rs.errors);
     stat_add(b, "in_flight", (double)rs.in_flight);

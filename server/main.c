@@ -140,6 +140,13 @@ int main(int argc, char **argv) {
          .min = 1,
          .max = 64,
          .help = "threads running calls"},
+        {.name = "blas-threads",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.blas_threads,
+         .min = 1,
+         .max = 64,
+         .help = "OpenBLAS threads per GEMM (default 1, or OPENBLAS_NUM_THREADS; give more "
+                 "on a machine of its own)"},
         {.name = "context-ttl",
          .type = FERRY_FLAG_DOUBLE,
          .ptr = &cfg.context_ttl_s,

@@ -29,6 +29,8 @@
 typedef struct ferry_ps_config {
     const char *listen;         /* "127.0.0.1:7000"; port 0 binds an ephemeral port */
     int threads;                /* completion-queue threads running handlers (1..64) */
+    int blas_threads;           /* OpenBLAS threads per GEMM (1..64; 0: 1, or
+                                   OPENBLAS_NUM_THREADS when set) */
     double context_ttl_s;       /* a context idle this long is swept (> 0) */
     size_t max_message_bytes;   /* both directions; 0: the rpc layer's default (256 MiB) */
     const char *checkpoint_dir; /* where Checkpoint writes when the request has no path;

@@ -15,6 +15,7 @@
 
 #include "ferry/version.h"
 #include "common/core/log.h"
+#include "ferry/backend.h"
 #include "server/ps-impl.h"
 
 struct ferry_ps_server {
@@ -67,6 +68,9 @@ static ferry_status config_check(const ferry_ps_config *cfg, int network) {
         return ferry_errorf(FERRY_ERR_INVALID, "ferry-ps needs a listen address (HOST:PORT)");
     if (cfg->threads < 1 || cfg->threads > 64)
         return ferry_errorf(FERRY_ERR_INVALID, "threads %d outside 1..64", cfg->threads);
+    if (cfg->blas_threads < 0 || cfg->blas_threads > 64)
+        return ferry_errorf(FERRY_ERR_INVALID, "BLAS threads %d outside 1..64",
+                            cfg->blas_threads);
     if (!(cfg->context_ttl_s > 0.0) || cfg->context_ttl_s > 1e7)
         return ferry_errorf(FERRY_ERR_INVALID, "context ttl %g s must be in (0, 1e7]",
                             cfg->context_ttl_s);
@@ -197,9 +201,19 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     if (s->ps.server_id[0] == '\0')
         (void)snprintf(s->ps.server_id, sizeof s->ps.server_id, "ferry-ps@%s", s->address);
     pthread_mutex_unlock(&s->ps.id_mu);
+    /* BLAS threads: a process-wide setting, so the daemon's (not an in-process server's).
+     * One by default: a server's GEMMs are one call's, and a ferry-ps sharing a machine
+     * with a trainer must not spin threads on the trainer's cores. */
+    int blas = cfg->blas_threads;
+    const char *env = getenv("OPENBLAS_NUM_THREADS");
+    if (blas == 0 && env != NULL && atoi(env) > 0)
+        blas = atoi(env);
+    ferry_cpu_set_threads(blas > 0 ? blas : 1);
     FERRY_LOG_INFO("listening on %s (id %s, incarnation %016llx, %d threads, context ttl %g s)",
                    s->address, s->ps.server_id, (unsigned long long)s->ps.incarnation, cfg->threads,
                    cfg->context_ttl_s);
+    FERRY_LOG_INFO("OpenBLAS: %s, %d thread%s per GEMM (--blas-threads)", ferry_cpu_blas_kernels(),
+                   blas > 0 ? blas : 1, blas > 1 ? "s" : "");
     FERRY_LOG_INFO("budgets: module %.0f MiB, all modules %.0f MiB, context %.0f MiB, all "
                    "contexts %.0f MiB, %lld contexts, message %.0f MiB",
                    (double)s->ps.lim.module_bytes / 1048576.0,

@@ -150,6 +150,10 @@ int main(int argc, char **argv) {
          .choices = "auto|tty|plain|off", .help = "progress display"},
         {.name = "threads", .type = FERRY_FLAG_INT, .ptr = &cfg.threads, .min = 1, .max = 1024,
          .help = "OpenBLAS threads"},
+        {.name = "micro-batches", .type = FERRY_FLAG_INT, .ptr = &cfg.micro_batches, .min = 1,
+         .max = 64, .metavar = "M",
+         .help = "with --ps: split each window's time steps into M micro-batches that "
+                 "pipeline through the trainer's LSTM and ferry-ps's decoder (1: none)"},
         {.name = "deadline-ms", .type = FERRY_FLAG_INT64, .ptr = &cfg.deadline_ms, .min = 1,
          .max = 3.6e6, .help = "deadline of every remote call"},
         {.name = "log-level", .type = FERRY_FLAG_ENUM, .ptr = &log_level,
@@ -258,6 +262,12 @@ int main(int argc, char **argv) {
     if ((cfg.world > 1 || cfg.sync != NULL) && cfg.ps == NULL) {
         fprintf(stderr, "ferry-trainer: a job of %d trainers%s needs --ps (the servers hold the "
                         "job's model)\n", cfg.world, cfg.sync != NULL ? " with --sync" : "");
+        return 2;
+    }
+    if (cfg.micro_batches > 1 && (cfg.ps == NULL || cfg.decoder_mode != 1)) {
+        fprintf(stderr, "ferry-trainer: --micro-batches %d needs --ps and --decoder-mode "
+                        "sharded-softmax (the pipeline overlaps the trainer's LSTM with "
+                        "ferry-ps's decoder)\n", cfg.micro_batches);
         return 2;
     }
     if (cfg.checkpoint_every > 0 && cfg.save == NULL) {

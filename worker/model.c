@@ -197,6 +197,7 @@ void ferry_lm_destroy(ferry_lm *lm) {
     ferry_remote_destroy(lm->emb_remote);
     ferry_remote_destroy(lm->dec_remote);
     ferry_remote_destroy(lm->dense_remote);
+    ferry_lm_pipe_destroy(lm->pipe);
     free(lm->stage);
     ferry_tensor_destroy(lm->h);
     ferry_tensor_destroy(lm->c);
@@ -206,6 +207,15 @@ void ferry_lm_destroy(ferry_lm *lm) {
 
 int ferry_lm_is_remote(const ferry_lm *lm) {
     return lm->emb_remote != NULL;
+}
+
+ferry_status ferry_lm_set_micro_batches(ferry_lm *lm, int M) {
+    if (M < 1 || M > FERRY_LM_MAX_MICRO)
+        return ferry_errorf(FERRY_ERR_RANGE, "micro-batches %d outside 1..%d", M,
+                            FERRY_LM_MAX_MICRO);
+    ferry_lm_pipe_destroy(lm->pipe);
+    lm->pipe = NULL;
+    return M == 1 ? FERRY_OK : ferry_lm_pipe_create(M, &lm->pipe);
 }
 
 ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B) {
@@ -353,14 +363,31 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
                                      FERRY_COPY_HOST_TO_DEVICE)) != FERRY_OK)
             return st;
     }
-    if ((st = ferry_lm_forward(lm, ctx, dc, inputs, targets, a->loss_scale, &loss,
-                               &res->loss_sum)) != FERRY_OK)
-        return st;
-    if (!isfinite(res->loss_sum))
-        return ferry_errorf(FERRY_ERR_NUMERIC, "loss is %g: training diverged (lower --lr or "
-                            "set --clip)", res->loss_sum);
-    if ((st = ferry_ctx_backward(ctx, loss)) != FERRY_OK)
-        return st;
+    if (lm->pipe != NULL && ferry_lm_is_remote(lm)) {
+        if (lm->h == NULL || lm->B != inputs->shape.dim[1]) {
+            if ((st = ferry_lm_reset_state(lm, inputs->shape.dim[1])) != FERRY_OK)
+                return st;
+        }
+        if ((st = ferry_lm_pipe_forward_backward(lm, lm->pipe, ctx, dc, inputs, targets,
+                                                 a->loss_scale, a->seed, &res->loss_sum)) !=
+            FERRY_OK)
+            return st;
+        if (!isfinite(res->loss_sum))
+            return ferry_errorf(FERRY_ERR_NUMERIC, "loss is %g: training diverged (lower --lr "
+                                "or set --clip)", res->loss_sum);
+    } else {
+        if (lm->pipe != NULL)
+            return ferry_errorf(FERRY_ERR_UNSUPPORTED, "micro-batches need the decoder on "
+                                "ferry-ps (--ps)");
+        if ((st = ferry_lm_forward(lm, ctx, dc, inputs, targets, a->loss_scale, &loss,
+                                   &res->loss_sum)) != FERRY_OK)
+            return st;
+        if (!isfinite(res->loss_sum))
+            return ferry_errorf(FERRY_ERR_NUMERIC, "loss is %g: training diverged (lower --lr "
+                                "or set --clip)", res->loss_sum);
+        if ((st = ferry_ctx_backward(ctx, loss)) != FERRY_OK)
+            return st;
+    }
     ferry_grads *G = ferry_ctx_grads(ctx, &lm->P);
     if (G == NULL)
         return FERRY_ERR_NOMEM;

@@ -17,6 +17,7 @@
 #include "ferry/ferry.h"
 #include "ferry/nn.h"
 #include "ferry/optim.h"
+#include "worker/pipeline.h"
 
 typedef struct ferry_lm_config {
     int64_t V;        /* vocabulary */
@@ -62,6 +63,7 @@ typedef struct ferry_lm {
     ferry_job *job;
     float *stage;                          /* host (P.numel): pulled weights, pushed grads */
     ferry_decoder_mode decoder_mode;
+    ferry_lm_pipe *pipe; /* micro-batches (ferry_lm_set_micro_batches), or NULL */
     int64_t B;           /* batch size of the carried state */
     ferry_tensor *h, *c; /* (L, B, H) carried state, owned */
 } ferry_lm;
@@ -74,6 +76,11 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
                                     const ferry_lm_placement *placement, ferry_lm **out);
 void ferry_lm_destroy(ferry_lm *lm);
 int ferry_lm_is_remote(const ferry_lm *lm);
+/* Training steps split each window's time steps into M micro-batches that flow
+ * through the trainer's LSTM and the servers' decoder as a pipeline (pipeline.h); M = 1
+ * is the unpipelined step. Distributed, sharded-softmax decoder only (else
+ * FERRY_ERR_UNSUPPORTED at the step); FERRY_ERR_RANGE outside 1..FERRY_LM_MAX_MICRO. */
+ferry_status ferry_lm_set_micro_batches(ferry_lm *lm, int M);
 /* Zeroes the carried state, resizing it for batch B. */
 ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B);
 /* One window: inputs and targets are HOST int32 (T, B). Records on ctx when it

@@ -61,9 +61,10 @@ static int format_plain(const ferry_progress *p, const ferry_progress_stats *s, 
     format_lr(s->lr, lr, sizeof lr);
     return snprintf(buf, cap,
                     "epoch %d step %lld/%lld | lr %s | %.0f tok/s | loss %.2f | ppl %.1f | "
-                    "elapsed %s | eta %s",
+                    "%s%selapsed %s | eta %s",
                     s->epoch, (long long)s->step, (long long)p->steps, lr, s->tokens_per_s, s->loss,
-                    exp(s->loss), ferry_progress_hms(s->elapsed_s, el, sizeof el),
+                    exp(s->loss), s->note != NULL ? s->note : "", s->note != NULL ? " | " : "",
+                    ferry_progress_hms(s->elapsed_s, el, sizeof el),
                     ferry_progress_hms(eta_s(p, s), eta, sizeof eta));
 }
 
@@ -81,9 +82,11 @@ static void format_tty(const ferry_progress *p, const ferry_progress_stats *s, i
     char lr[32], eta[32], right[256];
     format_lr(s->lr, lr, sizeof lr);
     int rlen = snprintf(right, sizeof right,
-                        " %lld/%lld | %.0f tok/s | loss %.2f | ppl %.1f | lr %s | eta %s",
+                        " %lld/%lld | %.0f tok/s | loss %.2f | ppl %.1f | lr %s | %s%seta %s",
                         (long long)s->step, (long long)p->steps, s->tokens_per_s, s->loss,
-                        exp(s->loss), lr, ferry_progress_hms(eta_s(p, s), eta, sizeof eta));
+                        exp(s->loss), lr, s->note != NULL ? s->note : "",
+                        s->note != NULL ? " | " : "",
+                        ferry_progress_hms(eta_s(p, s), eta, sizeof eta));
     int n = snprintf(buf, cap, "epoch %d ", s->epoch);
     int room = width - 1 - n - rlen - 2; /* 2 for the brackets */
     if (room >= PROGRESS_BAR_MIN) {

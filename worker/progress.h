@@ -42,6 +42,8 @@ typedef struct ferry_progress_stats {
     double lr;           /* current learning rate */
     double tokens_per_s; /* training throughput */
     double elapsed_s;    /* seconds since the epoch began; the ETA extrapolates from it */
+    const char *note;    /* NULL, or a short text shown after the loss (e.g. the pipeline's
+                            busy and bubble fractions) */
 } ferry_progress_stats;
 
 typedef struct ferry_progress ferry_progress; /* opaque */

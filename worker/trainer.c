@@ -2,8 +2,12 @@
  * windows through the model on an autograd context, clips by the global norm,
  * steps the optimizer, evaluates at each epoch's end, adjusts the learning rate,
  * writes checkpoints, progress and metrics. */
+#include <ifaddrs.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <signal.h>
 #include <time.h>
 #include <stdio.h>
@@ -80,6 +84,7 @@ void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     cfg->progress = 0;
     cfg->log_interval = 200;
     cfg->threads = 1;
+    cfg->micro_batches = 1;
     cfg->deadline_ms = 10000;
     cfg->world = 1;
     cfg->rank = 0;
@@ -211,6 +216,7 @@ typedef struct trainer {
     int c0, c1;              /* this rank's batch columns [c0, c1) */
     int32_t *in_buf, *tg_buf; /* (bptt, c1 - c0): its slice of a window */
     double sync_s;            /* time in the job's GradNorm/Step since the last log line */
+    char pipe_note[64];       /* the pipeline's busy fractions, for the progress line */
     uint64_t wire_last;       /* bytes on the wire at the last log line */
     ferry_lr_schedule sched;
     ferry_metrics *metrics;
@@ -368,6 +374,30 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
     return ferry_metrics_write_kv(t->metrics, "job", 8, keys, vals);
 }
 
+/* The pipeline's line every log interval: how busy each stage was (the trainer's LSTM,
+ * the servers' decoder calls) and the bubble, the share of both stages' time idle. */
+static ferry_status log_pipeline(trainer *t) {
+    ferry_lm_pipe_stats ps;
+    ferry_lm_pipe_take_stats(t->lm->pipe, &ps);
+    if (ps.steps == 0 || !(ps.wall_s > 0.0))
+        return FERRY_OK;
+    double tb = ps.trainer_busy_s / ps.wall_s, sb = ps.servers_busy_s / ps.wall_s;
+    double bubble = 1.0 - 0.5 * (tb + sb);
+    (void)snprintf(t->pipe_note, sizeof t->pipe_note, "trainer %.0f%% ps %.0f%% bubble %.0f%%",
+                   100.0 * tb, 100.0 * sb, 100.0 * bubble);
+    FERRY_LOG_INFO("pipeline: step %lld | %d micro-batches | trainer busy %.0f%% | decoder calls "
+                   "%.0f%% | bubble %.0f%% | %.1f ms/step", (long long)t->step,
+                   ferry_lm_pipe_micro(t->lm->pipe), 100.0 * tb, 100.0 * sb, 100.0 * bubble,
+                   1e3 * ps.wall_s / (double)ps.steps);
+    if (t->metrics == NULL)
+        return FERRY_OK;
+    const char *keys[] = {"step", "micro_batches", "trainer_busy", "servers_busy", "bubble",
+                          "ms_per_step"};
+    double vals[] = {(double)t->step, ferry_lm_pipe_micro(t->lm->pipe), tb, sb, bubble,
+                     1e3 * ps.wall_s / (double)ps.steps};
+    return ferry_metrics_write_kv(t->metrics, "pipeline", 6, keys, vals);
+}
+
 /* A metrics record (and, with a constraint, the penalty and per-layer feasibility)
  * every log interval. `loss` is the mean cross-entropy per token, without penalty. */
 static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double tok_s,
@@ -386,6 +416,8 @@ static ferry_status log_train(trainer *t, int64_t nsteps, double loss, double to
                                  ferry_now() - t->t_start);
     if (st == FERRY_OK && t->job != NULL)
         st = log_job(t, nsteps, tok_s, elapsed);
+    if (st == FERRY_OK && t->lm->pipe != NULL)
+        st = log_pipeline(t);
     if (st != FERRY_OK || t->cfg->stiefel <= 0.0f)
         return st;
     double feas[FERRY_LSTM_MAX_LAYERS], penalty = t->penalty_sum / (double)nsteps;
@@ -452,7 +484,8 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
                                    win_loss / (double)win_tokens,
                                    t->lr,
                                    (double)tokens / (el > 0 ? el : 1e-9),
-                                   el};
+                                   el,
+                                   t->pipe_note[0] != '\0' ? t->pipe_note : NULL};
         ferry_progress_update(t->progress, &ps);
         int last =
             start + cfg->bptt >= nsteps - 1 || (cfg->max_steps > 0 && t->step >= cfg->max_steps);
@@ -562,6 +595,88 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
     return FERRY_OK;
 }
 
+/* ---- BLAS threads beside servers on the same machine ---- */
+
+/* 1 when the host of "HOST:PORT" (or "[v6]:PORT") is this machine: a loopback
+ * address, or one of its interfaces' addresses. */
+static int target_is_local(const char *target) {
+    char host[256];
+    const char *colon = strrchr(target, ':');
+    size_t n = colon != NULL ? (size_t)(colon - target) : strlen(target);
+    if (n >= 2 && target[0] == '[' && target[n - 1] == ']') {
+        target++;
+        n -= 2;
+    }
+    if (n == 0 || n >= sizeof host)
+        return 0;
+    memcpy(host, target, n);
+    host[n] = '\0';
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return 0;
+    struct ifaddrs *ifs = NULL;
+    int local = 0;
+    (void)getifaddrs(&ifs);
+    for (struct addrinfo *a = res; a != NULL && !local; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            const struct sockaddr_in *in = (const void *)a->ai_addr;
+            local = (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+        } else if (a->ai_family == AF_INET6) {
+            const struct sockaddr_in6 *in = (const void *)a->ai_addr;
+            local = IN6_IS_ADDR_LOOPBACK(&in->sin6_addr);
+        }
+        for (struct ifaddrs *i = ifs; i != NULL && !local; i = i->ifa_next) {
+            if (i->ifa_addr == NULL || i->ifa_addr->sa_family != a->ai_family)
+                continue;
+            if (a->ai_family == AF_INET)
+                local = ((const struct sockaddr_in *)(const void *)i->ifa_addr)->sin_addr.s_addr ==
+                        ((const struct sockaddr_in *)(const void *)a->ai_addr)->sin_addr.s_addr;
+            else if (a->ai_family == AF_INET6)
+                local = memcmp(&((const struct sockaddr_in6 *)(const void *)i->ifa_addr)->sin6_addr,
+                               &((const struct sockaddr_in6 *)(const void *)a->ai_addr)->sin6_addr,
+                               sizeof(struct in6_addr)) == 0;
+        }
+    }
+    freeifaddrs(ifs);
+    freeaddrinfo(res);
+    return local;
+}
+
+static void blas_threads_fn(void *user, const char *name, double value) {
+    if (strcmp(name, "blas_threads") == 0)
+        *(double *)user = value;
+}
+
+/* The trainer's OpenBLAS threads: --threads, but never more than the cores the
+ * ferry-ps processes on this machine leave free, so that trainer and servers, which
+ * compute at the same time in a pipeline, never fight over a core (an OpenBLAS
+ * thread spinning on a server's core slows both). Logs the choice. */
+static void place_blas_threads(trainer *t) {
+    const ferry_trainer_config *cfg = t->cfg;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cfg->threads, servers = 0;
+    double used = 0.0;
+    for (int i = 0; t->cluster != NULL && i < ferry_cluster_size(t->cluster); i++) {
+        if (!target_is_local(ferry_cluster_target(t->cluster, i)))
+            continue;
+        double n = 1.0; /* a server too old to say uses one */
+        (void)ferry_cluster_metrics(t->cluster, i, "blas_threads", blas_threads_fn, &n);
+        used += n;
+        servers++;
+    }
+    int room = cores > 0 ? (int)cores - (int)used : want;
+    int use = servers > 0 && want > room ? (room > 1 ? room : 1) : want;
+    ferry_cpu_set_threads(use);
+    if (use < want)
+        FERRY_LOG_INFO("OpenBLAS: %s, %d thread%s (not the %d of --threads: %d ferry-ps on this "
+                       "machine use%s %.0f of its %ld cores)", ferry_cpu_blas_kernels(), use,
+                       use > 1 ? "s" : "", want, servers, servers == 1 ? "s" : "", used, cores);
+    else
+        FERRY_LOG_INFO("OpenBLAS: %s, %d thread%s", ferry_cpu_blas_kernels(), use,
+                       use > 1 ? "s" : "");
+}
+
 static ferry_status recover(trainer *t, const char *why);
 static void metrics_page(void *user, ferry_prom *p);
 static ferry_status apply_progress(trainer *t, const ferry_ck_progress *pr);
@@ -646,6 +761,19 @@ static ferry_status trainer_setup(trainer *t) {
     }
     if (st != FERRY_OK)
         return st;
+    place_blas_threads(t);
+    if (cfg->micro_batches > 1) {
+        if (cfg->micro_batches > cfg->bptt)
+            return ferry_errorf(FERRY_ERR_INVALID, "--micro-batches %d: a window has %d time "
+                                "steps (--bptt), at most one micro-batch per step",
+                                cfg->micro_batches, cfg->bptt);
+        if ((st = ferry_lm_set_micro_batches(t->lm, cfg->micro_batches)) != FERRY_OK)
+            return st;
+        FERRY_LOG_INFO("pipeline: %d micro-batches of %d-%d time steps: the LSTM on one while "
+                       "ferry-ps runs the decoder on another", cfg->micro_batches,
+                       cfg->bptt / cfg->micro_batches,
+                       (cfg->bptt + cfg->micro_batches - 1) / cfg->micro_batches);
+    }
     if ((st = ferry_optim_create(&t->lm->P, &oc, &t->opt)) != FERRY_OK)
         return st;
     if ((st = ferry_ctx_create(t->be, &t->ctx)) != FERRY_OK)

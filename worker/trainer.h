@@ -46,6 +46,7 @@ typedef struct ferry_trainer_config {
     int progress;            /* ferry_progress_mode: auto, tty, plain, off */
     int log_interval;
     int threads;
+    int micro_batches;       /* > 1: pipelined step over this many micro-batches (--ps) */
     int64_t deadline_ms;     /* per-RPC deadline (distributed) */
     /* A data-parallel job (distributed only): world > 1 or a sync mode given. Rank r
      * trains on batch columns [r*B/N, (r+1)*B/N) of the global batch B (batch_size),

@@ -27,6 +27,8 @@ struct ferry_ctx {
     uint64_t id;
     int training;
     uint64_t seed, rng_offset;
+    /* ferry_ctx_set_window: a block of steps x cols of a (T, batch, F) draw; batch 0: off */
+    int64_t win_T, win_batch, win_t0, win_steps, win_col0, win_cols;
     ferry_arena *arena;      /* backend memory: tensors' data */
     ferry_arena *host_arena; /* host memory: tensor structs, saved state */
     tape_node *nodes;
@@ -84,6 +86,7 @@ void ferry_ctx_reset(ferry_ctx *ctx, uint64_t id) {
     ctx->id = id;
     ctx->nnodes = 0;
     ctx->rng_offset = 0;
+    ctx->win_batch = 0;
     if (ctx->map_count > 0)
         memset(ctx->map, 0, (size_t)ctx->map_cap * sizeof *ctx->map);
     ctx->map_count = 0;
@@ -118,6 +121,44 @@ void ferry_ctx_draw(ferry_ctx *ctx, int64_t n, uint64_t *seed, uint64_t *offset)
     *seed = ctx->seed;
     *offset = ctx->rng_offset;
     ctx->rng_offset += (uint64_t)n;
+}
+
+void ferry_ctx_set_window(ferry_ctx *ctx, int64_t T, int64_t batch, int64_t t0, int64_t steps,
+                          int64_t col0, int64_t cols) {
+    ctx->win_T = T;
+    ctx->win_batch = batch;
+    ctx->win_t0 = t0;
+    ctx->win_steps = steps;
+    ctx->win_col0 = col0;
+    ctx->win_cols = cols;
+}
+
+ferry_status ferry_ctx_dropout_mask(ferry_ctx *ctx, int64_t n, float p, float *mask) {
+    uint64_t seed, offset;
+    if (ctx->win_batch <= 0) {
+        ferry_ctx_draw(ctx, n, &seed, &offset);
+        return ferry_backend_dropout_mask(ctx->be, n, p, seed, offset, mask);
+    }
+    /* A (steps, cols, F) block of the whole window's (T, batch, F) draw: its row t
+     * starts at element ((t0 + t) * batch + col0) * F of it. */
+    int64_t T = ctx->win_T, B = ctx->win_batch, rows = ctx->win_steps * ctx->win_cols;
+    if (ctx->win_t0 < 0 || ctx->win_steps < 1 || ctx->win_t0 + ctx->win_steps > T ||
+        ctx->win_col0 < 0 || ctx->win_cols < 1 || ctx->win_col0 + ctx->win_cols > B ||
+        n % rows != 0)
+        return ferry_errorf(FERRY_ERR_SHAPE, "dropout: %lld values are not steps [%lld, %lld) x "
+                            "columns [%lld, %lld) of a (%lld, %lld, F) window", (long long)n,
+                            (long long)ctx->win_t0, (long long)(ctx->win_t0 + ctx->win_steps),
+                            (long long)ctx->win_col0, (long long)(ctx->win_col0 + ctx->win_cols),
+                            (long long)T, (long long)B);
+    int64_t F = n / rows, run = ctx->win_cols * F;
+    ferry_ctx_draw(ctx, T * B * F, &seed, &offset);
+    for (int64_t t = 0; t < ctx->win_steps; t++) {
+        uint64_t at = offset + (uint64_t)(((ctx->win_t0 + t) * B + ctx->win_col0) * F);
+        ferry_status st = ferry_backend_dropout_mask(ctx->be, run, p, seed, at, mask + t * run);
+        if (st != FERRY_OK)
+            return st;
+    }
+    return FERRY_OK;
 }
 
 /* ---- memory ---- */
@@ -296,7 +337,15 @@ static ferry_status grad_for(ferry_ctx *ctx, grad_slot *s, ferry_tensor **out) {
 
 ferry_status ferry_ctx_backward_from(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,
                                      const ferry_tensor *const *grads) {
+    return ferry_ctx_backward_range(ctx, n, outputs, grads, 0, ctx->nnodes);
+}
+
+ferry_status ferry_ctx_backward_range(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,
+                                      const ferry_tensor *const *grads, int first, int end) {
     ferry_status st;
+    if (first < 0 || end > ctx->nnodes || first > end)
+        return ferry_errorf(FERRY_ERR_RANGE, "backward over nodes [%d, %d) of a tape of %d",
+                            first, end, ctx->nnodes);
     for (int k = 0; k < n; k++) {
         grad_slot *s = map_find(ctx, outputs[k], 0);
         if (s == NULL)
@@ -310,7 +359,7 @@ ferry_status ferry_ctx_backward_from(ferry_ctx *ctx, int n, const ferry_tensor *
                                      g->data)) != FERRY_OK)
             return st;
     }
-    for (int i = ctx->nnodes - 1; i >= 0; i--) {
+    for (int i = end - 1; i >= first; i--) {
         tape_node *node = &ctx->nodes[i];
         ferry_tensor *gout[FERRY_NODE_MAX_IO] = {0}, *gin[FERRY_NODE_MAX_IO] = {0};
         int any = 0;

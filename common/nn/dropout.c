@@ -75,13 +75,10 @@ ferry_status ferry_dropout_forward(ferry_ctx *ctx, float p, const ferry_tensor *
         return FERRY_OK;
     }
     int64_t n = ferry_tensor_numel(x);
-    uint64_t seed, offset;
     ferry_tensor *mask; /* (numel) in {0, 1/(1-p)} */
     if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_1d(n), &mask)) != FERRY_OK)
         return st;
-    ferry_ctx_draw(ctx, n, &seed, &offset);
-    if ((st = ferry_backend_dropout_mask(ferry_ctx_backend(ctx), n, p, seed, offset,
-                                         ferry_tensor_f32(mask))) != FERRY_OK)
+    if ((st = ferry_ctx_dropout_mask(ctx, n, p, ferry_tensor_f32(mask))) != FERRY_OK)
         return st;
     return dropout_apply(ctx, x, ferry_tensor_f32(mask), y);
 }

@@ -295,9 +295,7 @@ static ferry_status lstm_mask(ferry_lstm *m, ferry_ctx *ctx, int l, int64_t n,
         st = ferry_backend_copy(be, mask, opts->masks[l], (size_t)n * sizeof(float),
                                 FERRY_COPY_HOST_TO_DEVICE);
     } else {
-        uint64_t seed, offset;
-        ferry_ctx_draw(ctx, n, &seed, &offset);
-        st = ferry_backend_dropout_mask(be, n, m->dropout, seed, offset, mask);
+        st = ferry_ctx_dropout_mask(ctx, n, m->dropout, mask);
     }
     if (st == FERRY_OK)
         *out = mask;

@@ -50,6 +50,17 @@ int ferry_ctx_training(const ferry_ctx *ctx);
 void ferry_ctx_set_seed(ferry_ctx *ctx, uint64_t seed);
 /* Reserves n draws of the context's random stream; returns (seed, offset). */
 void ferry_ctx_draw(ferry_ctx *ctx, int64_t n, uint64_t *seed, uint64_t *offset);
+/* Micro-batches: the context computes time steps [t0, t0 + steps) and batch columns
+ * [col0, col0 + cols) of a window of T steps and `batch` columns, on tensors shaped
+ * (steps, cols, ...) that are blocks of the window's (T, batch, ...). Dropout masks
+ * drawn in it then hold exactly the values the whole window's masks have there, and
+ * the stream advances as for the whole window, so a step's masks do not depend on
+ * how its window is split. Until the next ferry_ctx_reset; batch 0 turns it off. */
+void ferry_ctx_set_window(ferry_ctx *ctx, int64_t T, int64_t batch, int64_t t0, int64_t steps,
+                          int64_t col0, int64_t cols);
+/* n floats (backend memory) of a dropout mask, 1/(1-p) with probability 1-p and 0
+ * otherwise, drawn from the context's stream (honouring ferry_ctx_set_window). */
+ferry_status ferry_ctx_dropout_mask(ferry_ctx *ctx, int64_t n, float p, float *mask);
 
 /* Arena memory, valid until the next reset. ferry_ctx_tensor's contents are
  * undefined; ferry_ctx_zeros' are zero. Host scratch is for saved-state structs. */
@@ -79,6 +90,13 @@ ferry_status ferry_ctx_backward(ferry_ctx *ctx, const ferry_tensor *loss);
 /* Runs it from arbitrary seeds: grads[k] is the gradient of outputs[k]. */
 ferry_status ferry_ctx_backward_from(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,
                                      const ferry_tensor *const *grads);
+/* ferry_ctx_backward_from over the tape's nodes [first, end) only: the seeds are
+ * added to their tensors' gradients and those nodes run in reverse; gradients they
+ * pass to earlier nodes stay in the context for a later call over an earlier range.
+ * A pipeline runs its micro-batches' backward this way, last recorded first, each
+ * when its seed arrives. FERRY_ERR_RANGE unless 0 <= first <= end <= tape length. */
+ferry_status ferry_ctx_backward_range(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,
+                                      const ferry_tensor *const *grads, int first, int end);
 /* After backward: the gradient of t, or NULL if none reached it. */
 ferry_tensor *ferry_ctx_grad_of(ferry_ctx *ctx, const ferry_tensor *t);
 /* For a backward fn that records t as no input: adds g into t's gradient, or, when

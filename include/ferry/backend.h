@@ -64,13 +64,21 @@ ferry_status ferry_backend_sync(ferry_backend *be);
 /* ---- the CPU backend's OpenBLAS ---- */
 
 /* Call first thing in main() with main's argv: re-executes the process once with
- * OPENBLAS_CORETYPE set when OpenBLAS fell back to generic kernels on a CPU that
- * offers AVX2/AVX-512 (hypervisors hiding the CPU model make it pick kernels 5-9x
- * slower). Returns if nothing needs doing (or OPENBLAS_CORETYPE or FERRY_NO_REEXEC
- * is set). */
+ * OPENBLAS_CORETYPE set when OpenBLAS chose weaker kernels than the CPU runs: the
+ * strongest of Haswell (AVX2+FMA), SkylakeX (AVX-512) and Cooperlake (AVX-512 with
+ * BF16), from the CPU's feature flags. Hypervisors hiding the CPU model make OpenBLAS
+ * fall back to kernels 5-9x slower; on AMD CPUs with AVX-512 it picks Haswell, about
+ * 1.7x slower. Returns if nothing needs doing, or when OPENBLAS_CORETYPE (the user's
+ * choice always wins) or FERRY_NO_REEXEC is set. Logs nothing: see
+ * ferry_cpu_blas_kernels. */
 void ferry_cpu_ensure_blas_kernels(char **argv);
+/* The kernels OpenBLAS runs and who chose them, for a log line: "SkylakeX (ferry's pick
+ * for this CPU; OpenBLAS chose Haswell)", "Haswell (OPENBLAS_CORETYPE=Haswell)", ... */
+const char *ferry_cpu_blas_kernels(void);
 /* Sets OpenBLAS's thread count (1 = single-threaded GEMMs). */
 void ferry_cpu_set_threads(int n);
+/* OpenBLAS's thread count now. */
+int ferry_cpu_threads(void);
 
 #ifdef __cplusplus
 }

@@ -76,3 +76,7 @@ ferry_status ferry__backend_cpu_create(ferry_backend **out) {
 void ferry_cpu_set_threads(int n) {
     openblas_set_num_threads(n < 1 ? 1 : n);
 }
+
+int ferry_cpu_threads(void) {
+    return openblas_get_num_threads();
+}

@@ -1,0 +1,201 @@
+/* test_pipeline.c - the micro-batched (pipelined) distributed step against the
+ * unpipelined one. Two runs from the same seed, each against its own in-process
+ * ferry-ps servers over real gRPC: M = 1 and M micro-batches. Over 50 steps of PTB
+ * their losses must agree within 1e-5 relative, and afterwards every parameter (the
+ * trainer's LSTM, the servers' embedding and decoder) within 1e-5 in norm: with
+ * dropout off and on (the masks of a micro-batch are the whole window's at its time
+ * steps), with a Stiefel-constrained LSTM, uneven micro-batches and two shards.
+ * M = 1 must stay the unpipelined step bit for bit. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "server/ps.h"
+#include "worker/batch.h"
+#include "worker/corpus.h"
+#include "worker/model.h"
+
+#define STEPS 50
+/* At lr 1 any two summation orders drift apart past 1e-5 after ~25 steps (rounding
+ * amplified by the step, docs/architecture.md section 11); 0.1 keeps 50 steps of
+ * honest comparison. */
+#define LR 0.1
+#define MAX_SERVERS 2
+
+typedef struct run {
+    ferry_ps_server *srv[MAX_SERVERS];
+    ferry_cluster *cl;
+    ferry_dist_ctx *dc;
+    ferry_lm *lm;
+    ferry_optim *opt;
+    ferry_ctx *ctx;
+} run;
+
+static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M) {
+    ferry_backend *be = ferry_backend_cpu();
+    char targets[256] = "";
+    for (int i = 0; i < nservers; i++) {
+        ferry_ps_config pc;
+        ferry_ps_config_default(&pc);
+        pc.listen = "127.0.0.1:0";
+        CHECK_OK(ferry_ps_server_create(&pc, &r->srv[i]));
+        CHECK_OK(ferry_ps_server_start(r->srv[i]));
+        size_t n = strlen(targets);
+        snprintf(targets + n, sizeof targets - n, "%s127.0.0.1:%d", i ? "," : "",
+                 ferry_ps_server_port(r->srv[i]));
+    }
+    CHECK_OK(ferry_ps_connect(targets, NULL, &r->cl));
+    CHECK_OK(ferry_dist_ctx_create(r->cl, &r->dc));
+    ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
+    oc.lr = LR;
+    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0};
+    CHECK_OK(ferry_lm_create_placed(be, mc, &pl, &r->lm));
+    CHECK_OK(ferry_lm_set_micro_batches(r->lm, M));
+    CHECK_OK(ferry_optim_create(&r->lm->P, &oc, &r->opt));
+    CHECK_OK(ferry_ctx_create(be, &r->ctx));
+}
+
+static void run_deinit(run *r, int nservers) {
+    ferry_ctx_destroy(r->ctx);
+    ferry_optim_destroy(r->opt);
+    ferry_lm_destroy(r->lm);
+    ferry_dist_ctx_destroy(r->dc);
+    ferry_cluster_destroy(r->cl);
+    for (int i = 0; i < nservers; i++)
+        ferry_ps_server_destroy(r->srv[i]);
+}
+
+/* ||a - b|| / ||b|| over n floats. */
+static double norm_rel(const float *a, const float *b, int64_t n) {
+    double d = 0.0, ref = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = (double)a[i] - (double)b[i];
+        d += x * x;
+        ref += (double)b[i] * (double)b[i];
+    }
+    return sqrt(d) / (sqrt(ref) + 1e-30);
+}
+
+static double remote_rel(ferry_remote *a, ferry_remote *b, const char *param, int64_t rows,
+                         int64_t cols) {
+    float *x = malloc((size_t)(rows * cols) * sizeof *x), *y = malloc((size_t)(rows * cols) * sizeof *y);
+    CHECK(x != NULL && y != NULL);
+    CHECK_OK(ferry_remote_get_params(a, param, 0, rows, x));
+    CHECK_OK(ferry_remote_get_params(b, param, 0, rows, y));
+    double rel = norm_rel(x, y, rows * cols);
+    free(x);
+    free(y);
+    return rel;
+}
+
+/* Returns the worst relative difference seen (losses and parameters). */
+static double pipeline_case(int nservers, float dropout, float stiefel, int M, double tol) {
+    ferry_backend *be = ferry_backend_cpu();
+    ferry_corpus *corpus;
+    CHECK_OK(ferry_corpus_load(ferry_test_path("data/ptb"), &corpus));
+    int64_t n;
+    const int32_t *ids = ferry_corpus_ids(corpus, FERRY_SPLIT_TRAIN, &n);
+    ferry_batches *b;
+    CHECK_OK(ferry_batch_create(ids, 20 * (STEPS * 20 + 1), 20, &b));
+    int64_t V = ferry_vocab_size(ferry_corpus_vocab(corpus));
+    ferry_lm_config mc = {V, 64, 64, 2, dropout, 0.1f, stiefel, 7};
+    run ref, pipe;
+    run_init(&ref, nservers, &mc, 1);
+    run_init(&pipe, nservers, &mc, M);
+
+    double worst = 0.0, first = 0.0, last = 0.0;
+    for (int s = 0; s < STEPS; s++) {
+        ferry_window w;
+        CHECK_OK(ferry_batch_window(b, (int64_t)s * 20, 20, &w));
+        ferry_shape sh = ferry_shape_2d(w.T, w.B);
+        ferry_tensor in = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.inputs);
+        ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.targets);
+        ferry_lm_step_args a = {1.0f / 20.0f, 5.0f, LR, (uint64_t)s + 1, 1000 + (uint64_t)s, 0};
+        ferry_lm_step_result rr, rp;
+        CHECK_OK(ferry_lm_train_step(ref.lm, ref.ctx, ref.dc, ref.opt, &in, &tg, &a, &rr));
+        CHECK_OK(ferry_lm_train_step(pipe.lm, pipe.ctx, pipe.dc, pipe.opt, &in, &tg, &a, &rp));
+        double rel = fabs(rp.loss_sum - rr.loss_sum) / fabs(rr.loss_sum);
+        worst = rel > worst ? rel : worst;
+        if (rel > tol)
+            fprintf(stderr, "  step %d: M=1 %.9g M=%d %.9g (rel %.3g)\n", s + 1, rr.loss_sum, M,
+                    rp.loss_sum, rel);
+        CHECK(rel <= tol);
+        if (s == 0)
+            first = rr.loss_sum;
+        last = rr.loss_sum;
+    }
+    CHECK(last < first); /* it trained */
+    double lstm = norm_rel(pipe.lm->P.data, ref.lm->P.data,
+                           pipe.lm->P.numel);
+    double enc = remote_rel(pipe.lm->emb_remote, ref.lm->emb_remote, "weight", V, 64);
+    double decw = remote_rel(pipe.lm->dec_remote, ref.lm->dec_remote, "weight", V, 64);
+    double decb = remote_rel(pipe.lm->dec_remote, ref.lm->dec_remote, "bias", V, 1);
+    fprintf(stderr, "  %d server%s, dropout %.1f, stiefel %.1f, M=%d: loss %.4f -> %.4f, worst "
+            "loss rel %.3g; params rel lstm %.3g encoder %.3g decoder %.3g/%.3g\n", nservers,
+            nservers > 1 ? "s" : "", (double)dropout, (double)stiefel, M, first / 400.0,
+            last / 400.0, worst, lstm, enc, decw, decb);
+    CHECK(lstm <= tol && enc <= tol && decw <= tol && decb <= tol);
+    worst = fmax(worst, fmax(fmax(lstm, enc), fmax(decw, decb)));
+
+    /* Every step freed its context; the decoder saw one Forward per micro-batch. */
+    for (int i = 0; i < nservers; i++) {
+        ferry_ps_stats st;
+        CHECK_OK(ferry_cluster_stats(pipe.cl, i, &st));
+        CHECK_EQ(st.contexts_live, 0);
+        CHECK_EQ(st.contexts_stepped, STEPS);
+    }
+    run_deinit(&pipe, nservers);
+    run_deinit(&ref, nservers);
+    ferry_batch_destroy(b);
+    ferry_corpus_destroy(corpus);
+    return worst;
+}
+
+TEST(one_micro_batch_is_the_unpipelined_step) {
+    CHECK(pipeline_case(1, 0.5f, 0.0f, 1, 0.0) == 0.0); /* bit for bit */
+}
+
+TEST(dropout_off_matches) {
+    pipeline_case(1, 0.0f, 0.0f, 4, 1e-5);
+}
+
+TEST(dropout_on_matches) {
+    pipeline_case(1, 0.5f, 0.0f, 4, 1e-5);
+}
+
+TEST(uneven_micro_batches_with_stiefel) {
+    pipeline_case(1, 0.3f, 0.1f, 3, 1e-5); /* 20 steps: 6, 7, 7 */
+}
+
+TEST(two_shards) {
+    pipeline_case(2, 0.5f, 0.0f, 2, 1e-5);
+}
+
+TEST(micro_batches_are_checked) {
+    ferry_lm_config mc = {100, 8, 8, 1, 0.0f, 0.1f, 0.0f, 1};
+    ferry_lm *lm;
+    CHECK_OK(ferry_lm_create(ferry_backend_cpu(), &mc, &lm));
+    CHECK_EQ(ferry_lm_set_micro_batches(lm, 0), FERRY_ERR_RANGE);
+    CHECK_EQ(ferry_lm_set_micro_batches(lm, FERRY_LM_MAX_MICRO + 1), FERRY_ERR_RANGE);
+    CHECK_OK(ferry_lm_set_micro_batches(lm, 2));
+    /* A local model has no servers to overlap with: the step says so. */
+    ferry_ctx *ctx;
+    ferry_optim *opt;
+    CHECK_OK(ferry_ctx_create(ferry_backend_cpu(), &ctx));
+    ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
+    CHECK_OK(ferry_optim_create(&lm->P, &oc, &opt));
+    int32_t x[4] = {1, 2, 3, 4};
+    ferry_tensor in = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_I32, ferry_shape_2d(2, 2), x);
+    ferry_lm_step_args a = {0.5f, 0.0f, 1.0, 1, 1, 0};
+    ferry_lm_step_result r;
+    CHECK_EQ(ferry_lm_train_step(lm, ctx, NULL, opt, &in, &in, &a, &r), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_error_last(), "micro-batches") != NULL);
+    ferry_optim_destroy(opt);
+    ferry_ctx_destroy(ctx);
+    ferry_lm_destroy(lm);
+}
+
+FERRY_TEST_MAIN(T(one_micro_batch_is_the_unpipelined_step) T(dropout_off_matches)
+                    T(dropout_on_matches) T(uneven_micro_batches_with_stiefel) T(two_shards)
+                    T(micro_batches_are_checked))
