@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """Plots a ferry-trainer metrics file (--metrics-out JSON lines) as a PNG.
 
-Panels: training cross-entropy (and validation points), and -- when the run used
---stiefel -- the Stiefel penalty and the feasibility ||W^T W - I||_F of every
-layer's recurrent weight over training. Several files can be overlaid (e.g. a
+Panels: training cross-entropy (and validation points); for a run of several
+epochs, validation perplexity per epoch with the learning rate and the final test
+perplexity; for a pipelined run (--micro-batches), each stage's busy fraction and
+the bubble; and -- when the run used --stiefel -- the feasibility ||W^T W - I||_F of
+every layer's recurrent weight over training. Several files can be overlaid (e.g. a
 constrained and an unconstrained run); each is labelled by its file name or by
 LABEL=FILE.
 
@@ -18,7 +20,7 @@ import sys
 
 
 def load(path):
-    train, evals, stiefel = [], [], []
+    train, evals, stiefel, pipeline = [], [], [], []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
@@ -35,7 +37,9 @@ def load(path):
                 evals.append(rec)
             elif ev == "stiefel":
                 stiefel.append(rec)
-    return train, evals, stiefel
+            elif ev == "pipeline":
+                pipeline.append(rec)
+    return train, evals, stiefel, pipeline
 
 
 def main():
@@ -53,11 +57,15 @@ def main():
         label, _, path = spec.rpartition("=")
         label = label or os.path.splitext(os.path.basename(path))[0]
         runs.append((label, *load(path)))
-    have_stiefel = any(s for _, _, _, s in runs)
-    ncols = 2 if have_stiefel else 1
+    have_stiefel = any(r[3] for r in runs)
+    have_pipeline = any(r[4] for r in runs)
+    have_epochs = any(len({e["epoch"] for e in r[2] if e.get("split") == "valid"}) > 1
+                      for r in runs)
+    ncols = 1 + have_epochs + have_pipeline + have_stiefel
     fig, axes = plt.subplots(1, ncols, figsize=(6.5 * ncols, 4.5), squeeze=False)
-    ax = axes[0][0]
-    for label, train, evals, _ in runs:
+    col = iter(axes[0])
+    ax = next(col)
+    for label, train, evals, _, _ in runs:
         if train:
             ax.plot([r["step"] for r in train], [r["loss"] for r in train],
                     label=f"{label} train")
@@ -70,9 +78,49 @@ def main():
     ax.set_title("training")
     ax.grid(alpha=0.3)
     ax.legend()
+    if have_epochs:
+        ax = next(col)
+        lr_ax = ax.twinx()
+        for label, train, evals, _, _ in runs:
+            valid = [r for r in evals if r.get("split") == "valid"]
+            test = [r for r in evals if r.get("split") == "test"]
+            name = f"{label} valid"
+            if test:
+                name += f" (test ppl {test[-1]['ppl']:.1f})"
+            ax.plot([r["epoch"] for r in valid], [r["ppl"] for r in valid], "o-", label=name)
+            last_lr = {}
+            for r in train:
+                last_lr[r["epoch"]] = r["lr"]
+            if last_lr:
+                ep = sorted(last_lr)
+                lr_ax.step(ep, [last_lr[e] for e in ep], "--", where="mid", color="gray",
+                           alpha=0.6)
+        lr_ax.set_ylabel("learning rate (dashed)")
+        ax.set_yscale("log")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("perplexity")
+        ax.set_title("validation perplexity per epoch")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    if have_pipeline:
+        ax = next(col)
+        micro = next(r[4][0]["micro_batches"] for r in runs if r[4])
+        for label, _, _, _, pipe in runs:
+            if not pipe:
+                continue
+            steps = [r["step"] for r in pipe]
+            ax.plot(steps, [100 * r["trainer_busy"] for r in pipe], label=f"{label} trainer busy")
+            ax.plot(steps, [100 * r["servers_busy"] for r in pipe], label=f"{label} ferry-ps calls")
+            ax.plot(steps, [100 * r["bubble"] for r in pipe], label=f"{label} bubble")
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("step")
+        ax.set_ylabel("% of the step")
+        ax.set_title(f"pipeline ({micro:.0f} micro-batches)")
+        ax.grid(alpha=0.3)
+        ax.legend()
     if have_stiefel:
-        ax = axes[0][1]
-        for label, _, _, st in runs:
+        ax = next(col)
+        for label, _, _, st, _ in runs:
             if not st:
                 continue
             steps = [r["step"] for r in st]

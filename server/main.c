@@ -282,6 +282,7 @@ int main(int argc, char **argv) {
         "FERRY_LOG_FORMAT", "json: log lines as JSON (--log-format wins)",
         "FERRY_RPC_RECORD", "a directory: record the first requests of each method (fuzz seeds)",
         "OPENBLAS_CORETYPE", "OpenBLAS kernels to use (else ferry picks the strongest)",
+        "OPENBLAS_NUM_THREADS", "OpenBLAS threads per GEMM when --blas-threads is not given",
         "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
         "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
         NULL};

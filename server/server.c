@@ -3,6 +3,7 @@
  * that owns the lease-sweep timer, the signals of the daemon and the wake-up that ends
  * the loop once a stop is asked. The handlers (handlers.c, params.c, admin.c) never
  * call back into this file: they receive the state, and Shutdown its stop callback. */
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -82,8 +83,10 @@ static ferry_status config_check(const ferry_ps_config *cfg, int network) {
         if (strlen(cfg->checkpoint_dir) >= 1024)
             return ferry_errorf(FERRY_ERR_INVALID, "checkpoint directory name too long");
         if (access(cfg->checkpoint_dir, W_OK | X_OK) != 0)
-            return ferry_errorf(FERRY_ERR_IO, "checkpoint directory %s is not writable",
-                                cfg->checkpoint_dir);
+            return ferry_errorf(FERRY_ERR_IO, "checkpoint directory %s %s", cfg->checkpoint_dir,
+                                errno == ENOENT    ? "does not exist (create it first)"
+                                : errno == ENOTDIR ? "is not a directory"
+                                                   : "is not writable");
     }
     return FERRY_OK;
 }
