@@ -84,12 +84,13 @@ ferry_status ferry_stiefel_penalty_grad_rows(ferry_backend *be, int64_t n, int64
 
 /* ---- the per-block penalty pass ---- */
 
-ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads *G,
-                                             double *penalty_out, double *drift_out) {
+/* The pass over P's Stiefel parameters: their values at data + offset (P->data when
+ * NULL), their gradients in G (created when missing) or, without G, at grad + offset. */
+static ferry_status penalty_pass(const ferry_params *P, const float *data, ferry_grads *G,
+                                 float *grad, double *penalty_out, double *drift_out) {
     ferry_backend *be = P->be;
     double pen = 0.0, sq_total = 0.0;
     int64_t kmax = 0;
-    FERRY_ASSERT(G->P != NULL && G->P->numel == P->numel && G->P->count == P->count);
     for (int i = 0; i < P->count; i++)
         if (P->items[i].constraint == FERRY_CONSTRAINT_STIEFEL && P->items[i].shape.dim[1] > kmax)
             kmax = P->items[i].shape.dim[1];
@@ -108,10 +109,10 @@ ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads 
             break;
         }
         int64_t n = p->shape.dim[0], k = p->shape.dim[1];
-        const float *W = P->data + p->offset;
-        float *g = ferry_grads_dense(G, i);
+        const float *W = (data != NULL ? data : P->data) + p->offset;
+        float *g = G != NULL ? ferry_grads_dense(G, i) : grad != NULL ? grad + p->offset : NULL;
         double sq = 0.0;
-        if (g == NULL) {
+        if (g == NULL && (G != NULL || grad != NULL)) {
             st = FERRY_ERR_NOMEM;
             break;
         }
@@ -119,7 +120,8 @@ ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads 
         if ((st = ferry_stiefel_constraint(be, n, k, W, C, C)) != FERRY_OK ||
             (st = ferry_backend_sumsq(be, k * k, C, &sq)) != FERRY_OK)
             break;
-        st = ferry_backend_gemm(be, 0, 0, n, k, k, 4.0f * p->beta, W, k, C, k, 1.0f, g, k);
+        if (g != NULL)
+            st = ferry_backend_gemm(be, 0, 0, n, k, k, 4.0f * p->beta, W, k, C, k, 1.0f, g, k);
         pen += (double)p->beta * sq;
         sq_total += sq;
     }
@@ -129,4 +131,15 @@ ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads 
     if (drift_out != NULL)
         *drift_out = sqrt(sq_total);
     return st;
+}
+
+ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads *G,
+                                             double *penalty_out, double *drift_out) {
+    FERRY_ASSERT(G->P != NULL && G->P->numel == P->numel && G->P->count == P->count);
+    return penalty_pass(P, NULL, G, NULL, penalty_out, drift_out);
+}
+
+ferry_status ferry_stiefel_add_penalty_block(const ferry_params *P, const float *data, float *grad,
+                                             double *penalty_out, double *drift_out) {
+    return penalty_pass(P, data, NULL, grad, penalty_out, drift_out);
 }

@@ -34,4 +34,10 @@ ferry_status ferry_stiefel_penalty_grad_rows(ferry_backend *be, int64_t n, int64
 ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads *G, double *penalty,
                                              double *drift);
 
+/* The same over a block laid out as P (which need not be allocated): values at
+ * data + offset, gradients added at grad + offset (grad NULL: measure only). ferry-ps's lstm module keeps its layers' parameters
+ * as one such block. */
+ferry_status ferry_stiefel_add_penalty_block(const ferry_params *P, const float *data, float *grad,
+                                             double *penalty, double *drift);
+
 #endif /* FERRY_STIEFEL_H */

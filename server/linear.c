@@ -21,6 +21,8 @@ void ferry__ps_saved_free(ferry__ps_saved *sv) {
         if (sv->t[i].release != NULL)
             sv->t[i].release(sv->t[i].release_user);
     }
+    if (sv->obj != NULL && sv->obj_free != NULL)
+        sv->obj_free(sv->obj);
     memset(sv, 0, sizeof *sv);
 }
 
@@ -167,6 +169,19 @@ void ferry__ps_read_ids(const ferry_rpc_tensor *t, int64_t n, int64_t *dst) {
  * product G K - W sym(W^T G). The penalty beta ||W^T W - I||_F^2 is added by the
  * handlers once per context (ferry__ps_constraint_penalty), never per call. */
 
+ferry_status ferry__ps_saved_keep(ferry__ps_saved *sv, void *obj, void (*obj_free)(void *),
+                                  size_t n, const char *name) {
+    ferry_status st = saved_charge(sv, n, name);
+    if (st != FERRY_OK || sv->obj != NULL) {
+        obj_free(obj);
+        return st != FERRY_OK ? st : ferry_errorf(FERRY_ERR_INVALID, "%s kept twice", name);
+    }
+    sv->obj = obj;
+    sv->obj_free = obj_free;
+    sv->bytes += n;
+    return FERRY_OK;
+}
+
 int ferry__ps_constrained(const ferry__ps_module *m) {
     return m->cfg.constraint != FERRY_CONSTRAINT_NONE;
 }
@@ -176,6 +191,10 @@ ferry_status ferry__ps_constraint_penalty(const ferry__ps_module *m, ferry_grads
     *penalty = *feasibility = 0.0;
     if (!ferry__ps_constrained(m))
         return FERRY_OK;
+    if (m->kind->wire == FERRY_WIRE_KIND_LSTM) {
+        float *g = ferry_grads_dense(G, m->w);
+        return g != NULL ? ferry__ps_lstm_penalty(m, g, penalty, feasibility) : FERRY_ERR_NOMEM;
+    }
     /* The block's only constrained parameter is the weight: the block-wide pass adds
      * 4 beta W C(W) to its gradient (creating it when no Backward reached it). */
     return ferry_stiefel_add_penalty_grads(&m->P, G, penalty, feasibility);
@@ -186,6 +205,8 @@ ferry_status ferry__ps_constraint_metrics(const ferry__ps_module *m, double *pen
     *penalty = *feasibility = 0.0;
     if (!ferry__ps_constrained(m))
         return FERRY_OK;
+    if (m->kind->wire == FERRY_WIRE_KIND_LSTM)
+        return ferry__ps_lstm_penalty(m, NULL, penalty, feasibility);
     double sq = 0.0;
     ferry_status st =
         ferry_stiefel_penalty(m->P.be, m->rows, m->cols, ferry_params_data(&m->P, m->w),

@@ -54,6 +54,8 @@ typedef struct ferry__ps_module_config {
     ferry_constraint_kind constraint;   /* linear weight: NONE or STIEFEL */
     double beta;                        /* Stiefel penalty weight (0 without a constraint) */
     int polar;                          /* option polar=1: polar factor of the drawn weight */
+    int layers, first_layer;            /* lstm: K layers, the first one's index in the stack */
+    int64_t dropout_ppm;                /* lstm: dropout between its layers, in millionths */
 } ferry__ps_module_config;
 
 struct ferry__ps_ctx_table;
@@ -66,6 +68,8 @@ typedef struct ferry__ps_saved {
     int64_t N;
     ferry_rpc_tensor t[3]; /* owned: release(release_user) frees each */
     int nt;
+    void *obj; /* a kind's own saved state (lstm: its autograd context), obj_free'd */
+    void (*obj_free)(void *obj);
     size_t bytes;
     struct ferry__ps_ctx_table *table; /* the context charged, set by the handler */
     struct ferry__ps_ctx *ctx;
@@ -77,6 +81,10 @@ ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i
 /* A new owned uninitialised buffer of n bytes in the next slot (`name` for the
  * budget's message); *data receives it. */
 ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, const char *name, void **data);
+/* Keeps obj (freed by obj_free) holding n bytes, charged first; on failure obj is
+ * freed here. */
+ferry_status ferry__ps_saved_keep(ferry__ps_saved *sv, void *obj, void (*obj_free)(void *),
+                                  size_t n, const char *name);
 
 typedef struct ferry__ps_module ferry__ps_module;
 
@@ -94,6 +102,11 @@ typedef struct ferry__ps_kind {
     ferry_status (*backward)(ferry__ps_module *m, const Ferry__BackwardRequest *q,
                              ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                              ferry_rpc_msg *reply);
+    /* Optional. Frees m->impl. */
+    void (*destroy)(ferry__ps_module *m);
+    /* Optional. Option polar=1 on the drawn initial values (default: the weight's
+     * polar factor). */
+    ferry_status (*polar)(ferry__ps_module *m);
 } ferry__ps_kind;
 
 /* "embedding", "decoder", "linear": the contract's name of the kind. */
@@ -105,7 +118,12 @@ extern const ferry__ps_kind ferry__ps_kind_embedding;
 extern const ferry__ps_kind ferry__ps_kind_decoder;
 extern const ferry__ps_kind ferry__ps_kind_linear;
 extern const ferry__ps_kind ferry__ps_kind_dense;
+extern const ferry__ps_kind ferry__ps_kind_lstm;
 
+/* The lstm kind's Stiefel penalty over its layers' weight_hh (lstm.c): *penalty and
+ * *feasibility as ferry__ps_constraint_penalty; grad NULL measures only. */
+ferry_status ferry__ps_lstm_penalty(const ferry__ps_module *m, float *grad, double *penalty,
+                                    double *feasibility);
 struct ferry__ps_module {
     char name[FERRY_RPC_NAME_MAX];
     ferry__ps_module_config cfg;
@@ -121,6 +139,7 @@ struct ferry__ps_module {
     uint64_t version;            /* bumped by Step and SetParams, under the write lock */
     int64_t bytes;               /* weights + optimizer slots, as charged to the model budget */
     const ferry__ps_limits *lim; /* the server's budgets */
+    void *impl;                  /* the kind's own state (lstm) */
 };
 
 /* FERRY_ERR_RESOURCE unless `bytes` of one call's scratch fit the per-context budget. */

@@ -13,6 +13,7 @@
 #include "common/core/checked.h"
 #include "common/core/log.h"
 #include "common/nn/constraint.h" /* ferry_stiefel_polar */
+#include "ferry/nn.h" /* FERRY_LSTM_MAX_LAYERS */
 #include "server/ps-impl.h"
 
 /* ---- configuration ---- */
@@ -24,6 +25,7 @@ static const ferry__ps_kind *kind_find(const char *name) {
         [FERRY_WIRE_KIND_DECODER] = &ferry__ps_kind_decoder,
         [FERRY_WIRE_KIND_LINEAR] = &ferry__ps_kind_linear,
         [FERRY_WIRE_KIND_DENSE] = &ferry__ps_kind_dense,
+        [FERRY_WIRE_KIND_LSTM] = &ferry__ps_kind_lstm,
     };
     int k = ferry_wire_kind_find(name);
     return k >= 0 ? kinds[k] : NULL;
@@ -40,8 +42,9 @@ static ferry_status parse_int(const char *key, const char *v, int64_t *out) {
     return FERRY_OK;
 }
 
-/* "key=value,key=value": bias (linear), weight_offset, bias_offset, polar. */
-static ferry_status parse_options(const char *opts, ferry__ps_module_config *c) {
+/* "key=value,key=value": bias (linear), weight_offset, bias_offset, polar; layers,
+ * first_layer and dropout_ppm (lstm). */
+static ferry_status parse_options(const char *opts, int lstm, ferry__ps_module_config *c) {
     char buf[256];
     if (strlen(opts) >= sizeof buf)
         return ferry_errorf(FERRY_ERR_INVALID, "options string longer than %zu bytes",
@@ -65,11 +68,22 @@ static ferry_status parse_options(const char *opts, ferry__ps_module_config *c) 
             c->bias_offset = x;
         else if (strcmp(kv, FERRY_WIRE_OPTION_NAME(POLAR)) == 0 && (x == 0 || x == 1))
             c->polar = (int)x;
+        else if (lstm && strcmp(kv, FERRY_WIRE_OPTION_NAME(LAYERS)) == 0 && x >= 1 &&
+                 x <= FERRY_LSTM_MAX_LAYERS)
+            c->layers = (int)x;
+        else if (lstm && strcmp(kv, FERRY_WIRE_OPTION_NAME(FIRST_LAYER)) == 0 && x >= 0 &&
+                 x < FERRY_LSTM_MAX_LAYERS)
+            c->first_layer = (int)x;
+        else if (lstm && strcmp(kv, FERRY_WIRE_OPTION_NAME(DROPOUT_PPM)) == 0 && x >= 0 &&
+                 x < 1000000)
+            c->dropout_ppm = x;
         else
             return ferry_errorf(FERRY_ERR_INVALID,
                                 "option %s=%lld is unknown or out of range (bias=0|1, "
-                                "weight_offset=N, bias_offset=N, polar=0|1)",
-                                kv, (long long)x);
+                                "weight_offset=N, bias_offset=N, polar=0|1; lstm: layers=1..%d, "
+                                "first_layer=0..%d, dropout_ppm=0..999999)",
+                                kv, (long long)x, FERRY_LSTM_MAX_LAYERS,
+                                FERRY_LSTM_MAX_LAYERS - 1);
     }
     return st;
 }
@@ -114,10 +128,12 @@ static ferry_status constraint_from_proto(const char *name, const Ferry__ModuleC
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "module '%s': unknown constraint kind '%s' (none | stiefel)", name,
                             k->kind);
-    if (ferry_wire_kind_find(p->kind) != FERRY_WIRE_KIND_LINEAR)
+    int kind = ferry_wire_kind_find(p->kind);
+    if (kind != FERRY_WIRE_KIND_LINEAR && kind != FERRY_WIRE_KIND_LSTM)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "module '%s': kind %s takes no constraint (a Stiefel constraint is "
-                            "implemented for the weight of a linear module only)",
+                            "implemented for the weight of a linear module and the weight_hh "
+                            "of an lstm module's layers)",
                             name, p->kind);
     if (!isfinite(k->beta) || k->beta < 0.0 || k->beta > 1e6)
         return ferry_errorf(FERRY_ERR_INVALID,
@@ -137,7 +153,7 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     const ferry__ps_kind *kind = kind_find(p->kind);
     if (kind == NULL)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "module '%s': unknown kind '%s' (embedding | decoder | linear | dense)", name,
+                            "module '%s': unknown kind '%s' (embedding | decoder | linear | dense | lstm)", name,
                             p->kind);
     (void)snprintf(c->kind, sizeof c->kind, "%s", p->kind);
     if (p->n_dims != 2 || p->dims[0] < 1 || p->dims[1] < 1 || p->dims[0] > INT32_MAX ||
@@ -148,7 +164,8 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     c->dims[0] = p->dims[0];
     c->dims[1] = p->dims[1];
     int linear = kind->wire == FERRY_WIRE_KIND_LINEAR;
-    int64_t R = linear ? c->dims[1] : c->dims[0]; /* global rows */
+    /* Global rows; an lstm module is one row, its packed layers. */
+    int64_t R = linear ? c->dims[1] : kind->wire == FERRY_WIRE_KIND_LSTM ? 1 : c->dims[0];
     /* row_begin and row_count come from the wire: checked without forming a sum
      * that could overflow. row_count 0 means "to the end". */
     c->row_begin = p->row_begin;
@@ -172,7 +189,19 @@ static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig
     c->bias = kind->wire != FERRY_WIRE_KIND_EMBEDDING && kind->wire != FERRY_WIRE_KIND_DENSE;
     int64_t cols = linear ? c->dims[0] : c->dims[1];
     c->bias_offset = (R * cols + 15) & ~(int64_t)15; /* as ferry_params_add lays it out */
-    st = parse_options(p->options, c);
+    int lstm = kind->wire == FERRY_WIRE_KIND_LSTM;
+    if (lstm) {
+        c->bias = 0;
+        c->layers = 1;
+    }
+    st = parse_options(p->options, lstm, c);
+    if (st == FERRY_OK && lstm && c->bias)
+        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': an lstm module's biases are its "
+                          "layers' (no option bias)", name);
+    if (st == FERRY_OK && lstm && c->first_layer + c->layers > FERRY_LSTM_MAX_LAYERS)
+        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': layers %d..%d outside 0..%d", name,
+                          c->first_layer, c->first_layer + c->layers - 1,
+                          FERRY_LSTM_MAX_LAYERS - 1);
     if (st == FERRY_OK && c->bias == 1 && kind->wire == FERRY_WIRE_KIND_DENSE)
         st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a dense module has no bias", name);
     if (st == FERRY_OK && c->bias == 0 && kind->wire == FERRY_WIRE_KIND_DECODER)
@@ -232,6 +261,9 @@ static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_
                         b->constraint == FERRY_CONSTRAINT_STIEFEL ? "stiefel" : "none");
     DIFF_F(beta, "constraint.beta")
     DIFF_I(polar, "polar")
+    DIFF_I(layers, "layers")
+    DIFF_I(first_layer, "first_layer")
+    DIFF_I(dropout_ppm, "dropout_ppm")
     if (a->optim.kind != b->optim.kind)
         return diff_str(buf, cap, "optimizer", ferry_optim_kind_name(a->optim.kind),
                         ferry_optim_kind_name(b->optim.kind));
@@ -254,6 +286,8 @@ static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_
 static void module_destroy(ferry__ps_module *m) {
     if (m == NULL)
         return;
+    if (m->kind != NULL && m->kind->destroy != NULL)
+        m->kind->destroy(m);
     ferry_optim_destroy(m->opt);
     ferry_params_deinit(&m->P);
     pthread_rwlock_destroy(&m->lock);
@@ -366,7 +400,10 @@ static ferry_status module_build(ferry__ps_registry *r, const char *name,
      * A(W) = W and the penalty is 0), unless the request sends the weight, which is
      * then used exactly as given. */
     if (c->polar && ferry_rpc_msg_find(req, FERRY_WIRE_PARAM_NAME(WEIGHT)) == NULL &&
-        (st = ferry_stiefel_polar(m->rows, m->cols, ferry_params_data(&m->P, m->w))) != FERRY_OK)
+        (st = m->kind->polar != NULL
+                  ? m->kind->polar(m)
+                  : ferry_stiefel_polar(m->rows, m->cols, ferry_params_data(&m->P, m->w))) !=
+            FERRY_OK)
         goto fail;
     if ((st = module_set_initial(m, req)) != FERRY_OK)
         goto fail;

@@ -49,7 +49,7 @@ static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M) {
     CHECK_OK(ferry_dist_ctx_create(r->cl, &r->dc));
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
     oc.lr = LR;
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0};
+    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL};
     CHECK_OK(ferry_lm_create_placed(be, mc, &pl, &r->lm));
     CHECK_OK(ferry_lm_set_micro_batches(r->lm, M));
     CHECK_OK(ferry_optim_create(&r->lm->P, &oc, &r->opt));

@@ -61,6 +61,7 @@ static const cfg_key keys[] = {
     F("patience", K_INT, patience, 1),
     F("seed", K_I64, seed, 1),
     E("decoder-mode", decoder_mode, 1, "logits|sharded-softmax"),
+    F("stages", K_STR, stages, 1),
     F("world", K_INT, world, 1),
     F("job", K_STR, job, 1),
     F("sync", K_STR, sync, 1),

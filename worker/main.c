@@ -154,6 +154,9 @@ int main(int argc, char **argv) {
          .max = 64, .metavar = "M",
          .help = "with --ps: split each window's time steps into M micro-batches that "
                  "pipeline through the trainer's LSTM and ferry-ps's decoder (1: none)"},
+        {.name = "stages", .type = FERRY_FLAG_STRING, .ptr = &cfg.stages, .metavar = "SPEC",
+         .help = "with --ps: where the LSTM's layers run, as groups from layer 0 up, e.g. "
+                 "ps1:2,local:1 (layers 0-1 on the second server, layer 2 here)"},
         {.name = "deadline-ms", .type = FERRY_FLAG_INT64, .ptr = &cfg.deadline_ms, .min = 1,
          .max = 3.6e6, .help = "deadline of every remote call"},
         {.name = "log-level", .type = FERRY_FLAG_ENUM, .ptr = &log_level,
@@ -268,6 +271,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ferry-trainer: --micro-batches %d needs --ps and --decoder-mode "
                         "sharded-softmax (the pipeline overlaps the trainer's LSTM with "
                         "ferry-ps's decoder)\n", cfg.micro_batches);
+        return 2;
+    }
+    if (cfg.stages != NULL && cfg.stages[0] != '\0' && cfg.ps == NULL) {
+        fprintf(stderr, "ferry-trainer: --stages %s needs --ps (the servers that run the "
+                        "layers placed on them)\n", cfg.stages);
         return 2;
     }
     if (cfg.checkpoint_every > 0 && cfg.save == NULL) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/tensor/backend.h"
 #include "ferry/ferry.h"
@@ -28,6 +29,176 @@ static ferry_status lm_declare_full(ferry_lm *lm, ferry_params *P) {
         FERRY_OK)
         return st;
     return ferry_linear_init(&lm->dec, P, "decoder", cfg->H, cfg->V, 1);
+}
+
+/* ---- model parallelism: the stack's layers in groups ---- */
+
+/* "local:2,ps0:1,ps1:1" -> groups; every layer once, in order. */
+static ferry_status parse_stages(ferry_lm *lm, const char *spec, int nservers) {
+    int L = lm->cfg.L, next = 0;
+    lm->ngroups = 0;
+    if (spec == NULL || spec[0] == '\0') {
+        lm->groups[0] = (ferry_lm_group){.first = 0, .count = L, .server = -1};
+        lm->ngroups = 1;
+        return FERRY_OK;
+    }
+    char buf[256];
+    if (strlen(spec) >= sizeof buf)
+        return ferry_errorf(FERRY_ERR_INVALID, "--stages '%.40s...' is too long", spec);
+    memcpy(buf, spec, strlen(spec) + 1);
+    for (char *save = NULL, *it = strtok_r(buf, ",", &save); it != NULL;
+         it = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(it, ':'), *end;
+        if (colon == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "--stages: '%s' is not WHERE:LAYERS "
+                                "(e.g. ps0:2,local:1)", it);
+        *colon = '\0';
+        long k = strtol(colon + 1, &end, 10);
+        int server = -1;
+        if (strcmp(it, "local") != 0) {
+            char *e2;
+            long sv = strncmp(it, "ps", 2) == 0 ? strtol(it + 2, &e2, 10) : -1;
+            if (sv < 0 || it[2] == '\0' || *e2 != '\0')
+                return ferry_errorf(FERRY_ERR_INVALID, "--stages: '%s' is neither 'local' nor "
+                                    "psI (a server of --ps, from ps0)", it);
+            if (sv >= nservers)
+                return ferry_errorf(FERRY_ERR_INVALID, "--stages: ps%ld, but --ps names %d "
+                                    "server%s", sv, nservers, nservers == 1 ? "" : "s");
+            server = (int)sv;
+        }
+        if (*end != '\0' || k < 1 || k > L - next)
+            return ferry_errorf(FERRY_ERR_INVALID, "--stages: %s:%s — %d of the %d layers are "
+                                "left for it", it, colon + 1, L - next, L);
+        if (lm->ngroups == FERRY_NODE_MAX_IO)
+            return ferry_errorf(FERRY_ERR_INVALID, "--stages: at most %d groups",
+                                FERRY_NODE_MAX_IO);
+        lm->groups[lm->ngroups++] = (ferry_lm_group){.first = next, .count = (int)k,
+                                                     .server = server};
+        next += (int)k;
+    }
+    if (next != L)
+        return ferry_errorf(FERRY_ERR_INVALID, "--stages places %d of the %d layers (--nlayers)",
+                            next, L);
+    return FERRY_OK;
+}
+
+static int lm_all_local(const ferry_lm *lm) {
+    return lm->ngroups == 1 && lm->groups[0].server < 0;
+}
+
+/* Rows [first, first + count) of t (L, B, H) as a tensor of ctx, and a node that
+ * hands the gradient back to those rows. */
+typedef struct rows_node {
+    int64_t first, count, BH;
+} rows_node;
+
+static ferry_status slice_backward(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
+                                   ferry_tensor **grad_in) {
+    rows_node *r = saved;
+    if (grad_in[0] == NULL || grad_out[0] == NULL)
+        return FERRY_OK;
+    return ferry_backend_axpy(ferry_ctx_backend(ctx), r->count * r->BH, 1.0f,
+                              ferry_tensor_f32(grad_out[0]),
+                              ferry_tensor_f32(grad_in[0]) + r->first * r->BH);
+}
+
+static ferry_status rows_of(ferry_ctx *ctx, const ferry_tensor *t, int first, int count,
+                            ferry_tensor **out) {
+    int64_t BH = t->shape.dim[1] * t->shape.dim[2];
+    ferry_status st = ferry_ctx_tensor(
+        ctx, FERRY_DTYPE_F32, ferry_shape_3d(count, t->shape.dim[1], t->shape.dim[2]), out);
+    if (st == FERRY_OK)
+        st = ferry_backend_copy(ferry_ctx_backend(ctx), (*out)->data,
+                                ferry_tensor_f32(t) + first * BH,
+                                (size_t)(count * BH) * sizeof(float), FERRY_COPY_DEVICE_TO_DEVICE);
+    if (st != FERRY_OK || !ferry_ctx_training(ctx))
+        return st;
+    rows_node *r = ferry_ctx_host_alloc(ctx, sizeof *r);
+    if (r == NULL)
+        return FERRY_ERR_NOMEM;
+    *r = (rows_node){first, count, BH};
+    ferry_tensor *in = (ferry_tensor *)(uintptr_t)t;
+    return ferry_ctx_record(ctx, slice_backward, r, 1, &in, 1, out);
+}
+
+/* The groups' final states (count_g, B, H) stacked into (L, B, H). */
+typedef struct stack_node {
+    int n;
+    int64_t rows[FERRY_NODE_MAX_IO], BH;
+} stack_node;
+
+static ferry_status stack_backward(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
+                                   ferry_tensor **grad_in) {
+    stack_node *k = saved;
+    ferry_status st = FERRY_OK;
+    for (int i = 0, at = 0; i < k->n && st == FERRY_OK; at += (int)k->rows[i], i++) {
+        if (grad_in[i] != NULL)
+            st = ferry_backend_axpy(ferry_ctx_backend(ctx), k->rows[i] * k->BH, 1.0f,
+                                    ferry_tensor_f32(grad_out[0]) + at * k->BH,
+                                    ferry_tensor_f32(grad_in[i]));
+    }
+    return st;
+}
+
+static ferry_status stack_rows(ferry_ctx *ctx, int n, ferry_tensor *const *parts, int64_t L,
+                               ferry_tensor **out) {
+    int64_t B = parts[0]->shape.dim[1], H = parts[0]->shape.dim[2], BH = B * H;
+    ferry_status st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(L, B, H), out);
+    stack_node *k = ferry_ctx_host_alloc(ctx, sizeof *k);
+    if (st == FERRY_OK && k == NULL)
+        st = FERRY_ERR_NOMEM;
+    for (int i = 0, at = 0; i < n && st == FERRY_OK; at += (int)parts[i]->shape.dim[0], i++) {
+        k->rows[i] = parts[i]->shape.dim[0];
+        st = ferry_backend_copy(ferry_ctx_backend(ctx), ferry_tensor_f32(*out) + at * BH,
+                                parts[i]->data, ferry_tensor_nbytes(parts[i]),
+                                FERRY_COPY_DEVICE_TO_DEVICE);
+    }
+    if (st != FERRY_OK || !ferry_ctx_training(ctx))
+        return st;
+    k->n = n;
+    k->BH = BH;
+    return ferry_ctx_record(ctx, stack_backward, k, n, parts, 1, out);
+}
+
+ferry_status ferry_lm_stack_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
+                                    const ferry_tensor *x, const ferry_tensor *h_in,
+                                    const ferry_tensor *c_in, int flags, ferry_tensor **y,
+                                    ferry_tensor **hn, ferry_tensor **cn) {
+    int carry = (flags & FERRY_LM_CARRY) != 0;
+    if (lm_all_local(lm)) /* the plain stack, exactly as before groups */
+        return ferry_lstm_forward(&lm->groups[0].rnn, ctx, x, h_in, c_in, NULL, y, hn, cn);
+    float p = ferry_ctx_training(ctx) ? lm->cfg.dropout : 0.0f;
+    uint64_t stream = lm->stream + (ferry_ctx_training(ctx) ? 0 : 1);
+    ferry_tensor *hs[FERRY_NODE_MAX_IO], *cs[FERRY_NODE_MAX_IO];
+    const ferry_tensor *in = x;
+    ferry_status st = FERRY_OK;
+    for (int g = 0; g < lm->ngroups && st == FERRY_OK; g++) {
+        ferry_lm_group *G = &lm->groups[g];
+        ferry_tensor *h0 = NULL, *c0 = NULL, *out;
+        /* A remote group whose server holds this very state starts from it there. */
+        int from_stream = G->server >= 0 && (flags & FERRY_LM_CARRIED) && lm->synced == stream;
+        if (!from_stream &&
+            ((st = rows_of(ctx, h_in, G->first, G->count, &h0)) != FERRY_OK ||
+             (st = rows_of(ctx, c_in, G->first, G->count, &c0)) != FERRY_OK))
+            break;
+        if (G->server < 0)
+            st = ferry_lstm_forward(&G->rnn, ctx, in, h0, c0, NULL, &out, &hs[g], &cs[g]);
+        else
+            st = ferry_dist_lstm_forward(G->remote, dc, ctx, stream,
+                                         carry ? FERRY_DIST_LSTM_CARRY : 0, in, h0, c0, &out,
+                                         &hs[g], &cs[g]);
+        if (st == FERRY_OK && g + 1 < lm->ngroups) /* the last layer's dropout is the model's */
+            st = ferry_dropout_forward(ctx, p, out, &out);
+        in = out;
+    }
+    if (st != FERRY_OK)
+        return st;
+    *y = (ferry_tensor *)(uintptr_t)in;
+    if ((st = stack_rows(ctx, lm->ngroups, hs, lm->cfg.L, hn)) != FERRY_OK)
+        return st;
+    if (carry)
+        lm->synced = stream;
+    return stack_rows(ctx, lm->ngroups, cs, lm->cfg.L, cn);
 }
 
 /* Replaces a constrained weight_hh by its orthogonal polar factor, as cdopt does
@@ -59,8 +230,59 @@ static ferry_status lm_init_local(ferry_lm *lm, const ferry_params *full) {
         st = ferry_params_init_uniform_at(&lm->P, i, cfg->init_scale, cfg->seed,
                                           full->items[j].offset);
     }
-    for (int l = 0; l < cfg->L && st == FERRY_OK && cfg->stiefel_beta > 0.0f; l++)
-        st = lm_polar_init(lm, lm->rnn.w_hh[l]);
+    for (int g = 0; g < lm->ngroups && st == FERRY_OK && cfg->stiefel_beta > 0.0f; g++) {
+        for (int l = 0; l < lm->groups[g].count && st == FERRY_OK && lm->groups[g].server < 0; l++)
+            st = lm_polar_init(lm, lm->groups[g].rnn.w_hh[l]);
+    }
+    return st;
+}
+
+/* A remote group: its lstm module on its server, starting from the values its
+ * layers have in the whole model (drawn at their offsets in the full layout, the
+ * constrained weight_hh at their polar factor), sent as its packed block. */
+static ferry_status lm_create_group(ferry_lm *lm, ferry_lm_group *G, const ferry_params *full,
+                                    const ferry_lm_placement *pl) {
+    const ferry_lm_config *cfg = &lm->cfg;
+    ferry_lstm rnn;
+    ferry_params_init(&G->view, lm->be);
+    int64_t C = G->first == 0 ? cfg->E : cfg->H;
+    ferry_status st = ferry_lstm_init_from(&rnn, &G->view, "lstm", C, cfg->H, G->count,
+                                           cfg->dropout, G->first);
+    if (st != FERRY_OK)
+        return st;
+    ferry_params init;
+    ferry_lstm irnn;
+    ferry_params_init(&init, ferry_backend_cpu());
+    if ((st = ferry_lstm_init_from(&irnn, &init, "lstm", C, cfg->H, G->count, cfg->dropout,
+                                   G->first)) == FERRY_OK)
+        st = ferry_params_alloc(&init);
+    for (int i = 0; i < init.count && st == FERRY_OK; i++) {
+        int j = ferry_params_find(full, init.items[i].name);
+        FERRY_ASSERT(j >= 0);
+        st = ferry_params_init_uniform_at(&init, i, cfg->init_scale, cfg->seed,
+                                          full->items[j].offset);
+    }
+    for (int l = 0; l < G->count && st == FERRY_OK && cfg->stiefel_beta > 0.0f; l++) {
+        const ferry_param *p = &init.items[irnn.w_hh[l]];
+        st = ferry_stiefel_polar(p->shape.dim[0], p->shape.dim[1], init.data + p->offset);
+    }
+    char name[FERRY_PARAM_NAME_MAX];
+    (void)snprintf(name, sizeof name, "lstm_l%d-%d", G->first, G->first + G->count - 1);
+    ferry_remote_config rc;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_LSTM, name, C, cfg->H);
+    rc.server = G->server;
+    rc.layers = G->count;
+    rc.first_layer = G->first;
+    rc.dropout = cfg->dropout;
+    rc.optim = pl->optim;
+    rc.init_weight = init.data;
+    if (cfg->stiefel_beta > 0.0f) {
+        rc.constraint.kind = FERRY_REMOTE_CONSTRAINT_STIEFEL;
+        rc.constraint.beta = cfg->stiefel_beta;
+    }
+    if (st == FERRY_OK)
+        st = ferry_remote_create(pl->cluster, &rc, &G->remote);
+    ferry_params_deinit(&init);
     return st;
 }
 
@@ -154,29 +376,56 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
     ferry_params_init(&lm->P, be);
     if ((st = lm_declare_full(lm, &full)) != FERRY_OK)
         goto fail;
+    if ((st = parse_stages(lm, placement != NULL ? placement->stages : NULL,
+                           placement != NULL ? ferry_cluster_size(placement->cluster) : 0)) !=
+        FERRY_OK)
+        goto fail;
+    if (!lm_all_local(lm) && placement->job != NULL) {
+        st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "--stages in a data-parallel job (--world) is "
+                          "not supported: a job replicates the whole LSTM on every rank");
+        goto fail;
+    }
     if (placement == NULL) {
         if ((st = lm_declare_full(lm, &lm->P)) != FERRY_OK)
             goto fail;
+        lm->groups[0].rnn = lm->rnn;
     } else {
         /* The local embedding and decoder only served to learn the full layout. */
         memset(&lm->emb, 0, sizeof lm->emb);
         memset(&lm->dec, 0, sizeof lm->dec);
-        if ((st = ferry_lstm_init(&lm->rnn, &lm->P, "lstm", cfg->E, cfg->H, cfg->L,
-                                  cfg->dropout)) != FERRY_OK)
-            goto fail;
+        memset(&lm->rnn, 0, sizeof lm->rnn);
+        for (int g = 0; g < lm->ngroups; g++) {
+            ferry_lm_group *G = &lm->groups[g];
+            if (G->server >= 0)
+                continue;
+            if ((st = ferry_lstm_init_from(&G->rnn, &lm->P, "lstm", G->first == 0 ? cfg->E : cfg->H,
+                                           cfg->H, G->count, cfg->dropout, G->first)) != FERRY_OK)
+                goto fail;
+        }
+        if (lm_all_local(lm))
+            lm->rnn = lm->groups[0].rnn;
     }
-    for (int l = 0; l < cfg->L && cfg->stiefel_beta > 0.0f; l++) {
-        st = ferry_params_set_constraint(&lm->P, lm->rnn.w_hh[l], FERRY_CONSTRAINT_STIEFEL,
-                                         cfg->stiefel_beta);
-        if (st != FERRY_OK)
-            goto fail;
+    for (int g = 0; g < lm->ngroups && cfg->stiefel_beta > 0.0f; g++) {
+        for (int l = 0; l < lm->groups[g].count && lm->groups[g].server < 0; l++) {
+            st = ferry_params_set_constraint(&lm->P, lm->groups[g].rnn.w_hh[l],
+                                             FERRY_CONSTRAINT_STIEFEL, cfg->stiefel_beta);
+            if (st != FERRY_OK)
+                goto fail;
+        }
     }
+    /* The servers' carried states: even keys for training, the next for evaluation. */
+    lm->stream = (((uint64_t)(ferry_now() * 1e9) * 0x9E3779B97F4A7C15ull) ^ (uint64_t)getpid()) & ~1ull;
     if ((st = ferry_params_alloc(&lm->P)) != FERRY_OK || (st = lm_init_local(lm, &full)) != FERRY_OK)
         goto fail;
     if (placement != NULL) {
         lm->decoder_mode = placement->decoder_mode;
         if ((st = lm_create_remote(lm, &full, placement)) != FERRY_OK)
             goto fail;
+        for (int g = 0; g < lm->ngroups; g++) {
+            if (lm->groups[g].server >= 0 &&
+                (st = lm_create_group(lm, &lm->groups[g], &full, placement)) != FERRY_OK)
+                goto fail;
+        }
     }
     ferry_params_deinit(&full);
     *out = lm;
@@ -197,6 +446,10 @@ void ferry_lm_destroy(ferry_lm *lm) {
     ferry_remote_destroy(lm->emb_remote);
     ferry_remote_destroy(lm->dec_remote);
     ferry_remote_destroy(lm->dense_remote);
+    for (int g = 0; g < lm->ngroups; g++) {
+        ferry_remote_destroy(lm->groups[g].remote);
+        ferry_params_deinit(&lm->groups[g].view);
+    }
     ferry_lm_pipe_destroy(lm->pipe);
     free(lm->stage);
     ferry_tensor_destroy(lm->h);
@@ -220,6 +473,7 @@ ferry_status ferry_lm_set_micro_batches(ferry_lm *lm, int M) {
 
 ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B) {
     ferry_shape s = ferry_shape_3d(lm->cfg.L, B, lm->cfg.H);
+    lm->synced = 0; /* the servers' streams no longer hold this state */
     if (lm->h == NULL || lm->B != B) {
         ferry_tensor_destroy(lm->h);
         ferry_tensor_destroy(lm->c);
@@ -278,8 +532,8 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
         return st; /* (T, B, E) */
     if ((st = ferry_dropout_forward(ctx, p, x, &xd)) != FERRY_OK)
         return st;
-    if ((st = ferry_lstm_forward(&lm->rnn, ctx, xd, lm->h, lm->c, NULL, &y, &hn, &cn)) !=
-        FERRY_OK)
+    if ((st = ferry_lm_stack_forward(lm, ctx, dc, xd, lm->h, lm->c,
+                                     FERRY_LM_CARRIED | FERRY_LM_CARRY, &y, &hn, &cn)) != FERRY_OK)
         return st; /* y (T, B, H); hn, cn (L, B, H) */
     if ((st = ferry_dropout_forward(ctx, p, y, &yd)) != FERRY_OK)
         return st;
@@ -451,11 +705,32 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
 /* ---- metrics ---- */
 
 ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out) {
-    for (int l = 0; l < lm->cfg.L; l++) {
-        const ferry_param *p = &lm->P.items[lm->rnn.w_hh[l]];
-        ferry_status st = ferry_stiefel_feasibility(lm->be, p->shape.dim[0], p->shape.dim[1],
-                                                    ferry_params_data(&lm->P, lm->rnn.w_hh[l]),
-                                                    &out[l], NULL);
+    for (int g = 0; g < lm->ngroups; g++) {
+        const ferry_lm_group *G = &lm->groups[g];
+        if (G->server < 0) {
+            for (int l = 0; l < G->count; l++) {
+                const ferry_param *p = &lm->P.items[G->rnn.w_hh[l]];
+                ferry_status st = ferry_stiefel_feasibility(
+                    lm->be, p->shape.dim[0], p->shape.dim[1],
+                    ferry_params_data(&lm->P, G->rnn.w_hh[l]), &out[G->first + l], NULL);
+                if (st != FERRY_OK)
+                    return st;
+            }
+            continue;
+        }
+        /* A remote group's weights, as its server holds them now. */
+        float *w = malloc((size_t)G->view.numel * sizeof *w);
+        if (w == NULL)
+            return FERRY_ERR_NOMEM;
+        ferry_status st = ferry_remote_get_params(G->remote, "weight", 0, 1, w);
+        for (int l = 0; l < G->count && st == FERRY_OK; l++) {
+            char name[FERRY_PARAM_NAME_MAX];
+            (void)snprintf(name, sizeof name, "lstm.weight_hh_l%d", G->first + l);
+            const ferry_param *p = &G->view.items[ferry_params_find(&G->view, name)];
+            st = ferry_stiefel_feasibility(ferry_backend_cpu(), p->shape.dim[0], p->shape.dim[1],
+                                           w + p->offset, &out[G->first + l], NULL);
+        }
+        free(w);
         if (st != FERRY_OK)
             return st;
     }

@@ -49,14 +49,34 @@ typedef struct ferry_lm_placement {
     /* A job resuming from a checkpoint: the modules are made where missing, but no
      * rank initialises, says ready or waits; the roll-back sets their values. */
     int resume;
+    /* Model parallelism: where the LSTM's layers run, as consecutive groups
+     * "WHERE:K,WHERE:K,..." from layer 0 up, WHERE being "local" (this trainer) or
+     * "psI" (server I of the cluster, an lstm module); the counts add up to the
+     * layers. NULL or "": all local. */
+    const char *stages;
 } ferry_lm_placement;
+
+/* A group of consecutive LSTM layers, run here or on a server. */
+typedef struct ferry_lm_group {
+    int first, count; /* layers [first, first + count) of the stack */
+    int server;       /* -1: this trainer; else the cluster's server index */
+    ferry_lstm rnn;   /* local: its layers, in ferry_lm.P */
+    ferry_remote *remote; /* remote: the lstm module */
+    ferry_params view;    /* remote: its packed parameter layout (not allocated) */
+} ferry_lm_group;
 
 typedef struct ferry_lm {
     ferry_lm_config cfg;
     ferry_backend *be;
     ferry_params P;      /* local parameters: everything, or the LSTM alone */
     ferry_embedding emb; /* local placement */
-    ferry_lstm rnn;
+    ferry_lstm rnn;      /* the whole stack's layout (local: group 0's layers are these) */
+    ferry_lm_group groups[FERRY_LSTM_MAX_LAYERS];
+    int ngroups;
+    /* Remote groups carry their state on the servers, in stream `stream` (training)
+     * or stream + 1 (evaluation); synced is the stream whose state equals h, c (0:
+     * none, so the next window sends h and c with the call). */
+    uint64_t stream, synced;
     ferry_linear dec;    /* local placement */
     ferry_remote *emb_remote, *dec_remote; /* distributed placement */
     ferry_remote *dense_remote;            /* data-parallel job: the LSTM block */
@@ -124,6 +144,18 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
  * (before evaluating or saving: a step's pull happens at its start). FERRY_OK
  * without a job. */
 ferry_status ferry_lm_pull_dense(ferry_lm *lm);
+
+/* The LSTM stack over x (T, B, E) -> y (T, B, H), every group from its rows of h_in,
+ * c_in (L, B, H), recorded on ctx; the final state of every layer into hn, cn
+ * (L, B, H) tensors of ctx. Dropout between groups as between layers. Flags:
+ * FERRY_LM_CARRIED, h_in and c_in are the carried state (a remote group whose server
+ * holds it starts from it there, and they are not sent); FERRY_LM_CARRY, remote groups
+ * keep their final state for the next window. */
+enum { FERRY_LM_CARRIED = 1, FERRY_LM_CARRY = 2 };
+ferry_status ferry_lm_stack_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
+                                    const ferry_tensor *x, const ferry_tensor *h_in,
+                                    const ferry_tensor *c_in, int flags, ferry_tensor **y,
+                                    ferry_tensor **hn, ferry_tensor **cn);
 
 /* ||W^T W - I||_F of every layer's raw weight_hh, into out[0..L). */
 ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out);

@@ -212,8 +212,10 @@ static ferry_status chunk_forward(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx
         (st = ferry_ctx_require_grad(ctx, k->x)) != FERRY_OK)
         return st;
     if ((st = ferry_dropout_forward(ctx, pdrop, k->x, &xd)) != FERRY_OK ||
-        (st = ferry_lstm_forward(&lm->rnn, ctx, xd, h_in, c_in, NULL, &y, &k->h, &k->c)) !=
-            FERRY_OK ||
+        (st = ferry_lm_stack_forward(lm, ctx, p->dc, xd, h_in, c_in,
+                                     (c == 0 ? FERRY_LM_CARRIED : 0) |
+                                         (c == p->M - 1 ? FERRY_LM_CARRY : 0),
+                                     &y, &k->h, &k->c)) != FERRY_OK ||
         (st = ferry_dropout_forward(ctx, pdrop, y, &k->y)) != FERRY_OK)
         return st;
     k->end = ferry_ctx_tape_length(ctx);

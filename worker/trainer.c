@@ -747,7 +747,7 @@ static ferry_status trainer_setup(trainer *t) {
             return st;
         t->recover = as_job && cfg->checkpoint_every > 0;
         ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc, t->job,
-                                 t->job != NULL && cfg->load != NULL};
+                                 t->job != NULL && cfg->load != NULL, cfg->stages};
         st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
         if (st == FERRY_OK && t->job == NULL &&
             (!ferry_remote_created(t->lm->emb_remote) || !ferry_remote_created(t->lm->dec_remote)))
@@ -756,6 +756,24 @@ static ferry_status trainer_setup(trainer *t) {
                            "fresh model)");
         FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
                        cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
+        if (st == FERRY_OK && (t->lm->ngroups > 1 || t->lm->groups[0].server >= 0)) {
+            char line[512];
+            int n = 0;
+            for (int g = 0; g < t->lm->ngroups && n >= 0 && (size_t)n < sizeof line; g++) {
+                const ferry_lm_group *G = &t->lm->groups[g];
+                char layers[32];
+                if (G->count == 1)
+                    (void)snprintf(layers, sizeof layers, "layer %d", G->first);
+                else
+                    (void)snprintf(layers, sizeof layers, "layers %d-%d", G->first,
+                                   G->first + G->count - 1);
+                n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %s", g ? ", " : "",
+                              layers,
+                              G->server < 0 ? "here"
+                                            : ferry_cluster_target(t->cluster, G->server));
+            }
+            FERRY_LOG_INFO("stages: embedding and decoder on the servers, %s", line);
+        }
     } else {
         st = ferry_lm_create(t->be, &mc, &t->lm);
     }

@@ -16,7 +16,7 @@
 ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
                                const ferry_dist_ctx *dc, int need_ctx) {
     static const char *const names[] = {"an embedding", "a decoder", "a linear module",
-                                        "a dense module"};
+                                        "a dense module", "an lstm module"};
     if (m->kind != kind)
         return ferry_errorf(FERRY_ERR_INVALID, "%s: module '%s' is not %s", what, m->name,
                             names[kind]);

@@ -44,6 +44,8 @@ struct ferry_remote {
     int nshards;
     ferry__dist_shard *shards; /* (nshards), by ascending rows */
     int created;               /* shards this create made new */
+    int layers;                /* lstm: K */
+    float dropout;             /* lstm: between its layers */
 };
 
 enum {
@@ -51,7 +53,8 @@ enum {
     FERRY__DIST_XENT,
     FERRY__DIST_LOGITS,
     FERRY__DIST_LINEAR,
-    FERRY__DIST_DENSE
+    FERRY__DIST_DENSE,
+    FERRY__DIST_LSTM
 };
 
 /* A job this process is a rank of (ferry_job_join). */
@@ -73,6 +76,8 @@ typedef struct ferry__dist_call {
     int64_t *shard_count; /* embedding: (nshards) distinct ids per shard, grouped by shard */
     int32_t *slot;        /* embedding: (n) position of ids[i] in the grouped distinct list */
     float *factor;        /* xent: (k, N) softmax factor per shard and row */
+    int64_t T, B;         /* lstm: the call's steps and columns */
+    int explicit_state;   /* lstm: h0 and c0 were sent */
     struct ferry__dist_call *next;
 } ferry__dist_call;
 

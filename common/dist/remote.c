@@ -1,6 +1,7 @@
 /* remote.c - remote modules: the placement of a module's shards over the cluster
  * (row ranges for embedding and decoder, one server for linear), CreateModule on
  * every shard concurrently, and reading or writing parameter rows across shards. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,13 +9,15 @@
 #include "common/dist/dist.h"
 #include "ferry.pb-c.h"
 #include "common/core/log.h"
+#include "ferry/nn.h"
 #include "ferry/optim.h"
 
 /* The public kinds are the contract's, in its order. */
 _Static_assert(FERRY_REMOTE_EMBEDDING == (int)FERRY_WIRE_KIND_EMBEDDING &&
                    FERRY_REMOTE_DECODER == (int)FERRY_WIRE_KIND_DECODER &&
                    FERRY_REMOTE_LINEAR == (int)FERRY_WIRE_KIND_LINEAR &&
-                   FERRY_REMOTE_DENSE == (int)FERRY_WIRE_KIND_DENSE,
+                   FERRY_REMOTE_DENSE == (int)FERRY_WIRE_KIND_DENSE &&
+                   FERRY_REMOTE_LSTM == (int)FERRY_WIRE_KIND_LSTM,
                "ferry_remote_kind follows ferry_wire_kind");
 #define kind_name(k) (ferry_wire_kinds[k].name)
 
@@ -36,19 +39,29 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
     if (cfg->name == NULL || cfg->name[0] == '\0' || strlen(cfg->name) >= FERRY_RPC_NAME_MAX)
         return ferry_errorf(FERRY_ERR_INVALID, "remote module needs a name of 1..%d bytes",
                             FERRY_RPC_NAME_MAX - 1);
-    if ((int)cfg->kind < 0 || cfg->kind > FERRY_REMOTE_DENSE)
+    if ((int)cfg->kind < 0 || cfg->kind > FERRY_REMOTE_LSTM)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown kind %d", cfg->name,
                             (int)cfg->kind);
     if (cfg->dims[0] < 1 || cfg->dims[1] < 1 || cfg->dims[0] > INT32_MAX ||
         cfg->dims[1] > INT32_MAX)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': dims [%lld, %lld] out of range",
                             cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
-    if (cfg->kind != FERRY_REMOTE_LINEAR && cfg->dims[0] < c->n)
+    int one = cfg->kind == FERRY_REMOTE_LINEAR || cfg->kind == FERRY_REMOTE_LSTM;
+    if (!one && cfg->dims[0] < c->n)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': %lld rows cannot be split over %d "
                             "servers",
                             cfg->name, (long long)cfg->dims[0], c->n);
-    if (cfg->kind == FERRY_REMOTE_LINEAR && (cfg->server < -1 || cfg->server >= c->n))
+    if (cfg->kind == FERRY_REMOTE_LSTM &&
+        (cfg->layers < 0 || cfg->layers > FERRY_LSTM_MAX_LAYERS || cfg->first_layer < 0 ||
+         cfg->first_layer + (cfg->layers ? cfg->layers : 1) > FERRY_LSTM_MAX_LAYERS ||
+         !(cfg->dropout >= 0.0f && cfg->dropout < 1.0f)))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': lstm layers %d from %d (1..%d in all) or dropout %g "
+                            "out of range",
+                            cfg->name, cfg->layers, cfg->first_layer, FERRY_LSTM_MAX_LAYERS,
+                            (double)cfg->dropout);
+    if (one && (cfg->server < -1 || cfg->server >= c->n))
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': server %d outside [0, %d)", cfg->name,
                             cfg->server, c->n);
     if (!(cfg->init_scale >= 0.0f))
@@ -74,11 +87,12 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
 /* Row ranges: shard s of k owns [s*R/k, (s+1)*R/k). */
 static ferry_status place(ferry_remote *m, const ferry_remote_config *cfg) {
     ferry_cluster *c = m->c;
-    m->nshards = m->kind == FERRY_REMOTE_LINEAR ? 1 : c->n;
+    int one = m->kind == FERRY_REMOTE_LINEAR || m->kind == FERRY_REMOTE_LSTM;
+    m->nshards = one ? 1 : c->n;
     m->shards = calloc((size_t)m->nshards, sizeof *m->shards);
     if (m->shards == NULL)
         return FERRY_ERR_NOMEM;
-    if (m->kind == FERRY_REMOTE_LINEAR) {
+    if (one) {
         uint64_t h = 1469598103934665603ull; /* FNV-1a of the name */
         for (const char *p = m->name; *p != '\0'; p++)
             h = (h ^ (unsigned char)*p) * 1099511628211ull;
@@ -130,8 +144,14 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
         n += snprintf(options + n, sizeof options - (size_t)n, ",%s=%lld",
                       FERRY_WIRE_OPTION_NAME(BIAS_OFFSET), (long long)cfg->bias_offset);
     if (cfg->constraint.polar_init)
-        (void)snprintf(options + n, sizeof options - (size_t)n, ",%s=1",
-                       FERRY_WIRE_OPTION_NAME(POLAR));
+        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=1",
+                      FERRY_WIRE_OPTION_NAME(POLAR));
+    if (m->kind == FERRY_REMOTE_LSTM) /* its biases are its layers' */
+        (void)snprintf(options, sizeof options, "%s=%d,%s=%d,%s=%ld%s",
+                       FERRY_WIRE_OPTION_NAME(LAYERS), cfg->layers > 0 ? cfg->layers : 1,
+                       FERRY_WIRE_OPTION_NAME(FIRST_LAYER), cfg->first_layer,
+                       FERRY_WIRE_OPTION_NAME(DROPOUT_PPM), lrint((double)cfg->dropout * 1e6),
+                       cfg->constraint.polar_init ? ",polar=1" : "");
     /* Sent only for a constrained module, so an unconstrained one's config (and the
      * checkpoints holding it) reads as before. */
     Ferry__Constraint con;
@@ -145,8 +165,9 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     mc.kind = (char *)(uintptr_t)kind_name(m->kind);
     mc.n_dims = 2;
     mc.dims = (int64_t *)(uintptr_t)cfg->dims;
-    mc.row_begin = m->kind == FERRY_REMOTE_LINEAR ? 0 : sh->row_begin;
-    mc.row_count = m->kind == FERRY_REMOTE_LINEAR ? 0 : sh->row_count;
+    int one = m->kind == FERRY_REMOTE_LINEAR || m->kind == FERRY_REMOTE_LSTM;
+    mc.row_begin = one ? 0 : sh->row_begin;
+    mc.row_count = one ? 0 : sh->row_count;
     mc.init_seed = cfg->init_seed;
     mc.init_scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
     mc.optimizer = &opt;
@@ -191,6 +212,17 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
                                                  : 0;
     m->rows = cfg->kind == FERRY_REMOTE_LINEAR ? cfg->dims[1] : cfg->dims[0];
     m->cols = cfg->kind == FERRY_REMOTE_LINEAR ? cfg->dims[0] : cfg->dims[1];
+    if (cfg->kind == FERRY_REMOTE_LSTM) { /* one row: the packed layers */
+        m->layers = cfg->layers > 0 ? cfg->layers : 1;
+        m->dropout = cfg->dropout;
+        m->rows = 1;
+        m->cols = ferry_remote_lstm_numel(cfg->dims[0], cfg->dims[1], m->layers);
+        if (m->cols <= 0) {
+            free(m);
+            return ferry_errorf(FERRY_ERR_INVALID, "module '%s': lstm dims [%lld, %lld]",
+                                cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
+        }
+    }
     if ((st = place(m, cfg)) != FERRY_OK) {
         ferry_remote_destroy(m);
         return st;
@@ -225,6 +257,15 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
                     m->created);
     *out = m;
     return FERRY_OK;
+}
+
+int64_t ferry_remote_lstm_numel(int64_t C, int64_t H, int layers) {
+    ferry_params P;
+    ferry_lstm rnn;
+    ferry_params_init(&P, ferry_backend_cpu());
+    int64_t n = ferry_lstm_init(&rnn, &P, "lstm", C, H, layers, 0.0f) == FERRY_OK ? P.numel : -1;
+    ferry_params_deinit(&P);
+    return n;
 }
 
 void ferry_remote_destroy(ferry_remote *m) {

@@ -133,6 +133,14 @@ void ferry_ctx_set_window(ferry_ctx *ctx, int64_t T, int64_t batch, int64_t t0, 
     ctx->win_cols = cols;
 }
 
+void ferry_ctx_get_window(const ferry_ctx *ctx, int64_t *T, int64_t *batch, int64_t *t0,
+                          int64_t *steps) {
+    *T = ctx->win_T;
+    *batch = ctx->win_batch;
+    *t0 = ctx->win_t0;
+    *steps = ctx->win_steps;
+}
+
 ferry_status ferry_ctx_dropout_mask(ferry_ctx *ctx, int64_t n, float p, float *mask) {
     uint64_t seed, offset;
     if (ctx->win_batch <= 0) {

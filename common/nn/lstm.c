@@ -32,6 +32,11 @@ typedef struct lstm_saved {
 
 ferry_status ferry_lstm_init(ferry_lstm *m, ferry_params *P, const char *prefix, int64_t C,
                              int64_t H, int L, float dropout) {
+    return ferry_lstm_init_from(m, P, prefix, C, H, L, dropout, 0);
+}
+
+ferry_status ferry_lstm_init_from(ferry_lstm *m, ferry_params *P, const char *prefix, int64_t C,
+                                  int64_t H, int L, float dropout, int first) {
     char name[FERRY_PARAM_NAME_MAX + 32];
     ferry_status st;
     memset(m, 0, sizeof *m);
@@ -43,6 +48,9 @@ ferry_status ferry_lstm_init(ferry_lstm *m, ferry_params *P, const char *prefix,
     if (!(dropout >= 0.0f && dropout < 1.0f))
         return ferry_errorf(FERRY_ERR_INVALID, "lstm %s: dropout %g outside [0, 1)", prefix,
                             (double)dropout);
+    if (first < 0 || first > FERRY_LSTM_MAX_LAYERS - L)
+        return ferry_errorf(FERRY_ERR_INVALID, "lstm %s: layers %d..%d outside 0..%d", prefix,
+                            first, first + L - 1, FERRY_LSTM_MAX_LAYERS - 1);
     m->P = P;
     m->C = C;
     m->H = H;
@@ -60,7 +68,7 @@ ferry_status ferry_lstm_init(ferry_lstm *m, ferry_params *P, const char *prefix,
             {"bias_hh", ferry_shape_1d(4 * H), &m->b_hh[l]},
         };
         for (int k = 0; k < 4; k++) {
-            (void)snprintf(name, sizeof name, "%s.%s_l%d", prefix, decl[k].what, l);
+            (void)snprintf(name, sizeof name, "%s.%s_l%d", prefix, decl[k].what, first + l);
             if ((st = ferry_params_add(P, name, decl[k].shape, 0, decl[k].index)) != FERRY_OK)
                 return st;
         }

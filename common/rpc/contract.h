@@ -22,7 +22,8 @@
     X(EMBEDDING, "embedding", "[V, E]")                                                            \
     X(DECODER, "decoder", "[V, H]")                                                                \
     X(LINEAR, "linear", "[C, D]")                                                                \
-    X(DENSE, "dense", "[R, C]")
+    X(DENSE, "dense", "[R, C]")                                                                  \
+    X(LSTM, "lstm", "[C, H]")
 
 /* The Forward/Backward modes: X(ID, kind, mode string, 1 if "" selects it). A Backward
  * uses the mode its Forward used. */
@@ -31,7 +32,8 @@
     X(DECODER_PARTIALS, DECODER, "partials", 1)                                                    \
     X(DECODER_LOGITS, DECODER, "logits", 0)                                                        \
     X(LINEAR, LINEAR, "linear", 1)                                                                 \
-    X(DENSE_PULL, DENSE, "pull", 1)
+    X(DENSE_PULL, DENSE, "pull", 1)                                                                \
+    X(LSTM_SEQ, LSTM, "seq", 1)
 
 /* Every tensor of every call: X(ID, mode, direction, name, dtype, rank, shape, optional).
  * dtype INDEX means I32 or I64. Shapes use the kind's dims (V, E, H, C, D), the rows a
@@ -68,12 +70,25 @@
     X(LINEAR_BWD_DY, LINEAR, BWD_IN, "dy", F32, 2, "(N, D)", 0)                                    \
     X(LINEAR_BWD_DX, LINEAR, BWD_OUT, "dx", F32, 2, "(N, C)", 0)                                   \
     X(DENSE_FWD_WEIGHT, DENSE_PULL, FWD_OUT, "weight", F32, 2, "(R_s, C) the shard's rows, now", 0) \
-    X(DENSE_BWD_GRAD, DENSE_PULL, BWD_IN, "grad", F32, 2, "(R_s, C) their gradient (the push)", 0)
+    X(DENSE_BWD_GRAD, DENSE_PULL, BWD_IN, "grad", F32, 2, "(R_s, C) their gradient (the push)", 0) \
+    X(LSTM_FWD_X, LSTM_SEQ, FWD_IN, "x", F32, 3, "(T, B, C) the group's input", 0)                 \
+    X(LSTM_FWD_H0, LSTM_SEQ, FWD_IN, "h0", F32, 3,                                                 \
+      "(K, B, H) start state; absent: the stream's carried state", 1)                              \
+    X(LSTM_FWD_C0, LSTM_SEQ, FWD_IN, "c0", F32, 3, "(K, B, H) with h0", 1)                         \
+    X(LSTM_FWD_Y, LSTM_SEQ, FWD_OUT, "y", F32, 3, "(T, B, H) the last layer's h", 0)               \
+    X(LSTM_FWD_HN, LSTM_SEQ, FWD_OUT, "hn", F32, 3, "(K, B, H) final h per layer", 0)              \
+    X(LSTM_FWD_CN, LSTM_SEQ, FWD_OUT, "cn", F32, 3, "(K, B, H) final c per layer", 0)              \
+    X(LSTM_BWD_DY, LSTM_SEQ, BWD_IN, "dy", F32, 3, "(T, B, H)", 0)                                 \
+    X(LSTM_BWD_DHN, LSTM_SEQ, BWD_IN, "dhn", F32, 3, "(K, B, H) gradient of hn", 1)                \
+    X(LSTM_BWD_DCN, LSTM_SEQ, BWD_IN, "dcn", F32, 3, "(K, B, H) gradient of cn", 1)                \
+    X(LSTM_BWD_DX, LSTM_SEQ, BWD_OUT, "dx", F32, 3, "(T, B, C)", 0)                                \
+    X(LSTM_BWD_DH0, LSTM_SEQ, BWD_OUT, "dh0", F32, 3, "(K, B, H) when the Forward sent h0", 1)     \
+    X(LSTM_BWD_DC0, LSTM_SEQ, BWD_OUT, "dc0", F32, 3, "(K, B, H) when the Forward sent c0", 1)
 
 /* The parameters of each kind, as CreateModule's initial tensors, GetParams' reply and
  * SetParams' request name them: X(ID, name, rank, shape). Rows are the shard's. */
 #define FERRY_WIRE_PARAM_MAP(X)                                                                    \
-    X(WEIGHT, "weight", 2, "(rows, E | H | C)")                                                    \
+    X(WEIGHT, "weight", 2, "(rows, E | H | C); lstm: (1, N) the group's packed layers")                                                    \
     X(BIAS, "bias", 1,                                                                             \
       "(rows); decoder always, linear unless option bias=0, embedding and dense never")
 
@@ -83,7 +98,29 @@
     X(WEIGHT_OFFSET, "weight_offset",                                                              \
       "init: element index of the global weight's (0, 0) in the generator")                        \
     X(BIAS_OFFSET, "bias_offset", "init: element index of the bias's (0)")                         \
-    X(POLAR, "polar", "1: start a Stiefel-constrained weight at its polar factor")
+    X(POLAR, "polar", "1: start a Stiefel-constrained weight at its polar factor")               \
+    X(LAYERS, "layers", "lstm: K, the layers of the group (default 1)")                             \
+    X(FIRST_LAYER, "first_layer", "lstm: the group's first layer in the whole stack (names)")       \
+    X(DROPOUT_PPM, "dropout_ppm", "lstm: dropout between the group's layers, in millionths")
+
+/* The lstm kind's Forward iparams, by position (absent trailing entries are 0): the
+ * stream whose state the call starts from and carries, flags, and the trainer's
+ * dropout stream (seed, the offset the group's first mask starts at, and the window
+ * the call is a block of: T of the whole window and the call's first step; T 0 means
+ * the call is the whole window). */
+enum {
+    FERRY_WIRE_LSTM_STREAM = 0,  /* any 64-bit key chosen by the caller */
+    FERRY_WIRE_LSTM_FLAGS = 1,   /* FERRY_WIRE_LSTM_RESET | FERRY_WIRE_LSTM_CARRY */
+    FERRY_WIRE_LSTM_SEED = 2,
+    FERRY_WIRE_LSTM_RNG_OFFSET = 3,
+    FERRY_WIRE_LSTM_WINDOW_T = 4,
+    FERRY_WIRE_LSTM_T0 = 5,
+    FERRY_WIRE_LSTM_IPARAMS = 6,
+};
+enum {
+    FERRY_WIRE_LSTM_RESET = 1, /* start from zeros (without h0/c0) */
+    FERRY_WIRE_LSTM_CARRY = 2, /* keep hn, cn as the stream's state for its next call */
+};
 
 /* The name of parameter or option ID on the wire: FERRY_WIRE_PARAM_NAME(WEIGHT) is
  * "weight", FERRY_WIRE_OPTION_NAME(POLAR) is "polar". */

@@ -58,6 +58,10 @@ void ferry_ctx_draw(ferry_ctx *ctx, int64_t n, uint64_t *seed, uint64_t *offset)
  * how its window is split. Until the next ferry_ctx_reset; batch 0 turns it off. */
 void ferry_ctx_set_window(ferry_ctx *ctx, int64_t T, int64_t batch, int64_t t0, int64_t steps,
                           int64_t col0, int64_t cols);
+/* The window ferry_ctx_set_window set (*batch 0: none). A remote stage that draws
+ * masks for this context's step reads it to draw the same ones. */
+void ferry_ctx_get_window(const ferry_ctx *ctx, int64_t *T, int64_t *batch, int64_t *t0,
+                          int64_t *steps);
 /* n floats (backend memory) of a dropout mask, 1/(1-p) with probability 1-p and 0
  * otherwise, drawn from the context's stream (honouring ferry_ctx_set_window). */
 ferry_status ferry_ctx_dropout_mask(ferry_ctx *ctx, int64_t n, float p, float *mask);

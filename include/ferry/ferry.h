@@ -194,6 +194,8 @@ typedef enum ferry_remote_kind {
     FERRY_REMOTE_DENSE = 3,     /* dims [R, C]: a block of parameters the caller computes with
                                    (pull the rows, push their gradient), rows split over every
                                    server: a data-parallel job's replicated dense weights */
+    FERRY_REMOTE_LSTM = 4,      /* dims [C, H]: `layers` consecutive layers of a stacked LSTM
+                                   (input C, hidden H) on one server, a pipeline stage */
 } ferry_remote_kind;
 
 typedef enum ferry_remote_constraint_kind {
@@ -250,6 +252,14 @@ typedef struct ferry_remote_config {
      * local steps follow the same numbers. */
     ferry_optim_config optim;
     ferry_remote_constraint constraint; /* on the weight; default none */
+    /* lstm: its layers (1 when 0), the first one's index in the whole stack (the
+     * parameters' names), and dropout between them. Its one parameter "weight" is
+     * (1, N): the layers' parameters laid out as ferry_lstm_init_from lays them out
+     * in a block of their own (ferry_remote_lstm_numel); init_weight, if given, is
+     * that block, and the generator otherwise draws the block's elements in order. A
+     * Stiefel constraint applies to every layer's weight_hh. */
+    int layers, first_layer;
+    float dropout;
 } ferry_remote_config;
 
 /* Zeroes *cfg (no constraint) and sets kind, name, dims, bias 1, server -1,
@@ -423,6 +433,33 @@ ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, co
 ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
                                           const float *dy, float *dx);
 
+/* LSTM group (FERRY_REMOTE_LSTM): x (T, B, C) -> y (T, B, H), hn, cn (K, B, H).
+ * h0, c0 (K, B, H) start the layers when given (both or neither); otherwise they start
+ * from the carried state of `stream` (zeros with reset), and with carry the final
+ * state becomes the stream's for its next call. The dropout between the group's
+ * layers draws from (seed, rng_offset) in a window of window_T steps of which this
+ * call is steps [t0, t0 + T) (window_T 0: the call is the window), as
+ * ferry_ctx_set_window, so the masks are those the caller's own stack would draw. */
+typedef struct ferry_remote_lstm_args {
+    uint64_t stream;
+    int reset, carry;
+    uint64_t seed, rng_offset;
+    int64_t window_T, t0;
+} ferry_remote_lstm_args;
+
+ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                       const ferry_remote_lstm_args *a, const float *x, int64_t T,
+                                       int64_t B, const float *h0, const float *c0, float *y,
+                                       float *hn, float *cn, uint64_t *call_id);
+/* dy (T, B, H), dhn and dcn (K, B, H) or NULL -> dx (T, B, C); dh0, dc0 (K, B, H) when
+ * the Forward sent h0 and c0 (else untouched; may be NULL). */
+ferry_status ferry_remote_lstm_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                        const float *dy, const float *dhn, const float *dcn,
+                                        float *dx, float *dh0, float *dc0);
+/* The floats of an lstm module's packed parameter block, the layout of
+ * ferry_lstm_init_from(..., "lstm", C, H, layers, ..., first_layer) in a block alone. */
+int64_t ferry_remote_lstm_numel(int64_t C, int64_t H, int layers);
+
 /* ---- Jobs: many trainers, one model -------------------------------------------
  * N processes (ranks 0..N-1) train one model on the same servers. Each joins the
  * job on every server (the servers hold the membership and compare what every rank
@@ -558,6 +595,18 @@ ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc,
  * *loss_sum (may be NULL) the unscaled sum in double. The node's backward sends
  * the loss gradient times scale to the shards and accumulates dh into hidden's
  * gradient when hidden requires one. */
+/* An lstm group as a node of ctx's tape: x (T, B, C) -> y (T, B, H), hn, cn (K, B, H),
+ * on ctx's backend. h0 and c0 (K, B, H) or NULL as ferry_remote_lstm_forward (flags:
+ * FERRY_DIST_LSTM_RESET, FERRY_DIST_LSTM_CARRY for the stream's state); in training
+ * mode the dropout between its layers draws from ctx's stream and window (which
+ * advance as the same layers' masks would here), and the node's backward returns the
+ * gradient of x and, when given, of h0 and c0. */
+enum { FERRY_DIST_LSTM_RESET = 1, FERRY_DIST_LSTM_CARRY = 2 };
+ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_ctx *ctx,
+                                     uint64_t stream, int flags, const ferry_tensor *x,
+                                     const ferry_tensor *h0, const ferry_tensor *c0,
+                                     ferry_tensor **y, ferry_tensor **hn, ferry_tensor **cn);
+
 ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
                                      const ferry_tensor *hidden, const ferry_tensor *targets,
                                      float scale, ferry_tensor **loss, double *loss_sum);

@@ -74,6 +74,12 @@ typedef struct ferry_lstm {
 /* Declares "<prefix>.weight_ih_l{k}", "weight_hh_l{k}", "bias_ih_l{k}", "bias_hh_l{k}". */
 ferry_status ferry_lstm_init(ferry_lstm *m, ferry_params *P, const char *prefix, int64_t C,
                              int64_t H, int L, float dropout);
+/* The same for layers first .. first+L-1 of a deeper stack whose other layers live
+ * elsewhere (a model split across processes): the parameters are named after their
+ * layer in the whole stack ("<prefix>.weight_ih_l{first+k}"); C is the input size of
+ * layer `first` (the embedding size for 0, else H). */
+ferry_status ferry_lstm_init_from(ferry_lstm *m, ferry_params *P, const char *prefix, int64_t C,
+                                  int64_t H, int L, float dropout, int first);
 
 typedef struct ferry_lstm_opts {
     /* Optional inter-layer dropout masks, masks[k] (T, B, H) applied to layer k's

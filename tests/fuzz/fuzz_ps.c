@@ -2,7 +2,7 @@
  * once per method (FUZZ_METHOD, see CMakeLists.txt). Each input runs against a fresh
  * in-process server (no network) that hosts one module of every kind (a sharded
  * embedding, a decoder slice, a linear layer, a Stiefel-constrained one, a dense
- * block) and a job of each consistency mode under small
+ * block, a 2-layer Stiefel-constrained lstm group) and a job of each consistency mode under small
  * budgets, with context 1 holding a saved Forward (call id 1) of each, so that
  * Backward, GradNorm, Step and ReleaseContext have state to work on. The input is
  * decoded as the method's request, exactly as the rpc layer does, dispatched, and
@@ -78,8 +78,9 @@ static ferry_status call_built(ferry_ps_server *s, ferry_rpc_method m, const Pro
     return st;
 }
 
-static void create(ferry_ps_server *s, const char *name, const char *kind, int64_t d0, int64_t d1,
-                   int64_t row_begin, int64_t row_count, const char *constraint) {
+static void create_opts(ferry_ps_server *s, const char *name, const char *kind, int64_t d0,
+                        int64_t d1, int64_t row_begin, int64_t row_count, const char *constraint,
+                        const char *options) {
     Ferry__CreateModuleRequest q;
     ferry__create_module_request__init(&q);
     Ferry__ModuleConfig mc;
@@ -104,9 +105,36 @@ static void create(ferry_ps_server *s, const char *name, const char *kind, int64
         mc.constraint = &k;
         mc.options = (char *)(uintptr_t) "polar=1";
     }
+    if (options != NULL)
+        mc.options = (char *)(uintptr_t)options;
     q.name = (char *)(uintptr_t)name;
     q.config = &mc;
     FUZZ_ASSERT(call_built(s, FERRY_RPC_CREATE_MODULE, &q.base, NULL, NULL) == FERRY_OK);
+}
+
+static void create(ferry_ps_server *s, const char *name, const char *kind, int64_t d0, int64_t d1,
+                   int64_t row_begin, int64_t row_count, const char *constraint) {
+    create_opts(s, name, kind, d0, d1, row_begin, row_count, constraint, NULL);
+}
+
+/* An lstm group's Forward over x (2, 2, 4) from zeros, carrying into stream 7, with
+ * dropout drawn from seed 1. */
+static void forward_lstm(ferry_ps_server *s, const char *module) {
+    Ferry__ForwardRequest q;
+    ferry__forward_request__init(&q);
+    q.ctx_id = 1;
+    q.call_id = 1;
+    q.module = (char *)(uintptr_t)module;
+    int64_t ip[FERRY_WIRE_LSTM_IPARAMS] = {7, FERRY_WIRE_LSTM_RESET | FERRY_WIRE_LSTM_CARRY, 1};
+    q.n_iparams = FERRY_WIRE_LSTM_IPARAMS;
+    q.iparams = ip;
+    float x[16];
+    for (int i = 0; i < 16; i++)
+        x[i] = 0.05f * (float)(i % 7);
+    ferry_rpc_tensor t0 = {.dtype = FERRY_RPC_DTYPE_F32, .ndim = 3, .dim = {2, 2, 4}, .data = x,
+                           .nbytes = sizeof x};
+    (void)snprintf(t0.name, sizeof t0.name, "x");
+    FUZZ_ASSERT(call_built(s, FERRY_RPC_FORWARD, &q.base, &t0, NULL) == FERRY_OK);
 }
 
 static void forward(ferry_ps_server *s, const char *module, const char *in_name, int dtype,
@@ -174,6 +202,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     forward(s, "st", "x", FERRY_RPC_DTYPE_F32, 3, 4, NULL);
     create(s, "den", "dense", 16, 4, 0, 16, NULL);
     forward(s, "den", "unused", FERRY_RPC_DTYPE_F32, 1, 4, NULL); /* a pull reads no input */
+    create_opts(s, "rnn", "lstm", 4, 4, 0, 0, "stiefel", "layers=2,dropout_ppm=300000,polar=1");
+    forward_lstm(s, "rnn");
     join(s, "j", "bsp"); /* jobs for GradNorm and Step to name: one of each mode */
     join(s, "k", "ssp");
     join(s, "a", "async");

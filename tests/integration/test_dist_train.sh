@@ -69,6 +69,35 @@ expect_error "more micro-batches than time steps" "at most one micro-batch per s
     --max-steps 1
 stop_ps ps-mbad
 
+# Model parallel: a 4-layer LSTM with layer 0 on one ferry-ps, layer 1 on another and
+# layers 2-3 in the trainer trains as the local trainer does (dropout off, same seed:
+# losses within 1e-5 relative; the in-process check of every parameter is
+# tests/test_stages.c).
+start_daemon ps-s0; S0=$PORT; S0_PID=$PS_PID
+start_daemon ps-s1; S1=$PORT
+common=(--nlayers 4 --emsize 64 --nhid 64 --dropout 0 --data "$FERRY_SRC/data/ptb"
+        --train-tokens 60000 --eval-tokens 5000 --epochs 1 --max-steps 60 --log-interval 20
+        --lr 0.1 --progress plain)
+"$TRAINER" --ps "127.0.0.1:$S0,127.0.0.1:$S1" --stages ps0:1,ps1:1,local:2 "${common[@]}" \
+    --metrics-out "$TMP/m-stages.jsonl" 2>"$TMP/t-stages.log" ||
+    fail "--stages: trainer exited $?: $(tail -5 "$TMP/t-stages.log")"
+"$TRAINER" --local "${common[@]}" --metrics-out "$TMP/m-stages-local.jsonl" \
+    2>"$TMP/t-stages-local.log" || fail "local 4-layer trainer exited $?"
+paste <(train_losses "$TMP/m-stages-local.jsonl") <(train_losses "$TMP/m-stages.jsonl") |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ }
+         END { exit !(n == 3 && !bad) }' ||
+    fail "model-parallel losses differ from the local trainer's: $(paste <(train_losses "$TMP/m-stages-local.jsonl") <(train_losses "$TMP/m-stages.jsonl"))"
+grep -q "stages: embedding and decoder on the servers, layer 0 127.0.0.1:$S0, layer 1 127.0.0.1:$S1, layers 2-3 here" "$TMP/t-stages.log" ||
+    fail "no stages line: $(grep stages "$TMP/t-stages.log")"
+ok "--stages ps0:1,ps1:1,local:2: 4-layer losses as the local trainer's ($(train_losses "$TMP/m-stages.jsonl" | tail -1))"
+expect_error "--stages placing too few layers" "places 3 of the 4 layers" \
+    "$TRAINER" --ps "127.0.0.1:$S0,127.0.0.1:$S1" --stages ps0:1,local:2 --nlayers 4 \
+    --data "$FERRY_SRC/data/ptb" --max-steps 1
+expect_error "--stages without --ps" "needs --ps" \
+    "$TRAINER" --stages ps0:2 --data "$FERRY_SRC/data/ptb" --max-steps 1
+stop_ps ps-s1
+PS_PID=$S0_PID stop_ps ps-s0
+
 # The trainer stops cleanly on SIGTERM mid-epoch too (and checkpoints).
 start_daemon ps-sig
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \

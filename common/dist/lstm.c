@@ -1,0 +1,297 @@
+/* lstm.c - a remote group of LSTM layers (the server's `lstm` kind): its Forward and
+ * Backward, and the tape node that makes it one stage of a model whose other layers
+ * run here or on other servers. The node passes the caller's dropout stream (seed,
+ * offset, window) to the server, which draws the group's masks from it, and advances
+ * the stream by what those masks take, so the layers after the group draw what they
+ * would if the whole stack ran here. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dist/dist.h"
+#include "common/tensor/backend.h"
+#include "ferry.pb-c.h"
+
+static ferry_status one_call(ferry_remote *m, ferry_dist_ctx *dc, ferry_rpc_method method,
+                             ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+    int server = m->shards[0].server;
+    if (dc != NULL && method == FERRY_RPC_FORWARD)
+        dc->touched[server] = 1;
+    return ferry__dist_fanout(m->c, method, 1, &server, req, 1, reply);
+}
+
+static ferry_status copy_out(ferry_remote *m, const ferry_rpc_msg *reply, ferry_wire_tensor_id id,
+                             const int64_t *want, float *dst) {
+    const ferry_rpc_tensor *t;
+    ferry_status st = ferry__dist_output(m->c, m->shards[0].server, reply, id, want, &t);
+    if (st == FERRY_OK && dst != NULL)
+        memcpy(dst, t->data, t->nbytes);
+    return st;
+}
+
+ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                       const ferry_remote_lstm_args *a, const float *x, int64_t T,
+                                       int64_t B, const float *h0, const float *c0, float *y,
+                                       float *hn, float *cn, uint64_t *call_id) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_LSTM, "lstm forward", dc, 0);
+    if (st != FERRY_OK)
+        return st;
+    if (T < 1 || B < 1 || (h0 == NULL) != (c0 == NULL))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "lstm forward of '%s': need T, B >= 1 and h0, c0 both or neither",
+                            m->name);
+    int64_t C = m->dims[0], H = m->dims[1], K = m->layers;
+    ferry__dist_call *rec = NULL;
+    if (dc != NULL) {
+        if ((rec = ferry__dist_call_new(dc, m, FERRY__DIST_LSTM)) == NULL)
+            return FERRY_ERR_NOMEM;
+        rec->n = T * B;
+        rec->T = T;
+        rec->B = B;
+        rec->explicit_state = h0 != NULL;
+    }
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    int64_t ip[FERRY_WIRE_LSTM_IPARAMS] = {0};
+    ip[FERRY_WIRE_LSTM_STREAM] = (int64_t)a->stream;
+    ip[FERRY_WIRE_LSTM_FLAGS] =
+        (a->reset ? FERRY_WIRE_LSTM_RESET : 0) | (a->carry ? FERRY_WIRE_LSTM_CARRY : 0);
+    ip[FERRY_WIRE_LSTM_SEED] = (int64_t)a->seed;
+    ip[FERRY_WIRE_LSTM_RNG_OFFSET] = (int64_t)a->rng_offset;
+    ip[FERRY_WIRE_LSTM_WINDOW_T] = a->window_T;
+    ip[FERRY_WIRE_LSTM_T0] = a->t0;
+    Ferry__ForwardRequest q;
+    ferry__forward_request__init(&q);
+    q.ctx_id = dc != NULL ? dc->id : 0;
+    q.call_id = rec != NULL ? rec->call_id : 0;
+    q.module = m->name;
+    q.mode = (char *)(uintptr_t)ferry_wire_modes[FERRY_WIRE_MODE_LSTM_SEQ].name;
+    q.n_iparams = FERRY_WIRE_LSTM_IPARAMS;
+    q.iparams = ip;
+    int64_t dx[3] = {T, B, C}, ds[3] = {K, B, H}, dy[3] = {T, B, H};
+    ferry_rpc_tensor tx = ferry__dist_tensor(FERRY_WIRE_LSTM_FWD_X, dx, x);
+    st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_add(&req, &tx);
+    if (st == FERRY_OK && h0 != NULL) {
+        ferry_rpc_tensor th = ferry__dist_tensor(FERRY_WIRE_LSTM_FWD_H0, ds, h0);
+        ferry_rpc_tensor tc = ferry__dist_tensor(FERRY_WIRE_LSTM_FWD_C0, ds, c0);
+        if ((st = ferry_rpc_msg_add(&req, &th)) == FERRY_OK)
+            st = ferry_rpc_msg_add(&req, &tc);
+    }
+    if (st == FERRY_OK)
+        st = one_call(m, dc, FERRY_RPC_FORWARD, &req, &reply);
+    if (st == FERRY_OK)
+        st = copy_out(m, &reply, FERRY_WIRE_LSTM_FWD_Y, dy, y);
+    if (st == FERRY_OK)
+        st = copy_out(m, &reply, FERRY_WIRE_LSTM_FWD_HN, ds, hn);
+    if (st == FERRY_OK)
+        st = copy_out(m, &reply, FERRY_WIRE_LSTM_FWD_CN, ds, cn);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    if (rec != NULL && st != FERRY_OK)
+        ferry__dist_call_drop(dc, rec);
+    else if (rec != NULL && call_id != NULL)
+        *call_id = rec->call_id;
+    return st;
+}
+
+ferry_status ferry_remote_lstm_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
+                                        const float *dy, const float *dhn, const float *dcn,
+                                        float *dx, float *dh0, float *dc0) {
+    ferry_status st = ferry__dist_check(m, FERRY_REMOTE_LSTM, "lstm backward", dc, 1);
+    if (st != FERRY_OK)
+        return st;
+    ferry__dist_call *rec = ferry__dist_call_find(dc, m, call_id, FERRY__DIST_LSTM);
+    if (rec == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    int64_t T = rec->T, B = rec->B, C = m->dims[0], H = m->dims[1], K = m->layers;
+    int64_t dimx[3] = {T, B, C}, dimy[3] = {T, B, H}, ds[3] = {K, B, H};
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    st = ferry__dist_backward_head(&req, rec, dc->id, FERRY_WIRE_MODE_LSTM_SEQ, NULL);
+    ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_LSTM_BWD_DY, dimy, dy);
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_add(&req, &t);
+    if (st == FERRY_OK && dhn != NULL) {
+        t = ferry__dist_tensor(FERRY_WIRE_LSTM_BWD_DHN, ds, dhn);
+        st = ferry_rpc_msg_add(&req, &t);
+    }
+    if (st == FERRY_OK && dcn != NULL) {
+        t = ferry__dist_tensor(FERRY_WIRE_LSTM_BWD_DCN, ds, dcn);
+        st = ferry_rpc_msg_add(&req, &t);
+    }
+    if (st == FERRY_OK)
+        st = one_call(m, dc, FERRY_RPC_BACKWARD, &req, &reply);
+    if (st == FERRY_OK)
+        st = copy_out(m, &reply, FERRY_WIRE_LSTM_BWD_DX, dimx, dx);
+    if (st == FERRY_OK && rec->explicit_state &&
+        (st = copy_out(m, &reply, FERRY_WIRE_LSTM_BWD_DH0, ds, dh0)) == FERRY_OK)
+        st = copy_out(m, &reply, FERRY_WIRE_LSTM_BWD_DC0, ds, dc0);
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+    ferry__dist_call_drop(dc, rec);
+    return st;
+}
+
+/* ---- the tape node ---- */
+
+typedef struct lstm_node {
+    ferry_remote *m;
+    ferry_dist_ctx *dc;
+    uint64_t ctx_id, call;
+    int64_t T, B;
+    int explicit_state;
+} lstm_node;
+
+/* t's floats on the host: its storage on a host backend, else a copy in ctx scratch. */
+static ferry_status host_view(ferry_ctx *ctx, const ferry_tensor *t, const float **out) {
+    if (ferry_backend_is_host(t->be)) {
+        *out = ferry_tensor_f32(t);
+        return FERRY_OK;
+    }
+    float *h = ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(t));
+    if (h == NULL)
+        return FERRY_ERR_NOMEM;
+    *out = h;
+    return ferry_tensor_to_host(t, h);
+}
+
+/* grad += host (n floats) on ctx's backend. */
+static ferry_status add_host(ferry_ctx *ctx, ferry_tensor *grad, const float *src) {
+    ferry_backend *be = ferry_ctx_backend(ctx);
+    int64_t n = ferry_tensor_numel(grad);
+    if (ferry_backend_is_host(grad->be))
+        return ferry_backend_axpy(be, n, 1.0f, src, ferry_tensor_f32(grad));
+    ferry_tensor *tmp;
+    ferry_status st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, grad->shape, &tmp);
+    if (st == FERRY_OK && (st = ferry_tensor_from_host(tmp, src)) == FERRY_OK)
+        st = ferry_backend_axpy(be, n, 1.0f, ferry_tensor_f32(tmp), ferry_tensor_f32(grad));
+    return st;
+}
+
+static ferry_status lstm_node_backward(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
+                                       ferry_tensor **grad_in) {
+    lstm_node *s = saved;
+    if (ferry_dist_ctx_id(s->dc) != s->ctx_id)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "backward of remote lstm '%s': its distributed context %#llx was "
+                            "stepped or released before the tape ran backward",
+                            s->m->name, (unsigned long long)s->ctx_id);
+    int64_t C = s->m->dims[0], H = s->m->dims[1], K = s->m->layers;
+    int64_t ny = s->T * s->B * H, nx = s->T * s->B * C, ns = K * s->B * H;
+    const float *dy = NULL, *dhn = NULL, *dcn = NULL;
+    ferry_status st = FERRY_OK;
+    if (grad_out[0] != NULL)
+        st = host_view(ctx, grad_out[0], &dy);
+    else if ((dy = ferry_ctx_host_alloc(ctx, (size_t)ny * sizeof(float))) == NULL)
+        st = FERRY_ERR_NOMEM; /* zeroed: the layers' gradients still come from hn, cn */
+    if (st == FERRY_OK && grad_out[1] != NULL)
+        st = host_view(ctx, grad_out[1], &dhn);
+    if (st == FERRY_OK && grad_out[2] != NULL)
+        st = host_view(ctx, grad_out[2], &dcn);
+    float *dx = ferry_ctx_host_alloc(ctx, (size_t)(nx + 2 * ns) * sizeof(float));
+    if (st == FERRY_OK && dx == NULL)
+        st = FERRY_ERR_NOMEM;
+    if (st != FERRY_OK)
+        return st;
+    float *dh0 = dx + nx, *dc0 = dh0 + ns;
+    if ((st = ferry_remote_lstm_backward(s->m, s->dc, s->call, dy, dhn, dcn, dx, dh0, dc0)) !=
+        FERRY_OK)
+        return st;
+    if (grad_in[0] != NULL && (st = add_host(ctx, grad_in[0], dx)) != FERRY_OK)
+        return st;
+    if (s->explicit_state && grad_in[1] != NULL && (st = add_host(ctx, grad_in[1], dh0)) != FERRY_OK)
+        return st;
+    if (s->explicit_state && grad_in[2] != NULL)
+        st = add_host(ctx, grad_in[2], dc0);
+    return st;
+}
+
+ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_ctx *ctx,
+                                     uint64_t stream, int flags, const ferry_tensor *x,
+                                     const ferry_tensor *h0, const ferry_tensor *c0,
+                                     ferry_tensor **y, ferry_tensor **hn, ferry_tensor **cn) {
+    int training = ferry_ctx_training(ctx);
+    if (training && (dc == NULL || ferry_dist_ctx_id(dc) == 0))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "remote lstm '%s' in a training step needs an open distributed "
+                            "context (ferry_dist_ctx_begin)",
+                            m->name);
+    int64_t C = m->dims[0], H = m->dims[1], K = m->layers;
+    if (x->dtype != FERRY_DTYPE_F32 || x->shape.ndim != 3 || x->shape.dim[2] != C ||
+        (h0 == NULL) != (c0 == NULL))
+        return ferry_errorf(FERRY_ERR_SHAPE,
+                            "remote lstm '%s': x must be float32 (T, B, %lld), h0 and c0 both "
+                            "or neither",
+                            m->name, (long long)C);
+    int64_t T = x->shape.dim[0], B = x->shape.dim[1];
+    ferry_shape ss = ferry_shape_3d(K, B, H);
+    if ((h0 != NULL && !ferry_shape_eq(h0->shape, ss)) || (c0 != NULL && !ferry_shape_eq(c0->shape, ss)))
+        return ferry_errorf(FERRY_ERR_SHAPE, "remote lstm '%s': h0 and c0 must be (%lld, %lld, %lld)",
+                            m->name, (long long)K, (long long)B, (long long)H);
+    /* The dropout stream: the group's masks start where this context's stream is,
+     * and the context moves past them as the same layers would move it here. */
+    ferry_remote_lstm_args a = {.stream = stream,
+                                .reset = (flags & FERRY_DIST_LSTM_RESET) != 0,
+                                .carry = (flags & FERRY_DIST_LSTM_CARRY) != 0};
+    int64_t win_T, win_B, t0, steps;
+    ferry_ctx_get_window(ctx, &win_T, &win_B, &t0, &steps);
+    uint64_t seed, off;
+    ferry_ctx_draw(ctx, 0, &seed, &off);
+    a.seed = seed;
+    a.rng_offset = off;
+    if (win_B > 0) {
+        a.window_T = win_T;
+        a.t0 = t0;
+    }
+    if (training && m->dropout > 0.0f) {
+        int64_t per = (win_B > 0 ? win_T * win_B : T * B) * H;
+        ferry_ctx_draw(ctx, (K - 1) * per, &seed, &off);
+    }
+    ferry_tensor *out[3];
+    ferry_status st;
+    if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(T, B, H), &out[0])) != FERRY_OK ||
+        (st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ss, &out[1])) != FERRY_OK ||
+        (st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ss, &out[2])) != FERRY_OK)
+        return st;
+    const float *hx, *hh0 = NULL, *hc0 = NULL;
+    if ((st = host_view(ctx, x, &hx)) != FERRY_OK ||
+        (h0 != NULL && (st = host_view(ctx, h0, &hh0)) != FERRY_OK) ||
+        (c0 != NULL && (st = host_view(ctx, c0, &hc0)) != FERRY_OK))
+        return st;
+    float *host[3];
+    for (int i = 0; i < 3; i++) {
+        host[i] = ferry_backend_is_host(out[i]->be)
+                      ? ferry_tensor_f32(out[i])
+                      : ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(out[i]));
+        if (host[i] == NULL)
+            return FERRY_ERR_NOMEM;
+    }
+    uint64_t call = 0;
+    if ((st = ferry_remote_lstm_forward(m, training ? dc : NULL, &a, hx, T, B, hh0, hc0, host[0],
+                                        host[1], host[2], &call)) != FERRY_OK)
+        return st;
+    for (int i = 0; i < 3; i++) {
+        if (!ferry_backend_is_host(out[i]->be) &&
+            (st = ferry_tensor_from_host(out[i], host[i])) != FERRY_OK)
+            return st;
+    }
+    if (training) {
+        lstm_node *s = ferry_ctx_host_alloc(ctx, sizeof *s);
+        if (s == NULL)
+            return FERRY_ERR_NOMEM;
+        *s = (lstm_node){m, dc, ferry_dist_ctx_id(dc), call, T, B, h0 != NULL};
+        ferry_tensor *in[3] = {(ferry_tensor *)(uintptr_t)x, (ferry_tensor *)(uintptr_t)h0,
+                               (ferry_tensor *)(uintptr_t)c0};
+        if ((st = ferry_ctx_record(ctx, lstm_node_backward, s, h0 != NULL ? 3 : 1, in, 3, out)) !=
+            FERRY_OK)
+            return st;
+    }
+    *y = out[0];
+    *hn = out[1];
+    *cn = out[2];
+    return FERRY_OK;
+}
