@@ -35,6 +35,9 @@
 #include "server/ps-impl.h"
 
 #define LSTM_STREAMS 64 /* carried states per module; the least recently used goes */
+/* What an autograd context holds before anything is computed: its two arenas' first
+ * chunks (common/nn/ctx.c). */
+#define LSTM_CTX_BYTES ((int64_t)(4u << 20) + (int64_t)(256u << 10))
 
 typedef struct lstm_stream {
     uint64_t key;
@@ -115,11 +118,15 @@ static ferry_status lstm_declare(ferry__ps_module *m) {
                             &m->w);
 }
 
-/* Points the layer view at the module's current block (it never moves once
- * allocated; bound per call so the view needs no hook at allocation). */
+/* Points the layer view at the module's block, the first time it is used (the block
+ * is allocated after declare and never moves). Calls run side by side under the
+ * module's read lock: the pointer is set under the streams' mutex. */
 static lstm_impl *bind(const ferry__ps_module *m) {
     lstm_impl *im = m->impl;
-    im->view.data = ferry_params_data(&m->P, m->w);
+    pthread_mutex_lock(&im->mu);
+    if (im->view.data == NULL)
+        im->view.data = ferry_params_data(&m->P, m->w);
+    pthread_mutex_unlock(&im->mu);
     return im;
 }
 
@@ -264,9 +271,15 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
         return ferry_errorf(FERRY_ERR_SHAPE, "lstm '%s': x has no steps or columns", m->name);
     if ((st = ferry__ps_check_finite(m, "x", req->tensors[ix].data, T * B * C)) != FERRY_OK)
         return st;
-    /* The context holds the layers' activations: charged to the caller's budget
-     * before the call computes (about 10 floats per step, column and gate row). */
-    int64_t scratch = T * B * (C + 12 * K * H) * (int64_t)sizeof(float);
+    /* The context holds the layers' activations and, in Backward, their gradients:
+     * charged to the caller's budget before the call computes. Per step, column,
+     * layer and hidden unit: gates 4, h, c, mask, dropped 4, and dy, dgates 5 in
+     * Backward; per layer A(W) and its scratch; the layers' gradient block; and the
+     * arenas' first chunks, which even a one-step call holds. */
+    int64_t scratch = (T * B * (C + 14 * K * H) +
+                       K * (4 * H * H + ferry_stiefel_scratch_floats(H)) + m->cols) *
+                          (int64_t)sizeof(float) +
+                      LSTM_CTX_BYTES;
     if ((st = ferry__ps_scratch_check(m, scratch, "lstm activations")) != FERRY_OK)
         return st;
     uint64_t key = (uint64_t)iparam(q, FERRY_WIRE_LSTM_STREAM);

@@ -249,12 +249,44 @@ TEST(stages_are_checked) {
             fprintf(stderr, "  --stages %s: '%s'\n", bad[i].spec, ferry_error_last());
         CHECK(strstr(ferry_error_last(), bad[i].msg) != NULL);
     }
-    /* A bad lstm module request is refused by the server with a reason. */
+    /* A bad lstm module request is refused with a reason. */
     ferry_remote_config rc;
     ferry_remote *m;
     ferry_remote_config_default(&rc, FERRY_REMOTE_LSTM, "lstm_bad", 8, 8);
     rc.layers = 9;
     CHECK_EQ(ferry_remote_create(cl, &rc, &m), FERRY_ERR_INVALID);
+    /* Bad calls to a good one: clear errors, and the server keeps serving. */
+    ferry_remote_config_default(&rc, FERRY_REMOTE_LSTM, "lstm_ok", 3, 4);
+    rc.layers = 2;
+    rc.dropout = 0.5f;
+    CHECK_OK(ferry_remote_create(cl, &rc, &m));
+    float x[2 * 2 * 3] = {0}, y[2 * 2 * 4], h[2 * 2 * 4], c[2 * 2 * 4];
+    ferry_remote_lstm_args a = {.stream = 42};
+    CHECK_EQ(ferry_remote_lstm_forward(m, NULL, &a, x, 2, 2, NULL, NULL, y, h, c, NULL),
+             FERRY_ERR_NOT_FOUND); /* a stream with no state, and no reset */
+    CHECK(strstr(ferry_error_last(), "has no carried state") != NULL);
+    a.reset = a.carry = 1;
+    CHECK_OK(ferry_remote_lstm_forward(m, NULL, &a, x, 2, 2, NULL, NULL, y, h, c, NULL));
+    a.reset = 0; /* now it has one */
+    CHECK_OK(ferry_remote_lstm_forward(m, NULL, &a, x, 2, 2, NULL, NULL, y, h, c, NULL));
+    CHECK_EQ(ferry_remote_lstm_forward(m, NULL, &a, x, 2, 1, NULL, NULL, y, h, c, NULL),
+             FERRY_ERR_NOT_FOUND); /* ... for another batch size */
+    CHECK(strstr(ferry_error_last(), "for this batch size") != NULL);
+    a.window_T = 3;
+    a.t0 = 2; /* steps [2, 4) of a window of 3 */
+    CHECK_EQ(ferry_remote_lstm_forward(m, NULL, &a, x, 2, 2, NULL, NULL, y, h, c, NULL),
+             FERRY_ERR_RANGE);
+    a.window_T = a.t0 = 0;
+    x[5] = NAN;
+    CHECK_EQ(ferry_remote_lstm_forward(m, NULL, &a, x, 2, 2, NULL, NULL, y, h, c, NULL),
+             FERRY_ERR_NUMERIC);
+    x[5] = 0.0f;
+    CHECK_EQ(ferry_remote_lstm_forward(m, NULL, &a, x, 2, 2, h, NULL, y, h, c, NULL),
+             FERRY_ERR_INVALID); /* h0 without c0 */
+    int serving = 0;
+    CHECK_OK(ferry_cluster_health(cl, 0, &serving));
+    CHECK(serving);
+    ferry_remote_destroy(m);
     ferry_cluster_destroy(cl);
     ferry_ps_server_destroy(srv);
 }

@@ -267,7 +267,9 @@ static ferry_status lm_create_group(ferry_lm *lm, ferry_lm_group *G, const ferry
         st = ferry_stiefel_polar(p->shape.dim[0], p->shape.dim[1], init.data + p->offset);
     }
     char name[FERRY_PARAM_NAME_MAX];
-    (void)snprintf(name, sizeof name, "lstm_l%d-%d", G->first, G->first + G->count - 1);
+    (void)snprintf(name, sizeof name, "%s%slstm_l%d-%d",
+                   pl->job != NULL ? ferry_job_get_config(pl->job)->name : "",
+                   pl->job != NULL ? "/" : "", G->first, G->first + G->count - 1);
     ferry_remote_config rc;
     ferry_remote_config_default(&rc, FERRY_REMOTE_LSTM, name, C, cfg->H);
     rc.server = G->server;
@@ -336,6 +338,11 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     rc.optim = pl->optim;
     if ((st = ferry_remote_create(pl->cluster, &rc, &lm->dec_remote)) != FERRY_OK)
         return st;
+    for (int g = 0; g < lm->ngroups; g++) {
+        if (lm->groups[g].server >= 0 &&
+            (st = lm_create_group(lm, &lm->groups[g], full, pl)) != FERRY_OK)
+            return st;
+    }
     if (pl->job == NULL)
         return FERRY_OK;
     lm->job = pl->job;
@@ -380,9 +387,20 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
                            placement != NULL ? ferry_cluster_size(placement->cluster) : 0)) !=
         FERRY_OK)
         goto fail;
-    if (!lm_all_local(lm) && placement->job != NULL) {
-        st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "--stages in a data-parallel job (--world) is "
-                          "not supported: a job replicates the whole LSTM on every rank");
+    if (!lm_all_local(lm) && placement->job != NULL &&
+        ferry_job_get_config(placement->job)->world > 1) {
+        st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "--stages in a data-parallel job of %d "
+                          "trainers is not supported yet (one trainer: --world 1)",
+                          ferry_job_get_config(placement->job)->world);
+        goto fail;
+    }
+    int local_layers = 0;
+    for (int g = 0; g < lm->ngroups; g++)
+        local_layers += lm->groups[g].server < 0 ? lm->groups[g].count : 0;
+    if (placement != NULL && placement->job != NULL && local_layers == 0) {
+        st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "--stages with every layer on the servers in a "
+                          "job (--save, --checkpoint-every, --world): keep at least one layer "
+                          "local (e.g. ...,local:1)");
         goto fail;
     }
     if (placement == NULL) {
@@ -421,11 +439,6 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
         lm->decoder_mode = placement->decoder_mode;
         if ((st = lm_create_remote(lm, &full, placement)) != FERRY_OK)
             goto fail;
-        for (int g = 0; g < lm->ngroups; g++) {
-            if (lm->groups[g].server >= 0 &&
-                (st = lm_create_group(lm, &lm->groups[g], &full, placement)) != FERRY_OK)
-                goto fail;
-        }
     }
     ferry_params_deinit(&full);
     *out = lm;

@@ -187,8 +187,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cfg.context_ttl_s = 3600.0;
     cfg.max_module_bytes = 1u << 20;
     cfg.max_model_bytes = 4u << 20;
-    cfg.max_context_bytes = 1u << 20;
-    cfg.max_contexts_bytes = 4u << 20;
+    cfg.max_context_bytes = 8u << 20; /* an lstm call holds an autograd context (4.3 MiB) */
+    cfg.max_contexts_bytes = 16u << 20;
     cfg.max_contexts = 64;
     ferry_ps_server *s;
     FUZZ_ASSERT(ferry__ps_server_create_local(&cfg, &s) == FERRY_OK);

@@ -98,6 +98,39 @@ expect_error "--stages without --ps" "needs --ps" \
 stop_ps ps-s1
 PS_PID=$S0_PID stop_ps ps-s0
 
+# A split model checkpoints and resumes exactly: 3 layers (0 and 1 on the servers,
+# Stiefel-constrained, dropout on), --save at step 30, both servers restarted from
+# their checkpoint directories, --load to step 60: the losses of the uninterrupted run.
+split=(--nlayers 3 --emsize 64 --nhid 64 --dropout 0.3 --stiefel 0.1 --lr 0.5
+       --data "$FERRY_SRC/data/ptb" --train-tokens 60000 --eval-tokens 5000 --epochs 1
+       --log-interval 10 --progress off)
+split_ps() { # split_ps TAG DIR: two servers on DIR/0, DIR/1; sets SPS and SPIDS
+    mkdir -p "$2/0" "$2/1"
+    start_daemon_ck "$1-0" "$2/0"; SPS="127.0.0.1:$PORT"; SPIDS=$PS_PID
+    start_daemon_ck "$1-1" "$2/1"; SPS="$SPS,127.0.0.1:$PORT"; SPIDS="$SPIDS $PS_PID"
+}
+start_daemon_ck() { start_ps "$1" --shutdown-grace-ms 500 --checkpoint-dir "$2"; }
+split_stop() { kill -TERM $SPIDS; wait $SPIDS || true; }
+split_ps sa "$TMP/ck-a"
+"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 60 \
+    --metrics-out "$TMP/m-split-a.jsonl" 2>"$TMP/t-split-a.log" ||
+    fail "split run exited $?: $(tail -3 "$TMP/t-split-a.log")"
+split_stop
+split_ps sb "$TMP/ck-b"
+"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 30 \
+    --save "$TMP/split.ck" --metrics-out "$TMP/m-split-b.jsonl" 2>"$TMP/t-split-b1.log" ||
+    fail "split run to step 30 exited $?: $(tail -3 "$TMP/t-split-b1.log")"
+split_stop
+split_ps sc "$TMP/ck-b"
+"$TRAINER" --ps "$SPS" --load "$TMP/split.ck" --data "$FERRY_SRC/data/ptb" --max-steps 60 \
+    --metrics-out "$TMP/m-split-b.jsonl" 2>"$TMP/t-split-b2.log" ||
+    fail "split resume exited $?: $(tail -3 "$TMP/t-split-b2.log")"
+split_stop
+[ "$(train_losses "$TMP/m-split-a.jsonl")" = "$(train_losses "$TMP/m-split-b.jsonl")" ] &&
+    [ "$(train_losses "$TMP/m-split-a.jsonl" | wc -l)" -eq 6 ] ||
+    fail "split resume differs: $(paste <(train_losses "$TMP/m-split-a.jsonl") <(train_losses "$TMP/m-split-b.jsonl"))"
+ok "--stages: saved at step 30, servers restarted, resumed to 60 with the uninterrupted losses"
+
 # The trainer stops cleanly on SIGTERM mid-epoch too (and checkpoints).
 start_daemon ps-sig
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
