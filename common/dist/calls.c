@@ -180,7 +180,7 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
         shard[k] = s;
         servers[k] = m->shards[s].server;
         if (dc != NULL)
-            dc->touched[servers[k]] = 1;
+            ferry__dist_touch(dc, servers[k]);
         k++;
     }
     msgs_init(reqs, replies, k);
@@ -284,7 +284,7 @@ ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float 
     for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
         servers[s] = m->shards[s].server;
         if (dc != NULL)
-            dc->touched[servers[s]] = 1;
+            ferry__dist_touch(dc, servers[s]);
         st = ferry__dist_forward_head(&reqs[s], m, dc != NULL ? dc->id : 0,
                                       rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_DENSE_PULL);
     }

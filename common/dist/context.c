@@ -20,20 +20,34 @@ ferry__dist_call *ferry__dist_call_new(ferry_dist_ctx *dc, const ferry_remote *m
     ferry__dist_call *call = calloc(1, sizeof *call);
     if (call == NULL)
         return NULL;
-    call->call_id = dc->next_call++;
     call->m = m;
     call->op = op;
+    pthread_mutex_lock(&dc->mu);
+    call->call_id = dc->next_call++;
     call->next = dc->calls;
     dc->calls = call;
+    pthread_mutex_unlock(&dc->mu);
     return call;
+}
+
+void ferry__dist_touch(ferry_dist_ctx *dc, int server) {
+    if (dc == NULL)
+        return;
+    pthread_mutex_lock(&dc->mu);
+    dc->touched[server] = 1;
+    pthread_mutex_unlock(&dc->mu);
 }
 
 ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m, uint64_t call_id,
                                         int op) {
+    pthread_mutex_lock(&dc->mu);
     for (ferry__dist_call *call = dc->calls; call != NULL; call = call->next) {
-        if (call->m == m && call->call_id == call_id && call->op == op)
+        if (call->m == m && call->call_id == call_id && call->op == op) {
+            pthread_mutex_unlock(&dc->mu);
             return call;
+        }
     }
+    pthread_mutex_unlock(&dc->mu);
     (void)ferry_errorf(FERRY_ERR_NOT_FOUND,
                        "module '%s': no pending Forward with call id %llu in context %#llx "
                        "(already backpropagated, another kind of call, or another context)",
@@ -49,10 +63,12 @@ static void call_free(ferry__dist_call *call) {
 }
 
 void ferry__dist_call_drop(ferry_dist_ctx *dc, ferry__dist_call *call) {
+    pthread_mutex_lock(&dc->mu);
     ferry__dist_call **pp = &dc->calls;
     while (*pp != call)
         pp = &(*pp)->next;
     *pp = call->next;
+    pthread_mutex_unlock(&dc->mu);
     call_free(call);
 }
 
@@ -84,6 +100,7 @@ ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out) {
         return FERRY_ERR_NOMEM;
     }
     dc->c = c;
+    pthread_mutex_init(&dc->mu, NULL);
     *out = dc;
     return FERRY_OK;
 }
@@ -116,6 +133,7 @@ void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
     ctx_close(dc);
     free(dc->touched);
     metrics_clear(dc);
+    pthread_mutex_destroy(&dc->mu);
     free(dc);
 }
 

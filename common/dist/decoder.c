@@ -30,7 +30,7 @@ static fan *fan_create(const ferry_remote *m, ferry_dist_ctx *dc) {
     for (int s = 0; s < f->k; s++) {
         f->servers[s] = m->shards[s].server;
         if (dc != NULL)
-            dc->touched[f->servers[s]] = 1;
+            ferry__dist_touch(dc, f->servers[s]);
         ferry_rpc_msg_init(&f->reqs[s]);
         ferry_rpc_msg_init(&f->replies[s]);
     }

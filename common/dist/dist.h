@@ -87,6 +87,10 @@ struct ferry_dist_ctx {
     uint64_t next_call;
     uint8_t *touched; /* (servers) 1 once a saving Forward went there */
     ferry__dist_call *calls;
+    /* Forward/Backward of different modules may run from two threads at once (the
+     * pipeline's decoder thread beside the trainer's remote LSTM stages): the call
+     * list, the call counter and touched are guarded by this. */
+    pthread_mutex_t mu;
     ferry_dist_metric *metrics; /* the last Step's metrics; names live in the same block */
     int nmetrics;
     /* A Step started by ferry_dist_ctx_step_start, awaiting ferry_dist_ctx_step_wait. */
@@ -111,6 +115,8 @@ ferry__dist_call *ferry__dist_call_new(ferry_dist_ctx *dc, const ferry_remote *m
 ferry__dist_call *ferry__dist_call_find(ferry_dist_ctx *dc, const ferry_remote *m, uint64_t call_id,
                                         int op);
 void ferry__dist_call_drop(ferry_dist_ctx *dc, ferry__dist_call *call);
+/* Marks server as joined by this context (dc may be NULL: nothing to mark). */
+void ferry__dist_touch(ferry_dist_ctx *dc, int server);
 
 /* Runs n calls of one method concurrently with the cluster's deadline: call i goes
  * to servers[i] with reqs[shared ? 0 : i] and answers into replies[i] (initialized

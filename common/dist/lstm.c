@@ -15,8 +15,8 @@
 static ferry_status one_call(ferry_remote *m, ferry_dist_ctx *dc, ferry_rpc_method method,
                              ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     int server = m->shards[0].server;
-    if (dc != NULL && method == FERRY_RPC_FORWARD)
-        dc->touched[server] = 1;
+    if (method == FERRY_RPC_FORWARD)
+        ferry__dist_touch(dc, server);
     return ferry__dist_fanout(m->c, method, 1, &server, req, 1, reply);
 }
 

@@ -45,7 +45,9 @@
  * flag), FERRY_ERR_EXISTS (a module of that name with another configuration).
  *
  * Threads: a cluster and its remote modules may be used from several threads at
- * once; a distributed context is used by one thread at a time. */
+ * once; a distributed context by one thread at a time, except that Forward and
+ * Backward calls of different modules may run from two threads at once (a pipeline's
+ * stages). */
 #ifndef FERRY_FERRY_H
 #define FERRY_FERRY_H
 

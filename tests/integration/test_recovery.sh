@@ -135,9 +135,17 @@ run_job "$TMP/stall1" stop:1 12
 grep -q "recover" "$TMP/stall1/r0.log" && fail "a 1 s stall (deadline 2 s) made the job recover"
 same_as_ref "$TMP/stall1" "1 s stall"
 ok "server 1 frozen 1 s (under the 2 s deadline): no recovery, bit-identical"
-run_job "$TMP/stall2" stop:5 12
+# The freeze lands after rank 0 logged step 12; when it falls while both ranks wait in
+# a bsp GradNorm (whose deadline includes --sync-timeout) no call is due to time out,
+# so a loaded machine can miss the retries: up to 3 runs, one must show them.
+for attempt in 1 2 3; do
+    rm -rf "$TMP/stall2"
+    run_job "$TMP/stall2" stop:5 12
+    cat "$TMP/stall2"/r*.log | grep -q "answered after" && break
+    echo "  5 s stall, run $attempt: the freeze fell in a GradNorm wait; again"
+done
 cat "$TMP/stall2"/r*.log | grep -q "answered after" ||
-    fail "a 5 s stall: no call was sent again: $(tail -3 "$TMP/stall2/r0.log")"
+    fail "a 5 s stall: no call was sent again in 3 runs: $(tail -3 "$TMP/stall2/r0.log")"
 grep -q "recover" "$TMP/stall2/r0.log" "$TMP/stall2/r1.log" &&
     fail "a 5 s stall (under the recovery timeout) made the job roll back: $(grep recover "$TMP/stall2/r0.log" | head -2)"
 same_as_ref "$TMP/stall2" "5 s stall"
