@@ -134,8 +134,8 @@ static ferry_status lstm_polar(ferry__ps_module *m) {
     lstm_impl *im = bind(m);
     for (int l = 0; l < im->rnn.L; l++) {
         const ferry_param *p = &im->view.items[im->rnn.w_hh[l]];
-        ferry_status st = ferry_stiefel_polar(p->shape.dim[0], p->shape.dim[1],
-                                              im->view.data + p->offset);
+        ferry_status st =
+            ferry_stiefel_polar(p->shape.dim[0], p->shape.dim[1], im->view.data + p->offset);
         if (st != FERRY_OK)
             return st;
     }
@@ -167,11 +167,11 @@ static ferry_status stream_start(const ferry__ps_module *m, lstm_impl *im, uint6
     lstm_stream *s = stream_find(im, key);
     ferry_status st = FERRY_OK;
     if (s == NULL || s->B != B) {
-        st = ferry_errorf(FERRY_ERR_NOT_FOUND,
-                          "lstm '%s': stream %#llx has no carried state%s (send h0 and c0, or "
-                          "the reset flag)",
-                          m->name, (unsigned long long)key,
-                          s != NULL ? " for this batch size" : "");
+        st =
+            ferry_errorf(FERRY_ERR_NOT_FOUND,
+                         "lstm '%s': stream %#llx has no carried state%s (send h0 and c0, or "
+                         "the reset flag)",
+                         m->name, (unsigned long long)key, s != NULL ? " for this batch size" : "");
     } else {
         /* A retry of the call that carried last starts where that call started. */
         int retry = ctx != 0 && s->last_ctx == ctx && s->last_call == call && s->h_prev != NULL;
@@ -276,10 +276,10 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
      * layer and hidden unit: gates 4, h, c, mask, dropped 4, and dy, dgates 5 in
      * Backward; per layer A(W) and its scratch; the layers' gradient block; and the
      * arenas' first chunks, which even a one-step call holds. */
-    int64_t scratch = (T * B * (C + 14 * K * H) +
-                       K * (4 * H * H + ferry_stiefel_scratch_floats(H)) + m->cols) *
-                          (int64_t)sizeof(float) +
-                      LSTM_CTX_BYTES;
+    int64_t scratch =
+        (T * B * (C + 14 * K * H) + K * (4 * H * H + ferry_stiefel_scratch_floats(H)) + m->cols) *
+            (int64_t)sizeof(float) +
+        LSTM_CTX_BYTES;
     if ((st = ferry__ps_scratch_check(m, scratch, "lstm activations")) != FERRY_OK)
         return st;
     uint64_t key = (uint64_t)iparam(q, FERRY_WIRE_LSTM_STREAM);
@@ -332,8 +332,8 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
         (st = put(reply, FERRY_WIRE_LSTM_FWD_HN, k->hn)) == FERRY_OK)
         st = put(reply, FERRY_WIRE_LSTM_FWD_CN, k->cn);
     if (st == FERRY_OK && (flags & FERRY_WIRE_LSTM_CARRY))
-        st = stream_carry(im, key, q->ctx_id, q->call_id, B, k->h0->data, k->c0->data,
-                          k->hn->data, k->cn->data);
+        st = stream_carry(im, key, q->ctx_id, q->call_id, B, k->h0->data, k->c0->data, k->hn->data,
+                          k->cn->data);
     if (st != FERRY_OK || !training) {
         lstm_call_free(k);
         return st;
@@ -398,8 +398,8 @@ static ferry_status lstm_backward(ferry__ps_module *m, const Ferry__BackwardRequ
     const ferry_tensor *gx = ferry_ctx_grad_of(ctx, k->x);
     int64_t dim_x[3] = {T, B, k->x->shape.dim[2]};
     void *dst;
-    if (st == FERRY_OK && (st = ferry__ps_output(reply, FERRY_WIRE_LSTM_BWD_DX, dim_x, &dst)) ==
-                              FERRY_OK) {
+    if (st == FERRY_OK &&
+        (st = ferry__ps_output(reply, FERRY_WIRE_LSTM_BWD_DX, dim_x, &dst)) == FERRY_OK) {
         if (gx != NULL)
             memcpy(dst, gx->data, ferry_tensor_nbytes(k->x));
         else

@@ -432,7 +432,8 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
         }
     }
     /* The servers' carried states: even keys for training, the next for evaluation. */
-    lm->stream = (((uint64_t)(ferry_now() * 1e9) * 0x9E3779B97F4A7C15ull) ^ (uint64_t)getpid()) & ~1ull;
+    lm->stream =
+        (((uint64_t)(ferry_now() * 1e9) * 0x9E3779B97F4A7C15ull) ^ (uint64_t)getpid()) & ~1ull;
     if ((st = ferry_params_alloc(&lm->P)) != FERRY_OK || (st = lm_init_local(lm, &full)) != FERRY_OK)
         goto fail;
     if (placement != NULL) {

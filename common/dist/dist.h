@@ -151,6 +151,11 @@ ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m,
 ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_call *call,
                                        uint64_t ctx, ferry_wire_mode mode, double *scale);
 
+/* Tape nodes (tape.c, lstm.c): t's floats in host memory (its own storage on a host
+ * backend, else a copy in ctx scratch), and grad (n floats, any backend) += host src. */
+ferry_status ferry__dist_host_floats(ferry_ctx *ctx, const ferry_tensor *t, const float **out);
+ferry_status ferry__dist_add_host(ferry_ctx *ctx, ferry_tensor *grad, const float *src, int64_t n);
+
 /* A borrowed tensor descriptor over host data: the request tensor of contract entry id,
  * or (_as) one named freely (parameters). */
 ferry_rpc_tensor ferry__dist_tensor(ferry_wire_tensor_id id, const int64_t *dim, const void *data);

@@ -146,32 +146,6 @@ typedef struct lstm_node {
     int explicit_state;
 } lstm_node;
 
-/* t's floats on the host: its storage on a host backend, else a copy in ctx scratch. */
-static ferry_status host_view(ferry_ctx *ctx, const ferry_tensor *t, const float **out) {
-    if (ferry_backend_is_host(t->be)) {
-        *out = ferry_tensor_f32(t);
-        return FERRY_OK;
-    }
-    float *h = ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(t));
-    if (h == NULL)
-        return FERRY_ERR_NOMEM;
-    *out = h;
-    return ferry_tensor_to_host(t, h);
-}
-
-/* grad += host (n floats) on ctx's backend. */
-static ferry_status add_host(ferry_ctx *ctx, ferry_tensor *grad, const float *src) {
-    ferry_backend *be = ferry_ctx_backend(ctx);
-    int64_t n = ferry_tensor_numel(grad);
-    if (ferry_backend_is_host(grad->be))
-        return ferry_backend_axpy(be, n, 1.0f, src, ferry_tensor_f32(grad));
-    ferry_tensor *tmp;
-    ferry_status st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, grad->shape, &tmp);
-    if (st == FERRY_OK && (st = ferry_tensor_from_host(tmp, src)) == FERRY_OK)
-        st = ferry_backend_axpy(be, n, 1.0f, ferry_tensor_f32(tmp), ferry_tensor_f32(grad));
-    return st;
-}
-
 static ferry_status lstm_node_backward(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
                                        ferry_tensor **grad_in) {
     lstm_node *s = saved;
@@ -185,13 +159,13 @@ static ferry_status lstm_node_backward(ferry_ctx *ctx, void *saved, ferry_tensor
     const float *dy = NULL, *dhn = NULL, *dcn = NULL;
     ferry_status st = FERRY_OK;
     if (grad_out[0] != NULL)
-        st = host_view(ctx, grad_out[0], &dy);
+        st = ferry__dist_host_floats(ctx, grad_out[0], &dy);
     else if ((dy = ferry_ctx_host_alloc(ctx, (size_t)ny * sizeof(float))) == NULL)
         st = FERRY_ERR_NOMEM; /* zeroed: the layers' gradients still come from hn, cn */
     if (st == FERRY_OK && grad_out[1] != NULL)
-        st = host_view(ctx, grad_out[1], &dhn);
+        st = ferry__dist_host_floats(ctx, grad_out[1], &dhn);
     if (st == FERRY_OK && grad_out[2] != NULL)
-        st = host_view(ctx, grad_out[2], &dcn);
+        st = ferry__dist_host_floats(ctx, grad_out[2], &dcn);
     float *dx = ferry_ctx_host_alloc(ctx, (size_t)(nx + 2 * ns) * sizeof(float));
     if (st == FERRY_OK && dx == NULL)
         st = FERRY_ERR_NOMEM;
@@ -201,12 +175,13 @@ static ferry_status lstm_node_backward(ferry_ctx *ctx, void *saved, ferry_tensor
     if ((st = ferry_remote_lstm_backward(s->m, s->dc, s->call, dy, dhn, dcn, dx, dh0, dc0)) !=
         FERRY_OK)
         return st;
-    if (grad_in[0] != NULL && (st = add_host(ctx, grad_in[0], dx)) != FERRY_OK)
+    if (grad_in[0] != NULL && (st = ferry__dist_add_host(ctx, grad_in[0], dx, nx)) != FERRY_OK)
         return st;
-    if (s->explicit_state && grad_in[1] != NULL && (st = add_host(ctx, grad_in[1], dh0)) != FERRY_OK)
+    if (s->explicit_state && grad_in[1] != NULL &&
+        (st = ferry__dist_add_host(ctx, grad_in[1], dh0, ns)) != FERRY_OK)
         return st;
     if (s->explicit_state && grad_in[2] != NULL)
-        st = add_host(ctx, grad_in[2], dc0);
+        st = ferry__dist_add_host(ctx, grad_in[2], dc0, ns);
     return st;
 }
 
@@ -229,9 +204,11 @@ ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_
                             m->name, (long long)C);
     int64_t T = x->shape.dim[0], B = x->shape.dim[1];
     ferry_shape ss = ferry_shape_3d(K, B, H);
-    if ((h0 != NULL && !ferry_shape_eq(h0->shape, ss)) || (c0 != NULL && !ferry_shape_eq(c0->shape, ss)))
-        return ferry_errorf(FERRY_ERR_SHAPE, "remote lstm '%s': h0 and c0 must be (%lld, %lld, %lld)",
-                            m->name, (long long)K, (long long)B, (long long)H);
+    if ((h0 != NULL && !ferry_shape_eq(h0->shape, ss)) ||
+        (c0 != NULL && !ferry_shape_eq(c0->shape, ss)))
+        return ferry_errorf(FERRY_ERR_SHAPE,
+                            "remote lstm '%s': h0 and c0 must be (%lld, %lld, %lld)", m->name,
+                            (long long)K, (long long)B, (long long)H);
     /* The dropout stream: the group's masks start where this context's stream is,
      * and the context moves past them as the same layers would move it here. */
     ferry_remote_lstm_args a = {.stream = stream,
@@ -253,14 +230,15 @@ ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_
     }
     ferry_tensor *out[3];
     ferry_status st;
-    if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(T, B, H), &out[0])) != FERRY_OK ||
+    if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(T, B, H), &out[0])) !=
+            FERRY_OK ||
         (st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ss, &out[1])) != FERRY_OK ||
         (st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ss, &out[2])) != FERRY_OK)
         return st;
     const float *hx, *hh0 = NULL, *hc0 = NULL;
-    if ((st = host_view(ctx, x, &hx)) != FERRY_OK ||
-        (h0 != NULL && (st = host_view(ctx, h0, &hh0)) != FERRY_OK) ||
-        (c0 != NULL && (st = host_view(ctx, c0, &hc0)) != FERRY_OK))
+    if ((st = ferry__dist_host_floats(ctx, x, &hx)) != FERRY_OK ||
+        (h0 != NULL && (st = ferry__dist_host_floats(ctx, h0, &hh0)) != FERRY_OK) ||
+        (c0 != NULL && (st = ferry__dist_host_floats(ctx, c0, &hc0)) != FERRY_OK))
         return st;
     float *host[3];
     for (int i = 0; i < 3; i++) {

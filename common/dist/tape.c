@@ -20,9 +20,7 @@ typedef struct remote_saved {
     float scale; /* xent: the loss scale */
 } remote_saved;
 
-/* t's floats in host memory: its own storage on a host backend, else a copy in ctx
- * scratch. */
-static ferry_status host_floats(ferry_ctx *ctx, const ferry_tensor *t, const float **out) {
+ferry_status ferry__dist_host_floats(ferry_ctx *ctx, const ferry_tensor *t, const float **out) {
     if (ferry_backend_is_host(t->be)) {
         *out = ferry_tensor_f32(t);
         return FERRY_OK;
@@ -61,7 +59,7 @@ static ferry_status embedding_backward(ferry_ctx *ctx, void *saved, ferry_tensor
     const float *g; /* (n, E) */
     ferry_status st = check_same_ctx(s);
     if (st == FERRY_OK)
-        st = host_floats(ctx, grad_out[0], &g);
+        st = ferry__dist_host_floats(ctx, grad_out[0], &g);
     if (st == FERRY_OK)
         st = ferry_remote_embedding_backward(s->m, s->dc, s->call, g);
     return st;
@@ -105,8 +103,7 @@ ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc,
     return st;
 }
 
-/* Adds the host (n, H) gradient dh into grad_in on any backend. */
-static ferry_status add_host_grad(ferry_ctx *ctx, ferry_tensor *gin, const float *dh, int64_t n) {
+ferry_status ferry__dist_add_host(ferry_ctx *ctx, ferry_tensor *gin, const float *dh, int64_t n) {
     ferry_backend *be = ferry_ctx_backend(ctx);
     if (ferry_backend_is_host(gin->be))
         return ferry_backend_axpy(be, n, 1.0f, dh, ferry_tensor_f32(gin));
@@ -126,7 +123,7 @@ static ferry_status logits_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
     const float *dz; /* (N, V) */
     ferry_status st = check_same_ctx(s);
     if (st == FERRY_OK)
-        st = host_floats(ctx, grad_out[0], &dz);
+        st = ferry__dist_host_floats(ctx, grad_out[0], &dz);
     float *dh = ferry_ctx_host_alloc(ctx, (size_t)(s->n * H + 1) * sizeof *dh); /* (N, H) */
     if (st == FERRY_OK && dh == NULL)
         st = FERRY_ERR_NOMEM;
@@ -134,7 +131,7 @@ static ferry_status logits_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
         st = ferry_remote_logits_backward(s->m, s->dc, s->call, dz, dh);
     if (st != FERRY_OK || grad_in[0] == NULL)
         return st;
-    return add_host_grad(ctx, grad_in[0], dh, s->n * H);
+    return ferry__dist_add_host(ctx, grad_in[0], dh, s->n * H);
 }
 
 ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
@@ -155,7 +152,7 @@ ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, fe
     shape.dim[shape.ndim - 1] = dec->rows;
     const float *h; /* (N, H) */
     ferry_tensor *z; /* (..., V) */
-    if ((st = host_floats(ctx, hidden, &h)) != FERRY_OK ||
+    if ((st = ferry__dist_host_floats(ctx, hidden, &h)) != FERRY_OK ||
         (st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, shape, &z)) != FERRY_OK)
         return st;
     int on_host = ferry_backend_is_host(z->be);
@@ -197,7 +194,7 @@ static ferry_status xent_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
         st = ferry_remote_xent_backward(s->m, s->dc, s->call, NULL, s->scale * g, dh);
     if (st != FERRY_OK || grad_in[0] == NULL)
         return st;
-    return add_host_grad(ctx, grad_in[0], dh, s->n * H);
+    return ferry__dist_add_host(ctx, grad_in[0], dh, s->n * H);
 }
 
 ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
@@ -225,7 +222,7 @@ ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferr
     const float *h; /* (N, H) */
     double sum = 0.0;
     uint64_t call = 0;
-    if ((st = host_floats(ctx, hidden, &h)) != FERRY_OK ||
+    if ((st = ferry__dist_host_floats(ctx, hidden, &h)) != FERRY_OK ||
         (st = ferry_remote_xent_forward(dec, training ? dc : NULL, h, ferry_tensor_i32(targets), N,
                                         NULL, &sum, &call)) != FERRY_OK)
         return st;
