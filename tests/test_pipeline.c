@@ -66,24 +66,13 @@ static void run_deinit(run *r, int nservers) {
         ferry_ps_server_destroy(r->srv[i]);
 }
 
-/* ||a - b|| / ||b|| over n floats. */
-static double norm_rel(const float *a, const float *b, int64_t n) {
-    double d = 0.0, ref = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = (double)a[i] - (double)b[i];
-        d += x * x;
-        ref += (double)b[i] * (double)b[i];
-    }
-    return sqrt(d) / (sqrt(ref) + 1e-30);
-}
-
 static double remote_rel(ferry_remote *a, ferry_remote *b, const char *param, int64_t rows,
                          int64_t cols) {
     float *x = malloc((size_t)(rows * cols) * sizeof *x), *y = malloc((size_t)(rows * cols) * sizeof *y);
     CHECK(x != NULL && y != NULL);
     CHECK_OK(ferry_remote_get_params(a, param, 0, rows, x));
     CHECK_OK(ferry_remote_get_params(b, param, 0, rows, y));
-    double rel = norm_rel(x, y, rows * cols);
+    double rel = ferry_norm_rel(x, y, rows * cols);
     free(x);
     free(y);
     return rel;
@@ -126,7 +115,7 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, d
         last = rr.loss_sum;
     }
     CHECK(last < first); /* it trained */
-    double lstm = norm_rel(pipe.lm->P.data, ref.lm->P.data,
+    double lstm = ferry_norm_rel(pipe.lm->P.data, ref.lm->P.data,
                            pipe.lm->P.numel);
     double enc = remote_rel(pipe.lm->emb_remote, ref.lm->emb_remote, "weight", V, 64);
     double decw = remote_rel(pipe.lm->dec_remote, ref.lm->dec_remote, "weight", V, 64);

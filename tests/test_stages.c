@@ -105,16 +105,6 @@ static float *param_of(run *r, const char *name, int64_t numel) {
     return out;
 }
 
-static double norm_rel(const float *a, const float *b, int64_t n) {
-    double d = 0.0, ref = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = (double)a[i] - (double)b[i];
-        d += x * x;
-        ref += (double)b[i] * (double)b[i];
-    }
-    return sqrt(d) / (sqrt(ref) + 1e-30);
-}
-
 /* The worst relative difference over losses and parameters of `stages` with M
  * micro-batches against the reference: every layer in the trainer, distributed
  * (embedding and decoder on the servers) or, with ref_local, the local trainer. */
@@ -167,7 +157,7 @@ static double stages_case(int L, float dropout, float stiefel, const char *stage
     for (int i = 0; i < full.count; i++) {
         const ferry_param *p = &full.items[i];
         float *x = param_of(&st, p->name, p->numel), *y = param_of(&ref, p->name, p->numel);
-        double rel = norm_rel(x, y, p->numel);
+        double rel = ferry_norm_rel(x, y, p->numel);
         if (rel > wp) {
             wp = rel;
             worst_name = p->name;

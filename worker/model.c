@@ -219,17 +219,23 @@ static ferry_status lm_polar_init(ferry_lm *lm, int idx) {
     return st;
 }
 
+/* Every parameter of P drawn as its namesake in the full layout is. */
+static ferry_status init_at_full(ferry_params *P, const ferry_params *full,
+                                 const ferry_lm_config *cfg) {
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < P->count && st == FERRY_OK; i++) {
+        int j = ferry_params_find(full, P->items[i].name);
+        FERRY_ASSERT(j >= 0);
+        st = ferry_params_init_uniform_at(P, i, cfg->init_scale, cfg->seed, full->items[j].offset);
+    }
+    return st;
+}
+
 /* Uniform init of every local parameter at its offset in the full layout, the
  * Stiefel constraint and its polar initialisation. */
 static ferry_status lm_init_local(ferry_lm *lm, const ferry_params *full) {
     const ferry_lm_config *cfg = &lm->cfg;
-    ferry_status st = FERRY_OK;
-    for (int i = 0; i < lm->P.count && st == FERRY_OK; i++) {
-        int j = ferry_params_find(full, lm->P.items[i].name);
-        FERRY_ASSERT(j >= 0);
-        st = ferry_params_init_uniform_at(&lm->P, i, cfg->init_scale, cfg->seed,
-                                          full->items[j].offset);
-    }
+    ferry_status st = init_at_full(&lm->P, full, cfg);
     for (int g = 0; g < lm->ngroups && st == FERRY_OK && cfg->stiefel_beta > 0.0f; g++) {
         for (int l = 0; l < lm->groups[g].count && st == FERRY_OK && lm->groups[g].server < 0; l++)
             st = lm_polar_init(lm, lm->groups[g].rnn.w_hh[l]);
@@ -243,29 +249,20 @@ static ferry_status lm_init_local(ferry_lm *lm, const ferry_params *full) {
 static ferry_status lm_create_group(ferry_lm *lm, ferry_lm_group *G, const ferry_params *full,
                                     const ferry_lm_placement *pl) {
     const ferry_lm_config *cfg = &lm->cfg;
-    ferry_lstm rnn;
-    ferry_params_init(&G->view, lm->be);
+    /* The group's layout in a host block of its own: its initial values now, later
+     * a place to read its weights back into (ferry_lm_feasibility). */
+    ferry_params_init(&G->view, ferry_backend_cpu());
     int64_t C = G->first == 0 ? cfg->E : cfg->H;
-    ferry_status st = ferry_lstm_init_from(&rnn, &G->view, "lstm", C, cfg->H, G->count,
+    ferry_status st = ferry_lstm_init_from(&G->rnn, &G->view, "lstm", C, cfg->H, G->count,
                                            cfg->dropout, G->first);
+    if (st == FERRY_OK && (st = ferry_params_alloc(&G->view)) == FERRY_OK)
+        st = init_at_full(&G->view, full, cfg);
+    for (int l = 0; l < G->count && st == FERRY_OK && cfg->stiefel_beta > 0.0f; l++) {
+        const ferry_param *p = &G->view.items[G->rnn.w_hh[l]];
+        st = ferry_stiefel_polar(p->shape.dim[0], p->shape.dim[1], G->view.data + p->offset);
+    }
     if (st != FERRY_OK)
         return st;
-    ferry_params init;
-    ferry_lstm irnn;
-    ferry_params_init(&init, ferry_backend_cpu());
-    if ((st = ferry_lstm_init_from(&irnn, &init, "lstm", C, cfg->H, G->count, cfg->dropout,
-                                   G->first)) == FERRY_OK)
-        st = ferry_params_alloc(&init);
-    for (int i = 0; i < init.count && st == FERRY_OK; i++) {
-        int j = ferry_params_find(full, init.items[i].name);
-        FERRY_ASSERT(j >= 0);
-        st = ferry_params_init_uniform_at(&init, i, cfg->init_scale, cfg->seed,
-                                          full->items[j].offset);
-    }
-    for (int l = 0; l < G->count && st == FERRY_OK && cfg->stiefel_beta > 0.0f; l++) {
-        const ferry_param *p = &init.items[irnn.w_hh[l]];
-        st = ferry_stiefel_polar(p->shape.dim[0], p->shape.dim[1], init.data + p->offset);
-    }
     char name[FERRY_PARAM_NAME_MAX];
     (void)snprintf(name, sizeof name, "%s%slstm_l%d-%d",
                    pl->job != NULL ? ferry_job_get_config(pl->job)->name : "",
@@ -277,15 +274,12 @@ static ferry_status lm_create_group(ferry_lm *lm, ferry_lm_group *G, const ferry
     rc.first_layer = G->first;
     rc.dropout = cfg->dropout;
     rc.optim = pl->optim;
-    rc.init_weight = init.data;
+    rc.init_weight = G->view.data;
     if (cfg->stiefel_beta > 0.0f) {
         rc.constraint.kind = FERRY_REMOTE_CONSTRAINT_STIEFEL;
         rc.constraint.beta = cfg->stiefel_beta;
     }
-    if (st == FERRY_OK)
-        st = ferry_remote_create(pl->cluster, &rc, &G->remote);
-    ferry_params_deinit(&init);
-    return st;
+    return ferry_remote_create(pl->cluster, &rc, &G->remote);
 }
 
 /* The job's dense module "lstm": the whole local block (alignment padding too, so
@@ -721,30 +715,16 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
 ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out) {
     for (int g = 0; g < lm->ngroups; g++) {
         const ferry_lm_group *G = &lm->groups[g];
-        if (G->server < 0) {
-            for (int l = 0; l < G->count; l++) {
-                const ferry_param *p = &lm->P.items[G->rnn.w_hh[l]];
-                ferry_status st = ferry_stiefel_feasibility(
-                    lm->be, p->shape.dim[0], p->shape.dim[1],
-                    ferry_params_data(&lm->P, G->rnn.w_hh[l]), &out[G->first + l], NULL);
-                if (st != FERRY_OK)
-                    return st;
-            }
-            continue;
-        }
-        /* A remote group's weights, as its server holds them now. */
-        float *w = malloc((size_t)G->view.numel * sizeof *w);
-        if (w == NULL)
-            return FERRY_ERR_NOMEM;
-        ferry_status st = ferry_remote_get_params(G->remote, "weight", 0, 1, w);
+        const ferry_params *P = G->server < 0 ? &lm->P : &G->view;
+        ferry_status st = FERRY_OK;
+        if (G->server >= 0) /* a remote group's weights, as its server holds them now */
+            st = ferry_remote_get_params(G->remote, "weight", 0, 1, G->view.data);
         for (int l = 0; l < G->count && st == FERRY_OK; l++) {
-            char name[FERRY_PARAM_NAME_MAX];
-            (void)snprintf(name, sizeof name, "lstm.weight_hh_l%d", G->first + l);
-            const ferry_param *p = &G->view.items[ferry_params_find(&G->view, name)];
-            st = ferry_stiefel_feasibility(ferry_backend_cpu(), p->shape.dim[0], p->shape.dim[1],
-                                           w + p->offset, &out[G->first + l], NULL);
+            const ferry_param *p = &P->items[G->rnn.w_hh[l]];
+            st = ferry_stiefel_feasibility(P->be, p->shape.dim[0], p->shape.dim[1],
+                                           ferry_params_data(P, G->rnn.w_hh[l]),
+                                           &out[G->first + l], NULL);
         }
-        free(w);
         if (st != FERRY_OK)
             return st;
     }

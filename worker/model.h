@@ -60,9 +60,9 @@ typedef struct ferry_lm_placement {
 typedef struct ferry_lm_group {
     int first, count; /* layers [first, first + count) of the stack */
     int server;       /* -1: this trainer; else the cluster's server index */
-    ferry_lstm rnn;   /* local: its layers, in ferry_lm.P */
+    ferry_lstm rnn;   /* its layers: in ferry_lm.P (local) or in view (remote) */
     ferry_remote *remote; /* remote: the lstm module */
-    ferry_params view;    /* remote: its packed parameter layout (not allocated) */
+    ferry_params view;    /* remote: its packed block on the host (initial values, reads) */
 } ferry_lm_group;
 
 typedef struct ferry_lm {

@@ -151,6 +151,10 @@ ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m,
 ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_call *call,
                                        uint64_t ctx, ferry_wire_mode mode, double *scale);
 
+/* Tape nodes (tape.c, lstm.c): FERRY_ERR_INVALID when a training ctx records m without
+ * an open dc, or when the node's context (ctx_id) is no longer dc's at backward. */
+ferry_status ferry__dist_check_open(const ferry_remote *m, ferry_dist_ctx *dc, ferry_ctx *ctx);
+ferry_status ferry__dist_check_same(const ferry_remote *m, ferry_dist_ctx *dc, uint64_t ctx_id);
 /* Tape nodes (tape.c, lstm.c): t's floats in host memory (its own storage on a host
  * backend, else a copy in ctx scratch), and grad (n floats, any backend) += host src. */
 ferry_status ferry__dist_host_floats(ferry_ctx *ctx, const ferry_tensor *t, const float **out);

@@ -149,15 +149,12 @@ typedef struct lstm_node {
 static ferry_status lstm_node_backward(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
                                        ferry_tensor **grad_in) {
     lstm_node *s = saved;
-    if (ferry_dist_ctx_id(s->dc) != s->ctx_id)
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "backward of remote lstm '%s': its distributed context %#llx was "
-                            "stepped or released before the tape ran backward",
-                            s->m->name, (unsigned long long)s->ctx_id);
+    ferry_status st = ferry__dist_check_same(s->m, s->dc, s->ctx_id);
+    if (st != FERRY_OK)
+        return st;
     int64_t C = s->m->dims[0], H = s->m->dims[1], K = s->m->layers;
     int64_t ny = s->T * s->B * H, nx = s->T * s->B * C, ns = K * s->B * H;
     const float *dy = NULL, *dhn = NULL, *dcn = NULL;
-    ferry_status st = FERRY_OK;
     if (grad_out[0] != NULL)
         st = ferry__dist_host_floats(ctx, grad_out[0], &dy);
     else if ((dy = ferry_ctx_host_alloc(ctx, (size_t)ny * sizeof(float))) == NULL)
@@ -190,11 +187,9 @@ ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_
                                      const ferry_tensor *h0, const ferry_tensor *c0,
                                      ferry_tensor **y, ferry_tensor **hn, ferry_tensor **cn) {
     int training = ferry_ctx_training(ctx);
-    if (training && (dc == NULL || ferry_dist_ctx_id(dc) == 0))
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "remote lstm '%s' in a training step needs an open distributed "
-                            "context (ferry_dist_ctx_begin)",
-                            m->name);
+    ferry_status st = ferry__dist_check_open(m, dc, ctx);
+    if (st != FERRY_OK)
+        return st;
     int64_t C = m->dims[0], H = m->dims[1], K = m->layers;
     if (x->dtype != FERRY_DTYPE_F32 || x->shape.ndim != 3 || x->shape.dim[2] != C ||
         (h0 == NULL) != (c0 == NULL))
@@ -229,7 +224,6 @@ ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_
         ferry_ctx_draw(ctx, (K - 1) * per, &seed, &off);
     }
     ferry_tensor *out[3];
-    ferry_status st;
     if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(T, B, H), &out[0])) !=
             FERRY_OK ||
         (st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ss, &out[1])) != FERRY_OK ||

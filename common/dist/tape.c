@@ -32,7 +32,7 @@ ferry_status ferry__dist_host_floats(ferry_ctx *ctx, const ferry_tensor *t, cons
     return ferry_tensor_to_host(t, h);
 }
 
-static ferry_status check_open(const ferry_remote *m, ferry_dist_ctx *dc, ferry_ctx *ctx) {
+ferry_status ferry__dist_check_open(const ferry_remote *m, ferry_dist_ctx *dc, ferry_ctx *ctx) {
     if (ferry_ctx_training(ctx) && (dc == NULL || ferry_dist_ctx_id(dc) == 0))
         return ferry_errorf(FERRY_ERR_INVALID,
                             "remote module '%s' in a training step needs an open distributed "
@@ -41,12 +41,12 @@ static ferry_status check_open(const ferry_remote *m, ferry_dist_ctx *dc, ferry_
     return FERRY_OK;
 }
 
-static ferry_status check_same_ctx(const remote_saved *s) {
-    if (ferry_dist_ctx_id(s->dc) != s->ctx_id)
+ferry_status ferry__dist_check_same(const ferry_remote *m, ferry_dist_ctx *dc, uint64_t ctx_id) {
+    if (ferry_dist_ctx_id(dc) != ctx_id)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "backward of remote module '%s': its distributed context %#llx was "
                             "stepped or released before the tape ran backward",
-                            s->m->name, (unsigned long long)s->ctx_id);
+                            m->name, (unsigned long long)ctx_id);
     return FERRY_OK;
 }
 
@@ -57,7 +57,7 @@ static ferry_status embedding_backward(ferry_ctx *ctx, void *saved, ferry_tensor
     (void)grad_in; /* ids take no gradient */
     remote_saved *s = saved;
     const float *g; /* (n, E) */
-    ferry_status st = check_same_ctx(s);
+    ferry_status st = ferry__dist_check_same(s->m, s->dc, s->ctx_id);
     if (st == FERRY_OK)
         st = ferry__dist_host_floats(ctx, grad_out[0], &g);
     if (st == FERRY_OK)
@@ -67,7 +67,7 @@ static ferry_status embedding_backward(ferry_ctx *ctx, void *saved, ferry_tensor
 
 ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc, ferry_ctx *ctx,
                                           const ferry_tensor *ids, ferry_tensor **out) {
-    ferry_status st = check_open(emb, dc, ctx);
+    ferry_status st = ferry__dist_check_open(emb, dc, ctx);
     if (st != FERRY_OK)
         return st;
     if (ids->dtype != FERRY_DTYPE_I32 || ids->shape.ndim > FERRY_MAX_DIMS - 1 ||
@@ -121,7 +121,7 @@ static ferry_status logits_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
     remote_saved *s = saved;
     int64_t H = s->m->cols;
     const float *dz; /* (N, V) */
-    ferry_status st = check_same_ctx(s);
+    ferry_status st = ferry__dist_check_same(s->m, s->dc, s->ctx_id);
     if (st == FERRY_OK)
         st = ferry__dist_host_floats(ctx, grad_out[0], &dz);
     float *dh = ferry_ctx_host_alloc(ctx, (size_t)(s->n * H + 1) * sizeof *dh); /* (N, H) */
@@ -136,7 +136,7 @@ static ferry_status logits_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
 
 ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
                                        const ferry_tensor *hidden, ferry_tensor **logits) {
-    ferry_status st = check_open(dec, dc, ctx);
+    ferry_status st = ferry__dist_check_open(dec, dc, ctx);
     if (st != FERRY_OK)
         return st;
     if (hidden->dtype != FERRY_DTYPE_F32 || hidden->shape.ndim < 1 ||
@@ -183,7 +183,7 @@ static ferry_status xent_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
     remote_saved *s = saved;
     int64_t H = s->m->cols;
     float g;
-    ferry_status st = check_same_ctx(s);
+    ferry_status st = ferry__dist_check_same(s->m, s->dc, s->ctx_id);
     if (st == FERRY_OK)
         st = ferry_tensor_to_host(grad_out[0], &g);
     float *dh = ferry_ctx_host_alloc(ctx, (size_t)(s->n * H + 1) * sizeof *dh); /* (N, H) */
@@ -200,7 +200,7 @@ static ferry_status xent_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
 ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
                                      const ferry_tensor *hidden, const ferry_tensor *targets,
                                      float scale, ferry_tensor **loss, double *loss_sum) {
-    ferry_status st = check_open(dec, dc, ctx);
+    ferry_status st = ferry__dist_check_open(dec, dc, ctx);
     if (st != FERRY_OK)
         return st;
     int ok = hidden->dtype == FERRY_DTYPE_F32 && targets->dtype == FERRY_DTYPE_I32 &&

@@ -1,4 +1,5 @@
 /* check.c - the test runner and the numeric comparison helpers of check.h. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,4 +82,14 @@ int ferry_test_run(int argc, char **argv, const ferry_test_case *cases, int n) {
     }
     fprintf(stderr, "%d passed, 0 failed\n", ran);
     return 0;
+}
+
+double ferry_norm_rel(const float *a, const float *b, long n) {
+    double d = 0.0, ref = 0.0;
+    for (long i = 0; i < n; i++) {
+        double x = (double)a[i] - (double)b[i];
+        d += x * x;
+        ref += (double)b[i] * (double)b[i];
+    }
+    return sqrt(d) / (sqrt(ref) + 1e-30);
 }

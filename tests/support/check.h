@@ -84,6 +84,9 @@ struct ferry_json;
 int ferry_check_json(const struct ferry_json *node, const char *path, const float *got, long n,
                      double atol, double rtol);
 
+/* ||a - b|| / ||b|| over n floats, in double (two runs' parameters, say). */
+double ferry_norm_rel(const float *a, const float *b, long n);
+
 /* Path of a file in the source tree: ferry_test_path("tests/data/x.json"). */
 const char *ferry_test_path(const char *rel);
 
