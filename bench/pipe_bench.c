@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -91,6 +92,12 @@ static void runner_step(runner *r, const ferry_batches *b, const bench_config *c
      * sums round differently (thread counts, micro-batches) part visibly by step 30. */
     ferry_lm_step_args a = {1.0f / (float)c->B, 5.0f, 0.1, (uint64_t)i + 1, (uint64_t)i, 0};
     ferry_lm_step_result res;
+    /* After a 2-thread step, OpenBLAS's idle worker spins for 2^28 cycles (~0.1 s here)
+     * before it sleeps: it would take the core a 1-thread placement's ferry-ps needs. */
+    static int last_threads = 1;
+    if (last_threads > 1 && r->threads == 1)
+        (void)nanosleep(&(struct timespec){0, 150 * 1000 * 1000}, NULL);
+    last_threads = r->threads;
     ferry_cpu_set_threads(r->threads);
     if (i == warmup && r->lm->pipe != NULL)
         ferry_lm_pipe_take_stats(r->lm->pipe, &r->pipe); /* drop the warm-up's */

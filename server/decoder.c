@@ -170,7 +170,7 @@ static ferry_status partials_backward(ferry__ps_module *m, const Ferry__Backward
     if ((st = ferry_backend_softmax_grad(m->P.be, N, Vs, z, factor, lt, row_scale, scale)) !=
         FERRY_OK)
         return st;
-    return ferry__ps_affine_grad(m, N, h, z, G, dh);
+    return ferry__ps_affine_grad(m, N, h, z, G, dh, sv);
 }
 
 static ferry_status decoder_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,

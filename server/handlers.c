@@ -13,6 +13,22 @@
 #include "common/core/log.h"
 #include "server/ps-impl.h"
 
+/* After a Forward's reply, while its caller computes: the context's zeroed
+ * gradient block for the module's dense parameters, so that its first Backward does
+ * not wait for the allocation and the page faults of that block. Charged as the
+ * Backward would; over the budget it is left to the Backward (which then refuses
+ * with the budget's message). */
+static void grads_prepare(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry_grads *G) {
+    for (int i = 0; i < G->P->count; i++) {
+        if (G->P->items[i].flags & FERRY_PARAM_ROW_SPARSE)
+            continue;
+        if (ferry__ps_ctx_charge_grads(t, c, G, 0) != FERRY_OK || ferry_grads_dense(G, i) == NULL) {
+            ferry_error_clear();
+            return;
+        }
+    }
+}
+
 ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardRequest *q,
                                   ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
@@ -56,23 +72,62 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardReque
         version = m->version;
         pthread_rwlock_unlock(&m->lock);
     }
+    ferry_grads *G = NULL;
     if (st == FERRY_OK && keep) {
         /* The module joins the context now, so that Step advances its optimizer even
          * if no gradient reaches it (the step counter stays in line with the trainer). */
-        ferry_grads *G;
         st = ferry__ps_ctx_grads(t, c, m, &G);
         if (st == FERRY_OK)
             st = ferry__ps_ctx_save(c, m, q->call_id, &sv);
     }
     ferry__ps_saved_free(&sv); /* empty unless something failed */
-    if (c != NULL)
-        ferry__ps_ctx_release(t, c);
-    if (st != FERRY_OK)
-        return st;
     Ferry__ForwardReply r;
     ferry__forward_reply__init(&r);
     r.version = version;
-    return ferry_rpc_msg_set_head(reply, &r.base);
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_set_head(reply, &r.base);
+    if (st == FERRY_OK && G != NULL && G->dense == NULL && ferry_rpc_can_reply_now(reply) &&
+        ferry_rpc_reply_now(reply) == FERRY_OK)
+        grads_prepare(t, c, G);
+    if (c != NULL)
+        ferry__ps_ctx_release(t, c);
+    return st;
+}
+
+/* The end of a Backward whose weight gradient is still to form (saved.late): the
+ * reply is kept for a retry and sent, then the weight gradient accumulates, all
+ * under the context's mutex, so the context's next call (the next Backward,
+ * GradNorm, Step, a retry) sees the whole gradient. Should the weight gradient fail
+ * after the answer, the context is dropped: its Step then fails rather than apply
+ * part of a gradient. */
+static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
+                                  ferry__ps_call *call, ferry_grads *G, ferry_rpc_msg *reply) {
+    ferry__ps_saved sv = call->saved; /* its buffers hold the operands until the end */
+    memset(&call->saved, 0, sizeof call->saved);
+    Ferry__BackwardReply r;
+    ferry__backward_reply__init(&r);
+    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK) {
+        ferry__ps_ctx_drop_call(c, call);
+        call = NULL;
+    }
+    int sent = st == FERRY_OK && ferry_rpc_reply_now(reply) == FERRY_OK;
+    if (sent)
+        atomic_fetch_add(&t->early, 1);
+    if (st == FERRY_OK)
+        st = ferry__ps_affine_grad_weights(m, &sv, G);
+    ferry__ps_saved_free(&sv);
+    if (st != FERRY_OK && sent) {
+        FERRY_LOG_ERROR("%s '%s': the weight gradient failed after the reply; context %#llx "
+                        "dropped: %s",
+                        ferry__ps_kind_name(m->kind), m->name, (unsigned long long)c->id,
+                        ferry_error_last());
+        ferry__ps_ctx_retire(t, c, 0);
+    } else if (st != FERRY_OK && call != NULL) {
+        ferry__ps_ctx_drop_call(c, call);
+    }
+    ferry__ps_ctx_release(t, c);
+    return st;
 }
 
 ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardRequest *q,
@@ -105,10 +160,15 @@ ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardReq
     if (st == FERRY_OK)
         st = ferry__ps_ctx_charge_grads(t, c, G, call->saved.N);
     if (st == FERRY_OK) {
+        /* On a network call an affine kind may leave its weight gradient for after
+         * the reply (the caller waits for the input gradient only). */
+        call->saved.late_ok = ferry_rpc_can_reply_now(reply);
         pthread_rwlock_rdlock(&m->lock);
         st = m->kind->backward(m, q, &call->saved, req, G, reply);
         pthread_rwlock_unlock(&m->lock);
     }
+    if (st == FERRY_OK && call->saved.late.pending)
+        return backward_late(t, c, m, call, G, reply);
     /* One Backward per Forward: the saved state may have been consumed in place. The
      * reply is kept, so that a retry is answered without adding the gradient again. */
     if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK)

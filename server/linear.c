@@ -253,7 +253,8 @@ ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const 
 /* dW (D, C) += dy^T x (constrained: += the map backward of dA = dy^T x); db (D) +=
  * column sums of dy; dx (N, C) = dy W_eff. */
 ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const float *x,
-                                   const float *dy, ferry_grads *G, float *dx) {
+                                   const float *dy, ferry_grads *G, float *dx,
+                                   ferry__ps_saved *sv) {
     ferry_backend *be = m->P.be;
     float *dW = ferry_grads_dense(G, m->w);
     float *db = m->b >= 0 ? ferry_grads_dense(G, m->b) : NULL;
@@ -263,6 +264,15 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
         return FERRY_OK;
     int constrained = ferry__ps_constrained(m);
     const float *W = ferry_params_data(&m->P, m->w), *w;
+    if (sv != NULL && sv->late_ok && !constrained) {
+        /* The input gradient now (it goes back first), the weight's after the reply. */
+        sv->late.pending = 1;
+        sv->late.N = N;
+        sv->late.x = x;
+        sv->late.dy = dy;
+        return ferry_affine_backward(be, N, m->cols, m->rows, x, dy, W, W, 0, NULL, NULL, dx, 0,
+                                     NULL);
+    }
     float *buf; /* A(W) and its scratch, then the backward's (none when unconstrained) */
     ferry_status st = affine_scratch(m, 1, &buf);
     if (st == FERRY_OK)
@@ -274,6 +284,20 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
                         : NULL);
     ferry_backend_free(be, buf);
     return st;
+}
+
+ferry_status ferry__ps_affine_grad_weights(const ferry__ps_module *m, ferry__ps_saved *sv,
+                                           ferry_grads *G) {
+    if (!sv->late.pending)
+        return FERRY_OK;
+    sv->late.pending = 0;
+    float *dW = ferry_grads_dense(G, m->w);
+    float *db = m->b >= 0 ? ferry_grads_dense(G, m->b) : NULL;
+    if (dW == NULL || (m->b >= 0 && db == NULL))
+        return FERRY_ERR_NOMEM;
+    const float *W = ferry_params_data(&m->P, m->w);
+    return ferry_affine_backward(m->P.be, sv->late.N, m->cols, m->rows, sv->late.x, sv->late.dy, W,
+                                 W, 0, dW, db, NULL, 0, NULL);
 }
 
 /* Forward of the affine map: input `in_name` (N, C) -> output `out_name` (N, D).
@@ -322,7 +346,7 @@ ferry_status ferry__ps_affine_backward(ferry__ps_module *m, ferry_wire_tensor_id
     float *dx;
     if ((st = ferry__ps_output(reply, out, dim, (void **)&dx)) != FERRY_OK)
         return st;
-    return ferry__ps_affine_grad(m, saved->N, saved->t[0].data, dy, G, dx);
+    return ferry__ps_affine_grad(m, saved->N, saved->t[0].data, dy, G, dx, saved);
 }
 
 /* ---- the linear kind: dims [C, D], W (D, C), optional b (D) ---- */

@@ -73,6 +73,17 @@ typedef struct ferry__ps_saved {
     size_t bytes;
     struct ferry__ps_ctx_table *table; /* the context charged, set by the handler */
     struct ferry__ps_ctx *ctx;
+    /* Set by the Backward handler when the reply may go before the weight gradient
+     * is formed; an unconstrained affine kind's backward then writes the input
+     * gradient only and leaves its operands in `late` for
+     * ferry__ps_affine_grad_weights, which the handler runs after the reply. */
+    int late_ok;
+    struct {
+        int pending;
+        int64_t N;
+        const float *x, *dy; /* in saved buffers or the request: valid until the
+                              * handler returns */
+    } late;
 } ferry__ps_saved;
 
 void ferry__ps_saved_free(ferry__ps_saved *sv); /* frees the buffers; NULL is a no-op */
@@ -98,7 +109,9 @@ typedef struct ferry__ps_kind {
     ferry_status (*forward)(ferry__ps_module *m, ferry_wire_mode mode, ferry_rpc_msg *req,
                             ferry_rpc_msg *reply, ferry__ps_saved *save);
     /* Checks every input before touching G, then accumulates the parameter
-     * gradients into G and writes the input gradients to reply. */
+     * gradients into G and writes the input gradients to reply. With saved->late_ok
+     * it may leave the weight gradient in saved->late (the affine kinds do): the
+     * handler sends the reply, then forms it. */
     ferry_status (*backward)(ferry__ps_module *m, const Ferry__BackwardRequest *q,
                              ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                              ferry_rpc_msg *reply);
@@ -168,9 +181,16 @@ void ferry__ps_read_ids(const ferry_rpc_tensor *t, int64_t n, int64_t *dst);
 
 /* y (N, D) = x (N, C) W^T + b over the module's weight (D, C) and bias. */
 ferry_status ferry__ps_affine_apply(const ferry__ps_module *m, int64_t N, const float *x, float *y);
-/* dW += dy^T x, db += column sums of dy (into G), dx (N, C) = dy W. */
+/* dW += dy^T x, db += column sums of dy (into G), dx (N, C) = dy W. With sv's
+ * late_ok set and an unconstrained weight, dx only: dW and db are left in sv->late
+ * for ferry__ps_affine_grad_weights (x and dy must outlive that call). */
 ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const float *x,
-                                   const float *dy, ferry_grads *G, float *dx);
+                                   const float *dy, ferry_grads *G, float *dx,
+                                   ferry__ps_saved *sv);
+/* The weight gradient an affine backward left for after the reply; no-op when none
+ * is pending. */
+ferry_status ferry__ps_affine_grad_weights(const ferry__ps_module *m, ferry__ps_saved *sv,
+                                           ferry_grads *G);
 /* The affine map y (N, D) = x (N, C) W^T + b of linear and decoder-logits modules.
  * Forward reads `in_name` (N, C), writes `out_name` (N, D) and, with save, keeps x;
  * backward reads `grad_name` (N, D), accumulates dW, db and writes `out_name` (N, C). */
@@ -280,6 +300,7 @@ typedef struct ferry__ps_ctx_table {
     ferry__ps_stepped stepped_ring[FERRY__PS_STEPPED_KEEP]; /* table lock */
     int stepped_next;
     atomic_llong replayed; /* retried calls answered from what was kept */
+    atomic_llong early;    /* Backward replies sent before their weight gradient */
 } ferry__ps_ctx_table;
 
 ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,

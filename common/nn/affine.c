@@ -71,8 +71,9 @@ ferry_status ferry_affine_backward(ferry_backend *be, int64_t N, int64_t C, int6
                                    float *dx, int dx_accumulate, float *scratch) {
     if (N == 0)
         return FERRY_OK;
-    ferry_status st;
-    if (!constrained) {
+    ferry_status st = FERRY_OK;
+    if (dW == NULL) { /* the input gradient only */
+    } else if (!constrained) {
         st = ferry_backend_gemm(be, 1, 0, D, C, N, 1.0f, dy, D, x, C, 1.0f, dW, C);
     } else {
         int64_t n = D * C;

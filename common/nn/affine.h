@@ -27,7 +27,7 @@ ferry_status ferry_affine_forward(ferry_backend *be, int64_t N, int64_t C, int64
                                   const float *x, const float *w_eff, const float *b, float *y);
 
 /* Backward of ferry_affine_forward for the upstream gradient dy (N, D):
- * dW (D, C) += dy^T x, or for a constrained W the map's vector-Jacobian product of it
+ * dW (D, C) += dy^T x when dW != NULL, or for a constrained W the map's vector-Jacobian product of it
  * (W the raw weight; scratch of ferry_affine_scratch_floats(C, D, 1, 0) floats);
  * db (D) += column sums of dy when db != NULL; dx (N, C) += dy w_eff when dx != NULL
  * (dx_accumulate = 0 overwrites it instead). */

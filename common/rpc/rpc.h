@@ -241,6 +241,18 @@ typedef struct ferry_rpc_pending ferry_rpc_pending;
 ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply);
 void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_msg *reply);
 
+/* An answer before the work is done: a handler whose caller needs only part of
+ * its work (a Backward's input gradient, not the weight gradient it accumulates)
+ * fills reply, calls ferry_rpc_reply_now(reply), goes on with the rest and returns.
+ * The reply goes out now, with status OK; the handler must not touch it again, and
+ * what it returns afterwards is logged, not sent. FERRY_OK once sent; an error
+ * (nothing sent, the reply untouched) when the reply cannot be encoded, and
+ * FERRY_ERR_UNSUPPORTED for a reply that belongs to no network call or was
+ * deferred: the handler then answers by returning, as usual.
+ * ferry_rpc_can_reply_now tells beforehand whether the reply could go early. */
+int ferry_rpc_can_reply_now(const ferry_rpc_msg *reply);
+ferry_status ferry_rpc_reply_now(ferry_rpc_msg *reply);
+
 typedef struct ferry_rpc_server_config {
     const char *listen;       /* "127.0.0.1:0" (port 0: an ephemeral port), "[::]:7000" */
     int threads;              /* completion-queue threads running handlers; 0: 2 */

@@ -96,7 +96,9 @@ typedef struct server_call {
     grpc_metadata trailer; /* FERRY_RPC_STATUS_KEY on errors */
     char status_text[16];
     int cancelled;
-    int deferred; /* the handler called ferry_rpc_defer: the reply comes later */
+    int deferred;     /* the handler called ferry_rpc_defer: the reply comes later */
+    int early;        /* the handler called ferry_rpc_reply_now: answered, still running */
+    atomic_int holds; /* early: the reply batch and the handler, each frees last */
     char caller[224]; /* ferry_rpc_caller */
     double t0;        /* when the call arrived */
     grpc_op ops[4];
@@ -204,7 +206,8 @@ static void call_reply(server_call *c, ferry_status st, grpc_status_code code, c
     if (e != GRPC_CALL_OK) {
         FERRY_LOG_ERROR("rpc server: cannot send a reply: %s", grpc_call_error_to_string(e));
         atomic_fetch_sub(&c->srv->in_flight, 1);
-        call_free(c);
+        if (!c->early || atomic_fetch_sub(&c->holds, 1) == 1)
+            call_free(c);
     }
 }
 
@@ -390,6 +393,15 @@ static void call_serve(server_call *c) {
         ferry_error_clear();
         reply.call = c;
         st = srv->handlers[c->method](srv->user, (ferry_rpc_method)c->method, &req, &reply);
+        if (c->early) { /* answered already: what came after is only logged */
+            if (st != FERRY_OK)
+                FERRY_LOG_ERROR("%s: after its reply: %s", mi->name, ferry_error_last());
+            ferry_rpc_msg_deinit(&req);
+            ferry_rpc_msg_deinit(&reply);
+            if (atomic_fetch_sub(&c->holds, 1) == 1)
+                call_free(c);
+            return;
+        }
         if (c->deferred && st == FERRY_OK) {
             ferry_rpc_msg_deinit(&req);
             ferry_rpc_msg_deinit(&reply);
@@ -532,8 +544,10 @@ static void call_health(server_call *c) {
     grpc__health__v1__health_check_request__free_unpacked(q, NULL);
     if (!known && c->method == HEALTH_CHECK) {
         char detail[160];
-        (void)snprintf(detail, sizeof detail, "unknown service '%s' (this server: \"\" or "
-                                              "ferry.Ferry)", service);
+        (void)snprintf(detail, sizeof detail,
+                       "unknown service '%s' (this server: \"\" or "
+                       "ferry.Ferry)",
+                       service);
         call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
         return;
     }
@@ -587,6 +601,25 @@ void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_m
     call_reply(c, st, code, st == FERRY_OK ? "" : detail);
 }
 
+int ferry_rpc_can_reply_now(const ferry_rpc_msg *reply) {
+    const server_call *c = reply->call;
+    return c != NULL && !c->deferred && !c->early;
+}
+
+ferry_status ferry_rpc_reply_now(ferry_rpc_msg *reply) {
+    server_call *c = reply->call;
+    if (!ferry_rpc_can_reply_now(reply))
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "this reply cannot be sent before its "
+                            "handler returns");
+    ferry_status st = reply_encode(c, ferry__rpc_method((ferry_rpc_method)c->method), reply);
+    if (st != FERRY_OK)
+        return st;
+    c->early = 1;
+    atomic_store(&c->holds, 2);
+    call_reply(c, FERRY_OK, GRPC_STATUS_OK, "");
+    return FERRY_OK;
+}
+
 /* A path without a handler: answer without reading the request. */
 static void call_unimplemented(server_call *c) {
     char path[128], detail[256];
@@ -607,7 +640,9 @@ static void call_event(server_call *c, int ok) {
     ferry_rpc_server *srv = c->srv;
     if (c->state == CALL_REPLYING) {
         atomic_fetch_sub(&srv->in_flight, 1);
-        call_free(c);
+        /* Answered early: the handler may still be running, and frees it if last. */
+        if (!c->early || atomic_fetch_sub(&c->holds, 1) == 1)
+            call_free(c);
         return;
     }
     if (c->state == CALL_WATCH_FIRST) {

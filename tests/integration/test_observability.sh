@@ -66,9 +66,10 @@ sleep 0.3
 f2=$(scrape "http://127.0.0.1:$MP/metrics" ferry_rpc_server_calls_total method=Forward code=OK)
 wait "$TPID" || fail "trainer failed: $(tail -3 "$TMP/trainer.log")"
 s3=$(scrape "http://127.0.0.1:$MP/metrics" ferry_ps_steps_applied_total)
-"$PY" -c "import sys; a=[float(x) for x in sys.argv[1:]]; f1,f2,s1,s3,t1,lat=a; assert 0<f1<f2 and 0<s1<s3 and t1>=20 and lat>0, a" \
-    "$f1" "$f2" "$s1" "$s3" "$t1" "$lat" || fail "counters did not move: Forward $f1 -> $f2, steps $s1 -> $s3, trainer step $t1, latency count $lat"
-ok "during training: Forward calls $f1 -> $f2, steps applied $s1 -> $s3; trainer at step $t1, $lat Forward latencies"
+early=$(scrape "http://127.0.0.1:$MP/metrics" ferry_ps_backward_early_replies_total)
+"$PY" -c "import sys; a=[float(x) for x in sys.argv[1:]]; f1,f2,s1,s3,t1,lat,early=a; assert 0<f1<f2 and 0<s1<s3 and t1>=20 and lat>0 and early>=400, a" \
+    "$f1" "$f2" "$s1" "$s3" "$t1" "$lat" "$early" || fail "counters did not move: Forward $f1 -> $f2, steps $s1 -> $s3, trainer step $t1, latency count $lat, early Backward replies $early"
+ok "during training: Forward calls $f1 -> $f2, steps applied $s1 -> $s3; trainer at step $t1, $lat Forward latencies; $early decoder Backwards answered before their weight gradient"
 if command -v promtool >/dev/null; then
     page "http://127.0.0.1:$MP/metrics" | promtool check metrics || fail "promtool check metrics"
     ok "promtool check metrics: ferry-ps's and ferry-trainer's pages are clean"
