@@ -42,6 +42,8 @@ typedef struct setup {
     ferry_lm_config mc;
     ferry_optim_config oc;
     float clip;
+    const char *stages; /* --stages of every rank, or NULL */
+    int micro;          /* --micro-batches of every rank (0, 1: none) */
     ferry_ps_server *srv[SERVERS];
     char targets[128];
 } setup;
@@ -96,9 +98,11 @@ static void *rank_main(void *arg) {
     ferry_job_config jc = {r->job, r->world, r->rank, FERRY_SYNC_BSP, 0, 20000, "test=1"};
     if (st == FERRY_OK)
         st = ferry_job_join(r->cl, &jc, &r->jb);
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, s->oc, r->jb, 0, NULL};
+    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, s->oc, r->jb, 0, s->stages};
     if (st == FERRY_OK)
         st = ferry_lm_create_placed(s->be, &s->mc, &pl, &r->lm);
+    if (st == FERRY_OK && s->micro > 1)
+        st = ferry_lm_set_micro_batches(r->lm, s->micro);
     if (st == FERRY_OK)
         st = ferry_optim_create(&r->lm->P, &s->oc, &opt);
     if (st == FERRY_OK)
@@ -187,10 +191,14 @@ static void setup_deinit(setup *s) {
 }
 
 /* N ranks of a bsp job against one local trainer of the global batch. */
-static void bsp_matches_local(int world, float stiefel, ferry_optim_kind kind, double lr,
-                              double param_tol, const char *job) {
+static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind kind, double lr,
+                                     double param_tol, const char *job, int layers,
+                                     const char *stages, int micro) {
     setup s;
     setup_init(&s, stiefel, kind, lr);
+    s.mc.L = layers;
+    s.stages = stages;
+    s.micro = micro;
     /* The reference: one trainer, batch GB, everything local. */
     ferry_lm *loc;
     ferry_optim *lopt;
@@ -262,10 +270,28 @@ static void bsp_matches_local(int world, float stiefel, ferry_optim_kind kind, d
             CHECK(memcmp(ferry_params_data(&runs[r].lm->P, i), ferry_params_data(&lm0->P, i),
                          (size_t)p->numel * sizeof(float)) == 0);
     }
+    /* Layers on the servers (--stages): read back from their lstm module. */
+    for (int g = 0; g < lm0->ngroups; g++) {
+        const ferry_lm_group *G = &lm0->groups[g];
+        if (G->server < 0)
+            continue;
+        float *w = malloc((size_t)G->view.numel * sizeof *w);
+        CHECK(w != NULL);
+        CHECK_OK(ferry_remote_get_params(G->remote, "weight", 0, 1, w));
+        for (int i = 0; i < G->view.count; i++) {
+            const ferry_param *p = &G->view.items[i];
+            int j = ferry_params_find(&loc->P, p->name);
+            CHECK(j >= 0);
+            PARAM_REL(p->name, tensor_rel(w + p->offset, ferry_params_data(&loc->P, j), p->numel));
+        }
+        free(w);
+    }
     fprintf(stderr,
-            "  %d ranks x batch %d (%s%s): %d steps, loss %.4f -> %.4f, worst loss rel %.3g, "
-            "worst parameter rel %.3g (%s)\n",
-            world, GB / world, ferry_optim_kind_name(kind), stiefel > 0 ? ", Stiefel" : "", STEPS,
+            "  %d ranks x batch %d (%s%s%s%s, M=%d): %d steps, loss %.4f -> %.4f, worst loss rel "
+            "%.3g, worst parameter rel %.3g (%s)\n",
+            world, GB / world, ferry_optim_kind_name(kind), stiefel > 0 ? ", Stiefel" : "",
+            stages != NULL ? ", --stages " : "", stages != NULL ? stages : "", micro > 1 ? micro : 1,
+            STEPS,
             ref[0] / (BPTT * GB), ref[STEPS - 1] / (BPTT * GB), worst, pw, pworst);
     CHECK(pw <= param_tol);
 
@@ -283,6 +309,11 @@ static void bsp_matches_local(int world, float stiefel, ferry_optim_kind kind, d
     ferry_optim_destroy(lopt);
     ferry_lm_destroy(loc);
     setup_deinit(&s);
+}
+
+static void bsp_matches_local(int world, float stiefel, ferry_optim_kind kind, double lr,
+                              double param_tol, const char *job) {
+    bsp_matches_local_placed(world, stiefel, kind, lr, param_tol, job, 2, NULL, 1);
 }
 
 TEST(bsp_two_ranks_match_local) {
@@ -308,6 +339,15 @@ TEST(bsp_adam_stiefel_matches_local) {
 
 /* Membership: rank out of range, a rank claimed twice, another world, another model,
  * a job that finished; each a clear error, and the servers go on serving. */
+/* Model and pipeline parallel inside data parallel: each rank's pipeline (3
+ * micro-batches) runs layer 0 on server 1 (Stiefel-constrained, shared by the ranks:
+ * their contexts' gradients are summed there), layer 1 on server 0 and layer 2 in
+ * the rank. */
+TEST(bsp_stages_match_local) {
+    bsp_matches_local_placed(2, 0.1f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp-stages", 3,
+                             "ps1:1,ps0:1,local:1", 3);
+}
+
 TEST(membership_errors) {
     setup s;
     setup_init(&s, 0.0f, FERRY_OPTIM_SGD, 1.0);
@@ -402,5 +442,5 @@ TEST(bsp_missing_rank_times_out) {
 }
 
 FERRY_TEST_MAIN(T(bsp_two_ranks_match_local) T(bsp_four_ranks_match_local)
-                    T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local)
+                    T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local) T(bsp_stages_match_local)
                         T(membership_errors) T(bsp_missing_rank_times_out))

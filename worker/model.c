@@ -381,13 +381,6 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
                            placement != NULL ? ferry_cluster_size(placement->cluster) : 0)) !=
         FERRY_OK)
         goto fail;
-    if (!lm_all_local(lm) && placement->job != NULL &&
-        ferry_job_get_config(placement->job)->world > 1) {
-        st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "--stages in a data-parallel job of %d "
-                          "trainers is not supported yet (one trainer: --world 1)",
-                          ferry_job_get_config(placement->job)->world);
-        goto fail;
-    }
     int local_layers = 0;
     for (int g = 0; g < lm->ngroups; g++)
         local_layers += lm->groups[g].server < 0 ? lm->groups[g].count : 0;
@@ -425,9 +418,14 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
                 goto fail;
         }
     }
-    /* The servers' carried states: even keys for training, the next for evaluation. */
-    lm->stream =
-        (((uint64_t)(ferry_now() * 1e9) * 0x9E3779B97F4A7C15ull) ^ (uint64_t)getpid()) & ~1ull;
+    /* The servers' carried states: even keys for training, the next for evaluation;
+     * each rank of a job has its own (ranks may share a process and a nanosecond). */
+    uint64_t rank = placement != NULL && placement->job != NULL
+                        ? (uint64_t)ferry_job_get_config(placement->job)->rank
+                        : 0;
+    lm->stream = (((uint64_t)(ferry_now() * 1e9) * 0x9E3779B97F4A7C15ull) ^ (uint64_t)getpid() ^
+                  (rank + 1) * 0xC2B2AE3D27D4EB4Full) &
+                 ~1ull;
     if ((st = ferry_params_alloc(&lm->P)) != FERRY_OK || (st = lm_init_local(lm, &full)) != FERRY_OK)
         goto fail;
     if (placement != NULL) {

@@ -131,6 +131,24 @@ split_stop
     fail "split resume differs: $(paste <(train_losses "$TMP/m-split-a.jsonl") <(train_losses "$TMP/m-split-b.jsonl"))"
 ok "--stages: saved at step 30, servers restarted, resumed to 60 with the uninterrupted losses"
 
+# A pipeline is one replica of a data-parallel job: 2 ranks of a bsp job, each with
+# layer 0 on server 1 (shared: the ranks' gradients are summed there), layer 1 on
+# server 0, layer 2 local, 2 micro-batches. Both finish and log the job's same loss.
+split_ps sj "$TMP/ck-j"
+for r in 0 1; do
+    "$TRAINER" --ps "$SPS" --job split2 --world 2 --rank "$r" --stages ps1:1,ps0:1,local:1 \
+        --micro-batches 2 "${split[@]}" --max-steps 20 --metrics-out "$TMP/m-sj$r.jsonl" \
+        2>"$TMP/t-sj$r.log" &
+    eval "SJ$r=\$!"
+done
+wait "$SJ0" || fail "stages in a 2-rank job: rank 0 exited $?: $(tail -3 "$TMP/t-sj0.log")"
+wait "$SJ1" || fail "stages in a 2-rank job: rank 1 exited $?: $(tail -3 "$TMP/t-sj1.log")"
+split_stop
+[ "$(train_losses "$TMP/m-sj0.jsonl" | wc -l)" -eq 2 ] &&
+    [ "$(train_losses "$TMP/m-sj0.jsonl")" = "$(train_losses "$TMP/m-sj1.jsonl")" ] ||
+    fail "stages in a 2-rank job: the ranks' job losses differ: $(paste <(train_losses "$TMP/m-sj0.jsonl") <(train_losses "$TMP/m-sj1.jsonl"))"
+ok "--stages ps1:1,ps0:1,local:1 --micro-batches 2 in a 2-rank bsp job: both ranks log the job's losses ($(train_losses "$TMP/m-sj0.jsonl" | tail -1))"
+
 # The trainer stops cleanly on SIGTERM mid-epoch too (and checkpoints).
 start_daemon ps-sig
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \

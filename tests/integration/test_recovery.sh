@@ -269,6 +269,66 @@ grep -q "recovery impossible: no checkpoint that this rank" "$d/r0.log" ||
 grep -q "is fresh" "$d/r0.log" || fail "fresh shard not reported: $(grep recovery "$d/r0.log" | tail -4)"
 ok "a fresh shard with no checkpoint: reported, and the ranks stop with a clear error"
 
+# ---- model parallel: a crashed server that hosts LSTM layers -----------------------------
+# One trainer in a job (--world 1) with 3 layers, layer 0 on ferry-ps 0, layer 1 on
+# ferry-ps 1 (Stiefel-constrained, as the trainer's own), layer 2 local, 2 micro-batches,
+# dropout on. Each server in turn (its LSTM layer, its embedding and decoder shards,
+# their optimizer state and the carried hidden state of the trainer's stream) is
+# SIGKILLed at a random step and started again: the job must roll back and finish
+# bit-identical to the undisturbed run.
+SDATA=("${DATA[@]}" --nlayers 3 --stages ps0:1,ps1:1,local:1 --micro-batches 2 --stiefel 0.5)
+run_stages() {
+    local dir=$1 at=${2:-0} v=${3:-1}
+    mkdir -p "$dir/ck0" "$dir/ck1" "$dir/save"
+    local -a ports pspid
+    for s in 0 1; do
+        start_ps "$(basename "$dir")-ps$s" --checkpoint-dir "$dir/ck$s" --checkpoint-keep 20 \
+            --context-ttl 30
+        ports[$s]=$PORT
+        pspid[$s]=$PS_PID
+    done
+    "$TRAINER" --ps "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}" --job rec --world 1 --rank 0 \
+        "${SDATA[@]}" --save "$dir/save/lm" --metrics-out "$dir/m0.jsonl" 2>>"$dir/r0.log" &
+    local r=$!
+    if [ "$at" -gt 0 ]; then
+        for _ in $(seq 600); do
+            grep -q "\"event\":\"train\".*\"step\":$at," "$dir/m0.jsonl" 2>/dev/null && break
+            kill -0 "$r" 2>/dev/null || break
+            sleep 0.02
+        done
+        kill -9 "${pspid[$v]}"
+        wait "${pspid[$v]}" 2>/dev/null || true
+        "$PS" --listen "127.0.0.1:${ports[$v]}" --checkpoint-dir "$dir/ck$v" --checkpoint-keep 20 \
+            --context-ttl 30 2>>"$TMP/$(basename "$dir")-ps$v.log" &
+        pspid[$v]=$!
+    fi
+    local rc=0
+    wait "$r" || rc=$?
+    kill "${pspid[0]}" "${pspid[1]}"
+    wait "${pspid[0]}" "${pspid[1]}" 2>/dev/null || true
+    [ "$rc" = 0 ] || fail "$dir: the trainer exited $rc: $(tail -5 "$dir/r0.log")"
+}
+run_stages "$TMP/sref"
+grep -q "stages: embedding and decoder on the servers, layer 0 127.0.0.1:[0-9]*, layer 1 127.0.0.1:[0-9]*, layer 2 here" "$TMP/sref/r0.log" ||
+    fail "stages: no placement line: $(grep stages "$TMP/sref/r0.log" | head -2)"
+for v in 0 1; do
+    at=$((3 + RANDOM % (STEPS - 8)))
+    d=$TMP/skill$v
+    run_stages "$d" "$at" "$v"
+    grep -q "recovered in" "$d/r0.log" ||
+        fail "stages: the trainer never recovered from server $v's crash at step $at: $(tail -4 "$d/r0.log")"
+    for s in 0 1; do
+        cmp -s "$TMP/sref/ck$s/rec-step$STEPS.ckpt" "$d/ck$s/rec-step$STEPS.ckpt" ||
+            fail "stages: server $s's state at step $STEPS differs from the undisturbed run (ps$v killed at $at)"
+    done
+    cmp -s "$TMP/sref/save/lm.r0.$STEPS" "$d/save/lm.r0.$STEPS" ||
+        fail "stages: the trainer's part at step $STEPS differs from the undisturbed run (ps$v killed at $at)"
+    a=$(train_losses "$TMP/sref/m0.jsonl" | tail -1)
+    b=$(train_losses "$d/m0.jsonl" | tail -1)
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "stages: last loss $b, undisturbed $a (ps$v killed at $at)"
+    ok "model parallel (layer 0 on ps0, Stiefel layer 1 on ps1, layer 2 local, M=2): ps$v SIGKILLed at step $at, $(grep -o 'rolled back to step [0-9]*' "$d/r0.log" | tail -1), bit-identical"
+done
+
 # ---- checkpoints that are not this model's, or not this format ---------------------------
 expect_error "ferry-ps --restore of a trainer's file" "is not a FERRYPS2 file (bad magic)" \
     "$PS" --listen 127.0.0.1:0 --restore "$TMP/ref/save/lm.r0.$STEPS"
