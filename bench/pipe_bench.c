@@ -29,6 +29,7 @@
 #include "bench/bench_util.h"
 #include "common/backend/cpu/cpu.h"
 #include "common/core/log.h"
+#include "common/rpc/rpc.h"
 #include "worker/batch.h"
 #include "worker/corpus.h"
 #include "worker/model.h"
@@ -42,11 +43,12 @@ static void check_ok(ferry_status st, const char *what) {
         die(what);
 }
 
-enum { LOCAL1, LOCAL2, RELAY1, RELAY2, PIPE1, NRUN };
+enum { LOCAL1, LOCAL2, RELAY1, RELAY2, PIPE1, RELAY_LV, PIPE_LV, NRUN };
 
 typedef struct runner {
     const char *label;
     int threads, micro; /* trainer OpenBLAS threads; micro-batches (0: local) */
+    int64_t local_vocab; /* decoder rows computed in the trainer (--local-vocab) */
     ps_child ps;
     ferry_cluster *cl;
     ferry_dist_ctx *dc;
@@ -70,7 +72,7 @@ static void runner_init(runner *r, const bench_config *c, int steps) {
     ferry_lm_config mc = {c->V, c->E, c->H, c->L, 0.0f, 0.1f, 0.0f, 1};
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
     oc.lr = 0.1;
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL};
+    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL, r->local_vocab};
     check_ok(ferry_lm_create_placed(be, &mc, r->cl != NULL ? &pl : NULL, &r->lm), "model");
     if (r->micro > 1)
         check_ok(ferry_lm_set_micro_batches(r->lm, r->micro), "micro-batches");
@@ -126,13 +128,17 @@ static void runner_finish(runner *r, int steps) {
 
 static void usage(void) {
     fprintf(stderr, "usage: pipe_bench [--config small|medium|all] [--steps N] [--warmup N] "
-                    "[--micro M] [--data DIR] [--ps-bin PATH]\n");
+                    "[--micro M] [--local-vocab SMALL,MEDIUM] [--data DIR] [--ps-bin PATH]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     ferry_cpu_ensure_blas_kernels(argv);
     int steps = 20, warmup = 3, micro = 4;
+    /* Decoder rows the trainer computes in the "local vocabulary slice" placements,
+     * per configuration (the trainer's LSTM share differs: small's decoder holds 3/4
+     * of the FLOPs, medium's 2/5). */
+    long long lv[2] = {3000, 600};
     const char *which = "all", *data = FERRY_BENCH_DATA, *ps_bin = FERRY_BENCH_PS_BIN;
     for (int i = 1; i < argc; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -148,7 +154,10 @@ int main(int argc, char **argv) {
             micro = atoi(v);
         else if (strcmp(argv[i], "--data") == 0)
             data = v;
-        else if (strcmp(argv[i], "--ps-bin") == 0)
+        else if (strcmp(argv[i], "--local-vocab") == 0) {
+            if (sscanf(v, "%lld,%lld", &lv[0], &lv[1]) != 2 || lv[0] < 0 || lv[1] < 0)
+                usage();
+        } else if (strcmp(argv[i], "--ps-bin") == 0)
             ps_bin = v;
         else
             usage();
@@ -156,16 +165,21 @@ int main(int argc, char **argv) {
     if (steps < 5 || warmup < 1 || micro < 2 || micro > FERRY_LM_MAX_MICRO)
         usage();
     ferry_log_init("pipe_bench");
+    check_ok(ferry_rpc_tune_malloc(0), "tuning malloc (as ferry-trainer does)");
     ferry_log_set_level(FERRY_LOG_LEVEL_WARN);
     static const bench_config configs[] = {
         {"small", 10000, 200, 200, 2, 20, 20},
         {"medium", 10000, 650, 650, 2, 35, 20},
     };
     enum { NCONF = 2 };
-    static const char *labels[NRUN] = {
-        "local, 1 thread", "local, 2 threads", "ferry-ps + trainer, M=1, 1 thread",
-        "ferry-ps + trainer, M=1, 2 threads", "ferry-ps + trainer, pipelined, 1 thread"};
-    static const int threads[NRUN] = {1, 2, 1, 2, 1};
+    static const char *labels[NRUN] = {"local, 1 thread",
+                                       "local, 2 threads",
+                                       "ferry-ps + trainer, M=1, 1 thread",
+                                       "ferry-ps + trainer, M=1, 2 threads",
+                                       "ferry-ps + trainer, pipelined, 1 thread",
+                                       "+ local vocab slice, M=1",
+                                       "+ local vocab slice, pipelined"};
+    static const int threads[NRUN] = {1, 2, 1, 2, 1, 1, 1};
     runner run[NCONF][NRUN];
     memset(run, 0, sizeof run);
     /* Every ferry-ps starts before this process touches gRPC. */
@@ -175,7 +189,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < NRUN; r++) {
             run[k][r].label = labels[r];
             run[k][r].threads = threads[r];
-            run[k][r].micro = r == PIPE1 ? micro : r >= RELAY1 ? 1 : 0;
+            run[k][r].micro = r == PIPE1 || r == PIPE_LV ? micro : r >= RELAY1 ? 1 : 0;
+            run[k][r].local_vocab = r >= RELAY_LV ? lv[k] : 0;
             if (run[k][r].micro > 0)
                 bench_ps_spawn(&run[k][r].ps, ps_bin, 2, 1);
         }
@@ -230,6 +245,9 @@ int main(int argc, char **argv) {
             char label[64];
             if (r == PIPE1)
                 snprintf(label, sizeof label, "ferry-ps + trainer, M=%d, 1 thread", micro);
+            else if (r >= RELAY_LV)
+                snprintf(label, sizeof label, "  + %lld vocab rows here, M=%d",
+                         (long long)x->local_vocab, r == PIPE_LV ? micro : 1);
             else
                 snprintf(label, sizeof label, "%s", x->label);
             printf("  %-40s %9.0f %6.1f [%4.1f-%4.1f] %8.2fx %8.0f%%", label, tps, 1e3 * x->step_s,

@@ -5,7 +5,9 @@
  * trainer's LSTM, the servers' embedding and decoder) within 1e-5 in norm: with
  * dropout off and on (the masks of a micro-batch are the whole window's at its time
  * steps), with a Stiefel-constrained LSTM, uneven micro-batches and two shards.
- * M = 1 must stay the unpipelined step bit for bit. */
+ * M = 1 must stay the unpipelined step bit for bit. The same holds with a slice of
+ * the decoder's vocabulary in the trainer (--local-vocab), pipelined or not, against
+ * the run with every decoder row on the servers. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +34,7 @@ typedef struct run {
     ferry_ctx *ctx;
 } run;
 
-static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M) {
+static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M, int64_t local_vocab) {
     ferry_backend *be = ferry_backend_cpu();
     char targets[256] = "";
     for (int i = 0; i < nservers; i++) {
@@ -49,7 +51,7 @@ static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M) {
     CHECK_OK(ferry_dist_ctx_create(r->cl, &r->dc));
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
     oc.lr = LR;
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL};
+    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL, local_vocab};
     CHECK_OK(ferry_lm_create_placed(be, mc, &pl, &r->lm));
     CHECK_OK(ferry_lm_set_micro_batches(r->lm, M));
     CHECK_OK(ferry_optim_create(&r->lm->P, &oc, &r->opt));
@@ -79,7 +81,8 @@ static double remote_rel(ferry_remote *a, ferry_remote *b, const char *param, in
 }
 
 /* Returns the worst relative difference seen (losses and parameters). */
-static double pipeline_case(int nservers, float dropout, float stiefel, int M, double tol) {
+static double pipeline_case(int nservers, float dropout, float stiefel, int M, int64_t local_vocab,
+                            double tol) {
     ferry_backend *be = ferry_backend_cpu();
     ferry_corpus *corpus;
     CHECK_OK(ferry_corpus_load(ferry_test_path("data/ptb"), &corpus));
@@ -90,8 +93,8 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, d
     int64_t V = ferry_vocab_size(ferry_corpus_vocab(corpus));
     ferry_lm_config mc = {V, 64, 64, 2, dropout, 0.1f, stiefel, 7};
     run ref, pipe;
-    run_init(&ref, nservers, &mc, 1);
-    run_init(&pipe, nservers, &mc, M);
+    run_init(&ref, nservers, &mc, 1, 0);
+    run_init(&pipe, nservers, &mc, M, local_vocab);
 
     double worst = 0.0, first = 0.0, last = 0.0;
     for (int s = 0; s < STEPS; s++) {
@@ -115,15 +118,18 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, d
         last = rr.loss_sum;
     }
     CHECK(last < first); /* it trained */
-    double lstm = ferry_norm_rel(pipe.lm->P.data, ref.lm->P.data,
-                           pipe.lm->P.numel);
+    /* The trainer's block: the LSTM (first), then a local decoder slice if any (read
+     * back with the servers' rows below). */
+    double lstm = ferry_norm_rel(pipe.lm->P.data, ref.lm->P.data, ref.lm->P.numel);
     double enc = remote_rel(pipe.lm->emb_remote, ref.lm->emb_remote, "weight", V, 64);
     double decw = remote_rel(pipe.lm->dec_remote, ref.lm->dec_remote, "weight", V, 64);
     double decb = remote_rel(pipe.lm->dec_remote, ref.lm->dec_remote, "bias", V, 1);
-    fprintf(stderr, "  %d server%s, dropout %.1f, stiefel %.1f, M=%d: loss %.4f -> %.4f, worst "
-            "loss rel %.3g; params rel lstm %.3g encoder %.3g decoder %.3g/%.3g\n", nservers,
-            nservers > 1 ? "s" : "", (double)dropout, (double)stiefel, M, first / 400.0,
-            last / 400.0, worst, lstm, enc, decw, decb);
+    fprintf(stderr,
+            "  %d server%s, dropout %.1f, stiefel %.1f, M=%d, local vocab %lld: loss "
+            "%.4f -> %.4f, worst loss rel %.3g; params rel lstm %.3g encoder %.3g decoder "
+            "%.3g/%.3g\n",
+            nservers, nservers > 1 ? "s" : "", (double)dropout, (double)stiefel, M,
+            (long long)local_vocab, first / 400.0, last / 400.0, worst, lstm, enc, decw, decb);
     CHECK(lstm <= tol && enc <= tol && decw <= tol && decb <= tol);
     worst = fmax(worst, fmax(fmax(lstm, enc), fmax(decw, decb)));
 
@@ -142,23 +148,111 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, d
 }
 
 TEST(one_micro_batch_is_the_unpipelined_step) {
-    CHECK(pipeline_case(1, 0.5f, 0.0f, 1, 0.0) == 0.0); /* bit for bit */
+    CHECK(pipeline_case(1, 0.5f, 0.0f, 1, 0, 0.0) == 0.0); /* bit for bit */
 }
 
 TEST(dropout_off_matches) {
-    pipeline_case(1, 0.0f, 0.0f, 4, 1e-5);
+    pipeline_case(1, 0.0f, 0.0f, 4, 0, 1e-5);
 }
 
 TEST(dropout_on_matches) {
-    pipeline_case(1, 0.5f, 0.0f, 4, 1e-5);
+    pipeline_case(1, 0.5f, 0.0f, 4, 0, 1e-5);
 }
 
 TEST(uneven_micro_batches_with_stiefel) {
-    pipeline_case(1, 0.3f, 0.1f, 3, 1e-5); /* 20 steps: 6, 7, 7 */
+    pipeline_case(1, 0.3f, 0.1f, 3, 0, 1e-5); /* 20 steps: 6, 7, 7 */
 }
 
 TEST(two_shards) {
-    pipeline_case(2, 0.5f, 0.0f, 2, 1e-5);
+    pipeline_case(2, 0.5f, 0.0f, 2, 0, 1e-5);
+}
+
+/* The vocabulary's last rows in the trainer: its partials join the servers' in the
+ * sharded softmax, its dh is summed with theirs, its rows train in the local step. */
+TEST(local_vocab_slice_unpipelined) {
+    pipeline_case(1, 0.0f, 0.0f, 1, 3000, 1e-5);
+}
+
+TEST(local_vocab_slice_pipelined_dropout_stiefel) {
+    pipeline_case(1, 0.5f, 0.1f, 4, 5000, 1e-5);
+}
+
+TEST(local_vocab_slice_two_shards) {
+    pipeline_case(2, 0.3f, 0.0f, 3, 1234, 1e-5);
+}
+
+TEST(local_vocab_is_checked) {
+    ferry_ps_server *srv;
+    ferry_ps_config pc;
+    ferry_ps_config_default(&pc);
+    pc.listen = "127.0.0.1:0";
+    CHECK_OK(ferry_ps_server_create(&pc, &srv));
+    CHECK_OK(ferry_ps_server_start(srv));
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", ferry_ps_server_port(srv));
+    ferry_cluster *cl;
+    CHECK_OK(ferry_ps_connect(target, NULL, &cl));
+    ferry_lm_config mc = {100, 8, 8, 1, 0.0f, 0.1f, 0.0f, 1};
+    ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
+    ferry_lm *lm;
+    /* The whole vocabulary, a negative count, or the logits decoder: one line each. */
+    int64_t bad[2] = {100, -1};
+    for (int i = 0; i < 2; i++) {
+        ferry_lm_placement pl = {cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL, bad[i]};
+        CHECK_EQ(ferry_lm_create_placed(ferry_backend_cpu(), &mc, &pl, &lm), FERRY_ERR_INVALID);
+        CHECK(strstr(ferry_error_last(), "--local-vocab") != NULL);
+    }
+    ferry_lm_placement pl = {cl, FERRY_DECODER_LOGITS, oc, NULL, 0, NULL, 10};
+    CHECK_EQ(ferry_lm_create_placed(ferry_backend_cpu(), &mc, &pl, &lm), FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "sharded-softmax") != NULL);
+    /* The C API: local rows on a module that is no decoder, or leaving no row to a
+     * server; the logits calls of a decoder with a local slice; a Backward without
+     * gradient accumulators. */
+    ferry_remote_config rc;
+    ferry_remote *m;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, "lv-emb", 100, 8);
+    rc.local_rows = 10;
+    CHECK_EQ(ferry_remote_create(cl, &rc, &m), FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "local rows") != NULL);
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, "lv-dec", 100, 8);
+    rc.local_rows = 100;
+    CHECK_EQ(ferry_remote_create(cl, &rc, &m), FERRY_ERR_INVALID);
+    rc.local_rows = 40;
+    CHECK_OK(ferry_remote_create(cl, &rc, &m));
+    float w[40 * 8] = {0}, bias[40] = {0}, h[2 * 8] = {0}, logits[2 * 100], dh[2 * 8];
+    int32_t tg[2] = {3, 97};
+    double loss;
+    uint64_t call;
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
+    CHECK(ferry_dist_ctx_begin(dc) != 0);
+    CHECK_EQ(ferry_remote_xent_forward(m, dc, h, tg, 2, NULL, &loss, &call), FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "ferry_remote_decoder_set_local") != NULL);
+    CHECK_OK(ferry_remote_decoder_set_local(m, ferry_backend_cpu(), w, bias, NULL, NULL));
+    CHECK_EQ(ferry_remote_logits_forward(m, dc, h, 2, logits, &call), FERRY_ERR_UNSUPPORTED);
+    /* All-zero weights: every row's softmax is uniform, the loss ln 100 each. */
+    float zeros[100 * 8] = {0};
+    w[5] = bias[7] = 1.0f; /* overwritten below: the local rows are written too */
+    CHECK_OK(ferry_remote_set_params(m, "weight", 0, 100, zeros));
+    CHECK_OK(ferry_remote_set_params(m, "bias", 0, 100, zeros));
+    CHECK(w[5] == 0.0f && bias[7] == 0.0f);
+    CHECK_OK(ferry_remote_xent_forward(m, dc, h, tg, 2, NULL, &loss, &call));
+    CHECK(fabs(loss - 2.0 * log(100.0)) < 1e-5);
+    CHECK_EQ(ferry_remote_xent_backward(m, dc, call, NULL, 1.0f, dh), FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "accumulators") != NULL);
+    /* The slice's rows read and written through the module like the servers'. */
+    float rows[100];
+    for (int i = 0; i < 100; i++)
+        rows[i] = 0.01f * (float)i;
+    CHECK_OK(ferry_remote_set_params(m, "bias", 0, 100, rows));
+    CHECK(bias[39] == rows[99] && bias[0] == rows[60]);
+    float back[100];
+    CHECK_OK(ferry_remote_get_params(m, "bias", 50, 0, back));
+    CHECK(memcmp(back, rows + 50, 50 * sizeof *back) == 0);
+    ferry_dist_ctx_destroy(dc);
+    ferry_remote_destroy(m);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(srv);
 }
 
 TEST(micro_batches_are_checked) {
@@ -187,4 +281,7 @@ TEST(micro_batches_are_checked) {
 
 FERRY_TEST_MAIN(T(one_micro_batch_is_the_unpipelined_step) T(dropout_off_matches)
                     T(dropout_on_matches) T(uneven_micro_batches_with_stiefel) T(two_shards)
-                    T(micro_batches_are_checked))
+                        T(local_vocab_slice_unpipelined)
+                            T(local_vocab_slice_pipelined_dropout_stiefel)
+                                T(local_vocab_slice_two_shards) T(local_vocab_is_checked)
+                                    T(micro_batches_are_checked))

@@ -62,6 +62,7 @@ static const cfg_key keys[] = {
     F("seed", K_I64, seed, 1),
     E("decoder-mode", decoder_mode, 1, "logits|sharded-softmax"),
     F("stages", K_STR, stages, 1),
+    F("local-vocab", K_I64, local_vocab, 1),
     F("world", K_INT, world, 1),
     F("job", K_STR, job, 1),
     F("sync", K_STR, sync, 1),

@@ -225,8 +225,10 @@ static ferry_status init_at_full(ferry_params *P, const ferry_params *full,
     ferry_status st = FERRY_OK;
     for (int i = 0; i < P->count && st == FERRY_OK; i++) {
         int j = ferry_params_find(full, P->items[i].name);
-        FERRY_ASSERT(j >= 0);
-        st = ferry_params_init_uniform_at(P, i, cfg->init_scale, cfg->seed, full->items[j].offset);
+        FERRY_ASSERT(j >= 0 && P->items[i].numel <= full->items[j].numel);
+        /* A smaller namesake is the full one's last rows (the decoder's local slice). */
+        int64_t at = full->items[j].offset + full->items[j].numel - P->items[i].numel;
+        st = ferry_params_init_uniform_at(P, i, cfg->init_scale, cfg->seed, at);
     }
     return st;
 }
@@ -330,7 +332,12 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     rc.weight_offset = full->items[ferry_params_find(full, "decoder.weight")].offset;
     rc.bias_offset = full->items[ferry_params_find(full, "decoder.bias")].offset;
     rc.optim = pl->optim;
+    rc.local_rows = lm->local_vocab;
     if ((st = ferry_remote_create(pl->cluster, &rc, &lm->dec_remote)) != FERRY_OK)
+        return st;
+    if (lm->local_vocab > 0 && (st = ferry_remote_decoder_set_local(
+                                    lm->dec_remote, lm->be, ferry_params_data(&lm->P, lm->dec_w),
+                                    ferry_params_data(&lm->P, lm->dec_b), NULL, NULL)) != FERRY_OK)
         return st;
     for (int g = 0; g < lm->ngroups; g++) {
         if (lm->groups[g].server >= 0 &&
@@ -409,6 +416,24 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
         }
         if (lm_all_local(lm))
             lm->rnn = lm->groups[0].rnn;
+        if (placement->local_vocab != 0) {
+            if (placement->local_vocab < 0 || placement->local_vocab >= cfg->V ||
+                placement->decoder_mode != FERRY_DECODER_SHARDED || !ferry_backend_is_host(be)) {
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "--local-vocab %lld: a slice of 1..%lld "
+                                  "rows of the vocabulary, with --decoder-mode sharded-softmax "
+                                  "and the CPU backend",
+                                  (long long)placement->local_vocab, (long long)cfg->V - 1);
+                goto fail;
+            }
+            lm->local_vocab = placement->local_vocab;
+            if ((st = ferry_params_add(&lm->P, "decoder.weight",
+                                       ferry_shape_2d(lm->local_vocab, cfg->H), 0, &lm->dec_w)) !=
+                    FERRY_OK ||
+                (st = ferry_params_add(&lm->P, "decoder.bias", ferry_shape_1d(lm->local_vocab), 0,
+                                       &lm->dec_b)) != FERRY_OK)
+                goto fail;
+        }
     }
     for (int g = 0; g < lm->ngroups && cfg->stiefel_beta > 0.0f; g++) {
         for (int l = 0; l < lm->groups[g].count && lm->groups[g].server < 0; l++) {
@@ -615,6 +640,20 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
     ferry_status st;
     uint64_t pull_call = 0;
     res->job_tokens = (double)ferry_tensor_numel(inputs);
+    if (lm->local_vocab > 0) {
+        /* The decoder's local slice adds its gradient straight into the step's
+         * (zeroed here, before the pipeline's threads start: the decoder thread then
+         * writes only these rows of the block). */
+        ferry_grads *G0 = ferry_ctx_grads(ctx, &lm->P);
+        float *gw = G0 != NULL ? ferry_grads_dense(G0, lm->dec_w) : NULL;
+        float *gb = G0 != NULL ? ferry_grads_dense(G0, lm->dec_b) : NULL;
+        if (gw == NULL || gb == NULL)
+            return FERRY_ERR_NOMEM;
+        if ((st = ferry_remote_decoder_set_local(
+                 lm->dec_remote, lm->be, ferry_params_data(&lm->P, lm->dec_w),
+                 ferry_params_data(&lm->P, lm->dec_b), gw, gb)) != FERRY_OK)
+            return st;
+    }
     if (lm->dense_remote != NULL) { /* this step starts from the job's weights */
         if ((st = ferry_remote_dense_pull(lm->dense_remote, dc, lm->stage, &pull_call)) !=
                 FERRY_OK ||

@@ -54,6 +54,11 @@ typedef struct ferry_lm_placement {
      * "psI" (server I of the cluster, an lstm module); the counts add up to the
      * layers. NULL or "": all local. */
     const char *stages;
+    /* The last local_vocab rows of the decoder (weight and bias) are this trainer's
+     * own parameters, computed here while ferry-ps computes the rest of the
+     * vocabulary (ferry_remote_decoder_set_local): the decoder's work split over the
+     * trainer's core and the servers'. Sharded softmax only; 0: all on the servers. */
+    int64_t local_vocab;
 } ferry_lm_placement;
 
 /* A group of consecutive LSTM layers, run here or on a server. */
@@ -79,6 +84,10 @@ typedef struct ferry_lm {
     uint64_t stream, synced;
     ferry_linear dec;    /* local placement */
     ferry_remote *emb_remote, *dec_remote; /* distributed placement */
+    /* Distributed with a local slice of the decoder: its rows (the vocabulary's last
+     * local_vocab) as "decoder.weight" (local_vocab, H) and "decoder.bias" in P. */
+    int64_t local_vocab;
+    int dec_w, dec_b;                      /* their indices in P */
     ferry_remote *dense_remote;            /* data-parallel job: the LSTM block */
     ferry_job *job;
     float *stage;                          /* host (P.numel): pulled weights, pushed grads */

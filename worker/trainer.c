@@ -746,8 +746,10 @@ static ferry_status trainer_setup(trainer *t) {
         if (as_job && (st = job_join(t, &mc, &oc, cfg->load != NULL)) != FERRY_OK)
             return st;
         t->recover = as_job && cfg->checkpoint_every > 0;
-        ferry_lm_placement pl = {t->cluster, (ferry_decoder_mode)cfg->decoder_mode, oc, t->job,
-                                 t->job != NULL && cfg->load != NULL, cfg->stages};
+        ferry_lm_placement pl = {
+            t->cluster,      (ferry_decoder_mode)cfg->decoder_mode, oc,
+            t->job,          t->job != NULL && cfg->load != NULL,   cfg->stages,
+            cfg->local_vocab};
         st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
         if (st == FERRY_OK && t->job == NULL &&
             (!ferry_remote_created(t->lm->emb_remote) || !ferry_remote_created(t->lm->dec_remote)))
@@ -756,6 +758,12 @@ static ferry_status trainer_setup(trainer *t) {
                            "fresh model)");
         FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
                        cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
+        if (st == FERRY_OK && cfg->local_vocab > 0)
+            FERRY_LOG_INFO("decoder: vocabulary rows %lld-%lld on the servers, %lld-%lld here "
+                           "(--local-vocab %lld)",
+                           0LL, (long long)(mc.V - cfg->local_vocab - 1),
+                           (long long)(mc.V - cfg->local_vocab), (long long)(mc.V - 1),
+                           (long long)cfg->local_vocab);
         if (st == FERRY_OK && (t->lm->ngroups > 1 || t->lm->groups[0].server >= 0)) {
             char line[512];
             int n = 0;

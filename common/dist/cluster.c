@@ -63,8 +63,19 @@ static int retry_safe(ferry_rpc_method m) {
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,
                                          ferry_rpc_msg *replies, int deadline_ms) {
-    if (n == 0)
+    return ferry__dist_fanout_during(c, method, n, servers, reqs, shared, replies, deadline_ms,
+                                     NULL, NULL);
+}
+
+ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method, int n,
+                                       const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                       ferry_rpc_msg *replies, int deadline_ms,
+                                       void (*during)(void *arg), void *arg) {
+    if (n == 0) {
+        if (during != NULL)
+            during(arg);
         return FERRY_OK;
+    }
     ferry_rpc_fanout *calls = calloc((size_t)n, sizeof *calls);
     int *idx = calloc((size_t)n, sizeof *idx);
     if (calls == NULL || idx == NULL) {
@@ -78,7 +89,7 @@ ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method meth
         calls[i].req = &reqs[shared ? 0 : i];
         calls[i].reply = &replies[i];
     }
-    ferry_status st = ferry_rpc_call_many(calls, n, deadline_ms);
+    ferry_status st = ferry_rpc_call_many_during(calls, n, deadline_ms, during, arg);
     int retry_ms = atomic_load(&c->retry_ms);
     double t0 = ferry_now();
     long pause_ms = 50;

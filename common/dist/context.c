@@ -59,6 +59,9 @@ static void call_free(ferry__dist_call *call) {
     free(call->shard_count);
     free(call->slot);
     free(call->factor);
+    free(call->loc_h);
+    free(call->loc_e);
+    free(call->loc_t);
     free(call);
 }
 

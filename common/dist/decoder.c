@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "common/dist/dist.h"
+#include "common/nn/affine.h"
+#include "common/tensor/backend.h"
 #include "ferry.pb-c.h"
 #include "common/core/log.h"
 
@@ -81,16 +83,63 @@ static ferry_status record(ferry_dist_ctx *dc, const ferry_remote *m, int op, in
 
 /* ---- sharded softmax cross-entropy ---- */
 
-/* Combines the shards' partials into the loss per row and, for each shard s and row
- * n, factor[s*N + n] = exp(max_s - M) / S with M the global max and S the global sum
- * of exp(z - M): the multiplier that turns shard s's saved exp(z - max_s) into the
- * exact softmax. With one shard this is the local cross-entropy's arithmetic. */
-static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_t N, float *factor,
-                                     float *loss_rows, double *loss_sum) {
-    const float *mx[FERRY_DIST_MAX_SERVERS], *tl[FERRY_DIST_MAX_SERVERS];
-    const double *se[FERRY_DIST_MAX_SERVERS];
-    const int32_t *has[FERRY_DIST_MAX_SERVERS];
+/* The local slice's share of one xent call (ferry_remote_decoder_set_local), computed
+ * on the calling thread while the servers compute theirs: forward, its logits and
+ * partials (e keeps exp(z - max) for the Backward); backward, its gradient into the
+ * accumulators and its dh. */
+typedef struct local_part {
+    const ferry_remote *m;
+    int64_t N;
+    const float *h;                  /* (N, H) */
+    const int32_t *targets;          /* (N) global ids (forward) */
+    float *e;                        /* (N, NL) */
+    int32_t *lt;                     /* (N) row in the slice or -1 */
+    float *mx, *tl;                  /* forward: (N) partials */
+    double *se;                      /* forward: (N) */
+    const float *factor, *row_scale; /* backward: (N) its factors; (N) or NULL */
+    float scale;
+    float *dh; /* backward: (N, H) its share */
+    ferry_status st;
+} local_part;
+
+static void local_forward(void *arg) {
+    local_part *p = arg;
+    const ferry_remote *m = p->m;
+    int64_t NL = m->local_rows, first = m->rows - NL;
+    for (int64_t n = 0; n < p->N; n++) {
+        int64_t r = (int64_t)p->targets[n] - first;
+        p->lt[n] = r >= 0 && r < NL ? (int32_t)r : -1;
+    }
+    p->st =
+        ferry_affine_forward(m->local_be, p->N, m->cols, NL, p->h, m->local_w, m->local_b, p->e);
+    if (p->st == FERRY_OK)
+        p->st =
+            ferry_backend_softmax_partials(m->local_be, p->N, NL, p->e, p->lt, p->mx, p->se, p->tl);
+}
+
+static void local_backward(void *arg) {
+    local_part *p = arg;
+    const ferry_remote *m = p->m;
+    int64_t NL = m->local_rows;
+    p->st = ferry_backend_softmax_grad(m->local_be, p->N, NL, p->e, p->factor, p->lt, p->row_scale,
+                                       p->scale);
+    if (p->st == FERRY_OK)
+        p->st = ferry_affine_backward(m->local_be, p->N, m->cols, NL, p->h, p->e, m->local_w,
+                                      m->local_w, 0, m->local_gw, m->local_gb, p->dh, 0, NULL);
+}
+
+/* Combines the shards' partials (and the local slice's, lp != NULL, last) into the
+ * loss per row and, for each part s and row n, factor[s*N + n] = exp(max_s - M) / S
+ * with M the global max and S the global sum of exp(z - M): the multiplier that turns
+ * part s's saved exp(z - max_s) into the exact softmax. With one shard this is the
+ * local cross-entropy's arithmetic. */
+static ferry_status combine_partials(const ferry_remote *m, const fan *f, const local_part *lp,
+                                     int64_t N, float *factor, float *loss_rows, double *loss_sum) {
+    const float *mx[FERRY_DIST_MAX_SERVERS + 1], *tl[FERRY_DIST_MAX_SERVERS + 1];
+    const double *se[FERRY_DIST_MAX_SERVERS + 1];
+    const int32_t *has[FERRY_DIST_MAX_SERVERS], *lt = NULL;
     int64_t want[1] = {N};
+    int k = f->k;
     for (int s = 0; s < f->k; s++) {
         const ferry_rpc_tensor *a, *b, *c, *d;
         ferry_status st;
@@ -108,17 +157,24 @@ static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_
         tl[s] = c->data;
         has[s] = d->data;
     }
+    if (lp != NULL) {
+        mx[k] = lp->mx;
+        se[k] = lp->se;
+        tl[k] = lp->tl;
+        lt = lp->lt;
+        k++;
+    }
     double total = 0.0;
     for (int64_t n = 0; n < N; n++) {
         float M = mx[0][n];
         double S = 0.0;
         float target = 0.0f;
         int found = 0;
-        for (int s = 1; s < f->k; s++)
+        for (int s = 1; s < k; s++)
             M = mx[s][n] > M ? mx[s][n] : M;
-        for (int s = 0; s < f->k; s++) {
+        for (int s = 0; s < k; s++) {
             S += se[s][n] * exp((double)mx[s][n] - (double)M);
-            if (has[s][n]) {
+            if (s < f->k ? has[s][n] != 0 : lt[n] >= 0) {
                 target = tl[s][n];
                 found++;
             }
@@ -127,7 +183,7 @@ static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_
             return ferry_errorf(FERRY_ERR_FORMAT,
                                 "decoder '%s': row %lld: target on %d shards (want 1), sum %g",
                                 m->name, (long long)n, found, S);
-        for (int s = 0; s < f->k; s++)
+        for (int s = 0; s < k; s++)
             factor[(int64_t)s * N + n] = (float)(exp((double)mx[s][n] - (double)M) / S);
         float row = (float)(log(S) + (double)M - (double)target);
         if (loss_rows != NULL)
@@ -137,6 +193,45 @@ static ferry_status combine_partials(const ferry_remote *m, const fan *f, int64_
     if (loss_sum != NULL)
         *loss_sum = total;
     return FERRY_OK;
+}
+
+/* Buffers of the local slice's forward over N rows of hidden (h copied: the Backward
+ * needs it after the caller's buffer is gone). */
+static ferry_status local_alloc(const ferry_remote *m, int64_t N, const float *hidden,
+                                const int32_t *targets, local_part *p) {
+    memset(p, 0, sizeof *p);
+    if (m->local_rows == 0)
+        return FERRY_OK;
+    if (m->local_be == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "decoder '%s': %lld local rows but no local slice "
+                            "set (ferry_remote_decoder_set_local)",
+                            m->name, (long long)m->local_rows);
+    size_t n1 = (size_t)(N > 0 ? N : 1);
+    p->m = m;
+    p->N = N;
+    p->targets = targets;
+    float *h = malloc(n1 * (size_t)m->cols * sizeof *h);
+    p->e = malloc(n1 * (size_t)m->local_rows * sizeof *p->e);
+    p->lt = malloc(n1 * sizeof *p->lt);
+    p->mx = malloc(n1 * sizeof *p->mx);
+    p->tl = malloc(n1 * sizeof *p->tl);
+    p->se = malloc(n1 * sizeof *p->se);
+    p->h = h;
+    if (h == NULL || p->e == NULL || p->lt == NULL || p->mx == NULL || p->tl == NULL ||
+        p->se == NULL)
+        return FERRY_ERR_NOMEM;
+    memcpy(h, hidden, (size_t)(N * m->cols) * sizeof *h);
+    return FERRY_OK;
+}
+
+static void local_free(local_part *p) {
+    free((void *)(uintptr_t)p->h);
+    free(p->e);
+    free(p->lt);
+    free(p->mx);
+    free(p->tl);
+    free(p->se);
 }
 
 ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, const float *hidden,
@@ -157,9 +252,13 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     if ((st = record(dc, dec, FERRY__DIST_XENT, N, &rec)) != FERRY_OK)
         return st;
     fan *f = fan_create(dec, dc);
-    float *factor = malloc((size_t)(N * dec->nshards + 1) * sizeof *factor); /* factors (k, N) */
+    int parts = dec->nshards + (dec->local_rows > 0);
+    float *factor = malloc((size_t)(N * parts + 1) * sizeof *factor); /* factors (parts, N) */
+    local_part lp;
     if (f == NULL || factor == NULL)
         st = FERRY_ERR_NOMEM;
+    if (st == FERRY_OK)
+        st = local_alloc(dec, N, hidden, targets, &lp);
     int64_t hdim[2] = {N, dec->cols}, tdim[1] = {N};
     ferry_rpc_tensor h = ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_HIDDEN, hdim, hidden);
     ferry_rpc_tensor t = ferry__dist_tensor(FERRY_WIRE_DECODER_FWD_TARGETS, tdim, targets);
@@ -171,19 +270,28 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
         st = ferry_rpc_msg_add(&f->reqs[0], &t);
     if (st == FERRY_OK)
-        st =
-            ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1, f->replies);
+        st = ferry__dist_fanout_during(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1,
+                                       f->replies, 0, lp.m != NULL ? local_forward : NULL, &lp);
     if (st == FERRY_OK)
-        st = combine_partials(dec, f, N, factor, loss_rows, loss_sum);
+        st = lp.st;
+    if (st == FERRY_OK)
+        st = combine_partials(dec, f, lp.m != NULL ? &lp : NULL, N, factor, loss_rows, loss_sum);
     fan_destroy(f);
     if (rec != NULL && st == FERRY_OK) {
         rec->factor = factor;
         factor = NULL;
+        /* The Backward of the local slice needs its input, exponentials and targets. */
+        rec->loc_h = (float *)(uintptr_t)lp.h;
+        rec->loc_e = lp.e;
+        rec->loc_t = lp.lt;
+        lp.h = lp.e = NULL;
+        lp.lt = NULL;
         if (call_id != NULL)
             *call_id = rec->call_id;
     } else if (rec != NULL) {
         ferry__dist_call_drop(dc, rec);
     }
+    local_free(&lp);
     free(factor);
     return st;
 }
@@ -198,16 +306,21 @@ static ferry_status backward_call(ferry_remote *dec, ferry_dist_ctx *dc, uint64_
     return *rec != NULL ? FERRY_OK : FERRY_ERR_NOT_FOUND;
 }
 
-/* Sends the per-shard Backward requests built in f (when st is FERRY_OK), sums the
- * shards' dh (dh_id) into dh, and ends the call. */
+/* Sends the per-shard Backward requests built in f (when st is FERRY_OK), runs the
+ * local slice's part (lp != NULL) meanwhile, sums the shards' dh (dh_id) into dh in
+ * shard order, the local slice's last, and ends the call. */
 static ferry_status backward_finish(ferry_remote *dec, ferry_dist_ctx *dc, ferry__dist_call *rec,
-                                    fan *f, ferry_wire_tensor_id dh_id, float *dh,
+                                    fan *f, local_part *lp, ferry_wire_tensor_id dh_id, float *dh,
                                     ferry_status st) {
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
-                                f->replies);
+        st = ferry__dist_fanout_during(dec->c, FERRY_RPC_BACKWARD, f->k, f->servers, f->reqs, 0,
+                                       f->replies, 0, lp != NULL ? local_backward : NULL, lp);
+    if (st == FERRY_OK && lp != NULL)
+        st = lp->st;
     if (st == FERRY_OK)
         st = fan_sum_dh(dec, f, dh_id, rec->n, dh);
+    for (int64_t i = 0; st == FERRY_OK && lp != NULL && i < rec->n * dec->cols; i++)
+        dh[i] += lp->dh[i];
     fan_destroy(f);
     ferry__dist_call_drop(dc, rec);
     return st;
@@ -225,6 +338,22 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
     int64_t N = rec->n, dim[1] = {N};
     double s = (double)scale;
     ferry_rpc_tensor r = ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_SCALE, dim, row_scale);
+    local_part lp = {.m = dec,
+                     .N = N,
+                     .h = rec->loc_h,
+                     .e = rec->loc_e,
+                     .lt = rec->loc_t,
+                     .factor = rec->factor + (int64_t)f->k * N,
+                     .row_scale = row_scale,
+                     .scale = scale};
+    if (dec->local_rows > 0 && dec->local_gw == NULL)
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "decoder '%s': Backward of the local slice without "
+                          "gradient accumulators (ferry_remote_decoder_set_local)",
+                          dec->name);
+    else if (dec->local_rows > 0 && rec->loc_e != NULL &&
+             (lp.dh = malloc((size_t)(N * dec->cols + 1) * sizeof *lp.dh)) == NULL)
+        st = FERRY_ERR_NOMEM;
     /* One request per shard: each gets its own softmax factors (rec->factor holds (k, N)). */
     for (int k = 0; st == FERRY_OK && k < f->k; k++) {
         ferry_rpc_tensor l =
@@ -234,7 +363,10 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
             (st = ferry_rpc_msg_add(&f->reqs[k], &l)) == FERRY_OK && row_scale != NULL)
             st = ferry_rpc_msg_add(&f->reqs[k], &r);
     }
-    return backward_finish(dec, dc, rec, f, FERRY_WIRE_DECODER_BWD_DH, dh, st);
+    st = backward_finish(dec, dc, rec, f, lp.dh != NULL ? &lp : NULL, FERRY_WIRE_DECODER_BWD_DH, dh,
+                         st);
+    free(lp.dh);
+    return st;
 }
 
 /* ---- classic logits ---- */
@@ -244,6 +376,11 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, 
     ferry_status st = ferry__dist_check(dec, FERRY_REMOTE_DECODER, "logits forward", dc, 0);
     if (st != FERRY_OK)
         return st;
+    if (dec->local_rows > 0)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "decoder '%s': a local slice of the vocabulary "
+                            "needs the sharded softmax (the xent calls), not logits",
+                            dec->name);
     ferry__dist_call *rec;
     if ((st = record(dc, dec, FERRY__DIST_LOGITS, N, &rec)) != FERRY_OK)
         return st;
@@ -297,7 +434,7 @@ ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
                                             FERRY_WIRE_MODE_DECODER_LOGITS, NULL)) == FERRY_OK)
             st = ferry_rpc_msg_add(&f->reqs[s], &t);
     }
-    st = backward_finish(dec, dc, rec, f, FERRY_WIRE_DECODER_LOGITS_BWD_DH, dh, st);
+    st = backward_finish(dec, dc, rec, f, NULL, FERRY_WIRE_DECODER_LOGITS_BWD_DH, dh, st);
     free(slices); /* the requests borrowed it until they were sent */
     return st;
 }

@@ -46,6 +46,13 @@ struct ferry_remote {
     int created;               /* shards this create made new */
     int layers;                /* lstm: K */
     float dropout;             /* lstm: between its layers */
+    /* decoder: rows [rows - local_rows, rows) are this process's slice (not on any
+     * server): its weight, bias and their gradient accumulators, in local_be's memory
+     * (ferry_remote_decoder_set_local). */
+    int64_t local_rows;
+    ferry_backend *local_be;
+    const float *local_w, *local_b;
+    float *local_gw, *local_gb;
 };
 
 enum {
@@ -75,7 +82,11 @@ typedef struct ferry__dist_call {
     int64_t nuniq;        /* embedding: distinct ids */
     int64_t *shard_count; /* embedding: (nshards) distinct ids per shard, grouped by shard */
     int32_t *slot;        /* embedding: (n) position of ids[i] in the grouped distinct list */
-    float *factor;        /* xent: (k, N) softmax factor per shard and row */
+    float *factor;        /* xent: (k, N) softmax factor per shard and row (the local
+                             slice, if any, last) */
+    float *loc_h, *loc_e; /* xent with a local slice: its input (N, H) and saved
+                             exp(z - max) (N, local_rows) */
+    int32_t *loc_t;       /* xent with a local slice: targets in the slice (N), -1 outside */
     int64_t T, B;         /* lstm: the call's steps and columns */
     int explicit_state;   /* lstm: h0 and c0 were sent */
     struct ferry__dist_call *next;
@@ -129,6 +140,13 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,
                                          ferry_rpc_msg *replies, int deadline_ms);
+/* The same, running during(arg) on this thread while the first attempt's calls are in
+ * flight (the caller's share of the work: a decoder's local slice). during runs once,
+ * also when n is 0; deadline_ms <= 0 is the cluster's. */
+ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method, int n,
+                                       const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                       ferry_rpc_msg *replies, int deadline_ms,
+                                       void (*during)(void *arg), void *arg);
 
 /* The reply tensor `name` of a call to server, checked to have the dtype and the
  * shape want (entries < 0 match anything); FERRY_ERR_FORMAT naming the peer. */

@@ -9,6 +9,7 @@
 #include "common/dist/dist.h"
 #include "ferry.pb-c.h"
 #include "common/core/log.h"
+#include "ferry/backend.h"
 #include "ferry/nn.h"
 #include "ferry/optim.h"
 
@@ -47,6 +48,13 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': dims [%lld, %lld] out of range",
                             cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
     int one = cfg->kind == FERRY_REMOTE_LINEAR || cfg->kind == FERRY_REMOTE_LSTM;
+    if (cfg->local_rows != 0 && (cfg->kind != FERRY_REMOTE_DECODER || cfg->local_rows < 0 ||
+                                 cfg->local_rows > cfg->dims[0] - c->n))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': %lld local rows: a decoder may keep 1..%lld of its "
+                            "%lld rows here (every server needs one)",
+                            cfg->name, (long long)cfg->local_rows, (long long)(cfg->dims[0] - c->n),
+                            (long long)cfg->dims[0]);
     if (!one && cfg->dims[0] < c->n)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': %lld rows cannot be split over %d "
@@ -101,10 +109,11 @@ static ferry_status place(ferry_remote *m, const ferry_remote_config *cfg) {
         m->shards[0].row_count = m->rows;
         return FERRY_OK;
     }
+    int64_t R = m->rows - m->local_rows; /* a decoder's local slice is the last rows */
     for (int s = 0; s < m->nshards; s++) {
         m->shards[s].server = s;
-        m->shards[s].row_begin = (int64_t)s * m->rows / m->nshards;
-        m->shards[s].row_count = (int64_t)(s + 1) * m->rows / m->nshards - m->shards[s].row_begin;
+        m->shards[s].row_begin = (int64_t)s * R / m->nshards;
+        m->shards[s].row_count = (int64_t)(s + 1) * R / m->nshards - m->shards[s].row_begin;
     }
     return FERRY_OK;
 }
@@ -223,6 +232,7 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
                                 cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
         }
     }
+    m->local_rows = cfg->local_rows;
     if ((st = place(m, cfg)) != FERRY_OK) {
         ferry_remote_destroy(m);
         return st;
@@ -296,6 +306,56 @@ void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, in
 
 /* ---- parameters ---- */
 
+/* The part of rows [lo, lo + count) that lies in a decoder's local slice, read from
+ * or written to the caller's tensors. */
+static ferry_status local_io(ferry_remote *m, int is_weight, int64_t lo, int64_t count, float *dst,
+                             const float *src) {
+    if (m->local_be == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "decoder '%s': its local rows are not set "
+                            "(ferry_remote_decoder_set_local)",
+                            m->name);
+    int64_t first = m->rows - m->local_rows, a = lo > first ? lo : first,
+            width = is_weight ? m->cols : 1;
+    size_t nbytes = (size_t)((lo + count - a) * width) * sizeof(float);
+    float *local = (float *)(uintptr_t)(is_weight ? m->local_w : m->local_b) + (a - first) * width;
+    if (src != NULL) {
+        for (int64_t i = 0; i < (lo + count - a) * width; i++) {
+            if (!isfinite(src[(a - lo) * width + i]))
+                return ferry_errorf(FERRY_ERR_NUMERIC,
+                                    "decoder '%s': non-finite value for row "
+                                    "%lld",
+                                    m->name, (long long)(a + i / width));
+        }
+        return ferry_backend_copy(m->local_be, local, src + (a - lo) * width, nbytes,
+                                  FERRY_COPY_HOST_TO_DEVICE);
+    }
+    return ferry_backend_copy(m->local_be, dst + (a - lo) * width, local, nbytes,
+                              FERRY_COPY_DEVICE_TO_HOST);
+}
+
+ferry_status ferry_remote_decoder_set_local(ferry_remote *dec, ferry_backend *be,
+                                            const float *weight, const float *bias,
+                                            float *grad_weight, float *grad_bias) {
+    if (dec == NULL || dec->kind != FERRY_REMOTE_DECODER || dec->local_rows <= 0)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "ferry_remote_decoder_set_local: '%s' is no "
+                            "decoder with local rows",
+                            dec != NULL ? dec->name : "(null)");
+    if (be == NULL || !ferry_backend_is_host(be) || weight == NULL || bias == NULL ||
+        (grad_weight == NULL) != (grad_bias == NULL))
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "decoder '%s': a local slice needs its "
+                            "weight, bias and their gradients in host-addressable memory",
+                            dec->name);
+    dec->local_be = be;
+    dec->local_w = weight;
+    dec->local_b = bias;
+    dec->local_gw = grad_weight;
+    dec->local_gb = grad_bias;
+    return FERRY_OK;
+}
+
 /* Reads or writes rows [lo, lo + count) of param over the shards they span. */
 static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, int64_t count,
                               float *dst, const float *src) {
@@ -351,6 +411,8 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
         }
         k++;
     }
+    if (st == FERRY_OK && lo + count > m->rows - m->local_rows) /* the local slice's rows */
+        st = local_io(m, is_weight, lo, count, dst, src);
     if (st == FERRY_OK)
         st = ferry__dist_fanout(m->c, write ? FERRY_RPC_SET_PARAMS : FERRY_RPC_GET_PARAMS, k,
                                 servers, reqs, 0, replies);

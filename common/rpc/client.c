@@ -253,6 +253,11 @@ static void fanout_fail(ferry_rpc_fanout *fo, ferry_status st) {
 }
 
 ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms) {
+    return ferry_rpc_call_many_during(calls, n, deadline_ms, NULL, NULL);
+}
+
+ferry_status ferry_rpc_call_many_during(ferry_rpc_fanout *calls, int n, int deadline_ms,
+                                        void (*during)(void *arg), void *arg) {
     if (n < 0 || (n > 0 && calls == NULL))
         return ferry_errorf(FERRY_ERR_INVALID, "rpc fan-out of %d calls", n);
     for (int i = 0; i < n; i++) {
@@ -260,8 +265,11 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
             return ferry_errorf(FERRY_ERR_INVALID, "rpc fan-out entry %d without client or reply",
                                 i);
     }
-    if (n == 0)
+    if (n == 0) {
+        if (during != NULL)
+            during(arg);
         return FERRY_OK;
+    }
     client_call stack[4];
     client_call *cc = n <= 4 ? stack : calloc((size_t)n, sizeof *cc);
     if (cc == NULL)
@@ -296,6 +304,8 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
         started += c->started;
     }
     double t0 = ferry_now();
+    if (during != NULL)
+        during(arg);
     cq_wait_all(cq, started);
     double took = ferry_now() - t0;
     ferry_status first = FERRY_OK;

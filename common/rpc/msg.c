@@ -198,6 +198,13 @@ ferry_status ferry_rpc_tune_malloc(size_t keep_bytes) {
      * every message and is page-faulted in again for the next one. */
     if (mallopt(M_TRIM_THRESHOLD, (int)keep_bytes) != 1)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED, "mallopt(M_TRIM_THRESHOLD) failed");
+    /* Setting a threshold turns off glibc's dynamic mmap threshold, which would
+     * otherwise have risen to the size of the buffers a step frees: every block over
+     * the default 128 KiB (a decoder's logits, a message) would then be a fresh mmap,
+     * page-faulted in on every call and unmapped after it. Blocks up to glibc's
+     * largest threshold (32 MiB on 64-bit) come from the kept heap instead. */
+    if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "mallopt(M_MMAP_THRESHOLD) failed");
     return FERRY_OK;
 #else
     (void)keep_bytes;

@@ -425,6 +425,11 @@ typedef struct ferry_rpc_fanout {
  * the return value is FERRY_OK if every call succeeded, else the status of the
  * first failed entry (with its detail in ferry_error_last). Thread-safe. */
 ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms);
+/* The same, running during(arg) on the calling thread once every call is on its way
+ * and before waiting for their answers: work of the caller's own that overlaps with
+ * the servers'. during may be NULL. */
+ferry_status ferry_rpc_call_many_during(ferry_rpc_fanout *calls, int n, int deadline_ms,
+                                        void (*during)(void *arg), void *arg);
 
 #ifdef __cplusplus
 }

@@ -262,6 +262,11 @@ typedef struct ferry_remote_config {
      * Stiefel constraint applies to every layer's weight_hh. */
     int layers, first_layer;
     float dropout;
+    /* decoder: the last local_rows rows of the vocabulary are this process's own slice,
+     * computed here (ferry_remote_decoder_set_local) while the servers compute theirs:
+     * the shards split rows [0, V - local_rows) only. Sharded softmax only (the xent
+     * calls); 0: every row on the servers. */
+    int64_t local_rows;
 } ferry_remote_config;
 
 /* Zeroes *cfg (no constraint) and sets kind, name, dims, bias 1, server -1,
@@ -271,16 +276,31 @@ void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kin
 
 /* Creates the module on its servers concurrently (CreateModule, idempotent by
  * name). Shard s of k (k = cluster size) owns global rows [s*R/k, (s+1)*R/k) of
- * R = V. If a server already hosts the name with the same configuration it is
- * reused as is: its current parameters and optimizer state are kept and initial
- * values are not sent again (see ferry_remote_created). Errors: FERRY_ERR_INVALID for
- * a bad config (or V smaller than the cluster), FERRY_ERR_EXISTS when a server has
- * the name with another configuration (the message names the differing field), call
- * errors; shards created on other servers before the failure stay there. */
+ * R = V (R = V - local_rows for a decoder with a local slice). If a server already hosts the name
+ * with the same configuration it is reused as is: its current parameters and optimizer state are
+ * kept and initial values are not sent again (see ferry_remote_created). Errors: FERRY_ERR_INVALID
+ * for a bad config (or V smaller than the cluster), FERRY_ERR_EXISTS when a server has the name
+ * with another configuration (the message names the differing field), call errors; shards created
+ * on other servers before the failure stay there. */
 ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
                                  ferry_remote **out);
 /* Frees the handle; the module stays on its servers. NULL is a no-op. */
 void ferry_remote_destroy(ferry_remote *m);
+
+/* A decoder's local slice (config local_rows > 0): its weight (local_rows, H) and
+ * bias (local_rows), global rows [V - local_rows, V), and the accumulators that every
+ * xent Backward adds their gradient to (same shapes), all in be's memory, which must
+ * be host-addressable; they stay the caller's, who reads and zeroes the accumulators
+ * around its steps. Each xent Forward computes the slice's logits and partials on the
+ * calling thread while the servers compute theirs, and each Backward the slice's
+ * gradient and its share of dh, so the caller's cores take a part of the decoder.
+ * The accumulators may be NULL (forward only) and set again (e.g. every step, to a
+ * context's gradients); a Backward needs them. ferry_remote_get_params/set_params
+ * reach the slice's rows too. Set it before the first call; FERRY_ERR_INVALID for a
+ * module without local rows. */
+ferry_status ferry_remote_decoder_set_local(ferry_remote *dec, ferry_backend *be,
+                                            const float *weight, const float *bias,
+                                            float *grad_weight, float *grad_bias);
 
 /* How many of the module's shards this create made new (the rest existed). */
 int ferry_remote_created(const ferry_remote *m);

@@ -149,6 +149,67 @@ split_stop
     fail "stages in a 2-rank job: the ranks' job losses differ: $(paste <(train_losses "$TMP/m-sj0.jsonl") <(train_losses "$TMP/m-sj1.jsonl"))"
 ok "--stages ps1:1,ps0:1,local:1 --micro-batches 2 in a 2-rank bsp job: both ranks log the job's losses ($(train_losses "$TMP/m-sj0.jsonl" | tail -1))"
 
+# A slice of the decoder's vocabulary in the trainer (--local-vocab): pipelined, it
+# trains as the local trainer does (dropout off: losses within 1e-5 relative); in a
+# 2-rank bsp job both ranks log those losses too (the slice rides in the job's dense
+# block); with dropout and Stiefel it saves at step 30 and resumes exactly to 60.
+lv=(--nlayers 2 --emsize 64 --nhid 64 --data "$FERRY_SRC/data/ptb" --train-tokens 60000
+    --eval-tokens 5000 --epochs 1 --log-interval 20 --progress off)
+start_daemon ps-lv
+"$TRAINER" --ps "127.0.0.1:$PORT" --local-vocab 3000 --micro-batches 2 "${lv[@]}" --dropout 0 \
+    --lr 0.1 --max-steps 60 --metrics-out "$TMP/m-lv.jsonl" 2>"$TMP/t-lv.log" ||
+    fail "--local-vocab: trainer exited $?: $(tail -3 "$TMP/t-lv.log")"
+grep -q "decoder: vocabulary rows 0-6999 on the servers, 7000-9999 here" "$TMP/t-lv.log" ||
+    fail "no decoder placement line: $(grep decoder "$TMP/t-lv.log")"
+"$TRAINER" --local "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
+    --metrics-out "$TMP/m-lv-local.jsonl" 2>"$TMP/t-lv-local.log" || fail "local trainer exited $?"
+close_losses() { # close_losses A B: the same number (3) of losses, each within 1e-5
+    paste <(train_losses "$1") <(train_losses "$2") |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ }
+             END { exit !(n == 3 && !bad) }'
+}
+close_losses "$TMP/m-lv-local.jsonl" "$TMP/m-lv.jsonl" ||
+    fail "--local-vocab losses differ from the local trainer's: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-lv.jsonl"))"
+ok "--local-vocab 3000 --micro-batches 2: losses as the local trainer's ($(train_losses "$TMP/m-lv.jsonl" | tail -1))"
+stop_ps ps-lv
+start_daemon ps-lvj
+for r in 0 1; do
+    "$TRAINER" --ps "127.0.0.1:$PORT" --job lv2 --world 2 --rank "$r" --local-vocab 3000 \
+        --micro-batches 2 "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
+        --metrics-out "$TMP/m-lvj$r.jsonl" 2>"$TMP/t-lvj$r.log" &
+    eval "LJ$r=\$!"
+done
+wait "$LJ0" || fail "--local-vocab in a 2-rank job: rank 0 exited $?: $(tail -3 "$TMP/t-lvj0.log")"
+wait "$LJ1" || fail "--local-vocab in a 2-rank job: rank 1 exited $?: $(tail -3 "$TMP/t-lvj1.log")"
+close_losses "$TMP/m-lv-local.jsonl" "$TMP/m-lvj0.jsonl" &&
+    [ "$(train_losses "$TMP/m-lvj0.jsonl")" = "$(train_losses "$TMP/m-lvj1.jsonl")" ] ||
+    fail "--local-vocab 2-rank job differs: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-lvj0.jsonl") <(train_losses "$TMP/m-lvj1.jsonl"))"
+ok "--local-vocab in a 2-rank bsp job (10 columns each): the local trainer's losses on both ranks"
+stop_ps ps-lvj
+lvs=("${lv[@]}" --dropout 0.3 --stiefel 0.1 --lr 0.5 --local-vocab 3000 --micro-batches 2)
+mkdir -p "$TMP/ck-lva" "$TMP/ck-lvb"
+start_daemon_ck lva "$TMP/ck-lva"
+"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps 60 --log-interval 10 \
+    --metrics-out "$TMP/m-lva.jsonl" 2>"$TMP/t-lva.log" ||
+    fail "--local-vocab run exited $?: $(tail -3 "$TMP/t-lva.log")"
+stop_ps lva
+start_daemon_ck lvb "$TMP/ck-lvb"
+"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps 30 --log-interval 10 \
+    --save "$TMP/lv.ck" --metrics-out "$TMP/m-lvb.jsonl" 2>"$TMP/t-lvb1.log" ||
+    fail "--local-vocab run to step 30 exited $?: $(tail -3 "$TMP/t-lvb1.log")"
+stop_ps lvb
+start_daemon_ck lvc "$TMP/ck-lvb"
+"$TRAINER" --ps "127.0.0.1:$PORT" --load "$TMP/lv.ck" --micro-batches 2 \
+    --data "$FERRY_SRC/data/ptb" --max-steps 60 --metrics-out "$TMP/m-lvb.jsonl" \
+    2>"$TMP/t-lvb2.log" || fail "--local-vocab resume exited $?: $(tail -3 "$TMP/t-lvb2.log")"
+stop_ps lvc
+[ "$(train_losses "$TMP/m-lva.jsonl")" = "$(train_losses "$TMP/m-lvb.jsonl")" ] &&
+    [ "$(train_losses "$TMP/m-lva.jsonl" | wc -l)" -eq 6 ] ||
+    fail "--local-vocab resume differs: $(paste <(train_losses "$TMP/m-lva.jsonl") <(train_losses "$TMP/m-lvb.jsonl"))"
+ok "--local-vocab: saved at step 30 (the slice in the trainer's part), resumed to 60 exactly"
+expect_error "--local-vocab without --ps" "needs --ps" \
+    "$TRAINER" --local-vocab 10 --data "$FERRY_SRC/data/ptb" --max-steps 1
+
 # The trainer stops cleanly on SIGTERM mid-epoch too (and checkpoints).
 start_daemon ps-sig
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
