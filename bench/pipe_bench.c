@@ -6,6 +6,8 @@
  *   local, 1 and 2 OpenBLAS threads          the single-process trainer
  *   relay (M = 1), trainer 1 and 2 threads   embedding and decoder on one ferry-ps
  *   pipelined (M micro-batches), 1 thread    the same, micro-batches in flight
+ *   + a local vocabulary slice, M = 1 and M   the decoder's last N rows in the trainer
+ *                                            (--local-vocab; per configuration, 0: skip)
  * Each distributed placement has a ferry-ps of its own (the real binary, a child
  * process on 127.0.0.1, --blas-threads 1: its default). The ceiling is the step's
  * GEMM flops (ferry_lm_step_flops) at the rate single-threaded sgemm reaches on
@@ -13,7 +15,7 @@
  * every one of them ran the step's GEMMs without pause. Figures are medians.
  *
  *     pipe_bench [--config small|medium|all] [--steps N] [--warmup N] [--micro M]
- *                [--data DIR] [--ps-bin PATH] */
+ *                [--local-vocab SMALL,MEDIUM] [--data DIR] [--ps-bin PATH] */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +51,7 @@ typedef struct runner {
     const char *label;
     int threads, micro; /* trainer OpenBLAS threads; micro-batches (0: local) */
     int64_t local_vocab; /* decoder rows computed in the trainer (--local-vocab) */
+    int skip;            /* not run (a local-slice placement with no slice) */
     ps_child ps;
     ferry_cluster *cl;
     ferry_dist_ctx *dc;
@@ -136,9 +139,10 @@ int main(int argc, char **argv) {
     ferry_cpu_ensure_blas_kernels(argv);
     int steps = 20, warmup = 3, micro = 4;
     /* Decoder rows the trainer computes in the "local vocabulary slice" placements,
-     * per configuration (the trainer's LSTM share differs: small's decoder holds 3/4
-     * of the FLOPs, medium's 2/5). */
-    long long lv[2] = {3000, 600};
+     * per configuration: small's decoder holds 3/4 of the FLOPs and its server is the
+     * bottleneck, so about half the vocabulary goes to the trainer; medium's trainer
+     * (the LSTM, 60% of the FLOPs) is already the busier side, so none. */
+    long long lv[2] = {4500, 0};
     const char *which = "all", *data = FERRY_BENCH_DATA, *ps_bin = FERRY_BENCH_PS_BIN;
     for (int i = 1; i < argc; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -191,7 +195,8 @@ int main(int argc, char **argv) {
             run[k][r].threads = threads[r];
             run[k][r].micro = r == PIPE1 || r == PIPE_LV ? micro : r >= RELAY1 ? 1 : 0;
             run[k][r].local_vocab = r >= RELAY_LV ? lv[k] : 0;
-            if (run[k][r].micro > 0)
+            run[k][r].skip = r >= RELAY_LV && lv[k] == 0; /* no slice for this config */
+            if (run[k][r].micro > 0 && !run[k][r].skip)
                 bench_ps_spawn(&run[k][r].ps, ps_bin, 2, 1);
         }
     }
@@ -218,12 +223,15 @@ int main(int argc, char **argv) {
             die("the corpus is too short");
         check_ok(ferry_batch_create(ids, need, (int)c->B, &b), "batches");
         for (int r = 0; r < NRUN; r++)
-            runner_init(&run[k][r], c, steps);
+            if (!run[k][r].skip)
+                runner_init(&run[k][r], c, steps);
         for (int i = 0; i < warmup + steps; i++)
             for (int r = 0; r < NRUN; r++)
-                runner_step(&run[k][r], b, c, i, warmup);
+                if (!run[k][r].skip)
+                    runner_step(&run[k][r], b, c, i, warmup);
         for (int r = 0; r < NRUN; r++)
-            runner_finish(&run[k][r], steps);
+            if (!run[k][r].skip)
+                runner_finish(&run[k][r], steps);
         /* The ceiling: the step's GEMMs, single-threaded sgemm, times the cores. */
         ferry_cpu_set_threads(1);
         gemm_shape g[64];
@@ -241,6 +249,8 @@ int main(int argc, char **argv) {
                "of ceiling");
         for (int r = 0; r < NRUN; r++) {
             const runner *x = &run[k][r];
+            if (x->skip)
+                continue;
             double tps = tokens / x->step_s;
             char label[64];
             if (r == PIPE1)
@@ -263,7 +273,8 @@ int main(int argc, char **argv) {
         printf("  %-40s %9.0f\n", "ceiling: cores x sgemm on these shapes", ceiling);
         printf("  last losses:");
         for (int r = 0; r < NRUN; r++)
-            printf(" %.4f", run[k][r].last_loss);
+            if (!run[k][r].skip)
+                printf(" %.4f", run[k][r].last_loss);
         printf(" (same windows, same start)\n\n");
         ferry_batch_destroy(b);
     }

@@ -204,7 +204,11 @@ static ferry_status checkpoint_name(ferry__ps_state *s, const char *name, uint64
 }
 
 /* Writes a checkpoint, one at a time: a second request while one is being written
- * is refused with FERRY_ERR_BUSY rather than queued. */
+ * is refused with FERRY_ERR_BUSY rather than queued, except a named one (a job's
+ * checkpoint of a step), which waits for it. A named request for the file this
+ * process last wrote whole, at the same step, is a retry of that call: it is
+ * answered with that file, neither written again nor charged to the rate (the
+ * job's steps wait for the call, so the file already holds what it would hold). */
 static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint64_t step,
                                      char *path, size_t cap, uint64_t *bytes) {
     char file[160];
@@ -213,9 +217,19 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
         return st;
     if (snprintf(path, cap, "%s/%s", s->checkpoint_dir, file) >= (int)cap)
         return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
-    if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
+    int named = name[0] != '\0';
+    if (named)
+        pthread_mutex_lock(&s->checkpoint_mu);
+    else if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
         return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
                                             "is done");
+    if (named && step == s->ck_done_step && strcmp(file, s->ck_done) == 0) {
+        *bytes = s->ck_done_bytes;
+        pthread_mutex_unlock(&s->checkpoint_mu);
+        FERRY_LOG_INFO("Checkpoint %s (step %llu) asked again: already written", file,
+                       (unsigned long long)step);
+        return FERRY_OK;
+    }
     /* A token bucket: ck_rate per minute, in bursts of as many. */
     double now = ferry_now();
     s->ck_tokens += (now - s->ck_last) * s->ck_rate / 60.0;
@@ -230,6 +244,11 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     s->ck_tokens -= 1.0;
     st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, step, s->checkpoint_keep,
                                     bytes);
+    if (st == FERRY_OK && named) {
+        (void)snprintf(s->ck_done, sizeof s->ck_done, "%s", file);
+        s->ck_done_step = step;
+        s->ck_done_bytes = *bytes;
+    }
     pthread_mutex_unlock(&s->checkpoint_mu);
     return st;
 }

@@ -356,8 +356,112 @@ TEST(stiefel_constraint_runs_through_the_map) {
     case_free(&c);
 }
 
+/* Every gradient of a backward: the parameters' dense block, then x, h0, c0. */
+static float *all_grads(lstm_case *c) {
+    int64_t LBH = c->L * c->B * c->H, nx = c->T * c->B * c->C, np = c->P.numel;
+    float *out = calloc((size_t)(np + nx + 2 * LBH), sizeof *out);
+    CHECK(out != NULL);
+    ferry_grads *G = ferry_ctx_grads(c->ctx, &c->P);
+    for (int i = 0; i < c->P.count; i++) {
+        CHECK(G->touched[i]);
+        memcpy(out + c->P.items[i].offset, G->dense + c->P.items[i].offset,
+               (size_t)c->P.items[i].numel * sizeof *out);
+    }
+    const ferry_tensor *g[3] = {ferry_ctx_grad_of(c->ctx, &c->tx), ferry_ctx_grad_of(c->ctx, &c->th0),
+                                ferry_ctx_grad_of(c->ctx, &c->tc0)};
+    int64_t at[3] = {np, np + nx, np + nx + LBH}, n[3] = {nx, LBH, LBH};
+    for (int k = 0; k < 3; k++) {
+        CHECK(g[k] != NULL);
+        memcpy(out + at[k], ferry_tensor_f32(g[k]), (size_t)n[k] * sizeof *out);
+    }
+    return out;
+}
+
+/* Forward in `chunks` stretches of time (each from the previous one's final state),
+ * then backward from the last stretch to the first, each over its own nodes. */
+static float *chunked_grads(lstm_case *c, int chunks, int deferred) {
+    ferry_backend *cpu = ferry_backend_cpu();
+    int64_t T = c->T, BH = c->B * c->H, BC = c->B * c->C;
+    ferry_ctx_reset(c->ctx, 1);
+    ferry_ctx_set_deferred(c->ctx, deferred);
+    CHECK_OK(ferry_ctx_require_grad(c->ctx, &c->tx));
+    CHECK_OK(ferry_ctx_require_grad(c->ctx, &c->th0));
+    CHECK_OK(ferry_ctx_require_grad(c->ctx, &c->tc0));
+    ferry_tensor *y[8], *hn = &c->th0, *cn = &c->tc0, xs[8], R[8];
+    for (int k = 0; k < chunks; k++) {
+        int64_t t0 = k * T / chunks, t1 = (k + 1) * T / chunks;
+        xs[k] = ferry_tensor_wrap(cpu, FERRY_DTYPE_F32, ferry_shape_3d(t1 - t0, c->B, c->C),
+                                  c->x + t0 * BC);
+        R[k] = ferry_tensor_wrap(cpu, FERRY_DTYPE_F32, ferry_shape_3d(t1 - t0, c->B, c->H),
+                                 c->R + t0 * BH);
+        CHECK_OK(ferry_ctx_require_grad(c->ctx, &xs[k]));
+        CHECK_OK(ferry_lstm_forward(&c->rnn, c->ctx, &xs[k], hn, cn, NULL, &y[k], &hn, &cn));
+    }
+    for (int k = chunks - 1; k >= 0; k--) {
+        const ferry_tensor *outs[1] = {y[k]}, *seeds[1] = {&R[k]};
+        CHECK_OK(ferry_ctx_backward_range(c->ctx, 1, outs, seeds, k, k + 1));
+    }
+    CHECK_OK(ferry_ctx_sync(c->ctx));
+    int64_t LBH = c->L * BH, np = c->P.numel;
+    float *out = calloc((size_t)(np + T * BC + 2 * LBH), sizeof *out);
+    CHECK(out != NULL);
+    ferry_grads *G = ferry_ctx_grads(c->ctx, &c->P);
+    memcpy(out, G->dense, (size_t)np * sizeof *out);
+    for (int k = 0; k < chunks; k++) {
+        const ferry_tensor *g = ferry_ctx_grad_of(c->ctx, &xs[k]);
+        CHECK(g != NULL);
+        memcpy(out + np + (k * T / chunks) * BC, ferry_tensor_f32(g), ferry_tensor_nbytes(g));
+    }
+    memcpy(out + np + T * BC, ferry_tensor_f32(ferry_ctx_grad_of(c->ctx, &c->th0)),
+           (size_t)LBH * sizeof *out);
+    memcpy(out + np + T * BC + LBH, ferry_tensor_f32(ferry_ctx_grad_of(c->ctx, &c->tc0)),
+           (size_t)LBH * sizeof *out);
+    ferry_ctx_set_deferred(c->ctx, 0);
+    return out;
+}
+
+/* Weight gradients formed on the context's helper thread (ferry_ctx_set_deferred)
+ * are those formed in place, bit for bit: whole-sequence backward, and a backward
+ * in three stretches with no sync between them (as the pipeline runs it), with a
+ * Stiefel-constrained middle layer (formed in place) among deferred ones; and the
+ * finite-difference check passes with deferral on. */
+TEST(deferred_weight_gradients_are_bit_identical) {
+    lstm_case c;
+    case_init(&c, 7, 3, 4, 6, 3, 808);
+    int64_t n = c.P.numel + c.T * c.B * c.C + 2 * c.L * c.B * c.H;
+    float *ref[2], *got[2];
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            CHECK_OK(ferry_params_set_constraint(&c.P, c.rnn.w_hh[1], FERRY_CONSTRAINT_STIEFEL,
+                                                 0.1f));
+        for (int deferred = 0; deferred < 2; deferred++) {
+            ferry_tensor *y, *hn, *cn;
+            ferry_ctx_reset(c.ctx, 1);
+            ferry_ctx_set_deferred(c.ctx, deferred);
+            CHECK_OK(ferry_ctx_require_grad(c.ctx, &c.tx));
+            CHECK_OK(ferry_ctx_require_grad(c.ctx, &c.th0));
+            CHECK_OK(ferry_ctx_require_grad(c.ctx, &c.tc0));
+            case_forward(&c, &y, &hn, &cn);
+            ferry_tensor R = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_F32, y->shape, c.R);
+            const ferry_tensor *outs[1] = {y}, *seeds[1] = {&R};
+            CHECK_OK(ferry_ctx_backward_from(c.ctx, 1, outs, seeds)); /* syncs */
+            (deferred ? got : ref)[0] = all_grads(&c);
+            (deferred ? got : ref)[1] = chunked_grads(&c, 3, deferred);
+        }
+        CHECK(memcmp(ref[0], got[0], (size_t)n * sizeof(float)) == 0);
+        CHECK(memcmp(ref[1], got[1], (size_t)n * sizeof(float)) == 0);
+        for (int k = 0; k < 2; k++)
+            free(ref[k]), free(got[k]);
+    }
+    CHECK_OK(ferry_params_set_constraint(&c.P, c.rnn.w_hh[1], FERRY_CONSTRAINT_NONE, 0.0f));
+    ferry_ctx_set_deferred(c.ctx, 1);
+    case_gradcheck(&c, "deferred", 0);
+    case_free(&c);
+}
+
 FERRY_TEST_MAIN(T(gradcheck_3_layers) T(gradcheck_fixed_dropout_masks)
                     T(gradcheck_zero_states_partial_outputs) T(gradcheck_wide_hidden)
                         T(forward_matches_float64_reference)
                             T(drawn_masks_follow_the_context_stream)
-                                T(stiefel_constraint_runs_through_the_map))
+                                T(stiefel_constraint_runs_through_the_map)
+                                    T(deferred_weight_gradients_are_bit_identical))

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, nanosleep */
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,6 +192,17 @@ TEST(checkpoint_restores_parameters_and_optimizer_state) {
     CHECK_STATUS(ferry_cluster_checkpoint(ca, "../escape", 2), FERRY_ERR_INVALID);
     CHECK_OK(ferry_cluster_checkpoint(ca, "a.ckpt", 2));
     (void)snprintf(path, sizeof path, "%s/a.ckpt", dir);
+    /* The same request again (a job's retry after a stall or a lost reply) is
+     * answered with the file written: not written again (a new write renames a new
+     * file into place); another step of that name is. */
+    struct stat st1, st2;
+    CHECK(stat(path, &st1) == 0);
+    CHECK_OK(ferry_cluster_checkpoint(ca, "a.ckpt", 2));
+    CHECK(stat(path, &st2) == 0);
+    CHECK(st1.st_ino == st2.st_ino);
+    CHECK_OK(ferry_cluster_checkpoint(ca, "a.ckpt", 3));
+    CHECK(stat(path, &st2) == 0);
+    CHECK(st1.st_ino != st2.st_ino);
 
     /* A new server restored from it hosts the same module, with the same state. */
     ferry_ps_server *b = server_up(60.0, NULL, path);

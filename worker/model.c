@@ -640,6 +640,10 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
     ferry_status st;
     uint64_t pull_call = 0;
     res->job_tokens = (double)ferry_tensor_numel(inputs);
+    /* Distributed, the LSTM's weight-gradient GEMMs go to the context's helper thread
+     * (ferry_ctx_set_deferred): they fill the core the servers leave idle while this
+     * thread walks the recurrence and waits for the decoder. */
+    ferry_ctx_set_deferred(ctx, ferry_lm_is_remote(lm) && ferry_backend_is_host(lm->be));
     if (lm->local_vocab > 0) {
         /* The decoder's local slice adds its gradient straight into the step's
          * (zeroed here, before the pipeline's threads start: the decoder thread then

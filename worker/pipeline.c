@@ -340,6 +340,11 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     pthread_join(th, NULL);
+    /* The LSTM's weight gradients, formed on the context's helper thread while the
+     * chunks' recurrences ran (model.c turns deferral on), are complete now. */
+    ferry_status sy = ferry_ctx_sync(ctx);
+    if (st == FERRY_OK)
+        st = sy;
     if (p->st != FERRY_OK) /* the thread failed first: its message names the call */
         return ferry_errorf(p->st, "%s", p->err);
     if (st != FERRY_OK)

@@ -57,7 +57,8 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
  * on the server however often it arrives (or changes nothing). */
 static int retry_safe(ferry_rpc_method m) {
     return m == FERRY_RPC_FORWARD || m == FERRY_RPC_BACKWARD || m == FERRY_RPC_GRAD_NORM ||
-           m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS;
+           m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS ||
+           m == FERRY_RPC_CHECKPOINT; /* a named one: the server answers a repeat with its file */
 }
 
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,

@@ -1,10 +1,13 @@
 /* ctx.c - autograd contexts: arena tensors, the tape of module calls, a map from
  * tensor address to its gradient, and the per-block gradient tables. */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/tensor/backend.h"
 #include "common/core/arena.h"
+#include "common/nn/nn-impl.h"
 #include "ferry/autograd.h"
 #include "common/core/log.h"
 
@@ -37,7 +40,105 @@ struct ferry_ctx {
     int64_t map_cap, map_count;
     ferry_grads *grads; /* one per block touched */
     int ngrads, cap_grads;
+    /* Deferred gradient work (ferry_ctx_set_deferred): jobs run in order by one
+     * helper thread, started at the first job; mu guards the rest. */
+    int deferred;
+    pthread_t helper;
+    int helper_started, helper_stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ferry__ctx_job *jobs; /* ring of cap_jobs */
+    int cap_jobs, head, count, running;
+    ferry_status job_st; /* the first failed job's status, until ferry_ctx_sync */
+    char job_err[512];
 };
+
+/* ---- deferred gradient work ---- */
+
+static void *helper_main(void *arg) {
+    ferry_ctx *ctx = arg;
+    pthread_mutex_lock(&ctx->mu);
+    for (;;) {
+        while (ctx->count == 0 && !ctx->helper_stop)
+            pthread_cond_wait(&ctx->cv, &ctx->mu);
+        if (ctx->count == 0)
+            break; /* stopping, nothing left */
+        ferry__ctx_job job = ctx->jobs[ctx->head];
+        ctx->running = 1;
+        pthread_mutex_unlock(&ctx->mu);
+        /* After a failure the rest of the step's jobs are skipped: the step fails. */
+        ferry_status st = ctx->job_st == FERRY_OK ? job.fn(job.arg) : FERRY_OK;
+        pthread_mutex_lock(&ctx->mu);
+        if (st != FERRY_OK && ctx->job_st == FERRY_OK) {
+            ctx->job_st = st;
+            (void)snprintf(ctx->job_err, sizeof ctx->job_err, "%s", ferry_error_last());
+        }
+        ctx->head = (ctx->head + 1) % ctx->cap_jobs;
+        ctx->count--;
+        ctx->running = 0;
+        pthread_cond_broadcast(&ctx->cv);
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    return NULL;
+}
+
+void ferry_ctx_set_deferred(ferry_ctx *ctx, int on) {
+    if (!on)
+        (void)ferry_ctx_sync(ctx);
+    ctx->deferred = on != 0;
+}
+
+int ferry__ctx_deferred(const ferry_ctx *ctx) {
+    return ctx->deferred;
+}
+
+ferry_status ferry__ctx_defer(ferry_ctx *ctx, ferry__ctx_job job) {
+    if (!ctx->deferred)
+        return job.fn(job.arg);
+    pthread_mutex_lock(&ctx->mu);
+    ferry_status st = FERRY_OK;
+    if (ctx->count == ctx->cap_jobs) { /* grow the ring, oldest first */
+        int cap = ctx->cap_jobs ? 2 * ctx->cap_jobs : 16;
+        ferry__ctx_job *n = malloc((size_t)cap * sizeof *n);
+        if (n == NULL)
+            st = FERRY_ERR_NOMEM;
+        for (int i = 0; n != NULL && i < ctx->count; i++)
+            n[i] = ctx->jobs[(ctx->head + i) % ctx->cap_jobs];
+        if (n != NULL) {
+            free(ctx->jobs);
+            ctx->jobs = n;
+            ctx->cap_jobs = cap;
+            ctx->head = 0;
+        }
+    }
+    if (st == FERRY_OK && !ctx->helper_started) {
+        if (pthread_create(&ctx->helper, NULL, helper_main, ctx) != 0)
+            st = ferry_errorf(FERRY_ERR_RESOURCE, "cannot start the gradient helper thread");
+        else
+            ctx->helper_started = 1;
+    }
+    if (st == FERRY_OK) {
+        ctx->jobs[(ctx->head + ctx->count) % ctx->cap_jobs] = job;
+        ctx->count++;
+        pthread_cond_broadcast(&ctx->cv);
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    if (st != FERRY_OK) /* run it here rather than lose it */
+        return st == FERRY_ERR_NOMEM ? job.fn(job.arg) : st;
+    return FERRY_OK;
+}
+
+ferry_status ferry_ctx_sync(ferry_ctx *ctx) {
+    pthread_mutex_lock(&ctx->mu);
+    while (ctx->count > 0)
+        pthread_cond_wait(&ctx->cv, &ctx->mu);
+    ferry_status st = ctx->job_st;
+    ctx->job_st = FERRY_OK;
+    pthread_mutex_unlock(&ctx->mu);
+    if (st != FERRY_OK)
+        return ferry_errorf(st, "%s", ctx->job_err);
+    return FERRY_OK;
+}
 
 /* Arena chunks come from the backend (the host arena's from the CPU backend). */
 static void *backend_chunk_alloc(void *be, size_t nbytes) {
@@ -56,6 +157,8 @@ ferry_status ferry_ctx_create(ferry_backend *be, ferry_ctx **out) {
         return st;
     ctx->be = be;
     ctx->training = 1;
+    pthread_mutex_init(&ctx->mu, NULL);
+    pthread_cond_init(&ctx->cv, NULL);
     ferry_arena_allocator dev = {backend_chunk_alloc, backend_chunk_free, be};
     ferry_arena_allocator host = {backend_chunk_alloc, backend_chunk_free, ferry_backend_cpu()};
     if ((st = ferry_arena_create(&dev, 4u << 20, &ctx->arena)) != FERRY_OK)
@@ -72,6 +175,17 @@ fail:
 void ferry_ctx_destroy(ferry_ctx *ctx) {
     if (ctx == NULL)
         return;
+    (void)ferry_ctx_sync(ctx);
+    if (ctx->helper_started) {
+        pthread_mutex_lock(&ctx->mu);
+        ctx->helper_stop = 1;
+        pthread_cond_broadcast(&ctx->cv);
+        pthread_mutex_unlock(&ctx->mu);
+        pthread_join(ctx->helper, NULL);
+    }
+    free(ctx->jobs);
+    pthread_mutex_destroy(&ctx->mu);
+    pthread_cond_destroy(&ctx->cv);
     for (int i = 0; i < ctx->ngrads; i++)
         ferry_grads_deinit(&ctx->grads[i]);
     free(ctx->grads);
@@ -83,6 +197,9 @@ void ferry_ctx_destroy(ferry_ctx *ctx) {
 }
 
 void ferry_ctx_reset(ferry_ctx *ctx, uint64_t id) {
+    /* Jobs still read the arena and write the gradients: they end first (a failure
+     * there belonged to the abandoned step). */
+    (void)ferry_ctx_sync(ctx);
     ctx->id = id;
     ctx->nnodes = 0;
     ctx->rng_offset = 0;
@@ -345,7 +462,9 @@ static ferry_status grad_for(ferry_ctx *ctx, grad_slot *s, ferry_tensor **out) {
 
 ferry_status ferry_ctx_backward_from(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,
                                      const ferry_tensor *const *grads) {
-    return ferry_ctx_backward_range(ctx, n, outputs, grads, 0, ctx->nnodes);
+    ferry_status st = ferry_ctx_backward_range(ctx, n, outputs, grads, 0, ctx->nnodes);
+    ferry_status sy = ferry_ctx_sync(ctx); /* the whole tape: its gradients complete */
+    return st != FERRY_OK ? st : sy;
 }
 
 ferry_status ferry_ctx_backward_range(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,

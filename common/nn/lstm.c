@@ -381,7 +381,6 @@ typedef struct lstm_bwd {
     float *dy;     /* (T, B, H) gradient reaching the layer's h_1 .. h_T */
     float *dgates; /* (T, B, 4H) pre-activation gradients */
     float *dc;     /* (B, H) gradient reaching c_t */
-    float *dbias;  /* (4H) column sums of dgates */
     /* Buffers for the constrained layers (NULLs when there are none). */
     lstm_stiefel_work stiefel;
 } lstm_bwd;
@@ -415,38 +414,67 @@ static ferry_status lstm_layer_bptt(const lstm_saved *s, ferry_ctx *ctx, int l, 
     return st;
 }
 
-/* From layer l's w->dgates: the weight and bias gradients (three GEMMs and a
- * column sum over all steps at once), then dX = dgates W_ih, which becomes
- * layer l-1's w->dy (through its dropout mask) or x's gradient for l = 0. */
+/* The weight and bias gradients of one layer from its dgates: two GEMMs over all
+ * steps at once and a column sum. Run in place or, deferred, on the context's
+ * helper thread (everything it reads lives in the context until the step ends). */
+typedef struct lstm_wgrad {
+    ferry_backend *be;
+    int64_t TB, G4, C, H;
+    const float *dgates, *x, *h; /* (TB, 4H), (TB, C), h_0 .. h_{T-1} (TB, H) */
+    float *dw_ih, *dw_hh;        /* (4H, C), (4H, H) dL/dW_eff */
+    float *db_ih, *db_hh, *dbias; /* (4H) each; dbias scratch */
+} lstm_wgrad;
+
+static ferry_status lstm_wgrad_run(void *arg) {
+    const lstm_wgrad *j = arg;
+    ferry_backend *be = j->be;
+    int64_t TB = j->TB, G4 = j->G4, C = j->C, H = j->H;
+    /* dW_ih += dgates^T x; dW_hh += dgates^T h_{0..T-1} (the h sequence shifted by h0). */
+    ferry_status st =
+        ferry_backend_gemm(be, 1, 0, G4, C, TB, 1.0f, j->dgates, G4, j->x, C, 1.0f, j->dw_ih, C);
+    if (st == FERRY_OK)
+        st = ferry_backend_gemm(be, 1, 0, G4, H, TB, 1.0f, j->dgates, G4, j->h, H, 1.0f, j->dw_hh,
+                                H);
+    /* Both biases enter the pre-activations the same way: one column sum, added twice. */
+    if (st == FERRY_OK)
+        st = ferry_backend_fill(be, j->dbias, G4, 0.0f);
+    if (st == FERRY_OK)
+        st = ferry_backend_sum_rows(be, TB, G4, j->dgates, j->dbias);
+    if (st == FERRY_OK)
+        st = ferry_backend_axpy(be, G4, 1.0f, j->dbias, j->db_ih);
+    if (st == FERRY_OK)
+        st = ferry_backend_axpy(be, G4, 1.0f, j->dbias, j->db_hh);
+    return st;
+}
+
+/* From layer l's w->dgates: the weight and bias gradients (lstm_wgrad_run: deferred
+ * to the context's helper thread when it has one, unless W_hh is constrained, whose
+ * map backward follows at once), then dX = dgates W_ih, which becomes layer l-1's
+ * w->dy (through its dropout mask) or x's gradient for l = 0. */
 static ferry_status lstm_layer_grads(const lstm_saved *s, ferry_ctx *ctx, int l, lstm_bwd *w,
                                      ferry_tensor *const *grad_in) {
     const ferry_lstm *m = s->m;
     const lstm_layer_saved *ls = &s->layer[l];
     ferry_backend *be = ferry_ctx_backend(ctx);
     int64_t TB = s->T * s->B, H = m->H, G4 = 4 * H, C = l == 0 ? m->C : H;
-    float *dw_ih = ferry_grads_dense(w->G, m->w_ih[l]); /* (4H, C) */
-    float *dw_hh = NULL;                                /* (4H, H) dL/dW_eff */
-    float *db_ih = ferry_grads_dense(w->G, m->b_ih[l]); /* (4H) */
-    float *db_hh = ferry_grads_dense(w->G, m->b_hh[l]); /* (4H) */
-    if (dw_ih == NULL || db_ih == NULL || db_hh == NULL)
+    lstm_wgrad *j = ferry_ctx_host_alloc(ctx, sizeof *j);
+    if (j == NULL)
         return FERRY_ERR_NOMEM;
-    ferry_status st = lstm_w_hh_grad_eff(m, ctx, w->G, ls, &w->stiefel, l, &dw_hh);
-    /* dW_ih += dgates^T x; dW_hh += dgates^T h_{0..T-1} (the h sequence shifted by h0). */
+    *j = (lstm_wgrad){be, TB, G4, C, H, w->dgates, ls->x, ls->h, NULL, NULL, NULL, NULL, NULL};
+    j->dw_ih = ferry_grads_dense(w->G, m->w_ih[l]); /* (4H, C) */
+    j->db_ih = ferry_grads_dense(w->G, m->b_ih[l]); /* (4H) */
+    j->db_hh = ferry_grads_dense(w->G, m->b_hh[l]); /* (4H) */
+    if (j->dw_ih == NULL || j->db_ih == NULL || j->db_hh == NULL)
+        return FERRY_ERR_NOMEM;
+    ferry_status st = lstm_w_hh_grad_eff(m, ctx, w->G, ls, &w->stiefel, l, &j->dw_hh);
     if (st == FERRY_OK)
-        st = ferry_backend_gemm(be, 1, 0, G4, C, TB, 1.0f, w->dgates, G4, ls->x, C, 1.0f, dw_ih, C);
-    if (st == FERRY_OK)
-        st = ferry_backend_gemm(be, 1, 0, G4, H, TB, 1.0f, w->dgates, G4, ls->h, H, 1.0f, dw_hh, H);
+        st = ctx_floats(ctx, G4, &j->dbias);
+    if (st == FERRY_OK && ls->constrained)
+        st = lstm_wgrad_run(j);
+    else if (st == FERRY_OK)
+        st = ferry__ctx_defer(ctx, (ferry__ctx_job){lstm_wgrad_run, j});
     if (st == FERRY_OK)
         st = lstm_w_hh_grad_to_raw(m, ctx, w->G, ls, &w->stiefel, l);
-    /* Both biases enter the pre-activations the same way: one column sum, added twice. */
-    if (st == FERRY_OK)
-        st = ferry_backend_fill(be, w->dbias, G4, 0.0f);
-    if (st == FERRY_OK)
-        st = ferry_backend_sum_rows(be, TB, G4, w->dgates, w->dbias);
-    if (st == FERRY_OK)
-        st = ferry_backend_axpy(be, G4, 1.0f, w->dbias, db_ih);
-    if (st == FERRY_OK)
-        st = ferry_backend_axpy(be, G4, 1.0f, w->dbias, db_hh);
     const float *w_ih = ferry_params_data(m->P, m->w_ih[l]);
     if (st == FERRY_OK && l > 0) { /* overwrite dy: layer l's is spent */
         st = ferry_backend_gemm(be, 0, 0, TB, C, G4, 1.0f, w->dgates, G4, w_ih, C, 0.0f, w->dy, C);
@@ -477,14 +505,16 @@ static ferry_status lstm_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
     if (st == FERRY_OK)
         st = ctx_floats(ctx, BH, &w.dc);
     if (st == FERRY_OK)
-        st = ctx_floats(ctx, 4 * H, &w.dbias);
-    if (st == FERRY_OK)
         st = lstm_stiefel_work_alloc(m, s->layer, ctx, &w.stiefel);
     /* Our own copy of dy: the per-step GEMMs accumulate dh_{t-1} into it. */
     if (st == FERRY_OK)
         st = copy_or_zero(be, w.dy, gy, T * BH);
     for (int l = m->L - 1; l >= 0 && st == FERRY_OK; l--) {
-        if (ghn != NULL) /* hn[l] is h_T of layer l */
+        /* A deferred layer's weight gradients read its dgates later: each layer then
+         * has its own. */
+        if (l < m->L - 1 && ferry__ctx_deferred(ctx))
+            st = ctx_floats(ctx, T * B * 4 * H, &w.dgates);
+        if (st == FERRY_OK && ghn != NULL) /* hn[l] is h_T of layer l */
             st = ferry_backend_axpy(be, BH, 1.0f, ghn + l * BH, w.dy + (T - 1) * BH);
         if (st == FERRY_OK)
             st = lstm_layer_bptt(s, ctx, l, &w, gcn, grad_in);

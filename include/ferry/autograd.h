@@ -101,6 +101,17 @@ ferry_status ferry_ctx_backward_from(ferry_ctx *ctx, int n, const ferry_tensor *
  * when its seed arrives. FERRY_ERR_RANGE unless 0 <= first <= end <= tape length. */
 ferry_status ferry_ctx_backward_range(ferry_ctx *ctx, int n, const ferry_tensor *const *outputs,
                                       const ferry_tensor *const *grads, int first, int end);
+/* Deferred weight gradients: with on, layers that can (the LSTM) hand the GEMMs that
+ * form their weight gradients to a helper thread of this context and go on with the
+ * gradients earlier nodes wait for, so a second core takes that work while this
+ * thread walks the recurrence. Results are bit-identical (the jobs run in the order
+ * they were made). The gradients are complete after ferry_ctx_sync, which
+ * ferry_ctx_backward/_from call at their end and ferry_ctx_reset and
+ * ferry_ctx_destroy call first; a caller of ferry_ctx_backward_range calls it before
+ * reading gradients. Off by default; for host backends. */
+void ferry_ctx_set_deferred(ferry_ctx *ctx, int on);
+/* Waits for the deferred work; the first failed job's status and message. */
+ferry_status ferry_ctx_sync(ferry_ctx *ctx);
 /* After backward: the gradient of t, or NULL if none reached it. */
 ferry_tensor *ferry_ctx_grad_of(ferry_ctx *ctx, const ferry_tensor *t);
 /* For a backward fn that records t as no input: adds g into t's gradient, or, when
