@@ -48,6 +48,12 @@ struct ferry_lm_pipe {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int posted, back, abort;
+    /* The decoder thread lives as long as the pipe (a thread created per step would
+     * start late whenever both cores are busy): steps counts the steps handed to it,
+     * finished those it is done with; quit ends it. */
+    pthread_t thread;
+    int started, quit;
+    uint64_t steps, finished;
     ferry_status st;
     char err[512];
     /* The step being run (read by the thread). */
@@ -85,6 +91,13 @@ ferry_status ferry_lm_pipe_create(int M, ferry_lm_pipe **out) {
 void ferry_lm_pipe_destroy(ferry_lm_pipe *p) {
     if (p == NULL)
         return;
+    if (p->started) {
+        pthread_mutex_lock(&p->mu);
+        p->quit = 1;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        pthread_join(p->thread, NULL);
+    }
     free(p->x);
     free(p->dx);
     free(p->hid);
@@ -125,8 +138,7 @@ static void thread_fail(ferry_lm_pipe *p, ferry_status st) {
     pthread_mutex_unlock(&p->mu);
 }
 
-static void *decoder_thread(void *arg) {
-    ferry_lm_pipe *p = arg;
+static void decoder_step(ferry_lm_pipe *p) {
     int64_t BH = p->B * p->H;
     for (int c = 0; c < p->M; c++) {
         pthread_mutex_lock(&p->mu);
@@ -135,7 +147,7 @@ static void *decoder_thread(void *arg) {
         int stop = p->abort;
         pthread_mutex_unlock(&p->mu);
         if (stop)
-            return NULL;
+            return;
         int64_t t0 = t0_of(p->T, p->M, c), steps = t0_of(p->T, p->M, c + 1) - t0;
         double t = ferry_now();
         ferry_status st = ferry_remote_xent_forward(p->dec, p->dc, p->hid + t0 * BH,
@@ -144,7 +156,7 @@ static void *decoder_thread(void *arg) {
         p->remote_busy += ferry_now() - t;
         if (st != FERRY_OK) {
             thread_fail(p, st);
-            return NULL;
+            return;
         }
     }
     for (int c = p->M - 1; c >= 0; c--) {
@@ -155,13 +167,32 @@ static void *decoder_thread(void *arg) {
         p->remote_busy += ferry_now() - t;
         if (st != FERRY_OK) {
             thread_fail(p, st);
-            return NULL;
+            return;
         }
         pthread_mutex_lock(&p->mu);
         p->back = p->M - c; /* chunks M-1 .. c are back */
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
+    return;
+}
+
+/* The thread: one decoder_step per step handed to it, until quit. */
+static void *decoder_thread(void *arg) {
+    ferry_lm_pipe *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->finished == p->steps && !p->quit)
+            pthread_cond_wait(&p->cv, &p->mu);
+        if (p->quit)
+            break;
+        pthread_mutex_unlock(&p->mu);
+        decoder_step(p);
+        pthread_mutex_lock(&p->mu);
+        p->finished++;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -330,16 +361,23 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
     p->st = FERRY_OK;
     p->err[0] = '\0';
     p->remote_busy = 0.0;
-    pthread_t th;
-    if (pthread_create(&th, NULL, decoder_thread, p) != 0)
-        return ferry_errorf(FERRY_ERR_RESOURCE, "cannot start the pipeline's decoder thread");
+    if (!p->started) {
+        if (pthread_create(&p->thread, NULL, decoder_thread, p) != 0)
+            return ferry_errorf(FERRY_ERR_RESOURCE, "cannot start the pipeline's decoder thread");
+        p->started = 1;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->steps++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
     double busy = 0.0;
     st = run_chunks(lm, p, ctx, seed, &busy);
     pthread_mutex_lock(&p->mu);
     p->abort = 1; /* a thread still waiting for a chunk stops (after an error here) */
     pthread_cond_broadcast(&p->cv);
+    while (p->finished != p->steps)
+        pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
-    pthread_join(th, NULL);
     /* The LSTM's weight gradients, formed on the context's helper thread while the
      * chunks' recurrences ran (model.c turns deferral on), are complete now. */
     ferry_status sy = ferry_ctx_sync(ctx);
