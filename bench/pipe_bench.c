@@ -3,7 +3,9 @@
  *
  * For each configuration (PTB small and medium) it steps, window by window in turn
  * on the same PTB windows:
- *   local, 1 and 2 OpenBLAS threads          the single-process trainer
+ *   local, 1 and 2 OpenBLAS threads          the single-process trainer (1 thread also
+ *                                            with its LSTM weight gradients on a
+ *                                            helper thread: --grad-thread on)
  *   relay (M = 1), trainer 1 and 2 threads   embedding and decoder on one ferry-ps
  *   pipelined (M micro-batches), 1 thread    the same, micro-batches in flight
  *   + a local vocabulary slice, M = 1 and M   the decoder's last N rows in the trainer
@@ -45,13 +47,14 @@ static void check_ok(ferry_status st, const char *what) {
         die(what);
 }
 
-enum { LOCAL1, LOCAL2, RELAY1, RELAY2, PIPE1, RELAY_LV, PIPE_LV, NRUN };
+enum { LOCAL1, LOCAL1G, LOCAL2, RELAY1, RELAY2, PIPE1, RELAY_LV, PIPE_LV, NRUN };
 
 typedef struct runner {
     const char *label;
     int threads, micro; /* trainer OpenBLAS threads; micro-batches (0: local) */
     int64_t local_vocab; /* decoder rows computed in the trainer (--local-vocab) */
     int skip;            /* not run (a local-slice placement with no slice) */
+    int grad_thread;     /* local: weight gradients on a helper thread (--grad-thread on) */
     ps_child ps;
     ferry_cluster *cl;
     ferry_dist_ctx *dc;
@@ -79,6 +82,8 @@ static void runner_init(runner *r, const bench_config *c, int steps) {
     check_ok(ferry_lm_create_placed(be, &mc, r->cl != NULL ? &pl : NULL, &r->lm), "model");
     if (r->micro > 1)
         check_ok(ferry_lm_set_micro_batches(r->lm, r->micro), "micro-batches");
+    if (r->grad_thread)
+        ferry_lm_set_grad_thread(r->lm, FERRY_LM_GRAD_THREAD_ON);
     check_ok(ferry_optim_create(&r->lm->P, &oc, &r->opt), "optimizer");
     check_ok(ferry_ctx_create(be, &r->ctx), "context");
     if ((r->t = malloc((size_t)steps * sizeof *r->t)) == NULL)
@@ -142,7 +147,7 @@ int main(int argc, char **argv) {
      * per configuration: small's decoder holds 3/4 of the FLOPs and its server is the
      * bottleneck, so about half the vocabulary goes to the trainer; medium's trainer
      * (the LSTM, 60% of the FLOPs) is already the busier side, so none. */
-    long long lv[2] = {4500, 0};
+    long long lv[2] = {5000, 0};
     const char *which = "all", *data = FERRY_BENCH_DATA, *ps_bin = FERRY_BENCH_PS_BIN;
     for (int i = 1; i < argc; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -177,13 +182,14 @@ int main(int argc, char **argv) {
     };
     enum { NCONF = 2 };
     static const char *labels[NRUN] = {"local, 1 thread",
+                                       "local, 1 thread + gradient thread",
                                        "local, 2 threads",
                                        "ferry-ps + trainer, M=1, 1 thread",
                                        "ferry-ps + trainer, M=1, 2 threads",
                                        "ferry-ps + trainer, pipelined, 1 thread",
                                        "+ local vocab slice, M=1",
                                        "+ local vocab slice, pipelined"};
-    static const int threads[NRUN] = {1, 2, 1, 2, 1, 1, 1};
+    static const int threads[NRUN] = {1, 1, 2, 1, 2, 1, 1, 1};
     runner run[NCONF][NRUN];
     memset(run, 0, sizeof run);
     /* Every ferry-ps starts before this process touches gRPC. */
@@ -196,6 +202,7 @@ int main(int argc, char **argv) {
             run[k][r].micro = r == PIPE1 || r == PIPE_LV ? micro : r >= RELAY1 ? 1 : 0;
             run[k][r].local_vocab = r >= RELAY_LV ? lv[k] : 0;
             run[k][r].skip = r >= RELAY_LV && lv[k] == 0; /* no slice for this config */
+            run[k][r].grad_thread = r == LOCAL1G;
             if (run[k][r].micro > 0 && !run[k][r].skip)
                 bench_ps_spawn(&run[k][r].ps, ps_bin, 2, 1);
         }

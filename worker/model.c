@@ -502,6 +502,16 @@ ferry_status ferry_lm_set_micro_batches(ferry_lm *lm, int M) {
     return M == 1 ? FERRY_OK : ferry_lm_pipe_create(M, &lm->pipe);
 }
 
+void ferry_lm_set_grad_thread(ferry_lm *lm, ferry_lm_grad_thread mode) {
+    lm->grad_thread = (int)mode;
+}
+
+int ferry_lm_uses_grad_thread(const ferry_lm *lm) {
+    int want = lm->grad_thread == FERRY_LM_GRAD_THREAD_ON ||
+               (lm->grad_thread == FERRY_LM_GRAD_THREAD_AUTO && ferry_lm_is_remote(lm));
+    return want && ferry_backend_is_host(lm->be);
+}
+
 ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B) {
     ferry_shape s = ferry_shape_3d(lm->cfg.L, B, lm->cfg.H);
     lm->synced = 0; /* the servers' streams no longer hold this state */
@@ -640,10 +650,10 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
     ferry_status st;
     uint64_t pull_call = 0;
     res->job_tokens = (double)ferry_tensor_numel(inputs);
-    /* Distributed, the LSTM's weight-gradient GEMMs go to the context's helper thread
-     * (ferry_ctx_set_deferred): they fill the core the servers leave idle while this
-     * thread walks the recurrence and waits for the decoder. */
-    ferry_ctx_set_deferred(ctx, ferry_lm_is_remote(lm) && ferry_backend_is_host(lm->be));
+    /* The LSTM's weight-gradient GEMMs on the context's helper thread (distributed by
+     * default): they fill a core left idle while this thread walks the recurrence and
+     * waits for the decoder. */
+    ferry_ctx_set_deferred(ctx, ferry_lm_uses_grad_thread(lm));
     if (lm->local_vocab > 0) {
         /* The decoder's local slice adds its gradient straight into the step's
          * (zeroed here, before the pipeline's threads start: the decoder thread then

@@ -93,6 +93,7 @@ typedef struct ferry_lm {
     float *stage;                          /* host (P.numel): pulled weights, pushed grads */
     ferry_decoder_mode decoder_mode;
     ferry_lm_pipe *pipe; /* micro-batches (ferry_lm_set_micro_batches), or NULL */
+    int grad_thread;     /* ferry_lm_grad_thread: where the LSTM's weight gradients form */
     int64_t B;           /* batch size of the carried state */
     ferry_tensor *h, *c; /* (L, B, H) carried state, owned */
 } ferry_lm;
@@ -110,6 +111,18 @@ int ferry_lm_is_remote(const ferry_lm *lm);
  * is the unpipelined step. Distributed, sharded-softmax decoder only (else
  * FERRY_ERR_UNSUPPORTED at the step); FERRY_ERR_RANGE outside 1..FERRY_LM_MAX_MICRO. */
 ferry_status ferry_lm_set_micro_batches(ferry_lm *lm, int M);
+/* Where training steps form the LSTM's weight gradients (ferry_ctx_set_deferred):
+ * AUTO (the default) on the context's helper thread when the model is distributed
+ * (the servers' idle time is a core's), ON always, OFF never. Bit-identical either way;
+ * host backends only (elsewhere in place). */
+typedef enum ferry_lm_grad_thread {
+    FERRY_LM_GRAD_THREAD_AUTO = 0,
+    FERRY_LM_GRAD_THREAD_ON = 1,
+    FERRY_LM_GRAD_THREAD_OFF = 2,
+} ferry_lm_grad_thread;
+void ferry_lm_set_grad_thread(ferry_lm *lm, ferry_lm_grad_thread mode);
+/* 1 when steps of lm form weight gradients on a helper thread. */
+int ferry_lm_uses_grad_thread(const ferry_lm *lm);
 /* Zeroes the carried state, resizing it for batch B. */
 ferry_status ferry_lm_reset_state(ferry_lm *lm, int64_t B);
 /* One window: inputs and targets are HOST int32 (T, B). Records on ctx when it

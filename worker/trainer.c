@@ -788,6 +788,10 @@ static ferry_status trainer_setup(trainer *t) {
     if (st != FERRY_OK)
         return st;
     place_blas_threads(t);
+    ferry_lm_set_grad_thread(t->lm, (ferry_lm_grad_thread)cfg->grad_thread);
+    if (ferry_lm_uses_grad_thread(t->lm))
+        FERRY_LOG_INFO("the LSTM's weight gradients form on a helper thread (--grad-thread %s)",
+                       cfg->grad_thread == FERRY_LM_GRAD_THREAD_ON ? "on" : "auto");
     if (cfg->micro_batches > 1) {
         if (cfg->micro_batches > cfg->bptt)
             return ferry_errorf(FERRY_ERR_INVALID, "--micro-batches %d: a window has %d time "

@@ -49,6 +49,7 @@ typedef struct ferry_trainer_config {
     int micro_batches;       /* > 1: pipelined step over this many micro-batches (--ps) */
     const char *stages;      /* model parallelism: where the LSTM's layers run (--ps) */
     int64_t local_vocab;     /* the decoder's last rows computed in the trainer (--ps) */
+    int grad_thread;         /* ferry_lm_grad_thread: auto, on, off */
     int64_t deadline_ms;     /* per-RPC deadline (distributed) */
     /* A data-parallel job (distributed only): world > 1 or a sync mode given. Rank r
      * trains on batch columns [r*B/N, (r+1)*B/N) of the global batch B (batch_size),

@@ -163,6 +163,13 @@ grep -q "decoder: vocabulary rows 0-6999 on the servers, 7000-9999 here" "$TMP/t
     fail "no decoder placement line: $(grep decoder "$TMP/t-lv.log")"
 "$TRAINER" --local "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
     --metrics-out "$TMP/m-lv-local.jsonl" 2>"$TMP/t-lv-local.log" || fail "local trainer exited $?"
+# The LSTM's weight gradients on a helper thread change nothing, to the last digit.
+"$TRAINER" --local --grad-thread on "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
+    --metrics-out "$TMP/m-gt-local.jsonl" 2>"$TMP/t-gt-local.log" || fail "--grad-thread on exited $?"
+grep -q "weight gradients form on a helper thread" "$TMP/t-gt-local.log" || fail "no helper line"
+[ "$(train_losses "$TMP/m-gt-local.jsonl")" = "$(train_losses "$TMP/m-lv-local.jsonl")" ] ||
+    fail "--grad-thread on differs: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-gt-local.jsonl"))"
+ok "--local --grad-thread on: the local trainer's losses, bit for bit"
 close_losses() { # close_losses A B: the same number (3) of losses, each within 1e-5
     paste <(train_losses "$1") <(train_losses "$2") |
         awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ }
