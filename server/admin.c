@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/core/log.h"
 #include "ferry/version.h"
@@ -203,12 +204,30 @@ static ferry_status checkpoint_name(ferry__ps_state *s, const char *name, uint64
     return FERRY_OK;
 }
 
+/* A fingerprint of every module's name and version (Step and SetParams bump it):
+ * equal fingerprints mean no parameter changed in between. */
+static uint64_t modules_fingerprint(ferry__ps_registry *r) {
+    int n;
+    ferry__ps_module **mods = ferry__ps_registry_list(r, &n);
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        for (const char *p = mods[i]->name; *p != '\0'; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        pthread_rwlock_rdlock(&mods[i]->lock);
+        uint64_t v = mods[i]->version;
+        pthread_rwlock_unlock(&mods[i]->lock);
+        h = (h ^ v) * 1099511628211ull;
+    }
+    free(mods);
+    return h;
+}
+
 /* Writes a checkpoint, one at a time: a second request while one is being written
  * is refused with FERRY_ERR_BUSY rather than queued, except a named one (a job's
  * checkpoint of a step), which waits for it. A named request for the file this
- * process last wrote whole, at the same step, is a retry of that call: it is
- * answered with that file, neither written again nor charged to the rate (the
- * job's steps wait for the call, so the file already holds what it would hold). */
+ * process last wrote whole, at the same step, with no module stepped or set since
+ * and the file still there, is a retry of that call: it is answered with that file,
+ * neither written again nor charged to the rate (it holds what a new write would). */
 static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint64_t step,
                                      char *path, size_t cap, uint64_t *bytes) {
     char file[160];
@@ -223,7 +242,10 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     else if (pthread_mutex_trylock(&s->checkpoint_mu) != 0)
         return ferry_errorf(FERRY_ERR_BUSY, "a checkpoint is being written; try again when it "
                                             "is done");
-    if (named && step == s->ck_done_step && strcmp(file, s->ck_done) == 0) {
+    struct stat sb;
+    uint64_t fp = named ? modules_fingerprint(&s->reg) : 0;
+    if (named && step == s->ck_done_step && strcmp(file, s->ck_done) == 0 &&
+        fp == s->ck_done_fp && stat(path, &sb) == 0 && (uint64_t)sb.st_size == s->ck_done_bytes) {
         *bytes = s->ck_done_bytes;
         pthread_mutex_unlock(&s->checkpoint_mu);
         FERRY_LOG_INFO("Checkpoint %s (step %llu) asked again: already written", file,
@@ -244,10 +266,12 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     s->ck_tokens -= 1.0;
     st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, step, s->checkpoint_keep,
                                     bytes);
+    s->ck_done[0] = '\0';
     if (st == FERRY_OK && named) {
         (void)snprintf(s->ck_done, sizeof s->ck_done, "%s", file);
         s->ck_done_step = step;
         s->ck_done_bytes = *bytes;
+        s->ck_done_fp = fp; /* the versions it was written at (read before it) */
     }
     pthread_mutex_unlock(&s->checkpoint_mu);
     return st;

@@ -471,6 +471,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         (void)snprintf(path, sizeof path, "%s/%s", ps->checkpoint_dir, file);
         pthread_mutex_lock(&ps->checkpoint_mu);
         st = ferry__ps_checkpoint_read(&ps->reg, path, NULL);
+        ps->ck_done[0] = '\0'; /* parameters rolled back: no Checkpoint is a repeat now */
         pthread_mutex_unlock(&ps->checkpoint_mu);
     }
     if (st != FERRY_OK) {

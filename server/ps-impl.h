@@ -399,10 +399,11 @@ typedef struct ferry__ps_state {
     double ck_tokens, ck_last; /* the token bucket, under checkpoint_mu */
     size_t max_message_bytes;
     pthread_mutex_t checkpoint_mu; /* one checkpoint written at a time */
-    /* The last named checkpoint written whole (under checkpoint_mu): the same request
-     * again, a client's retry after a lost reply or a stall, is answered with it. */
+    /* The last named checkpoint written whole (under checkpoint_mu), and the modules'
+     * versions then (ck_done_fp): the same request again with nothing stepped or set
+     * since, a client's retry after a lost reply or a stall, is answered with it. */
     char ck_done[160];
-    uint64_t ck_done_step, ck_done_bytes;
+    uint64_t ck_done_step, ck_done_bytes, ck_done_fp;
     uint64_t incarnation;
     /* The checkpoint this server restored at start (--restore, or the newest in
      * --checkpoint-dir), and its job step: what a recovering job compares. */

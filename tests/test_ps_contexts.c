@@ -203,6 +203,15 @@ TEST(checkpoint_restores_parameters_and_optimizer_state) {
     CHECK_OK(ferry_cluster_checkpoint(ca, "a.ckpt", 3));
     CHECK(stat(path, &st2) == 0);
     CHECK(st1.st_ino != st2.st_ino);
+    /* After a SetParams (a version bump) the same request writes again: the file
+     * must hold the parameters as they are. */
+    static float w0[40 * 16];
+    CHECK_OK(ferry_remote_get_params(ma, "weight", 0, 0, w0));
+    CHECK_OK(ferry_remote_set_params(ma, "weight", 0, 0, w0));
+    CHECK(stat(path, &st1) == 0);
+    CHECK_OK(ferry_cluster_checkpoint(ca, "a.ckpt", 3));
+    CHECK(stat(path, &st2) == 0);
+    CHECK(st1.st_ino != st2.st_ino);
 
     /* A new server restored from it hosts the same module, with the same state. */
     ferry_ps_server *b = server_up(60.0, NULL, path);

@@ -37,10 +37,13 @@ typedef struct cfg_key {
     size_t off;
     int fixed; /* a flag that contradicts it is an error; else it is a default */
     const char *choices; /* K_ENUM: '|'-separated names */
+    const char *absent;  /* the value of a checkpoint written before the key existed */
 } cfg_key;
 
-#define F(name, t, field, fixed) {name, t, offsetof(ferry_trainer_config, field), fixed, NULL}
-#define E(name, field, fixed, ch) {name, K_ENUM, offsetof(ferry_trainer_config, field), fixed, ch}
+#define F(name, t, field, fixed) {name, t, offsetof(ferry_trainer_config, field), fixed, NULL, NULL}
+#define FA(name, t, field, fixed, absent)                                                          \
+    {name, t, offsetof(ferry_trainer_config, field), fixed, NULL, absent}
+#define E(name, field, fixed, ch) {name, K_ENUM, offsetof(ferry_trainer_config, field), fixed, ch, NULL}
 static const cfg_key keys[] = {
     F("emsize", K_INT, emsize, 1),
     F("nhid", K_INT, nhid, 1),
@@ -62,7 +65,7 @@ static const cfg_key keys[] = {
     F("seed", K_I64, seed, 1),
     E("decoder-mode", decoder_mode, 1, "logits|sharded-softmax"),
     F("stages", K_STR, stages, 1),
-    F("local-vocab", K_I64, local_vocab, 1),
+    FA("local-vocab", K_I64, local_vocab, 1, "0"),
     F("world", K_INT, world, 1),
     F("job", K_STR, job, 1),
     F("sync", K_STR, sync, 1),
@@ -75,6 +78,7 @@ static const cfg_key keys[] = {
     F("log-interval", K_INT, log_interval, 0),
 };
 #undef F
+#undef FA
 #undef E
 enum { NKEYS = (int)(sizeof keys / sizeof keys[0]) };
 
@@ -205,7 +209,9 @@ ferry_status ferry_checkpoint_read_config(const char *path, ferry_trainer_config
         st = ferry_errorf(FERRY_ERR_FORMAT, "%s has no configuration section", path);
     char v[256];
     for (int i = 0; i < NKEYS && st == FERRY_OK; i++) {
-        if (!conf_value(text, len, keys[i].key, v, sizeof v))
+        if (!conf_value(text, len, keys[i].key, v, sizeof v) && keys[i].absent != NULL)
+            st = set_key(&keys[i], cfg, keys[i].absent, &strings, &cap, path);
+        else if (!conf_value(text, len, keys[i].key, v, sizeof v))
             st = ferry_errorf(FERRY_ERR_FORMAT, "%s: the configuration lacks %s", path,
                               keys[i].key);
         else

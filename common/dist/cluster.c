@@ -57,8 +57,7 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
  * on the server however often it arrives (or changes nothing). */
 static int retry_safe(ferry_rpc_method m) {
     return m == FERRY_RPC_FORWARD || m == FERRY_RPC_BACKWARD || m == FERRY_RPC_GRAD_NORM ||
-           m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS ||
-           m == FERRY_RPC_CHECKPOINT; /* a named one: the server answers a repeat with its file */
+           m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS;
 }
 
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
@@ -68,10 +67,21 @@ ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method meth
                                      NULL, NULL);
 }
 
+static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, const int *servers,
+                           const ferry_rpc_msg *reqs, int shared, ferry_rpc_msg *replies,
+                           int deadline_ms, void (*during)(void *arg), void *arg, int retry_ok);
+
 ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method, int n,
                                        const int *servers, const ferry_rpc_msg *reqs, int shared,
                                        ferry_rpc_msg *replies, int deadline_ms,
                                        void (*during)(void *arg), void *arg) {
+    return fanout(c, method, n, servers, reqs, shared, replies, deadline_ms, during, arg,
+                  retry_safe(method));
+}
+
+static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, const int *servers,
+                           const ferry_rpc_msg *reqs, int shared, ferry_rpc_msg *replies,
+                           int deadline_ms, void (*during)(void *arg), void *arg, int retry_ok) {
     if (n == 0) {
         if (during != NULL)
             during(arg);
@@ -94,7 +104,7 @@ ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method
     int retry_ms = atomic_load(&c->retry_ms);
     double t0 = ferry_now();
     long pause_ms = 50;
-    for (int attempt = 1; st != FERRY_OK && retry_ms > 0 && retry_safe(method); attempt++) {
+    for (int attempt = 1; st != FERRY_OK && retry_ms > 0 && retry_ok; attempt++) {
         /* Only the calls that failed in transit go again; an answer from a server
          * (even an error) is final. */
         int m = 0;
@@ -566,7 +576,7 @@ ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *o
 
 /* One header to the given servers (or all, for server < 0), replies discarded. */
 static ferry_status broadcast(ferry_cluster *c, int server, ferry_rpc_method method,
-                              const ProtobufCMessage *head) {
+                              const ProtobufCMessage *head, int retry_ok) {
     if (server >= c->n)
         return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
     int n = server < 0 ? c->n : 1;
@@ -579,7 +589,8 @@ static ferry_status broadcast(ferry_cluster *c, int server, ferry_rpc_method met
         ferry_rpc_msg_init(&replies[i]);
     }
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(c, method, n, servers, &req, 1, replies);
+        st = fanout(c, method, n, servers, &req, 1, replies, c->cfg.deadline_ms, NULL, NULL,
+                    retry_ok);
     for (int i = 0; replies != NULL && i < n; i++)
         ferry_rpc_msg_deinit(&replies[i]);
     ferry_rpc_msg_deinit(&req);
@@ -593,7 +604,11 @@ ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64
     ferry__checkpoint_request__init(&q);
     q.path = (char *)(uintptr_t)(name != NULL ? name : "");
     q.step = step;
-    return broadcast(c, -1, FERRY_RPC_CHECKPOINT, &q.base);
+    /* A named checkpoint (a job's step) may be sent again after a stall or a lost
+     * reply: ferry-ps answers a repeat of the file it wrote last with that file. An
+     * unnamed one is not (its BUSY answer to a repeat would be final). */
+    return broadcast(c, -1, FERRY_RPC_CHECKPOINT, &q.base,
+                     name != NULL && name[0] != '\0');
 }
 
 ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) {
@@ -601,7 +616,7 @@ ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) 
     ferry__shutdown_request__init(&q);
     q.grace_ms = grace_ms > 0 ? (uint32_t)grace_ms : 0;
     q.reason = c->client_id;
-    return broadcast(c, server, FERRY_RPC_SHUTDOWN, &q.base);
+    return broadcast(c, server, FERRY_RPC_SHUTDOWN, &q.base, 0);
 }
 
 ferry_status ferry__dist_output(ferry_cluster *c, int server, const ferry_rpc_msg *reply,

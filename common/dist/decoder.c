@@ -254,7 +254,7 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     fan *f = fan_create(dec, dc);
     int parts = dec->nshards + (dec->local_rows > 0);
     float *factor = malloc((size_t)(N * parts + 1) * sizeof *factor); /* factors (parts, N) */
-    local_part lp;
+    local_part lp = {0}; /* local_alloc fills it (freed on every path) */
     if (f == NULL || factor == NULL)
         st = FERRY_ERR_NOMEM;
     if (st == FERRY_OK)

@@ -112,20 +112,28 @@ ferry_status ferry__ctx_defer(ferry_ctx *ctx, ferry__ctx_job job) {
         }
     }
     if (st == FERRY_OK && !ctx->helper_started) {
-        if (pthread_create(&ctx->helper, NULL, helper_main, ctx) != 0)
-            st = ferry_errorf(FERRY_ERR_RESOURCE, "cannot start the gradient helper thread");
-        else
+        if (pthread_create(&ctx->helper, NULL, helper_main, ctx) != 0) {
+            FERRY_LOG_WARN("cannot start the gradient helper thread: weight gradients form in "
+                           "place");
+            ctx->deferred = 0; /* nothing was queued: in place from now on */
+            st = FERRY_ERR_RESOURCE;
+        } else {
             ctx->helper_started = 1;
+        }
     }
     if (st == FERRY_OK) {
         ctx->jobs[(ctx->head + ctx->count) % ctx->cap_jobs] = job;
         ctx->count++;
         pthread_cond_broadcast(&ctx->cv);
+        pthread_mutex_unlock(&ctx->mu);
+        return FERRY_OK;
     }
+    /* Not queued: it runs here, after the jobs before it (they may add into the same
+     * gradients, and the order of the sums is the in-place one). */
+    while (ctx->count > 0)
+        pthread_cond_wait(&ctx->cv, &ctx->mu);
     pthread_mutex_unlock(&ctx->mu);
-    if (st != FERRY_OK) /* run it here rather than lose it */
-        return st == FERRY_ERR_NOMEM ? job.fn(job.arg) : st;
-    return FERRY_OK;
+    return job.fn(job.arg);
 }
 
 ferry_status ferry_ctx_sync(ferry_ctx *ctx) {

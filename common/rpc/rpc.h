@@ -427,7 +427,8 @@ typedef struct ferry_rpc_fanout {
 ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms);
 /* The same, running during(arg) on the calling thread once every call is on its way
  * and before waiting for their answers: work of the caller's own that overlaps with
- * the servers'. during may be NULL. */
+ * the servers'. during may be NULL. The client's latency figures for these calls
+ * (ferry_rpc_client_method_stats) then span the caller's work too. */
 ferry_status ferry_rpc_call_many_during(ferry_rpc_fanout *calls, int n, int deadline_ms,
                                         void (*during)(void *arg), void *arg);
 

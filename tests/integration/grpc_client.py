@@ -88,7 +88,9 @@ def main():
         method = sys.argv[4]
         req = {"Hello": pb.HelloRequest(client_id="python"), "Stats": pb.StatsRequest(),
                "Shutdown": pb.ShutdownRequest(reason="python test"),
-               "Checkpoint": pb.CheckpointRequest(path="py.ckpt"),
+               # a name of its own per call: a repeat of the last one is answered with
+               # the file already written, which the rate-limit test must not meet
+               "Checkpoint": pb.CheckpointRequest(path="py-%d.ckpt" % os.getpid()),
                "SetParams": pb.SetParamsRequest(module="nope")}[method]
         try:
             getattr(stub, method)(req, timeout=DEADLINE, metadata=md())

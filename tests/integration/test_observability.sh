@@ -23,8 +23,12 @@ for b in "$PS" "$TRAINER" "$CTL"; do
     [[ $v =~ ^ferry-(ps|trainer|ctl)\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "--version printed '$v'"
 done
 ok "--version on ferry-ps, ferry-trainer and ferry-ctl ($("$PS" --version))"
-"$PS" --help | grep -q "FERRY_ADMIN_TOKEN_FILE" || fail "ferry-ps --help lists no environment"
-"$TRAINER" --help | grep -q "SLURM_PROCID" || fail "ferry-trainer --help lists no environment"
+# Whole help texts first (grep -q would close the pipe early: SIGPIPE under pipefail).
+"$PS" --help >"$TMP/ps-help.txt" || fail "ferry-ps --help exited $?"
+"$TRAINER" --help >"$TMP/trainer-help.txt" || fail "ferry-trainer --help exited $?"
+grep -q "FERRY_ADMIN_TOKEN_FILE" "$TMP/ps-help.txt" || fail "ferry-ps --help lists no environment"
+grep -q "^  SLURM_NTASKS, SLURM_PROCID" "$TMP/trainer-help.txt" ||
+    fail "ferry-trainer --help lists no environment"
 ok "--help lists the environment variables each binary reads"
 
 start_ps obs --metrics-listen 127.0.0.1:0 --checkpoint-dir "$TMP" --log-format json
