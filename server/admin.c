@@ -244,8 +244,8 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
                                             "is done");
     struct stat sb;
     uint64_t fp = named ? modules_fingerprint(&s->reg) : 0;
-    if (named && step == s->ck_done_step && strcmp(file, s->ck_done) == 0 &&
-        fp == s->ck_done_fp && stat(path, &sb) == 0 && (uint64_t)sb.st_size == s->ck_done_bytes) {
+    if (named && step == s->ck_done_step && strcmp(file, s->ck_done) == 0 && fp == s->ck_done_fp &&
+        stat(path, &sb) == 0 && (uint64_t)sb.st_size == s->ck_done_bytes) {
         *bytes = s->ck_done_bytes;
         pthread_mutex_unlock(&s->checkpoint_mu);
         FERRY_LOG_INFO("Checkpoint %s (step %llu) asked again: already written", file,

@@ -367,7 +367,8 @@ static float *all_grads(lstm_case *c) {
         memcpy(out + c->P.items[i].offset, G->dense + c->P.items[i].offset,
                (size_t)c->P.items[i].numel * sizeof *out);
     }
-    const ferry_tensor *g[3] = {ferry_ctx_grad_of(c->ctx, &c->tx), ferry_ctx_grad_of(c->ctx, &c->th0),
+    const ferry_tensor *g[3] = {ferry_ctx_grad_of(c->ctx, &c->tx),
+                                ferry_ctx_grad_of(c->ctx, &c->th0),
                                 ferry_ctx_grad_of(c->ctx, &c->tc0)};
     int64_t at[3] = {np, np + nx, np + nx + LBH}, n[3] = {nx, LBH, LBH};
     for (int k = 0; k < 3; k++) {
@@ -432,8 +433,8 @@ TEST(deferred_weight_gradients_are_bit_identical) {
     float *ref[2], *got[2];
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1)
-            CHECK_OK(ferry_params_set_constraint(&c.P, c.rnn.w_hh[1], FERRY_CONSTRAINT_STIEFEL,
-                                                 0.1f));
+            CHECK_OK(
+                ferry_params_set_constraint(&c.P, c.rnn.w_hh[1], FERRY_CONSTRAINT_STIEFEL, 0.1f));
         for (int deferred = 0; deferred < 2; deferred++) {
             ferry_tensor *y, *hn, *cn;
             ferry_ctx_reset(c.ctx, 1);

@@ -40,10 +40,12 @@ typedef struct cfg_key {
     const char *absent;  /* the value of a checkpoint written before the key existed */
 } cfg_key;
 
-#define F(name, t, field, fixed) {name, t, offsetof(ferry_trainer_config, field), fixed, NULL, NULL}
+#define F(name, t, field, fixed)                                                                   \
+    { name, t, offsetof(ferry_trainer_config, field), fixed, NULL, NULL }
 #define FA(name, t, field, fixed, absent)                                                          \
-    {name, t, offsetof(ferry_trainer_config, field), fixed, NULL, absent}
-#define E(name, field, fixed, ch) {name, K_ENUM, offsetof(ferry_trainer_config, field), fixed, ch, NULL}
+    { name, t, offsetof(ferry_trainer_config, field), fixed, NULL, absent }
+#define E(name, field, fixed, ch)                                                                  \
+    { name, K_ENUM, offsetof(ferry_trainer_config, field), fixed, ch, NULL }
 static const cfg_key keys[] = {
     F("emsize", K_INT, emsize, 1),
     F("nhid", K_INT, nhid, 1),

@@ -607,8 +607,7 @@ ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64
     /* A named checkpoint (a job's step) may be sent again after a stall or a lost
      * reply: ferry-ps answers a repeat of the file it wrote last with that file. An
      * unnamed one is not (its BUSY answer to a repeat would be final). */
-    return broadcast(c, -1, FERRY_RPC_CHECKPOINT, &q.base,
-                     name != NULL && name[0] != '\0');
+    return broadcast(c, -1, FERRY_RPC_CHECKPOINT, &q.base, name != NULL && name[0] != '\0');
 }
 
 ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) {

@@ -420,8 +420,8 @@ static ferry_status lstm_layer_bptt(const lstm_saved *s, ferry_ctx *ctx, int l, 
 typedef struct lstm_wgrad {
     ferry_backend *be;
     int64_t TB, G4, C, H;
-    const float *dgates, *x, *h; /* (TB, 4H), (TB, C), h_0 .. h_{T-1} (TB, H) */
-    float *dw_ih, *dw_hh;        /* (4H, C), (4H, H) dL/dW_eff */
+    const float *dgates, *x, *h;  /* (TB, 4H), (TB, C), h_0 .. h_{T-1} (TB, H) */
+    float *dw_ih, *dw_hh;         /* (4H, C), (4H, H) dL/dW_eff */
     float *db_ih, *db_hh, *dbias; /* (4H) each; dbias scratch */
 } lstm_wgrad;
 
