@@ -125,8 +125,12 @@ static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void 
     /* Static slices: their bytes live in c and cl, which outlive the batch. */
     size_t nmd = 0;
     uint64_t inc = atomic_load(&cl->incarnation);
+    /* Context calls, and Checkpoint (a job's checkpoint of step N must be written by
+     * the incarnation that took step N, not by a restarted server that restored an
+     * older state, whether sent for the first time or again). */
     if (inc != 0 && (method == FERRY_RPC_FORWARD || method == FERRY_RPC_BACKWARD ||
-                     method == FERRY_RPC_GRAD_NORM || method == FERRY_RPC_STEP)) {
+                     method == FERRY_RPC_GRAD_NORM || method == FERRY_RPC_STEP ||
+                     method == FERRY_RPC_CHECKPOINT)) {
         (void)snprintf(c->md_value, sizeof c->md_value, "%016llx", (unsigned long long)inc);
         c->md[nmd].key = grpc_slice_from_static_string(FERRY_RPC_INCARNATION_KEY);
         c->md[nmd++].value = grpc_slice_from_static_buffer(c->md_value, strlen(c->md_value));

@@ -378,9 +378,10 @@ const char *ferry_rpc_client_target(const ferry_rpc_client *c);
 /* Whether later calls wait for a server that is not up (up to their deadline). */
 void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on);
 /* Non-zero: the server incarnation this client expects (from Hello). Forward,
- * Backward, GradNorm and Step then carry it, and a server of another incarnation
- * (it restarted: the contexts these calls refer to are gone) refuses them with
- * FERRY_ERR_NOT_FOUND instead of serving them from its new state. 0: not sent. */
+ * Backward, GradNorm, Step and Checkpoint then carry it, and a server of another
+ * incarnation (it restarted: the contexts these calls refer to are gone, its state is
+ * a restored one) refuses them with FERRY_ERR_NOT_FOUND instead of serving them from
+ * its new state. 0: not sent. */
 void ferry_rpc_client_set_incarnation(ferry_rpc_client *c, uint64_t incarnation);
 /* This client's calls of method slot (see ferry_rpc_server_method_stats). */
 void ferry_rpc_client_method_stats(ferry_rpc_client *c, int slot, ferry_rpc_method_stats *out);
