@@ -34,15 +34,22 @@ typedef struct run {
     ferry_ctx *ctx;
 } run;
 
+/* An in-process ferry-ps on an ephemeral port of 127.0.0.1. */
+static ferry_ps_server *server_up(void) {
+    ferry_ps_config pc;
+    ferry_ps_server *srv;
+    ferry_ps_config_default(&pc);
+    pc.listen = "127.0.0.1:0";
+    CHECK_OK(ferry_ps_server_create(&pc, &srv));
+    CHECK_OK(ferry_ps_server_start(srv));
+    return srv;
+}
+
 static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M, int64_t local_vocab) {
     ferry_backend *be = ferry_backend_cpu();
     char targets[256] = "";
     for (int i = 0; i < nservers; i++) {
-        ferry_ps_config pc;
-        ferry_ps_config_default(&pc);
-        pc.listen = "127.0.0.1:0";
-        CHECK_OK(ferry_ps_server_create(&pc, &r->srv[i]));
-        CHECK_OK(ferry_ps_server_start(r->srv[i]));
+        r->srv[i] = server_up();
         size_t n = strlen(targets);
         snprintf(targets + n, sizeof targets - n, "%s127.0.0.1:%d", i ? "," : "",
                  ferry_ps_server_port(r->srv[i]));
@@ -182,12 +189,7 @@ TEST(local_vocab_slice_two_shards) {
 }
 
 TEST(local_vocab_is_checked) {
-    ferry_ps_server *srv;
-    ferry_ps_config pc;
-    ferry_ps_config_default(&pc);
-    pc.listen = "127.0.0.1:0";
-    CHECK_OK(ferry_ps_server_create(&pc, &srv));
-    CHECK_OK(ferry_ps_server_start(srv));
+    ferry_ps_server *srv = server_up();
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", ferry_ps_server_port(srv));
     ferry_cluster *cl;

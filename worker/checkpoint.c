@@ -211,13 +211,12 @@ ferry_status ferry_checkpoint_read_config(const char *path, ferry_trainer_config
         st = ferry_errorf(FERRY_ERR_FORMAT, "%s has no configuration section", path);
     char v[256];
     for (int i = 0; i < NKEYS && st == FERRY_OK; i++) {
-        if (!conf_value(text, len, keys[i].key, v, sizeof v) && keys[i].absent != NULL)
-            st = set_key(&keys[i], cfg, keys[i].absent, &strings, &cap, path);
-        else if (!conf_value(text, len, keys[i].key, v, sizeof v))
+        const char *value = conf_value(text, len, keys[i].key, v, sizeof v) ? v : keys[i].absent;
+        if (value == NULL)
             st = ferry_errorf(FERRY_ERR_FORMAT, "%s: the configuration lacks %s", path,
                               keys[i].key);
         else
-            st = set_key(&keys[i], cfg, v, &strings, &cap, path);
+            st = set_key(&keys[i], cfg, value, &strings, &cap, path);
     }
     for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT && st == FERRY_OK; i++) {
         const ferry_optim_field *f = &ferry_optim_fields[i];

@@ -304,6 +304,14 @@ static ferry_status lm_create_dense(ferry_lm *lm, const ferry_lm_placement *pl) 
     return ferry_remote_create(pl->cluster, &rc, &lm->dense_remote);
 }
 
+/* Hands the decoder module the trainer's slice of it (--local-vocab): its rows in P
+ * and where its gradient goes (NULL until a training step gives the step's block). */
+static ferry_status lm_attach_slice(ferry_lm *lm, float *gw, float *gb) {
+    return ferry_remote_decoder_set_local(lm->dec_remote, lm->be,
+                                          ferry_params_data(&lm->P, lm->dec_w),
+                                          ferry_params_data(&lm->P, lm->dec_b), gw, gb);
+}
+
 static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
                                      const ferry_lm_placement *pl) {
     const ferry_lm_config *cfg = &lm->cfg;
@@ -335,9 +343,7 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     rc.local_rows = lm->local_vocab;
     if ((st = ferry_remote_create(pl->cluster, &rc, &lm->dec_remote)) != FERRY_OK)
         return st;
-    if (lm->local_vocab > 0 && (st = ferry_remote_decoder_set_local(
-                                    lm->dec_remote, lm->be, ferry_params_data(&lm->P, lm->dec_w),
-                                    ferry_params_data(&lm->P, lm->dec_b), NULL, NULL)) != FERRY_OK)
+    if (lm->local_vocab > 0 && (st = lm_attach_slice(lm, NULL, NULL)) != FERRY_OK)
         return st;
     for (int g = 0; g < lm->ngroups; g++) {
         if (lm->groups[g].server >= 0 &&
@@ -663,9 +669,7 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
         float *gb = G0 != NULL ? ferry_grads_dense(G0, lm->dec_b) : NULL;
         if (gw == NULL || gb == NULL)
             return FERRY_ERR_NOMEM;
-        if ((st = ferry_remote_decoder_set_local(
-                 lm->dec_remote, lm->be, ferry_params_data(&lm->P, lm->dec_w),
-                 ferry_params_data(&lm->P, lm->dec_b), gw, gb)) != FERRY_OK)
+        if ((st = lm_attach_slice(lm, gw, gb)) != FERRY_OK)
             return st;
     }
     if (lm->dense_remote != NULL) { /* this step starts from the job's weights */

@@ -174,7 +174,6 @@ static void decoder_step(ferry_lm_pipe *p) {
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    return;
 }
 
 /* The thread: one decoder_step per step handed to it, until quit. */

@@ -60,25 +60,8 @@ static int retry_safe(ferry_rpc_method m) {
            m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS;
 }
 
-ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
-                                         const int *servers, const ferry_rpc_msg *reqs, int shared,
-                                         ferry_rpc_msg *replies, int deadline_ms) {
-    return ferry__dist_fanout_during(c, method, n, servers, reqs, shared, replies, deadline_ms,
-                                     NULL, NULL);
-}
-
-static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, const int *servers,
-                           const ferry_rpc_msg *reqs, int shared, ferry_rpc_msg *replies,
-                           int deadline_ms, void (*during)(void *arg), void *arg, int retry_ok);
-
-ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method, int n,
-                                       const int *servers, const ferry_rpc_msg *reqs, int shared,
-                                       ferry_rpc_msg *replies, int deadline_ms,
-                                       void (*during)(void *arg), void *arg) {
-    return fanout(c, method, n, servers, reqs, shared, replies, deadline_ms, during, arg,
-                  retry_safe(method));
-}
-
+/* The fan-out behind every ferry__dist_fanout*: calls that failed in transit go again
+ * (within the cluster's retry window) when retry_ok. */
 static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, const int *servers,
                            const ferry_rpc_msg *reqs, int shared, ferry_rpc_msg *replies,
                            int deadline_ms, void (*during)(void *arg), void *arg, int retry_ok) {
@@ -153,6 +136,21 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
     free(calls);
     free(idx);
     return st;
+}
+
+ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method, int n,
+                                       const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                       ferry_rpc_msg *replies, int deadline_ms,
+                                       void (*during)(void *arg), void *arg) {
+    return fanout(c, method, n, servers, reqs, shared, replies, deadline_ms, during, arg,
+                  retry_safe(method));
+}
+
+ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
+                                         const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                         ferry_rpc_msg *replies, int deadline_ms) {
+    return ferry__dist_fanout_during(c, method, n, servers, reqs, shared, replies, deadline_ms,
+                                     NULL, NULL);
 }
 
 ferry_status ferry__dist_output_as(ferry_cluster *c, int server, const ferry_rpc_msg *reply,

@@ -351,7 +351,7 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
                           "decoder '%s': Backward of the local slice without "
                           "gradient accumulators (ferry_remote_decoder_set_local)",
                           dec->name);
-    else if (dec->local_rows > 0 && rec->loc_e != NULL &&
+    else if (dec->local_rows > 0 &&
              (lp.dh = malloc((size_t)(N * dec->cols + 1) * sizeof *lp.dh)) == NULL)
         st = FERRY_ERR_NOMEM;
     /* One request per shard: each gets its own softmax factors (rec->factor holds (k, N)). */

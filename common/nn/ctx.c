@@ -48,7 +48,7 @@ struct ferry_ctx {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     ferry__ctx_job *jobs; /* ring of cap_jobs */
-    int cap_jobs, head, count, running;
+    int cap_jobs, head, count;
     ferry_status job_st; /* the first failed job's status, until ferry_ctx_sync */
     char job_err[512];
 };
@@ -64,7 +64,6 @@ static void *helper_main(void *arg) {
         if (ctx->count == 0)
             break; /* stopping, nothing left */
         ferry__ctx_job job = ctx->jobs[ctx->head];
-        ctx->running = 1;
         pthread_mutex_unlock(&ctx->mu);
         /* After a failure the rest of the step's jobs are skipped: the step fails. */
         ferry_status st = ctx->job_st == FERRY_OK ? job.fn(job.arg) : FERRY_OK;
@@ -75,7 +74,6 @@ static void *helper_main(void *arg) {
         }
         ctx->head = (ctx->head + 1) % ctx->cap_jobs;
         ctx->count--;
-        ctx->running = 0;
         pthread_cond_broadcast(&ctx->cv);
     }
     pthread_mutex_unlock(&ctx->mu);
