@@ -212,8 +212,8 @@ static ferry_status bench_handler(void *user, ferry_rpc_method method, ferry_rpc
                                   ferry_rpc_msg *reply) {
     (void)user;
     if (method == FERRY_RPC_SET_PARAMS) {
-        Ferry__SetParamsReply r;
-        ferry__set_params_reply__init(&r);
+        Ferry__V1__SetParamsReply r;
+        ferry__v1__set_params_reply__init(&r);
         r.version = (uint64_t)req->ntensors;
         return ferry_rpc_msg_set_head(reply, &r.base);
     }

@@ -66,14 +66,14 @@ typedef struct wire {
 /* One Stats call. ferry_ps_stats has no byte counters, so this asks the server
  * directly over the RPC layer and reads the "bytes_in"/"bytes_out" metrics. */
 static wire ps_wire(ferry_rpc_client *c) {
-    Ferry__StatsRequest q;
-    ferry__stats_request__init(&q);
+    Ferry__V1__StatsRequest q;
+    ferry__v1__stats_request__init(&q);
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
     check_ok(ferry_rpc_msg_set_head(&req, &q.base), "Stats request");
     check_ok(ferry_rpc_call(c, FERRY_RPC_STATS, &req, &reply, 0), "Stats");
-    const Ferry__StatsReply *r = reply.head;
+    const Ferry__V1__StatsReply *r = reply.head;
     wire w = {-1.0, -1.0, -1.0};
     for (size_t i = 0; i < r->n_metrics; i++) {
         if (strcmp(r->metrics[i]->name, "bytes_in") == 0)

@@ -26,7 +26,7 @@ static void server_id_copy(ferry__ps_state *s, char *out) {
     pthread_mutex_unlock(&s->id_mu);
 }
 
-ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__HelloRequest *q,
+ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__V1__HelloRequest *q,
                                 ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)", q->client_id[0] ? q->client_id : "?",
@@ -42,8 +42,8 @@ ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__HelloRequest *q
         names[i] = mods[i]->name;
     char id[sizeof s->server_id];
     server_id_copy(s, id);
-    Ferry__HelloReply r;
-    ferry__hello_reply__init(&r);
+    Ferry__V1__HelloReply r;
+    ferry__v1__hello_reply__init(&r);
     r.server_id = id;
     r.incarnation = s->incarnation;
     r.version = (char *)FERRY_VERSION;
@@ -56,15 +56,15 @@ ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__HelloRequest *q
     return st;
 }
 
-ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__CreateModuleRequest *q,
+ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__V1__CreateModuleRequest *q,
                                         ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_module *m;
     int created = 0;
     ferry_status st = ferry__ps_registry_create(&s->reg, q->name, q->config, req, &created, &m);
     if (st != FERRY_OK)
         return st;
-    Ferry__CreateModuleReply r;
-    ferry__create_module_reply__init(&r);
+    Ferry__V1__CreateModuleReply r;
+    ferry__v1__create_module_reply__init(&r);
     r.created = created;
     pthread_rwlock_rdlock(&m->lock);
     r.version = m->version;
@@ -77,8 +77,8 @@ ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__CreateM
 #define STATS_MAX 512
 
 typedef struct stats_builder {
-    Ferry__Metric items[STATS_MAX];
-    Ferry__Metric *ptrs[STATS_MAX];
+    Ferry__V1__Metric items[STATS_MAX];
+    Ferry__V1__Metric *ptrs[STATS_MAX];
     char names[STATS_MAX][FERRY_RPC_NAME_MAX + 32];
     size_t n;
     const char *prefix;
@@ -88,7 +88,7 @@ static void stat_add(stats_builder *b, const char *name, double value) {
     if (b->n == STATS_MAX || strncmp(name, b->prefix, strlen(b->prefix)) != 0)
         return;
     (void)snprintf(b->names[b->n], sizeof b->names[b->n], "%s", name);
-    ferry__metric__init(&b->items[b->n]);
+    ferry__v1__metric__init(&b->items[b->n]);
     b->items[b->n].name = b->names[b->n];
     b->items[b->n].value = value;
     b->ptrs[b->n] = &b->items[b->n];
@@ -99,7 +99,7 @@ static void stat_add_fn(void *user, const char *name, double value) {
     stat_add(user, name, value);
 }
 
-ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__StatsRequest *q,
+ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__V1__StatsRequest *q,
                                 ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     stats_builder *b = calloc(1, sizeof *b);
@@ -166,8 +166,8 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__StatsRequest *q
                    "%llu errors, up %.0f s",
                    id, nmods, (long long)live, bytes, (unsigned long long)rs.calls,
                    (unsigned long long)rs.errors, ferry_now() - s->t_start);
-    Ferry__StatsReply r;
-    ferry__stats_reply__init(&r);
+    Ferry__V1__StatsReply r;
+    ferry__v1__stats_reply__init(&r);
     r.n_metrics = b->n;
     r.metrics = b->ptrs;
     r.text = text;
@@ -277,7 +277,7 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     return st;
 }
 
-ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__CheckpointRequest *q,
+ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__V1__CheckpointRequest *q,
                                      ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     char path[1280];
@@ -285,14 +285,14 @@ ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__Checkpoint
     ferry_status st = checkpoint_write(s, q->path, q->step, path, sizeof path, &bytes);
     if (st != FERRY_OK)
         return st;
-    Ferry__CheckpointReply r;
-    ferry__checkpoint_reply__init(&r);
+    Ferry__V1__CheckpointReply r;
+    ferry__v1__checkpoint_reply__init(&r);
     r.path = path;
     r.bytes = bytes;
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__ShutdownRequest *q,
+ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__V1__ShutdownRequest *q,
                                    ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     if (q->checkpoint) {
@@ -307,8 +307,8 @@ ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__ShutdownRequ
     }
     FERRY_LOG_INFO("Shutdown requested (%s), grace %u ms",
                    q->reason[0] ? q->reason : "no reason given", q->grace_ms);
-    Ferry__ShutdownReply r;
-    ferry__shutdown_reply__init(&r);
+    Ferry__V1__ShutdownReply r;
+    ferry__v1__shutdown_reply__init(&r);
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
     /* At least 250 ms, so that this call's own reply still goes out before the
      * server cancels what is in flight. */

@@ -233,7 +233,7 @@ static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, c
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: bad module header", path);
     memcpy(name, np, name_len);
     name[name_len] = '\0';
-    Ferry__ModuleConfig *cfg = ferry__module_config__unpack(NULL, config_len, packed);
+    Ferry__V1__ModuleConfig *cfg = ferry__v1__module_config__unpack(NULL, config_len, packed);
     if (cfg == NULL)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has a bad config", path, name);
     ferry_rpc_msg none;
@@ -241,7 +241,7 @@ static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, c
     ferry__ps_module *m = NULL;
     int created = 0;
     ferry_status st = ferry__ps_registry_create(r, name, cfg, &none, &created, &m);
-    ferry__module_config__free_unpacked(cfg, NULL);
+    ferry__v1__module_config__free_unpacked(cfg, NULL);
     if (st != FERRY_OK)
         return st;
     uint64_t version = ferry_ckcur_u64(&c), numel = ferry_ckcur_u64(&c);

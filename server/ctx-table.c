@@ -361,12 +361,12 @@ void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t id, const ferr
 
 ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t id,
                                          ferry_rpc_msg *reply) {
-    Ferry__StepReply *r = NULL;
+    Ferry__V1__StepReply *r = NULL;
     pthread_mutex_lock(&t->mu);
     for (int i = 0; i < FERRY__PS_STEPPED_KEEP && id != 0; i++) {
         const ferry__ps_stepped *e = &t->stepped_ring[i];
         if (e->id == id && e->head != NULL) {
-            r = ferry__step_reply__unpack(NULL, e->len, e->head);
+            r = ferry__v1__step_reply__unpack(NULL, e->len, e->head);
             break;
         }
     }
@@ -374,7 +374,7 @@ ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t id,
     if (r == NULL)
         return FERRY_ERR_NOT_FOUND;
     ferry_status st = ferry_rpc_msg_set_head(reply, &r->base);
-    ferry__step_reply__free_unpacked(r, NULL);
+    ferry__v1__step_reply__free_unpacked(r, NULL);
     if (st == FERRY_OK)
         atomic_fetch_add(&t->replayed, 1);
     return st;

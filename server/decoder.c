@@ -134,7 +134,7 @@ static ferry_status decoder_forward(ferry__ps_module *m, ferry_wire_mode mode, f
  * factor = exp(max_slice - max_all) / sumexp_all, which turns the saved
  * e = exp(z - max_slice) into the exact softmax; dz = (softmax - onehot) * scale is
  * formed in place, then the affine gradients. */
-static ferry_status partials_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+static ferry_status partials_backward(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                                       ferry__ps_saved *sv, ferry_rpc_msg *req, ferry_grads *G,
                                       ferry_rpc_msg *reply) {
     int64_t N = sv->N, Vs = m->rows, H = m->cols;
@@ -173,7 +173,7 @@ static ferry_status partials_backward(ferry__ps_module *m, const Ferry__Backward
     return ferry__ps_affine_grad(m, N, h, z, G, dh, sv);
 }
 
-static ferry_status decoder_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+static ferry_status decoder_backward(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                                      ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                                      ferry_rpc_msg *reply) {
     if (saved->mode == DECODER_LOGITS)

@@ -36,7 +36,7 @@ static ferry_status dense_forward(ferry__ps_module *m, ferry_wire_mode mode, fer
 }
 
 /* "grad" (R_s, C), added to the context's dense gradient. */
-static ferry_status dense_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+static ferry_status dense_backward(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                                    ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                                    ferry_rpc_msg *reply) {
     (void)q;

@@ -72,7 +72,7 @@ done:
 }
 
 /* "grad" (U, E): the summed gradient of each row the Forward returned. */
-static ferry_status embedding_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+static ferry_status embedding_backward(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                                        ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                                        ferry_rpc_msg *reply) {
     (void)q;

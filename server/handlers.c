@@ -29,7 +29,7 @@ static void grads_prepare(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry_grads 
     }
 }
 
-ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardRequest *q,
+ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__V1__ForwardRequest *q,
                                   ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
@@ -81,8 +81,8 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__ForwardReque
             st = ferry__ps_ctx_save(c, m, q->call_id, &sv);
     }
     ferry__ps_saved_free(&sv); /* empty unless something failed */
-    Ferry__ForwardReply r;
-    ferry__forward_reply__init(&r);
+    Ferry__V1__ForwardReply r;
+    ferry__v1__forward_reply__init(&r);
     r.version = version;
     if (st == FERRY_OK)
         st = ferry_rpc_msg_set_head(reply, &r.base);
@@ -104,8 +104,8 @@ static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferr
                                   ferry__ps_call *call, ferry_grads *G, ferry_rpc_msg *reply) {
     ferry__ps_saved sv = call->saved; /* its buffers hold the operands until the end */
     memset(&call->saved, 0, sizeof call->saved);
-    Ferry__BackwardReply r;
-    ferry__backward_reply__init(&r);
+    Ferry__V1__BackwardReply r;
+    ferry__v1__backward_reply__init(&r);
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
     if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK) {
         ferry__ps_ctx_drop_call(c, call);
@@ -130,7 +130,7 @@ static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferr
     return st;
 }
 
-ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardRequest *q,
+ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__V1__BackwardRequest *q,
                                    ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
@@ -177,8 +177,8 @@ ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__BackwardReq
 answer:
     if (st != FERRY_OK)
         return st;
-    Ferry__BackwardReply r;
-    ferry__backward_reply__init(&r);
+    Ferry__V1__BackwardReply r;
+    ferry__v1__backward_reply__init(&r);
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
@@ -214,7 +214,7 @@ static int name_listed(const char *name, char **names, size_t n) {
     return 0;
 }
 
-ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     if (q->job != NULL && q->job->job[0] != '\0')
@@ -222,17 +222,17 @@ ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRe
     return ferry__ps_grad_norm_context(ps, q, reply);
 }
 
-ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
                                          ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
     ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
     if (st != FERRY_OK)
         return st;
-    Ferry__GradNormReply r;
-    ferry__grad_norm_reply__init(&r);
-    Ferry__Metric *metrics = calloc((size_t)c->nmods + 1, sizeof *metrics);
-    Ferry__Metric **ptrs = calloc((size_t)c->nmods + 1, sizeof *ptrs);
+    Ferry__V1__GradNormReply r;
+    ferry__v1__grad_norm_reply__init(&r);
+    Ferry__V1__Metric *metrics = calloc((size_t)c->nmods + 1, sizeof *metrics);
+    Ferry__V1__Metric **ptrs = calloc((size_t)c->nmods + 1, sizeof *ptrs);
     if (metrics == NULL || ptrs == NULL)
         st = FERRY_ERR_NOMEM;
     for (int i = 0; st == FERRY_OK && i < c->nmods; i++) {
@@ -243,7 +243,7 @@ ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradN
         if ((st = ferry__ps_ctx_mod_penalty(t, c, cm, 0)) != FERRY_OK ||
             (st = ferry_grads_sumsq(&cm->G, &ss)) != FERRY_OK)
             break;
-        ferry__metric__init(&metrics[r.n_per_module]);
+        ferry__v1__metric__init(&metrics[r.n_per_module]);
         metrics[r.n_per_module].name = cm->mod->name;
         metrics[r.n_per_module].value = ss;
         ptrs[r.n_per_module] = &metrics[r.n_per_module];
@@ -265,12 +265,12 @@ ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradN
 }
 
 /* Appends metric "<what>/<module>" = value to r (storage: metrics, ptrs, names). */
-static void step_metric(Ferry__StepReply *r, Ferry__Metric *metrics, Ferry__Metric **ptrs,
+static void step_metric(Ferry__V1__StepReply *r, Ferry__V1__Metric *metrics, Ferry__V1__Metric **ptrs,
                         char (*names)[FERRY_RPC_NAME_MAX + 16], const char *what,
                         const char *module, double value) {
     size_t i = r->n_metrics++;
     (void)snprintf(names[i], sizeof names[i], "%s/%s", what, module);
-    ferry__metric__init(&metrics[i]);
+    ferry__v1__metric__init(&metrics[i]);
     metrics[i].name = names[i];
     metrics[i].value = value;
     ptrs[i] = &metrics[i];
@@ -300,7 +300,7 @@ ferry_status ferry__ps_step_module(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
     return st;
 }
 
-static ferry_status step_check(const Ferry__StepRequest *q) {
+static ferry_status step_check(const Ferry__V1__StepRequest *q) {
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     if (!isfinite(scale) || scale < 0.0)
         return ferry_errorf(FERRY_ERR_NUMERIC, "Step: gradient scale %g must be finite and >= 0",
@@ -311,7 +311,7 @@ static ferry_status step_check(const Ferry__StepRequest *q) {
     return FERRY_OK;
 }
 
-ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepRequest *q,
+ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
                                     ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
@@ -326,14 +326,14 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepReques
     }
     if (st != FERRY_OK)
         return st;
-    Ferry__StepReply r;
-    ferry__step_reply__init(&r);
+    Ferry__V1__StepReply r;
+    ferry__v1__step_reply__init(&r);
     /* Per module: "version/<name>", and for a constrained one "penalty/<name>" and
      * "feasibility/<name>" (beta ||W^T W - I||_F^2 and ||W^T W - I||_F of the W the
      * penalty gradient was computed from, the W before this step). */
     size_t cap = 3 * (size_t)c->nmods + 1;
-    Ferry__Metric *metrics = calloc(cap, sizeof *metrics);
-    Ferry__Metric **ptrs = calloc(cap, sizeof *ptrs);
+    Ferry__V1__Metric *metrics = calloc(cap, sizeof *metrics);
+    Ferry__V1__Metric **ptrs = calloc(cap, sizeof *ptrs);
     char(*names)[FERRY_RPC_NAME_MAX + 16] = calloc(cap, sizeof *names);
     if (metrics == NULL || ptrs == NULL || names == NULL)
         st = FERRY_ERR_NOMEM;
@@ -365,7 +365,7 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepReques
     return st;
 }
 
-ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q, ferry_rpc_msg *req,
+ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__V1__StepRequest *q, ferry_rpc_msg *req,
                                ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     ferry_status st = step_check(q);
@@ -377,13 +377,13 @@ ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
 }
 
 ferry_status ferry__ps_on_release_context(ferry__ps_state *ps,
-                                          const Ferry__ReleaseContextRequest *q, ferry_rpc_msg *req,
+                                          const Ferry__V1__ReleaseContextRequest *q, ferry_rpc_msg *req,
                                           ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
-    Ferry__ReleaseContextReply r;
-    ferry__release_context_reply__init(&r);
+    Ferry__V1__ReleaseContextReply r;
+    ferry__v1__release_context_reply__init(&r);
     ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
     if (st == FERRY_OK) {
         ferry__ps_ctx_retire(t, c, 0);

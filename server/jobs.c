@@ -208,7 +208,7 @@ static uint64_t job_min_steps(const ferry__ps_job *job, uint32_t *slowest) {
 
 /* The job and rank of a GradNorm or Step: FERRY_ERR_NOT_FOUND for an unknown job,
  * FERRY_ERR_INVALID for a rank that did not join, the failure of a failed job. */
-static ferry_status job_of(ferry__ps_jobs *j, const Ferry__JobStep *js, ferry__ps_job **out) {
+static ferry_status job_of(ferry__ps_jobs *j, const Ferry__V1__JobStep *js, ferry__ps_job **out) {
     ferry__ps_job *job = job_find(j, js->job);
     if (job == NULL)
         return ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%.63s' is unknown here (Join it first)",
@@ -308,7 +308,7 @@ static ferry_status parse_sync(const char *s, ferry__ps_sync *out) {
     return FERRY_OK;
 }
 
-static ferry_status job_create(ferry__ps_jobs *j, const Ferry__JoinRequest *q, ferry__ps_sync sync,
+static ferry_status job_create(ferry__ps_jobs *j, const Ferry__V1__JoinRequest *q, ferry__ps_sync sync,
                                ferry__ps_job **out) {
     ferry__ps_job *job = calloc(1, sizeof *job);
     if (job == NULL || (job->ranks = calloc(q->world, sizeof *job->ranks)) == NULL) {
@@ -342,7 +342,7 @@ static void job_file_prefix(const char *job, char *out, size_t cap) {
 }
 
 /* probe: this server's complete checkpoints of the job, and where its copy is. */
-static ferry_status job_probe(ferry__ps_state *ps, const Ferry__JoinRequest *q,
+static ferry_status job_probe(ferry__ps_state *ps, const Ferry__V1__JoinRequest *q,
                               ferry_rpc_msg *reply) {
     uint64_t *steps = NULL;
     size_t n = 0;
@@ -353,8 +353,8 @@ static ferry_status job_probe(ferry__ps_state *ps, const Ferry__JoinRequest *q,
         st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, prefix, &steps, &n);
     if (st != FERRY_OK)
         return st;
-    Ferry__JoinReply r;
-    ferry__join_reply__init(&r);
+    Ferry__V1__JoinReply r;
+    ferry__v1__join_reply__init(&r);
     r.checkpoints = steps;
     r.n_checkpoints = n;
     pthread_mutex_lock(&ps->jobs.mu);
@@ -389,7 +389,7 @@ static void steps_text(const uint64_t *s, size_t n, char *buf, size_t cap) {
 /* recover: a barrier of all ranks; the last one rolls the job back. Called with
  * jobs->mu held. */
 static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
-                                const Ferry__JoinRequest *q, ferry_rpc_msg *reply) {
+                                const Ferry__V1__JoinRequest *q, ferry_rpc_msg *reply) {
     job_rank *k = &job->ranks[q->rank];
     if (!job->recovering) {
         char why[256];
@@ -504,8 +504,8 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     FERRY_LOG_WARN("job '%s' rolled back to step %llu (%s) after %.1f s; all %u ranks resume",
                    job->name, (unsigned long long)best, path, ferry_now() - job->rec_since,
                    job->world);
-    Ferry__JoinReply r;
-    ferry__join_reply__init(&r);
+    Ferry__V1__JoinReply r;
+    ferry__v1__join_reply__init(&r);
     r.ready = 1;
     r.joined = job->world;
     r.min_step = best;
@@ -537,7 +537,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
 static void job_leave(ferry__ps_job *job, uint32_t rank);
 static void ssp_release(ferry__ps_job *job);
 
-ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q, ferry_rpc_msg *req,
+ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__V1__JoinRequest *q, ferry_rpc_msg *req,
                                ferry_rpc_msg *reply) {
     (void)req;
     ferry__ps_sync sync = FERRY__PS_BSP;
@@ -636,8 +636,8 @@ ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__JoinRequest *q,
         else if (!k->left)
             job_leave(job, q->rank);
     }
-    Ferry__JoinReply r;
-    ferry__join_reply__init(&r);
+    Ferry__V1__JoinReply r;
+    ferry__v1__join_reply__init(&r);
     if (st == FERRY_OK) {
         r.ready = job->ready;
         r.joined = job->joined;
@@ -733,14 +733,14 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
 
 /* The GradNorm reply every rank of a summed bsp step receives. */
 static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
-    Ferry__GradNormReply r;
-    ferry__grad_norm_reply__init(&r);
-    Ferry__Metric *metrics = calloc((size_t)job->nagg + 1, sizeof *metrics);
-    Ferry__Metric **ptrs = calloc((size_t)job->nagg + 1, sizeof *ptrs);
+    Ferry__V1__GradNormReply r;
+    ferry__v1__grad_norm_reply__init(&r);
+    Ferry__V1__Metric *metrics = calloc((size_t)job->nagg + 1, sizeof *metrics);
+    Ferry__V1__Metric **ptrs = calloc((size_t)job->nagg + 1, sizeof *ptrs);
     ferry_status st = FERRY_ERR_NOMEM;
     if (metrics != NULL && ptrs != NULL) {
         for (int i = 0; i < job->nagg; i++) {
-            ferry__metric__init(&metrics[i]);
+            ferry__v1__metric__init(&metrics[i]);
             metrics[i].name = job->agg[i].mod->name;
             metrics[i].value = job->agg_ss[i];
             ptrs[i] = &metrics[i];
@@ -769,10 +769,10 @@ static void waiter_names(const ferry__ps_job *job, int arrived, char *buf, size_
         (void)snprintf(buf, cap, "none");
 }
 
-ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
                                      ferry_rpc_msg *reply) {
     ferry__ps_jobs *j = &ps->jobs;
-    const Ferry__JobStep *js = q->job;
+    const Ferry__V1__JobStep *js = q->job;
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = NULL;
     ferry_status st = job_of(j, js, &job);
@@ -878,9 +878,9 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormR
 }
 
 /* bsp Step: the first Step of a summed step applies it; later ones acknowledge. */
-static ferry_status bsp_step(ferry__ps_job *job, const Ferry__StepRequest *q,
+static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q,
                              ferry_rpc_msg *reply) {
-    const Ferry__JobStep *js = q->job;
+    const Ferry__V1__JobStep *js = q->job;
     uint64_t s = js->step;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry_status st = FERRY_OK;
@@ -938,16 +938,16 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__StepRequest *q,
     }
     job_rank *k = &job->ranks[js->rank];
     k->steps = s > k->steps ? s : k->steps;
-    Ferry__StepReply r;
-    ferry__step_reply__init(&r);
+    Ferry__V1__StepReply r;
+    ferry__v1__step_reply__init(&r);
     r.version = job->applied_version;
-    Ferry__Metric *metrics = calloc((size_t)job->napplied_metrics + 1, sizeof *metrics);
-    Ferry__Metric **ptrs = calloc((size_t)job->napplied_metrics + 1, sizeof *ptrs);
+    Ferry__V1__Metric *metrics = calloc((size_t)job->napplied_metrics + 1, sizeof *metrics);
+    Ferry__V1__Metric **ptrs = calloc((size_t)job->napplied_metrics + 1, sizeof *ptrs);
     if (metrics == NULL || ptrs == NULL) {
         st = FERRY_ERR_NOMEM;
     } else {
         for (int i = 0; i < job->napplied_metrics; i++) {
-            ferry__metric__init(&metrics[i]);
+            ferry__v1__metric__init(&metrics[i]);
             metrics[i].name = job->applied_metrics[i].name;
             metrics[i].value = job->applied_metrics[i].value;
             ptrs[i] = &metrics[i];
@@ -979,10 +979,10 @@ static void ssp_release(ferry__ps_job *job) {
     }
 }
 
-ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
+ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
                                 ferry_rpc_msg *reply) {
     ferry__ps_jobs *j = &ps->jobs;
-    const Ferry__JobStep *js = q->job;
+    const Ferry__V1__JobStep *js = q->job;
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = NULL;
     ferry_status st = job_of(j, js, &job);

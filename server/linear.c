@@ -383,7 +383,7 @@ static ferry_status linear_forward(ferry__ps_module *m, ferry_wire_mode mode, fe
                                     save);
 }
 
-static ferry_status linear_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+static ferry_status linear_backward(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                                     ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                                     ferry_rpc_msg *reply) {
     (void)q;

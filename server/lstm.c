@@ -225,7 +225,7 @@ static ferry_status stream_carry(lstm_impl *im, uint64_t key, uint64_t ctx, uint
 
 /* ---- Forward and Backward ---- */
 
-static int64_t iparam(const Ferry__ForwardRequest *q, int i) {
+static int64_t iparam(const Ferry__V1__ForwardRequest *q, int i) {
     return q != NULL && (size_t)i < q->n_iparams ? q->iparams[i] : 0;
 }
 
@@ -258,7 +258,7 @@ static ferry_status put(ferry_rpc_msg *reply, ferry_wire_tensor_id id, const fer
 static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferry_rpc_msg *req,
                                  ferry_rpc_msg *reply, ferry__ps_saved *save) {
     (void)mode; /* one mode */
-    const Ferry__ForwardRequest *q = req->head;
+    const Ferry__V1__ForwardRequest *q = req->head;
     lstm_impl *im = bind(m);
     int64_t K = im->rnn.L, C = im->rnn.C, H = im->rnn.H;
     int64_t want_x[3] = {-1, -1, C};
@@ -342,7 +342,7 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
     return ferry__ps_saved_keep(save, k, lstm_call_free, (size_t)scratch, "lstm activations");
 }
 
-static ferry_status lstm_backward(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+static ferry_status lstm_backward(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                                   ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                                   ferry_rpc_msg *reply) {
     (void)q;

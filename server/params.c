@@ -37,7 +37,7 @@ static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
                         m->b >= 0 ? ", bias" : "");
 }
 
-ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__GetParamsRequest *q,
+ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__V1__GetParamsRequest *q,
                                      ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
@@ -72,8 +72,8 @@ ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__GetParams
             memcpy(dst, ferry_params_data(&m->P, idx[k]) + lo * row,
                    (size_t)(n * row) * sizeof(float));
     }
-    Ferry__GetParamsReply r;
-    ferry__get_params_reply__init(&r);
+    Ferry__V1__GetParamsReply r;
+    ferry__v1__get_params_reply__init(&r);
     r.version = m->version;
     pthread_rwlock_unlock(&m->lock);
     if (st != FERRY_OK)
@@ -81,7 +81,7 @@ ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__GetParams
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, const Ferry__SetParamsRequest *q,
+ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, const Ferry__V1__SetParamsRequest *q,
                                      ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
     if (m == NULL)
@@ -120,8 +120,8 @@ ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, const Ferry__SetParams
         int64_t lo = q->row_begin - m->cfg.row_begin;
         memcpy(ferry_params_data(&m->P, p) + lo * row, t->data, t->nbytes);
     }
-    Ferry__SetParamsReply r;
-    ferry__set_params_reply__init(&r);
+    Ferry__V1__SetParamsReply r;
+    ferry__v1__set_params_reply__init(&r);
     r.version = ++m->version;
     pthread_rwlock_unlock(&m->lock);
     return ferry_rpc_msg_set_head(reply, &r.base);

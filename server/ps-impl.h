@@ -112,7 +112,7 @@ typedef struct ferry__ps_kind {
      * gradients into G and writes the input gradients to reply. With saved->late_ok
      * it may leave the weight gradient in saved->late (the affine kinds do): the
      * handler sends the reply, then forms it. */
-    ferry_status (*backward)(ferry__ps_module *m, const Ferry__BackwardRequest *q,
+    ferry_status (*backward)(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                              ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                              ferry_rpc_msg *reply);
     /* Optional. Frees m->impl. */
@@ -232,7 +232,7 @@ void ferry__ps_registry_deinit(ferry__ps_registry *r);
  * the same configuration exists (its parameters are left alone). FERRY_ERR_EXISTS
  * naming the first differing field otherwise. */
 ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
-                                       const Ferry__ModuleConfig *cfg, ferry_rpc_msg *req,
+                                       const Ferry__V1__ModuleConfig *cfg, ferry_rpc_msg *req,
                                        int *created, ferry__ps_module **out);
 /* The module named `name`, or NULL with FERRY_ERR_NOT_FOUND set through ferry_errorf. */
 ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name);
@@ -421,7 +421,7 @@ typedef struct ferry__ps_state {
  * parameters (params.c), whole-server calls (admin.c), each registered with the RPC
  * server as ferry__ps_handlers[method] (user: the ferry__ps_state). q is req's header. */
 #define FERRY__PS_HANDLER_DECL_(id, Name, snake)                                                   \
-    ferry_status ferry__ps_on_##snake(ferry__ps_state *ps, const Ferry__##Name##Request *q,        \
+    ferry_status ferry__ps_on_##snake(ferry__ps_state *ps, const Ferry__V1__##Name##Request *q,        \
                                       ferry_rpc_msg *req, ferry_rpc_msg *reply);
 FERRY_RPC_METHOD_MAP(FERRY__PS_HANDLER_DECL_)
 #undef FERRY__PS_HANDLER_DECL_
@@ -443,15 +443,15 @@ struct ferry_prom;
 void ferry__ps_prometheus(ferry__ps_state *s, struct ferry_prom *p);
 
 /* The job calls of GradNorm and Step (jobs.c): q->job is set. */
-ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
                                      ferry_rpc_msg *reply);
-ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__StepRequest *q,
+ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
                                 ferry_rpc_msg *reply);
 /* The context's own GradNorm (handlers.c), into reply. */
-ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__GradNormRequest *q,
+ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
                                          ferry_rpc_msg *reply);
 /* The context's own Step (handlers.c), into reply. */
-ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__StepRequest *q,
+ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
                                     ferry_rpc_msg *reply);
 /* One optimizer step of a module from cm's gradients: lr (> 0 sets it), the penalty
  * gradient if not yet added (charged to context c of table t when both are given),

@@ -1,5 +1,5 @@
 /* ps.h - the ferry-ps server as a library: a module registry, a table of
- * distributed-autograd contexts with leases, and the handlers of every ferry.Ferry
+ * distributed-autograd contexts with leases, and the handlers of every ferry.v1.Ferry
  * method, served over common/rpc. main.c wraps it in a daemon; tests start it
  * in-process on 127.0.0.1:0.
  *

@@ -92,7 +92,7 @@ static ferry_status parse_options(const char *opts, int lstm, ferry__ps_module_c
  * kind's defaults; a proto field of a config field's name overrides it when non-zero
  * (0 means "the default"); then `extra` entries named after config fields set exact
  * values (0 included). "momentum" as a name is SGD. */
-static ferry_status optim_from_proto(const Ferry__OptimizerConfig *o, ferry_optim_config *out) {
+static ferry_status optim_from_proto(const Ferry__V1__OptimizerConfig *o, ferry_optim_config *out) {
     const char *name = o != NULL && o->name[0] != '\0' ? o->name : "sgd";
     ferry_optim_kind kind;
     ferry_status st = ferry_optim_parse_kind(strcmp(name, "momentum") == 0 ? "sgd" : name, &kind);
@@ -119,9 +119,9 @@ static ferry_status optim_from_proto(const Ferry__OptimizerConfig *o, ferry_opti
 
 /* ModuleConfig.constraint: absent, "" or "none", or "stiefel" with beta >= 0 on a
  * linear module's weight (D, C); D >= C is checked when the weight is declared. */
-static ferry_status constraint_from_proto(const char *name, const Ferry__ModuleConfig *p,
+static ferry_status constraint_from_proto(const char *name, const Ferry__V1__ModuleConfig *p,
                                           ferry__ps_module_config *c) {
-    const Ferry__Constraint *k = p->constraint;
+    const Ferry__V1__Constraint *k = p->constraint;
     if (k == NULL || k->kind[0] == '\0' || strcmp(k->kind, "none") == 0)
         return FERRY_OK;
     if (strcmp(k->kind, "stiefel") != 0)
@@ -144,7 +144,7 @@ static ferry_status constraint_from_proto(const char *name, const Ferry__ModuleC
     return FERRY_OK;
 }
 
-static ferry_status config_normalize(const char *name, const Ferry__ModuleConfig *p,
+static ferry_status config_normalize(const char *name, const Ferry__V1__ModuleConfig *p,
                                      ferry__ps_module_config *c) {
     ferry_status st;
     memset(c, 0, sizeof *c);
@@ -370,7 +370,7 @@ static ferry_status module_budget(ferry__ps_registry *r, ferry__ps_module *m) {
 }
 
 static ferry_status module_build(ferry__ps_registry *r, const char *name,
-                                 const ferry__ps_module_config *c, const Ferry__ModuleConfig *proto,
+                                 const ferry__ps_module_config *c, const Ferry__V1__ModuleConfig *proto,
                                  const ferry_rpc_msg *req, ferry__ps_module **out) {
     ferry__ps_module *m = calloc(1, sizeof *m);
     if (m == NULL)
@@ -481,7 +481,7 @@ int ferry__ps_registry_count(ferry__ps_registry *r) {
 }
 
 ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
-                                       const Ferry__ModuleConfig *cfg, ferry_rpc_msg *req,
+                                       const Ferry__V1__ModuleConfig *cfg, ferry_rpc_msg *req,
                                        int *created, ferry__ps_module **out) {
     ferry__ps_module_config c;
     ferry_status st = check_name(name);

@@ -44,14 +44,14 @@ static void check_message(const char *a, const char *b) {
 }
 
 static void check_alive(ferry_rpc_client *c) {
-    Ferry__HelloRequest q;
-    ferry__hello_request__init(&q);
+    Ferry__V1__HelloRequest q;
+    ferry__v1__hello_request__init(&q);
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
     CHECK_OK(ferry_rpc_call(c, FERRY_RPC_HELLO, &req, &reply, 5000));
-    CHECK(((const Ferry__HelloReply *)reply.head)->incarnation != 0);
+    CHECK(((const Ferry__V1__HelloReply *)reply.head)->incarnation != 0);
     ferry_rpc_msg_deinit(&req);
     ferry_rpc_msg_deinit(&reply);
 }
@@ -78,8 +78,8 @@ static ferry_status call(ferry_rpc_client *c, ferry_rpc_method method, const Pro
 static ferry_status forward(ferry_rpc_client *c, uint64_t ctx, uint64_t call_id, const char *module,
                             const char *mode, const ferry_rpc_tensor *t0,
                             const ferry_rpc_tensor *t1) {
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call_id;
     q.module = (char *)(uintptr_t)module;
@@ -89,8 +89,8 @@ static ferry_status forward(ferry_rpc_client *c, uint64_t ctx, uint64_t call_id,
 
 static ferry_status backward(ferry_rpc_client *c, uint64_t ctx, uint64_t call_id,
                              const char *module, const ferry_rpc_tensor *t0) {
-    Ferry__BackwardRequest q;
-    ferry__backward_request__init(&q);
+    Ferry__V1__BackwardRequest q;
+    ferry__v1__backward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call_id;
     q.module = (char *)(uintptr_t)module;
@@ -133,12 +133,12 @@ TEST(unknown_context_module_mode_kind_method) {
 
     CHECK_STATUS(backward(c, 0x1234, 1, "emb", &tg), FERRY_ERR_NOT_FOUND);
     check_message("NOT_FOUND", "unknown context 0x1234");
-    Ferry__GradNormRequest gq;
-    ferry__grad_norm_request__init(&gq);
+    Ferry__V1__GradNormRequest gq;
+    ferry__v1__grad_norm_request__init(&gq);
     gq.ctx_id = 0x1234;
     CHECK_STATUS(call(c, FERRY_RPC_GRAD_NORM, &gq.base, NULL, NULL), FERRY_ERR_NOT_FOUND);
-    Ferry__StepRequest sq;
-    ferry__step_request__init(&sq);
+    Ferry__V1__StepRequest sq;
+    ferry__v1__step_request__init(&sq);
     sq.ctx_id = 0x1234;
     CHECK_STATUS(call(c, FERRY_RPC_STEP, &sq.base, NULL, NULL), FERRY_ERR_NOT_FOUND);
     check_message("unknown context", NULL);
@@ -150,21 +150,21 @@ TEST(unknown_context_module_mode_kind_method) {
     check_message("NOT_FOUND", "unknown module 'nope'");
     CHECK_STATUS(forward(c, 7, 1, "emb", "bogus", &ti, NULL), FERRY_ERR_UNSUPPORTED);
     check_message("UNIMPLEMENTED", "unknown Forward mode 'bogus'");
-    Ferry__ModuleConfig mc;
-    ferry__module_config__init(&mc);
+    Ferry__V1__ModuleConfig mc;
+    ferry__v1__module_config__init(&mc);
     int64_t dims[2] = {4, 4};
     mc.kind = "conv";
     mc.n_dims = 2;
     mc.dims = dims;
-    Ferry__CreateModuleRequest cq;
-    ferry__create_module_request__init(&cq);
+    Ferry__V1__CreateModuleRequest cq;
+    ferry__v1__create_module_request__init(&cq);
     cq.name = "conv0";
     cq.config = &mc;
     CHECK_STATUS(call(c, FERRY_RPC_CREATE_MODULE, &cq.base, NULL, NULL), FERRY_ERR_UNSUPPORTED);
     check_message("unknown kind 'conv'", NULL);
     ferry_rpc_msg reply;
     ferry_rpc_msg_init(&reply);
-    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.Ferry/Nope", "", 0, FERRY_RPC_HELLO, &reply, 5000),
+    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.v1.Ferry/Nope", "", 0, FERRY_RPC_HELLO, &reply, 5000),
                  FERRY_ERR_UNSUPPORTED);
     check_message("UNIMPLEMENTED", NULL);
     check_alive(c);
@@ -172,16 +172,16 @@ TEST(unknown_context_module_mode_kind_method) {
     /* ReleaseContext is acknowledged, known or not; the forward above left ctx 7 unused,
      * so open one properly first. */
     CHECK_OK(forward(c, 9, 1, "emb", "", &ti, NULL));
-    Ferry__ReleaseContextRequest rq;
-    ferry__release_context_request__init(&rq);
+    Ferry__V1__ReleaseContextRequest rq;
+    ferry__v1__release_context_request__init(&rq);
     rq.ctx_id = 9;
     ferry_rpc_msg req;
     ferry_rpc_msg_init(&req);
     CHECK_OK(ferry_rpc_msg_set_head(&req, &rq.base));
     CHECK_OK(ferry_rpc_call(c, FERRY_RPC_RELEASE_CONTEXT, &req, &reply, 5000));
-    CHECK(((const Ferry__ReleaseContextReply *)reply.head)->found);
+    CHECK(((const Ferry__V1__ReleaseContextReply *)reply.head)->found);
     CHECK_OK(ferry_rpc_call(c, FERRY_RPC_RELEASE_CONTEXT, &req, &reply, 5000));
-    CHECK(!((const Ferry__ReleaseContextReply *)reply.head)->found);
+    CHECK(!((const Ferry__V1__ReleaseContextReply *)reply.head)->found);
     CHECK_STATUS(backward(c, 9, 1, "emb", &tg), FERRY_ERR_NOT_FOUND);
     ferry_rpc_msg_deinit(&req);
     ferry_rpc_msg_deinit(&reply);
@@ -218,8 +218,8 @@ static void logits_step(ferry_rpc_client *c, uint64_t ctx, int times, const floa
     ferry_rpc_msg reply;
     ferry_rpc_msg_init(&reply);
     for (int k = 0; k < times; k++) {
-        Ferry__ForwardRequest f;
-        ferry__forward_request__init(&f);
+        Ferry__V1__ForwardRequest f;
+        ferry__v1__forward_request__init(&f);
         f.ctx_id = ctx;
         f.call_id = 1;
         f.module = "dec";
@@ -228,8 +228,8 @@ static void logits_step(ferry_rpc_client *c, uint64_t ctx, int times, const floa
         CHECK_EQ(reply.ntensors, 1);
     }
     for (int k = 0; k < times; k++) {
-        Ferry__BackwardRequest b;
-        ferry__backward_request__init(&b);
+        Ferry__V1__BackwardRequest b;
+        ferry__v1__backward_request__init(&b);
         b.ctx_id = ctx;
         b.call_id = 1;
         b.module = "dec";
@@ -241,12 +241,12 @@ static void logits_step(ferry_rpc_client *c, uint64_t ctx, int times, const floa
         memcpy(dh, reply.tensors[0].data, reply.tensors[0].nbytes);
     }
     for (int k = 0; k < times; k++) {
-        Ferry__StepRequest q;
-        ferry__step_request__init(&q);
+        Ferry__V1__StepRequest q;
+        ferry__v1__step_request__init(&q);
         q.ctx_id = ctx;
         q.scale = 1.0;
         CHECK_OK(call_reply(c, FERRY_RPC_STEP, &q.base, NULL, &reply));
-        uint64_t v = ((const Ferry__StepReply *)reply.head)->version;
+        uint64_t v = ((const Ferry__V1__StepReply *)reply.head)->version;
         if (k > 0)
             CHECK_EQ(v, *version);
         *version = v;
@@ -367,8 +367,8 @@ TEST(bad_inputs_get_precise_statuses) {
     g[6] = 0.0f;
     CHECK_OK(backward(c, 5, 1, "emb", &tg));
     CHECK_OK(backward(c, 5, 1, "emb", &tg)); /* a retry: answered, applied once */
-    Ferry__StepRequest sq;
-    ferry__step_request__init(&sq);
+    Ferry__V1__StepRequest sq;
+    ferry__v1__step_request__init(&sq);
     sq.ctx_id = 5;
     sq.scale = -1.0;
     CHECK_STATUS(call(c, FERRY_RPC_STEP, &sq.base, NULL, NULL), FERRY_ERR_NUMERIC);

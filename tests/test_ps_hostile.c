@@ -212,7 +212,7 @@ static void put_head(buf *b, const ProtobufCMessage *m) {
  * for the life of the call. */
 static const char *path_of(ferry_rpc_method m) {
     static char p[FERRY_RPC_METHOD_COUNT][64];
-    (void)snprintf(p[m], sizeof p[m], "/ferry.Ferry/%s", ferry_rpc_method_name(m));
+    (void)snprintf(p[m], sizeof p[m], "/ferry.v1.Ferry/%s", ferry_rpc_method_name(m));
     return p[m];
 }
 
@@ -252,27 +252,27 @@ static void expect(psd *d, const char *what, ferry_status got, ferry_status want
         CHECK(0);
     }
     buf b = {0};
-    Ferry__HelloRequest q;
-    ferry__hello_request__init(&q);
+    Ferry__V1__HelloRequest q;
+    ferry__v1__hello_request__init(&q);
     put_head(&b, &q.base);
     ferry_rpc_msg reply;
     ferry_rpc_msg_init(&reply);
     CHECK_OK(send_raw(d, FERRY_RPC_HELLO, &b, &reply));
-    CHECK(((const Ferry__HelloReply *)reply.head)->incarnation != 0);
+    CHECK(((const Ferry__V1__HelloReply *)reply.head)->incarnation != 0);
     ferry_rpc_msg_deinit(&reply);
     free(b.p);
 }
 
 static double stat_value(psd *d, const char *name) {
     buf b = {0};
-    Ferry__StatsRequest q;
-    ferry__stats_request__init(&q);
+    Ferry__V1__StatsRequest q;
+    ferry__v1__stats_request__init(&q);
     q.prefix = STR(name);
     put_head(&b, &q.base);
     ferry_rpc_msg reply;
     ferry_rpc_msg_init(&reply);
     CHECK_OK(send_raw(d, FERRY_RPC_STATS, &b, &reply));
-    const Ferry__StatsReply *r = reply.head;
+    const Ferry__V1__StatsReply *r = reply.head;
     double v = -1.0;
     for (size_t i = 0; i < r->n_metrics; i++)
         if (strcmp(r->metrics[i]->name, name) == 0)
@@ -291,12 +291,12 @@ static const char *optimizer_name = "sgd"; /* of the next create */
 static ferry_status create_init(psd *d, const char *name, const char *kind, int64_t d0, int64_t d1,
                                 int64_t row_begin, int64_t row_count, const char *options,
                                 const buf *init) {
-    Ferry__CreateModuleRequest q;
-    ferry__create_module_request__init(&q);
-    Ferry__ModuleConfig mc;
-    ferry__module_config__init(&mc);
-    Ferry__OptimizerConfig oc;
-    ferry__optimizer_config__init(&oc);
+    Ferry__V1__CreateModuleRequest q;
+    ferry__v1__create_module_request__init(&q);
+    Ferry__V1__ModuleConfig mc;
+    ferry__v1__module_config__init(&mc);
+    Ferry__V1__OptimizerConfig oc;
+    ferry__v1__optimizer_config__init(&oc);
     oc.name = STR(optimizer_name);
     oc.lr = 0.1;
     int64_t dims[2] = {d0, d1};
@@ -318,8 +318,8 @@ static ferry_status create(psd *d, const char *name, const char *kind, int64_t d
 }
 
 static void fwd_head(buf *b, uint64_t ctx, uint64_t call, const char *module, const char *mode) {
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call;
     q.module = STR(module);
@@ -328,8 +328,8 @@ static void fwd_head(buf *b, uint64_t ctx, uint64_t call, const char *module, co
 }
 
 static void bwd_head(buf *b, uint64_t ctx, uint64_t call, const char *module) {
-    Ferry__BackwardRequest q;
-    ferry__backward_request__init(&q);
+    Ferry__V1__BackwardRequest q;
+    ferry__v1__backward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call;
     q.module = STR(module);
@@ -359,16 +359,16 @@ static ferry_status emb_backward(psd *d, uint64_t ctx, uint64_t call, const floa
 }
 
 static ferry_status step(psd *d, uint64_t ctx, double scale) {
-    Ferry__StepRequest q;
-    ferry__step_request__init(&q);
+    Ferry__V1__StepRequest q;
+    ferry__v1__step_request__init(&q);
     q.ctx_id = ctx;
     q.scale = scale;
     return send_head(d, FERRY_RPC_STEP, &q.base, NULL);
 }
 
 static ferry_status get_params(psd *d, const char *module, int64_t row_begin, int64_t row_count) {
-    Ferry__GetParamsRequest q;
-    ferry__get_params_request__init(&q);
+    Ferry__V1__GetParamsRequest q;
+    ferry__v1__get_params_request__init(&q);
     q.module = STR(module);
     q.row_begin = row_begin;
     q.row_count = row_count;
@@ -377,8 +377,8 @@ static ferry_status get_params(psd *d, const char *module, int64_t row_begin, in
 
 static ferry_status set_params(psd *d, const char *module, int64_t row_begin, int64_t rows,
                                int64_t cols, float value) {
-    Ferry__SetParamsRequest q;
-    ferry__set_params_request__init(&q);
+    Ferry__V1__SetParamsRequest q;
+    ferry__v1__set_params_request__init(&q);
     q.module = STR(module);
     q.row_begin = row_begin;
     buf b = {0};
@@ -396,8 +396,8 @@ static ferry_status set_params(psd *d, const char *module, int64_t row_begin, in
 }
 
 static ferry_status checkpoint(psd *d, const char *name) {
-    Ferry__CheckpointRequest q;
-    ferry__checkpoint_request__init(&q);
+    Ferry__V1__CheckpointRequest q;
+    ferry__v1__checkpoint_request__init(&q);
     q.path = STR(name);
     return send_head(d, FERRY_RPC_CHECKPOINT, &q.base, NULL);
 }
@@ -510,7 +510,7 @@ TEST(hostile_requests) {
         ferry_rpc_msg reply;
         ferry_rpc_msg_init(&reply);
         put(&b, "x", 1);
-        ferry_status st = ferry__rpc_call_raw(d.c, "/ferry.Ferry/DropTables", b.p, b.n,
+        ferry_status st = ferry__rpc_call_raw(d.c, "/ferry.v1.Ferry/DropTables", b.p, b.n,
                                               FERRY_RPC_HELLO, &reply, 5000);
         ferry_rpc_msg_deinit(&reply);
         expect(&d, "unknown method", st, FERRY_ERR_UNSUPPORTED, "unknown method");
@@ -707,8 +707,8 @@ TEST(hostile_requests) {
 
     /* -- jobs: membership and the job fields of GradNorm and Step -- */
     {
-        Ferry__JoinRequest j;
-        ferry__join_request__init(&j);
+        Ferry__V1__JoinRequest j;
+        ferry__v1__join_request__init(&j);
         j.job = "hj";
         j.world = 2;
         j.sync = "bsp";
@@ -746,12 +746,12 @@ TEST(hostile_requests) {
         j.action = "leave";
         expect(&d, "another client's leave", send_head(&d, FERRY_RPC_JOIN, &j.base, NULL),
                FERRY_ERR_INVALID, "another client");
-        Ferry__JobStep js;
-        ferry__job_step__init(&js);
+        Ferry__V1__JobStep js;
+        ferry__v1__job_step__init(&js);
         js.job = "nojob";
         js.step = 1;
-        Ferry__GradNormRequest gn;
-        ferry__grad_norm_request__init(&gn);
+        Ferry__V1__GradNormRequest gn;
+        ferry__v1__grad_norm_request__init(&gn);
         gn.ctx_id = 77;
         gn.job = &js;
         expect(&d, "GradNorm of an unknown job", send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL),
@@ -768,8 +768,8 @@ TEST(hostile_requests) {
         js.step = 5;
         expect(&d, "GradNorm skipping to step 5", send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL),
                FERRY_ERR_INVALID, "is at step 0");
-        Ferry__StepRequest sq;
-        ferry__step_request__init(&sq);
+        Ferry__V1__StepRequest sq;
+        ferry__v1__step_request__init(&sq);
         sq.ctx_id = 77;
         sq.job = &js;
         js.step = 1;
@@ -861,8 +861,8 @@ TEST(checkpoint_of_4200_modules) {
     CHECK_EQ(stat_value(&r, "modules"), 4200.0);
     ferry_rpc_msg reply;
     ferry_rpc_msg_init(&reply);
-    Ferry__GetParamsRequest q;
-    ferry__get_params_request__init(&q);
+    Ferry__V1__GetParamsRequest q;
+    ferry__v1__get_params_request__init(&q);
     q.module = STR("m4199");
     buf b = {0};
     put_head(&b, &q.base);

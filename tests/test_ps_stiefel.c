@@ -12,7 +12,7 @@
 #include <unistd.h> /* rmdir */
 
 #include "check.h"
-#include "ferry.pb-c.h" /* Ferry__StatsRequest: Stats read over a raw client */
+#include "ferry.pb-c.h" /* Ferry__V1__StatsRequest: Stats read over a raw client */
 #include "ferry/ferry.h"
 #include "common/rpc/rpc.h"
 #include "gradcheck.h" /* ferry_gradcheck, ferry_gradcheck_fill, ferry_gradcheck_dot */
@@ -220,14 +220,14 @@ TEST(remote_constrained_linear_matches_local) {
 static double stats_value(harness *h, const char *name) {
     ferry_rpc_client *cli;
     CHECK_OK(ferry_rpc_client_create(ferry_ps_server_address(h->srv), NULL, &cli));
-    Ferry__StatsRequest q;
-    ferry__stats_request__init(&q);
+    Ferry__V1__StatsRequest q;
+    ferry__v1__stats_request__init(&q);
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
     CHECK_OK(ferry_rpc_call(cli, FERRY_RPC_STATS, &req, &reply, 0));
-    const Ferry__StatsReply *r = reply.head;
+    const Ferry__V1__StatsReply *r = reply.head;
     double v = NAN;
     for (size_t i = 0; i < r->n_metrics; i++)
         if (strcmp(r->metrics[i]->name, name) == 0)

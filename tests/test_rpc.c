@@ -32,9 +32,9 @@ static void sleep_ms(int ms) {
 /* Forward: echo. Tensors move from request to reply without a copy; the reply
  * header returns ctx_id as version and the iparams. Misaligned input fails. */
 static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
-    const Ferry__ForwardRequest *q = req->head;
-    Ferry__ForwardReply r;
-    ferry__forward_reply__init(&r);
+    const Ferry__V1__ForwardRequest *q = req->head;
+    Ferry__V1__ForwardReply r;
+    ferry__v1__forward_reply__init(&r);
     r.version = q->ctx_id;
     r.n_iparams = q->n_iparams;
     r.iparams = q->iparams;
@@ -52,7 +52,7 @@ static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
 
 /* Backward: sleeps iparams[0] ms, then answers with an empty reply. */
 static ferry_status handle_backward(ferry_rpc_msg *req) {
-    const Ferry__BackwardRequest *q = req->head;
+    const Ferry__V1__BackwardRequest *q = req->head;
     if (q->n_iparams > 0)
         sleep_ms((int)q->iparams[0]);
     return FERRY_OK;
@@ -60,7 +60,7 @@ static ferry_status handle_backward(ferry_rpc_msg *req) {
 
 /* GradNorm: modules[0] picks an error; otherwise sum_squares = 2.5. */
 static ferry_status handle_grad_norm(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
-    const Ferry__GradNormRequest *q = req->head;
+    const Ferry__V1__GradNormRequest *q = req->head;
     const char *mode = q->n_modules > 0 ? q->modules[0] : "";
     if (strcmp(mode, "nope") == 0)
         return ferry_errorf(FERRY_ERR_NOT_FOUND, "module 'nope' not found");
@@ -68,8 +68,8 @@ static ferry_status handle_grad_norm(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
         return ferry_errorf(FERRY_ERR_SHAPE, "grad (3, 4) does not match param (4, 3)");
     if (strcmp(mode, "silent") == 0)
         return FERRY_ERR_NUMERIC; /* no detail: the status text is sent */
-    Ferry__GradNormReply r;
-    ferry__grad_norm_reply__init(&r);
+    Ferry__V1__GradNormReply r;
+    ferry__v1__grad_norm_reply__init(&r);
     r.sum_squares = 2.5;
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
@@ -88,7 +88,7 @@ static ferry_status handle_other(ferry_rpc_method method, ferry_rpc_msg *req,
                               .name = "w"};
         return ferry_rpc_msg_add(reply, &t);
     }
-    const Ferry__HelloRequest *q = req->head;
+    const Ferry__V1__HelloRequest *q = req->head;
     int64_t dim = q->worker_id / 4;
     void *data;
     ferry_status st = ferry_rpc_msg_alloc(reply, FERRY_RPC_DTYPE_F32, 1, &dim, "blob", &data);
@@ -137,8 +137,8 @@ static ferry_rpc_client *connect_to(const char *target, size_t max_bytes) {
 }
 
 static ferry_status call_backward(ferry_rpc_client *c, int sleep, int deadline_ms) {
-    Ferry__BackwardRequest q;
-    ferry__backward_request__init(&q);
+    Ferry__V1__BackwardRequest q;
+    ferry__v1__backward_request__init(&q);
     int64_t ms = sleep;
     q.n_iparams = 1;
     q.iparams = &ms;
@@ -153,8 +153,8 @@ static ferry_status call_backward(ferry_rpc_client *c, int sleep, int deadline_m
 }
 
 static ferry_status call_grad_norm(ferry_rpc_client *c, const char *mode) {
-    Ferry__GradNormRequest q;
-    ferry__grad_norm_request__init(&q);
+    Ferry__V1__GradNormRequest q;
+    ferry__v1__grad_norm_request__init(&q);
     char *modules[1] = {(char *)(uintptr_t)mode};
     q.n_modules = 1;
     q.modules = modules;
@@ -164,7 +164,7 @@ static ferry_status call_grad_norm(ferry_rpc_client *c, const char *mode) {
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
     ferry_status st = ferry_rpc_call(c, FERRY_RPC_GRAD_NORM, &req, &reply, 0);
     if (st == FERRY_OK)
-        CHECK(((const Ferry__GradNormReply *)reply.head)->sum_squares == 2.5);
+        CHECK(((const Ferry__V1__GradNormReply *)reply.head)->sum_squares == 2.5);
     ferry_rpc_msg_deinit(&req);
     ferry_rpc_msg_deinit(&reply);
     return st;
@@ -181,8 +181,8 @@ static ferry_status echo_bytes(ferry_rpc_client *c, size_t n) {
                           .data = x,
                           .nbytes = n,
                           .name = "x"};
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     q.ctx_id = 77;
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
@@ -191,7 +191,7 @@ static ferry_status echo_bytes(ferry_rpc_client *c, size_t n) {
     CHECK_OK(ferry_rpc_msg_add(&req, &t));
     ferry_status st = ferry_rpc_call(c, FERRY_RPC_FORWARD, &req, &reply, 0);
     if (st == FERRY_OK) {
-        CHECK_EQ(((const Ferry__ForwardReply *)reply.head)->version, 77);
+        CHECK_EQ(((const Ferry__V1__ForwardReply *)reply.head)->version, 77);
         CHECK_EQ(reply.ntensors, 1);
         CHECK_EQ(reply.tensors[0].nbytes, n);
         CHECK(strcmp(reply.tensors[0].name, "x") == 0);
@@ -349,12 +349,12 @@ TEST(unimplemented) {
     ferry_rpc_msg_init(&reply);
     /* Stats has no handler on this server; the catch-all answers. */
     CHECK_STATUS(ferry_rpc_call(c, FERRY_RPC_STATS, &req, &reply, 0), FERRY_ERR_UNSUPPORTED);
-    CHECK(strstr(ferry_error_last(), " Stats: UNIMPLEMENTED: method /ferry.Ferry/Stats has no") !=
+    CHECK(strstr(ferry_error_last(), " Stats: UNIMPLEMENTED: method /ferry.v1.Ferry/Stats has no") !=
           NULL);
     CHECK(strncmp(ferry_error_last(), target, strlen(target)) == 0);
-    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.Ferry/Nope", "", 0, FERRY_RPC_FORWARD, &reply, 0),
+    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.v1.Ferry/Nope", "", 0, FERRY_RPC_FORWARD, &reply, 0),
                  FERRY_ERR_UNSUPPORTED);
-    CHECK(strstr(ferry_error_last(), "unknown method /ferry.Ferry/Nope") != NULL);
+    CHECK(strstr(ferry_error_last(), "unknown method /ferry.v1.Ferry/Nope") != NULL);
     CHECK_OK(echo_bytes(c, 64)); /* still serving */
     ferry_rpc_msg_deinit(&reply);
     ferry_rpc_client_destroy(c);
@@ -385,8 +385,8 @@ TEST(oversize) {
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
-    Ferry__HelloRequest q;
-    ferry__hello_request__init(&q);
+    Ferry__V1__HelloRequest q;
+    ferry__v1__hello_request__init(&q);
     q.worker_id = (1u << 20) - 4096;
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
     ferry_rpc_client *small = connect_to(target, 512u << 10);
@@ -416,12 +416,12 @@ TEST(malformed_request) {
     ferry_rpc_msg reply;
     ferry_rpc_msg_init(&reply);
     static const uint8_t garbage[] = {0x7a, 0x05, 0x08, 0x01, 0xff};
-    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.Ferry/Forward", garbage, sizeof garbage,
+    CHECK_STATUS(ferry__rpc_call_raw(c, "/ferry.v1.Ferry/Forward", garbage, sizeof garbage,
                                      FERRY_RPC_FORWARD, &reply, 0),
                  FERRY_ERR_FORMAT);
     CHECK(strstr(ferry_error_last(), "INVALID_ARGUMENT: malformed Forward request:") != NULL);
     /* An empty message is a valid all-defaults request. */
-    CHECK_OK(ferry__rpc_call_raw(c, "/ferry.Ferry/Forward", "", 0, FERRY_RPC_FORWARD, &reply, 0));
+    CHECK_OK(ferry__rpc_call_raw(c, "/ferry.v1.Ferry/Forward", "", 0, FERRY_RPC_FORWARD, &reply, 0));
     CHECK(reply.head != NULL && reply.ntensors == 0);
     CHECK_OK(echo_bytes(c, 4096));
     ferry_rpc_msg_deinit(&reply);
@@ -449,11 +449,11 @@ TEST(handler_errors) {
     CHECK_STATUS(ferry_rpc_call(c, FERRY_RPC_STEP, &req, &reply, 0), FERRY_ERR_INVALID);
     CHECK(strstr(ferry_error_last(), "Step: INTERNAL: Step handler returned borrowed") != NULL);
     /* A request header of another method's type never leaves the client. */
-    Ferry__StepRequest q;
-    ferry__step_request__init(&q);
+    Ferry__V1__StepRequest q;
+    ferry__v1__step_request__init(&q);
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base));
     CHECK_STATUS(ferry_rpc_call(c, FERRY_RPC_FORWARD, &req, &reply, 0), FERRY_ERR_INVALID);
-    CHECK(strstr(ferry_error_last(), "bad request: message header is ferry.StepRequest") != NULL);
+    CHECK(strstr(ferry_error_last(), "bad request: message header is ferry.v1.StepRequest") != NULL);
     ferry_rpc_server_stats stats;
     ferry_rpc_server_get_stats(srv, &stats);
     CHECK_EQ(stats.calls, 5);
@@ -519,8 +519,8 @@ TEST(fanout) {
         cl[i] = connect_to(targets[i], 0);
         CHECK_OK(call_backward(cl[i], 0, 0));
     }
-    Ferry__BackwardRequest q;
-    ferry__backward_request__init(&q);
+    Ferry__V1__BackwardRequest q;
+    ferry__v1__backward_request__init(&q);
     int64_t ms = 200;
     q.n_iparams = 1;
     q.iparams = &ms;
@@ -541,8 +541,8 @@ TEST(fanout) {
         CHECK(calls[i].status == FERRY_OK && calls[i].error[0] == '\0' && replies[i].head != NULL);
 
     /* Mixed outcomes: each entry gets its own status and message. */
-    Ferry__GradNormRequest g;
-    ferry__grad_norm_request__init(&g);
+    Ferry__V1__GradNormRequest g;
+    ferry__v1__grad_norm_request__init(&g);
     char *nope[1] = {(char *)(uintptr_t) "nope"};
     ferry_rpc_msg bad;
     ferry_rpc_msg_init(&bad);

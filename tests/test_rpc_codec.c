@@ -32,8 +32,8 @@ static void fill(void *p, size_t n, unsigned seed) {
  * vectors, except that sizes not divisible by 4 are impossible: callers pass
  * multiples of 4; 0 gives shape [0]). Payloads are borrowed from bufs[i]. */
 static void build(ferry_rpc_msg *m, const size_t *sizes, int n, void **bufs) {
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     int64_t ip[3] = {7, -9, 1LL << 40};
     double fp[2] = {0.5, -3.25};
     q.ctx_id = 0x1234567890abcdefULL;
@@ -61,7 +61,7 @@ static void build(ferry_rpc_msg *m, const size_t *sizes, int n, void **bufs) {
 static uint8_t *encode_flat(const ferry_rpc_msg *m, size_t inline_max, size_t *n) {
     ferry__rpc_wire w;
     ferry__rpc_wire_init(&w);
-    CHECK_OK(ferry__rpc_encode(m, &ferry__forward_request__descriptor, inline_max, &w));
+    CHECK_OK(ferry__rpc_encode(m, &ferry__v1__forward_request__descriptor, inline_max, &w));
     uint8_t *buf = malloc(w.total + 1);
     ferry__rpc_wire_flatten(&w, m, buf);
     *n = w.total;
@@ -96,11 +96,11 @@ static ferry_status decode_chunked(const uint8_t *buf, size_t n, unsigned seed,
                                    ferry_rpc_msg *out) {
     chunker c = {.p = buf, .n = n, .state = seed};
     ferry__rpc_source src = {.next = chunk_next, .user = &c, .total = n};
-    return ferry__rpc_decode(&src, &ferry__forward_request__descriptor, &limits, out);
+    return ferry__rpc_decode(&src, &ferry__v1__forward_request__descriptor, &limits, out);
 }
 
 static void check_same(const ferry_rpc_msg *got, const size_t *sizes, int n, void **bufs) {
-    const Ferry__ForwardRequest *q = got->head;
+    const Ferry__V1__ForwardRequest *q = got->head;
     CHECK(q != NULL);
     CHECK(q->ctx_id == 0x1234567890abcdefULL);
     CHECK_EQ(q->call_id, 42);
@@ -135,7 +135,7 @@ TEST(method_table) {
     for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++) {
         const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)m);
         char path[64];
-        (void)snprintf(path, sizeof path, "/ferry.Ferry/%s", mi->name);
+        (void)snprintf(path, sizeof path, "/ferry.v1.Ferry/%s", mi->name);
         CHECK(strcmp(mi->path, path) == 0);
         CHECK(strstr(mi->request->name, mi->name) != NULL);
         CHECK(strstr(mi->reply->name, mi->name) != NULL);
@@ -208,27 +208,27 @@ TEST(msg_rules) {
 TEST(head_rules) {
     ferry_rpc_msg m;
     ferry_rpc_msg_init(&m);
-    Ferry__StatsRequest s;
-    ferry__stats_request__init(&s);
+    Ferry__V1__StatsRequest s;
+    ferry__v1__stats_request__init(&s);
     s.prefix = "rpc.";
     CHECK_OK(ferry_rpc_msg_set_head(&m, &s.base));
     ferry__rpc_wire w;
     ferry__rpc_wire_init(&w);
-    CHECK_STATUS(ferry__rpc_encode(&m, &ferry__forward_request__descriptor, 0, &w),
+    CHECK_STATUS(ferry__rpc_encode(&m, &ferry__v1__forward_request__descriptor, 0, &w),
                  FERRY_ERR_INVALID);
-    CHECK(strstr(ferry_error_last(), "ferry.StatsRequest") != NULL);
-    CHECK_OK(ferry__rpc_encode(&m, &ferry__stats_request__descriptor, 0, &w));
+    CHECK(strstr(ferry_error_last(), "ferry.v1.StatsRequest") != NULL);
+    CHECK_OK(ferry__rpc_encode(&m, &ferry__v1__stats_request__descriptor, 0, &w));
     ferry__rpc_wire_deinit(&w);
 
-    Ferry__SetParamsRequest p;
-    ferry__set_params_request__init(&p);
-    Ferry__Tensor pt;
-    ferry__tensor__init(&pt);
-    Ferry__Tensor *pts[1] = {&pt};
+    Ferry__V1__SetParamsRequest p;
+    ferry__v1__set_params_request__init(&p);
+    Ferry__V1__Tensor pt;
+    ferry__v1__tensor__init(&pt);
+    Ferry__V1__Tensor *pts[1] = {&pt};
     p.n_tensors = 1;
     p.tensors = pts;
     CHECK_STATUS(ferry_rpc_msg_set_head(&m, &p.base), FERRY_ERR_INVALID);
-    CHECK(m.head_desc == &ferry__stats_request__descriptor); /* unchanged */
+    CHECK(m.head_desc == &ferry__v1__stats_request__descriptor); /* unchanged */
     ferry_rpc_msg_deinit(&m);
 }
 
@@ -269,7 +269,7 @@ TEST(roundtrip_chunked) {
 
     ferry__rpc_wire w;
     ferry__rpc_wire_init(&w);
-    CHECK_OK(ferry__rpc_encode(&m, &ferry__forward_request__descriptor, 1024, &w));
+    CHECK_OK(ferry__rpc_encode(&m, &ferry__v1__forward_request__descriptor, 1024, &w));
     /* Payloads above the inline size are segments pointing at the caller's
      * memory (zero copy); the rest sits in the small header buffer. */
     size_t by_ref = 0;
@@ -288,7 +288,7 @@ TEST(roundtrip_chunked) {
 
     size_t n;
     uint8_t *flat = encode_flat(&m, 1024, &n);
-    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &limits, &got));
+    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__v1__forward_request__descriptor, &limits, &got));
     check_same(&got, sizes, N, bufs);
     for (unsigned seed = 1; seed <= 20; seed++) {
         CHECK_OK(decode_chunked(flat, n, seed, &got));
@@ -319,19 +319,19 @@ TEST(protobuf_c_compat) {
     m.tensors[1].dim[1] = 10;
     size_t n;
     uint8_t *flat = encode_flat(&m, 16, &n);
-    Ferry__ForwardRequest *q = ferry__forward_request__unpack(NULL, n, flat);
+    Ferry__V1__ForwardRequest *q = ferry__v1__forward_request__unpack(NULL, n, flat);
     CHECK(q != NULL);
     CHECK(q->ctx_id == 0x1234567890abcdefULL && strcmp(q->module, "dec0") == 0);
     CHECK_EQ(q->n_tensors, 3);
-    CHECK(q->tensors[1]->dtype == FERRY__DTYPE__I64 && q->tensors[1]->n_shape == 2);
+    CHECK(q->tensors[1]->dtype == FERRY__V1__DTYPE__I64 && q->tensors[1]->n_shape == 2);
     CHECK(q->tensors[1]->shape[1] == 10 && strcmp(q->tensors[1]->name, "t1") == 0);
     CHECK(q->tensors[1]->data.len == 2000 && memcmp(q->tensors[1]->data.data, bufs[1], 2000) == 0);
     CHECK(q->tensors[2]->data.len == 0 && q->tensors[2]->n_shape == 1);
 
     /* Re-pack with protobuf-c (its own field order) and decode with ours. */
-    size_t n2 = ferry__forward_request__get_packed_size(q);
+    size_t n2 = ferry__v1__forward_request__get_packed_size(q);
     uint8_t *flat2 = malloc(n2);
-    CHECK_EQ(ferry__forward_request__pack(q, flat2), n2);
+    CHECK_EQ(ferry__v1__forward_request__pack(q, flat2), n2);
     ferry_rpc_msg got;
     ferry_rpc_msg_init(&got);
     CHECK_OK(decode_chunked(flat2, n2, 5, &got));
@@ -339,10 +339,10 @@ TEST(protobuf_c_compat) {
     CHECK(got.tensors[1].dtype == FERRY_RPC_DTYPE_I64 && got.tensors[1].dim[0] == 25);
     CHECK(memcmp(got.tensors[1].data, bufs[1], 2000) == 0);
     CHECK(memcmp(got.tensors[0].data, bufs[0], 8) == 0);
-    const Ferry__ForwardRequest *h = got.head;
+    const Ferry__V1__ForwardRequest *h = got.head;
     CHECK(h->n_iparams == 3 && h->iparams[0] == 7);
 
-    ferry__forward_request__free_unpacked(q, NULL);
+    ferry__v1__forward_request__free_unpacked(q, NULL);
     free(flat2);
     free(flat);
     ferry_rpc_msg_deinit(&got);
@@ -361,10 +361,10 @@ TEST(forward_decoded) {
     ferry_rpc_msg_init(&again);
     size_t n, n2;
     uint8_t *flat = encode_flat(&m, 0, &n);
-    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &limits, &got));
+    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__v1__forward_request__descriptor, &limits, &got));
     uint8_t *flat2 = encode_flat(&got, 0, &n2);
     CHECK_OK(
-        ferry__rpc_decode_flat(flat2, n2, &ferry__forward_request__descriptor, &limits, &again));
+        ferry__rpc_decode_flat(flat2, n2, &ferry__v1__forward_request__descriptor, &limits, &again));
     check_same(&again, sizes, 1, bufs);
     free(flat);
     free(flat2);
@@ -380,7 +380,7 @@ static ferry_status decode_bytes(const void *p, size_t n) {
     ferry_rpc_msg got;
     ferry_rpc_msg_init(&got);
     ferry_status st =
-        ferry__rpc_decode_flat(p, n, &ferry__forward_request__descriptor, &limits, &got);
+        ferry__rpc_decode_flat(p, n, &ferry__v1__forward_request__descriptor, &limits, &got);
     if (st != FERRY_OK)
         CHECK(got.ntensors == 0 && got.head == NULL); /* nothing leaks out of a failure */
     ferry_rpc_msg_deinit(&got);
@@ -444,14 +444,14 @@ TEST(limits) {
     size_t n;
     uint8_t *flat = encode_flat(&m, 1024, &n);
     ferry__rpc_limits small = {.max_message_bytes = n - 1, .max_tensors = 64};
-    CHECK_STATUS(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &small, &got),
+    CHECK_STATUS(ferry__rpc_decode_flat(flat, n, &ferry__v1__forward_request__descriptor, &small, &got),
                  FERRY_ERR_RANGE);
     small = (ferry__rpc_limits){.max_message_bytes = n, .max_tensors = 2};
-    CHECK_STATUS(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &small, &got),
+    CHECK_STATUS(ferry__rpc_decode_flat(flat, n, &ferry__v1__forward_request__descriptor, &small, &got),
                  FERRY_ERR_RANGE);
     CHECK(got.ntensors == 0);
     small.max_tensors = 3;
-    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__forward_request__descriptor, &small, &got));
+    CHECK_OK(ferry__rpc_decode_flat(flat, n, &ferry__v1__forward_request__descriptor, &small, &got));
     free(flat);
     ferry_rpc_msg_deinit(&got);
     ferry_rpc_msg_deinit(&m);

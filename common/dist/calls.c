@@ -33,8 +33,8 @@ ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, co
 
 ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m, uint64_t ctx,
                                       uint64_t call_id, ferry_wire_mode mode) {
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call_id;
     q.module = (char *)(uintptr_t)m->name;
@@ -44,8 +44,8 @@ ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m,
 
 ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_call *call,
                                        uint64_t ctx, ferry_wire_mode mode, double *scale) {
-    Ferry__BackwardRequest q;
-    ferry__backward_request__init(&q);
+    Ferry__V1__BackwardRequest q;
+    ferry__v1__backward_request__init(&q);
     q.ctx_id = ctx;
     q.call_id = call->call_id;
     q.module = (char *)(uintptr_t)call->m->name;

@@ -172,8 +172,8 @@ ferry_status ferry__dist_output_as(ferry_cluster *c, int server, const ferry_rpc
 /* ---- connect, Hello ---- */
 
 ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
-    Ferry__HelloRequest q;
-    ferry__hello_request__init(&q);
+    Ferry__V1__HelloRequest q;
+    ferry__v1__hello_request__init(&q);
     q.client_id = c->client_id;
     q.worker_id = c->cfg.worker_id;
     q.version = (char *)FERRY_VERSION;
@@ -189,7 +189,7 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
         st = ferry__dist_fanout(c, FERRY_RPC_HELLO, c->n, servers, &req, 1, replies);
     int changed = 0;
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
-        const Ferry__HelloReply *r = replies[i].head;
+        const Ferry__V1__HelloReply *r = replies[i].head;
         if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
             FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx",
                            c->clients[i] ? ferry_rpc_client_target(c->clients[i]) : "?",
@@ -513,8 +513,8 @@ ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *pre
                                    void *user) {
     if (server < 0 || server >= c->n)
         return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
-    Ferry__StatsRequest q;
-    ferry__stats_request__init(&q);
+    Ferry__V1__StatsRequest q;
+    ferry__v1__stats_request__init(&q);
     q.prefix = (char *)(uintptr_t)(prefix != NULL ? prefix : "");
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
@@ -523,7 +523,7 @@ ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *pre
     if (st == FERRY_OK)
         st = ferry_rpc_call(c->clients[server], FERRY_RPC_STATS, &req, &reply, c->cfg.deadline_ms);
     if (st == FERRY_OK) {
-        const Ferry__StatsReply *r = reply.head;
+        const Ferry__V1__StatsReply *r = reply.head;
         for (size_t i = 0; i < r->n_metrics; i++)
             fn(user, r->metrics[i]->name, r->metrics[i]->value);
     }
@@ -535,8 +535,8 @@ ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *pre
 ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out) {
     if (server < 0 || server >= c->n)
         return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
-    Ferry__StatsRequest q;
-    ferry__stats_request__init(&q);
+    Ferry__V1__StatsRequest q;
+    ferry__v1__stats_request__init(&q);
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
@@ -544,7 +544,7 @@ ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *o
     if (st == FERRY_OK)
         st = ferry_rpc_call(c->clients[server], FERRY_RPC_STATS, &req, &reply, c->cfg.deadline_ms);
     if (st == FERRY_OK) {
-        const Ferry__StatsReply *r = reply.head;
+        const Ferry__V1__StatsReply *r = reply.head;
         memset(out, 0, sizeof *out);
         static const struct {
             const char *name;
@@ -598,8 +598,8 @@ static ferry_status broadcast(ferry_cluster *c, int server, ferry_rpc_method met
 }
 
 ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64_t step) {
-    Ferry__CheckpointRequest q;
-    ferry__checkpoint_request__init(&q);
+    Ferry__V1__CheckpointRequest q;
+    ferry__v1__checkpoint_request__init(&q);
     q.path = (char *)(uintptr_t)(name != NULL ? name : "");
     q.step = step;
     /* A named checkpoint (a job's step) may be sent again after a stall or a lost
@@ -609,8 +609,8 @@ ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64
 }
 
 ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) {
-    Ferry__ShutdownRequest q;
-    ferry__shutdown_request__init(&q);
+    Ferry__V1__ShutdownRequest q;
+    ferry__v1__shutdown_request__init(&q);
     q.grace_ms = grace_ms > 0 ? (uint32_t)grace_ms : 0;
     q.reason = c->client_id;
     return broadcast(c, server, FERRY_RPC_SHUTDOWN, &q.base, 0);

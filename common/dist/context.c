@@ -184,10 +184,10 @@ static int ctx_deadline(const ferry_dist_ctx *dc) {
 }
 
 /* The (job, rank, step) of the open context, or NULL. */
-static Ferry__JobStep *ctx_job(const ferry_dist_ctx *dc, Ferry__JobStep *js) {
+static Ferry__V1__JobStep *ctx_job(const ferry_dist_ctx *dc, Ferry__V1__JobStep *js) {
     if (dc->job == NULL)
         return NULL;
-    ferry__job_step__init(js);
+    ferry__v1__job_step__init(js);
     js->job = (char *)(uintptr_t)dc->job->name;
     js->rank = (uint32_t)dc->job->cfg.rank;
     js->step = dc->job_step;
@@ -265,19 +265,19 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
     step_settle(dc);
     if (dc->id == 0)
         return no_context();
-    Ferry__GradNormRequest q;
-    ferry__grad_norm_request__init(&q);
+    Ferry__V1__GradNormRequest q;
+    ferry__v1__grad_norm_request__init(&q);
     q.ctx_id = dc->id;
-    Ferry__JobStep js;
+    Ferry__V1__JobStep js;
     q.job = ctx_job(dc, &js);
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
     ferry_status st = ctx_fanout(dc, FERRY_RPC_GRAD_NORM, &q.base, servers, replies, &n);
     double total = 0.0;
     for (int i = 0; st == FERRY_OK && i < n; i++) /* in server order: deterministic */
-        total += ((const Ferry__GradNormReply *)replies[i].head)->sum_squares;
+        total += ((const Ferry__V1__GradNormReply *)replies[i].head)->sum_squares;
     if (st == FERRY_OK && n > 0 && dc->job != NULL) { /* every server sums the same */
-        const Ferry__GradNormReply *r0 = replies[0].head;
+        const Ferry__V1__GradNormReply *r0 = replies[0].head;
         dc->job_loss_out = r0->loss_sum;
         dc->job_tokens_out = r0->tokens;
         dc->job_ck_out = r0->checkpoint;
@@ -295,7 +295,7 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
 static void metrics_keep(ferry_dist_ctx *dc, const ferry_rpc_msg *replies, int n) {
     size_t count = 0, bytes = 0;
     for (int i = 0; i < n; i++) {
-        const Ferry__StepReply *r = replies[i].head;
+        const Ferry__V1__StepReply *r = replies[i].head;
         for (size_t k = 0; k < r->n_metrics; k++)
             bytes += strlen(r->metrics[k]->name) + 1;
         count += r->n_metrics;
@@ -310,7 +310,7 @@ static void metrics_keep(ferry_dist_ctx *dc, const ferry_rpc_msg *replies, int n
     char *names = (char *)(out + count);
     size_t j = 0;
     for (int i = 0; i < n; i++) {
-        const Ferry__StepReply *r = replies[i].head;
+        const Ferry__V1__StepReply *r = replies[i].head;
         for (size_t k = 0; k < r->n_metrics; k++, j++) {
             size_t len = strlen(r->metrics[k]->name) + 1;
             memcpy(names, r->metrics[k]->name, len);
@@ -350,12 +350,12 @@ static ferry_status step_now(ferry_dist_ctx *dc, float grad_scale, double lr) {
                             "step: grad_scale %g must be > 0 and lr %g >= 0 (context released)",
                             (double)grad_scale, lr);
     }
-    Ferry__StepRequest q;
-    ferry__step_request__init(&q);
+    Ferry__V1__StepRequest q;
+    ferry__v1__step_request__init(&q);
     q.ctx_id = dc->id;
     q.scale = (double)grad_scale;
     q.lr = lr;
-    Ferry__JobStep js;
+    Ferry__V1__JobStep js;
     q.job = ctx_job(dc, &js);
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
@@ -458,8 +458,8 @@ ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc) {
     step_settle(dc);
     if (dc->id == 0)
         return FERRY_OK;
-    Ferry__ReleaseContextRequest q;
-    ferry__release_context_request__init(&q);
+    Ferry__V1__ReleaseContextRequest q;
+    ferry__v1__release_context_request__init(&q);
     q.ctx_id = dc->id;
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];

@@ -33,8 +33,8 @@ ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *stal
     return FERRY_OK;
 }
 
-static void join_request(ferry_job *job, const char *action, Ferry__JoinRequest *q) {
-    ferry__join_request__init(q);
+static void join_request(ferry_job *job, const char *action, Ferry__V1__JoinRequest *q) {
+    ferry__v1__join_request__init(q);
     q->job = job->name;
     q->world = (uint32_t)job->cfg.world;
     q->rank = (uint32_t)job->cfg.rank;
@@ -48,7 +48,7 @@ static void join_request(ferry_job *job, const char *action, Ferry__JoinRequest 
 
 /* q on every server of the job's cluster, concurrently; replies[c->n] are
  * initialised here and deinitialised by the caller. */
-static ferry_status join_all(ferry_job *job, const Ferry__JoinRequest *q, int deadline_ms,
+static ferry_status join_all(ferry_job *job, const Ferry__V1__JoinRequest *q, int deadline_ms,
                              ferry_rpc_msg *replies) {
     ferry_cluster *c = job->c;
     int servers[FERRY_DIST_MAX_SERVERS];
@@ -75,14 +75,14 @@ static void replies_deinit(ferry_rpc_msg *replies, int n) {
  * when every server says so, min_step the smallest. */
 static ferry_status job_call(ferry_job *job, const char *action, int *ready, uint64_t *min_step) {
     ferry_cluster *c = job->c;
-    Ferry__JoinRequest q;
+    Ferry__V1__JoinRequest q;
     join_request(job, action, &q);
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
     ferry_status st = join_all(job, &q, c->cfg.deadline_ms, replies);
     int all_ready = 1;
     uint64_t min = UINT64_MAX;
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
-        const Ferry__JoinReply *r = replies[i].head;
+        const Ferry__V1__JoinReply *r = replies[i].head;
         all_ready &= r->ready != 0;
         min = r->min_step < min ? r->min_step : min;
     }
@@ -137,7 +137,7 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
     memset(out, 0, sizeof *out);
     if (server < 0 || server >= c->n)
         return ferry_errorf(FERRY_ERR_INVALID, "probe: server %d of %d", server, c->n);
-    Ferry__JoinRequest q;
+    Ferry__V1__JoinRequest q;
     join_request(job, "probe", &q);
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
@@ -146,7 +146,7 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
     if (st == FERRY_OK)
         st = ferry__dist_fanout(c, FERRY_RPC_JOIN, 1, &server, &req, 1, &reply);
     if (st == FERRY_OK) {
-        const Ferry__JoinReply *r = reply.head;
+        const Ferry__V1__JoinReply *r = reply.head;
         out->n = r->n_checkpoints;
         out->steps = malloc((out->n ? out->n : 1) * sizeof *out->steps);
         if (out->steps == NULL)
@@ -170,7 +170,7 @@ void ferry_job_probe_free(ferry_job_probe_result *p) {
 ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, int deadline_ms,
                                uint64_t *resume_step) {
     ferry_cluster *c = job->c;
-    Ferry__JoinRequest q;
+    Ferry__V1__JoinRequest q;
     join_request(job, "recover", &q);
     q.checkpoints = (uint64_t *)(uintptr_t)offer;
     q.n_checkpoints = n;
@@ -178,7 +178,7 @@ ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, 
     ferry_status st = join_all(job, &q, deadline_ms, replies);
     uint64_t step = 0;
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
-        const Ferry__JoinReply *r = replies[i].head;
+        const Ferry__V1__JoinReply *r = replies[i].head;
         if (i > 0 && r->resume_step != step)
             st = ferry_errorf(FERRY_ERR_EXISTS,
                               "job '%s': the servers rolled back to different steps (%llu on "

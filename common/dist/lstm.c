@@ -61,8 +61,8 @@ ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
     ip[FERRY_WIRE_LSTM_RNG_OFFSET] = (int64_t)a->rng_offset;
     ip[FERRY_WIRE_LSTM_WINDOW_T] = a->window_T;
     ip[FERRY_WIRE_LSTM_T0] = a->t0;
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     q.ctx_id = dc != NULL ? dc->id : 0;
     q.call_id = rec != NULL ? rec->call_id : 0;
     q.module = m->name;

@@ -121,14 +121,14 @@ static ferry_status place(ferry_remote *m, const ferry_remote_config *cfg) {
 /* Fills the optimizer message from FERRY_OPTIM_FIELD_MAP: every field that has a proto
  * field of its name there too (for readers of the message), and every value again as
  * an exact "extra" (the server gives 0-valued proto fields the kind's default). */
-static void optim_message(const ferry_optim_config *o, Ferry__OptimizerConfig *msg,
-                          Ferry__Metric *extra, Ferry__Metric **ptrs) {
-    ferry__optimizer_config__init(msg);
+static void optim_message(const ferry_optim_config *o, Ferry__V1__OptimizerConfig *msg,
+                          Ferry__V1__Metric *extra, Ferry__V1__Metric **ptrs) {
+    ferry__v1__optimizer_config__init(msg);
     msg->name = (char *)(uintptr_t)ferry_optim_kind_name(o->kind);
     for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
         double v = ferry_optim_field_get(o, i);
         (void)ferry__proto_set_number(&msg->base, ferry_optim_fields[i].name, v);
-        ferry__metric__init(&extra[i]);
+        ferry__v1__metric__init(&extra[i]);
         extra[i].name = (char *)(uintptr_t)ferry_optim_fields[i].name;
         extra[i].value = v;
         ptrs[i] = &extra[i];
@@ -141,8 +141,8 @@ static void optim_message(const ferry_optim_config *o, Ferry__OptimizerConfig *m
 static ferry_status create_request(const ferry_remote *m, const ferry_remote_config *cfg, int s,
                                    ferry_rpc_msg *req) {
     const ferry__dist_shard *sh = &m->shards[s];
-    Ferry__OptimizerConfig opt;
-    Ferry__Metric extra[FERRY_OPTIM_FIELD_COUNT], *ptrs[FERRY_OPTIM_FIELD_COUNT];
+    Ferry__V1__OptimizerConfig opt;
+    Ferry__V1__Metric extra[FERRY_OPTIM_FIELD_COUNT], *ptrs[FERRY_OPTIM_FIELD_COUNT];
     optim_message(&cfg->optim, &opt, extra, ptrs);
     char options[160];
     int n = snprintf(options, sizeof options, "%s=%d", FERRY_WIRE_OPTION_NAME(BIAS), m->bias);
@@ -163,14 +163,14 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
                        cfg->constraint.polar_init ? ",polar=1" : "");
     /* Sent only for a constrained module, so an unconstrained one's config (and the
      * checkpoints holding it) reads as before. */
-    Ferry__Constraint con;
-    ferry__constraint__init(&con);
+    Ferry__V1__Constraint con;
+    ferry__v1__constraint__init(&con);
     con.kind =
         (char *)(uintptr_t)(cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL ? "stiefel"
                                                                                     : "none");
     con.beta = cfg->constraint.beta;
-    Ferry__ModuleConfig mc;
-    ferry__module_config__init(&mc);
+    Ferry__V1__ModuleConfig mc;
+    ferry__v1__module_config__init(&mc);
     mc.kind = (char *)(uintptr_t)kind_name(m->kind);
     mc.n_dims = 2;
     mc.dims = (int64_t *)(uintptr_t)cfg->dims;
@@ -182,8 +182,8 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     mc.optimizer = &opt;
     mc.options = options;
     mc.constraint = cfg->constraint.kind != FERRY_REMOTE_CONSTRAINT_NONE ? &con : NULL;
-    Ferry__CreateModuleRequest q;
-    ferry__create_module_request__init(&q);
+    Ferry__V1__CreateModuleRequest q;
+    ferry__v1__create_module_request__init(&q);
     q.name = (char *)(uintptr_t)m->name;
     q.config = &mc;
     ferry_status st = ferry_rpc_msg_set_head(req, &q.base);
@@ -251,7 +251,7 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
     if (st == FERRY_OK)
         st = ferry__dist_fanout(c, FERRY_RPC_CREATE_MODULE, k, servers, reqs, 0, replies);
     for (int s = 0; st == FERRY_OK && s < k; s++)
-        m->created += ((const Ferry__CreateModuleReply *)replies[s].head)->created ? 1 : 0;
+        m->created += ((const Ferry__V1__CreateModuleReply *)replies[s].head)->created ? 1 : 0;
     for (int s = 0; reqs != NULL && replies != NULL && s < k; s++) {
         ferry_rpc_msg_deinit(&reqs[s]);
         ferry_rpc_msg_deinit(&replies[s]);
@@ -388,8 +388,8 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
         ferry_rpc_msg_init(&reqs[k]);
         ferry_rpc_msg_init(&replies[k]);
         if (write) {
-            Ferry__SetParamsRequest q;
-            ferry__set_params_request__init(&q);
+            Ferry__V1__SetParamsRequest q;
+            ferry__v1__set_params_request__init(&q);
             q.module = m->name;
             q.row_begin = a;
             int64_t dim[2] = {b - a, width};
@@ -399,8 +399,8 @@ static ferry_status params_io(ferry_remote *m, const char *param, int64_t lo, in
             if (st == FERRY_OK)
                 st = ferry_rpc_msg_add(&reqs[k], &t);
         } else {
-            Ferry__GetParamsRequest q;
-            ferry__get_params_request__init(&q);
+            Ferry__V1__GetParamsRequest q;
+            ferry__v1__get_params_request__init(&q);
             char *names[1] = {(char *)(uintptr_t)param};
             q.module = m->name;
             q.n_names = 1;

@@ -1,4 +1,4 @@
-/* client.c - ferry.Ferry clients on gRPC's completion-queue API. A client is a
+/* client.c - ferry.v1.Ferry clients on gRPC's completion-queue API. A client is a
  * channel with every method registered once. A call (or a fan-out of calls to
  * several clients) encodes its request with payloads borrowed in place, starts
  * one 6-op batch per call on a private completion queue, waits for all of them,

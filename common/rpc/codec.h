@@ -28,7 +28,7 @@
 
 typedef struct ferry__rpc_method_info {
     const char *name; /* "Forward" */
-    const char *path; /* "/ferry.Ferry/Forward" */
+    const char *path; /* "/ferry.v1.Ferry/Forward" */
     const ProtobufCMessageDescriptor *request;
     const ProtobufCMessageDescriptor *reply;
 } ferry__rpc_method_info;

@@ -15,8 +15,8 @@
 /* Generated from FERRY_RPC_METHOD_MAP, so names, paths and protobuf-c types
  * cannot drift apart from the enum. */
 #define FERRY_RPC_METHOD_INFO_(id, name, snake)                                                    \
-    {#name, "/ferry.Ferry/" #name, &ferry__##snake##_request__descriptor,                          \
-     &ferry__##snake##_reply__descriptor},
+    {#name, "/ferry.v1.Ferry/" #name, &ferry__v1__##snake##_request__descriptor,                          \
+     &ferry__v1__##snake##_reply__descriptor},
 static const ferry__rpc_method_info rpc_methods[] = {FERRY_RPC_METHOD_MAP(FERRY_RPC_METHOD_INFO_)};
 #undef FERRY_RPC_METHOD_INFO_
 _Static_assert(sizeof rpc_methods / sizeof rpc_methods[0] == FERRY_RPC_METHOD_COUNT,

@@ -1,14 +1,14 @@
 /* rpc.h - ferry's RPC layer: tensor messages, a gRPC server that dispatches the
- * methods of ferry.Ferry (proto/ferry.proto) to a handler table, and clients with
+ * methods of ferry.v1.Ferry (proto/ferry.proto) to a handler table, and clients with
  * synchronous and concurrent fan-out calls. Tensors travel without a copy on the
  * sending side and with exactly one copy, into a 64-byte-aligned buffer, on the
  * receiving side. Only common/rpc/ sees gRPC; callers see these types.
  *
- * A message is a protobuf-c header of the method's type (Ferry__ForwardRequest
+ * A message is a protobuf-c header of the method's type (Ferry__V1__ForwardRequest
  * for a Forward request, from the generated "ferry.pb-c.h") plus tensors:
  *
- *     Ferry__ForwardRequest q;
- *     ferry__forward_request__init(&q);
+ *     Ferry__V1__ForwardRequest q;
+ *     ferry__v1__forward_request__init(&q);
  *     q.ctx_id = ctx;
  *     q.module = "dec0";
  *     ferry_rpc_msg req, reply;
@@ -19,7 +19,7 @@
  *     st = ferry_rpc_msg_set_head(&req, &q.base);          // packs a copy of q
  *     if (st == FERRY_OK) st = ferry_rpc_msg_add(&req, &h);  // borrows hidden
  *     if (st == FERRY_OK) st = ferry_rpc_call(client, FERRY_RPC_FORWARD, &req, &reply, 0);
- *     const Ferry__ForwardReply *r = reply.head;            // decoded on arrival
+ *     const Ferry__V1__ForwardReply *r = reply.head;            // decoded on arrival
  *     ... reply.tensors[i] ...
  *     ferry_rpc_msg_deinit(&req);
  *     ferry_rpc_msg_deinit(&reply);
@@ -45,9 +45,9 @@ struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.
 #define FERRY_RPC_DEFAULT_MAX_MESSAGE_BYTES (256u << 20)
 #define FERRY_RPC_DEFAULT_DEADLINE_MS       10000
 
-/* The methods of service ferry.Ferry, in proto order:
+/* The methods of service ferry.v1.Ferry, in proto order:
  * X(ENUM_SUFFIX, ProtoName, snake_name); snake_name names the generated
- * protobuf-c types (ferry__forward_request__descriptor). */
+ * protobuf-c types (ferry__v1__forward_request__descriptor). */
 #define FERRY_RPC_METHOD_MAP(X)                                                                    \
     X(HELLO, Hello, hello)                                                                         \
     X(CREATE_MODULE, CreateModule, create_module)                                                  \
@@ -139,7 +139,7 @@ void ferry_rpc_release_idle_memory(void);
  * ferry_rpc_msg_* functions. Not thread-safe per object. */
 typedef struct ferry_rpc_msg {
     /* Decoded header of a received message, a protobuf-c message of the method's
-     * type (e.g. const Ferry__ForwardReply *); NULL for a message built locally.
+     * type (e.g. const Ferry__V1__ForwardReply *); NULL for a message built locally.
      * Its n_tensors is always 0: the tensors are below. */
     const void *head;
     ferry_rpc_tensor *tensors; /* ntensors entries */

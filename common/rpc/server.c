@@ -1,4 +1,4 @@
-/* server.c - the ferry.Ferry gRPC server on the completion-queue API. Methods
+/* server.c - the ferry.v1.Ferry gRPC server on the completion-queue API. Methods
  * with a handler are registered so that the request arrives with the call;
  * one catch-all slot answers every other path with UNIMPLEMENTED. N threads
  * poll one queue and run handlers inline. Shutdown is asynchronous: stop
@@ -517,7 +517,7 @@ static void watch_opened(server_call *c, int ok) {
 }
 
 /* grpc.health.v1.Health/Check and /Watch: no token, answered here. "" and
- * "ferry.Ferry" are this server; Watch sends the status once and ends (clients
+ * "ferry.v1.Ferry" are this server; Watch sends the status once and ends (clients
  * watch again). */
 static void call_health(server_call *c) {
     ferry_rpc_server *srv = c->srv;
@@ -538,7 +538,7 @@ static void call_health(server_call *c) {
                    "malformed grpc.health.v1.HealthCheckRequest");
         return;
     }
-    int known = q->service[0] == '\0' || strcmp(q->service, "ferry.Ferry") == 0;
+    int known = q->service[0] == '\0' || strcmp(q->service, "ferry.v1.Ferry") == 0;
     char service[80];
     (void)snprintf(service, sizeof service, "%s", q->service);
     grpc__health__v1__health_check_request__free_unpacked(q, NULL);
@@ -546,7 +546,7 @@ static void call_health(server_call *c) {
         char detail[160];
         (void)snprintf(detail, sizeof detail,
                        "unknown service '%s' (this server: \"\" or "
-                       "ferry.Ferry)",
+                       "ferry.v1.Ferry)",
                        service);
         call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
         return;

@@ -7,7 +7,7 @@
 
 #include "common/rpc/rpc.h"
 
-/* Sends n raw bytes as the request message of `path` ("/ferry.Ferry/Forward",
+/* Sends n raw bytes as the request message of `path` ("/ferry.v1.Ferry/Forward",
  * or any other path) and decodes a successful reply as reply_method's reply.
  * Errors and messages as ferry_rpc_call, with the path in place of the method. */
 ferry_status ferry__rpc_call_raw(ferry_rpc_client *cl, const char *path, const void *bytes,

@@ -81,14 +81,14 @@ static ferry_status call_built(ferry_ps_server *s, ferry_rpc_method m, const Pro
 static void create_opts(ferry_ps_server *s, const char *name, const char *kind, int64_t d0,
                         int64_t d1, int64_t row_begin, int64_t row_count, const char *constraint,
                         const char *options) {
-    Ferry__CreateModuleRequest q;
-    ferry__create_module_request__init(&q);
-    Ferry__ModuleConfig mc;
-    ferry__module_config__init(&mc);
-    Ferry__OptimizerConfig oc;
-    ferry__optimizer_config__init(&oc);
-    Ferry__Constraint k;
-    ferry__constraint__init(&k);
+    Ferry__V1__CreateModuleRequest q;
+    ferry__v1__create_module_request__init(&q);
+    Ferry__V1__ModuleConfig mc;
+    ferry__v1__module_config__init(&mc);
+    Ferry__V1__OptimizerConfig oc;
+    ferry__v1__optimizer_config__init(&oc);
+    Ferry__V1__Constraint k;
+    ferry__v1__constraint__init(&k);
     int64_t dims[2] = {d0, d1};
     oc.name = (char *)(uintptr_t) "sgd";
     oc.lr = 0.1;
@@ -120,8 +120,8 @@ static void create(ferry_ps_server *s, const char *name, const char *kind, int64
 /* An lstm group's Forward over x (2, 2, 4) from zeros, carrying into stream 7, with
  * dropout drawn from seed 1. */
 static void forward_lstm(ferry_ps_server *s, const char *module) {
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     q.ctx_id = 1;
     q.call_id = 1;
     q.module = (char *)(uintptr_t)module;
@@ -139,8 +139,8 @@ static void forward_lstm(ferry_ps_server *s, const char *module) {
 
 static void forward(ferry_ps_server *s, const char *module, const char *in_name, int dtype,
                     int64_t n, int64_t width, const char *in2) {
-    Ferry__ForwardRequest q;
-    ferry__forward_request__init(&q);
+    Ferry__V1__ForwardRequest q;
+    ferry__v1__forward_request__init(&q);
     q.ctx_id = 1;
     q.call_id = 1;
     q.module = (char *)(uintptr_t)module;
@@ -164,8 +164,8 @@ static void forward(ferry_ps_server *s, const char *module, const char *in_name,
 /* Rank 0 of a 2-rank job; an in-process server cannot hold a call, so a bsp or ssp
  * wait is refused at once rather than waited for. */
 static void join(ferry_ps_server *s, const char *job, const char *sync) {
-    Ferry__JoinRequest q;
-    ferry__join_request__init(&q);
+    Ferry__V1__JoinRequest q;
+    ferry__v1__join_request__init(&q);
     q.job = (char *)(uintptr_t)job;
     q.world = 2;
     q.sync = (char *)(uintptr_t)sync;
@@ -216,8 +216,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)call(s, m, &req); /* any status: what matters is that nothing breaks */
     ferry_rpc_msg_deinit(&req);
 
-    Ferry__HelloRequest h;
-    ferry__hello_request__init(&h);
+    Ferry__V1__HelloRequest h;
+    ferry__v1__hello_request__init(&h);
     FUZZ_ASSERT(call_built(s, FERRY_RPC_HELLO, &h.base, NULL, NULL) == FERRY_OK);
     FUZZ_ASSERT(atomic_load(&ferry__ps_server_contexts(s)->bytes) >= 0);
     ferry_ps_server_destroy(s);
