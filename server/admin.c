@@ -26,20 +26,40 @@ static void server_id_copy(ferry__ps_state *s, char *out) {
     pthread_mutex_unlock(&s->id_mu);
 }
 
-ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__V1__HelloRequest *q,
-                                ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_hello(ferry__ps_state *s, ferry__ps_session *none,
+                                const Ferry__V1__HelloRequest *q, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
-    FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)", q->client_id[0] ? q->client_id : "?",
-                    q->worker_id, q->version);
+    (void)none; /* Hello runs before any session: it opens one */
+    if (q->contract_major != 0 && q->contract_major != FERRY_CONTRACT_MAJOR)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "Hello: this ferry-ps speaks contract %d.%d (ferry.v1); the client "
+                            "speaks contract %u: use a client of contract %d",
+                            FERRY_CONTRACT_MAJOR, FERRY_CONTRACT_MINOR, q->contract_major,
+                            FERRY_CONTRACT_MAJOR);
+    const ferry_rpc_caller_info *who = ferry_rpc_caller(reply);
+    ferry__ps_session *sess = NULL;
+    ferry_status st;
+    if (who == NULL)
+        sess = &s->sessions.local;
+    else if ((st = ferry__ps_session_open(&s->sessions, who, &sess)) != FERRY_OK)
+        return st;
+    FERRY_LOG_DEBUG("hello from %s as '%s' (worker %u, version %s): session #%llu",
+                    q->label[0] ? q->label : "?", sess->identity, q->worker_id, q->version,
+                    (unsigned long long)sess->serial);
     int n;
     ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
     char **names = malloc((size_t)(n > 0 ? n : 1) * sizeof *names);
     if (names == NULL) {
         free(mods);
+        ferry__ps_session_leave(&s->sessions, sess);
         return FERRY_ERR_NOMEM;
     }
-    for (int i = 0; i < n; i++)
-        names[i] = mods[i]->name;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (ferry__ps_may_use(sess, mods[i]->owner))
+            names[k++] = mods[i]->name;
+    }
     char id[sizeof s->server_id];
     server_id_copy(s, id);
     Ferry__V1__HelloReply r;
@@ -47,20 +67,29 @@ ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__V1__HelloReques
     r.server_id = id;
     r.incarnation = s->incarnation;
     r.version = (char *)FERRY_VERSION;
-    r.n_modules = (size_t)n;
+    r.n_modules = k;
     r.modules = names;
     r.max_message_bytes = s->max_message_bytes;
-    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    r.session = sess->id;
+    r.identity = sess->identity;
+    r.role = (char *)(uintptr_t)ferry_rpc_role_name(sess->role);
+    r.contract_major = FERRY_CONTRACT_MAJOR;
+    r.contract_minor = FERRY_CONTRACT_MINOR;
+    r.session_ttl_ms = (uint32_t)(s->sessions.ttl_s * 1000.0);
+    st = ferry_rpc_msg_set_head(reply, &r.base);
     free(names);
     free(mods);
+    ferry__ps_session_leave(&s->sessions, sess);
     return st;
 }
 
-ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__V1__CreateModuleRequest *q,
-                                        ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_create_module(ferry__ps_state *s, ferry__ps_session *sess,
+                                        const Ferry__V1__CreateModuleRequest *q, ferry_rpc_msg *req,
+                                        ferry_rpc_msg *reply) {
     ferry__ps_module *m;
     int created = 0;
-    ferry_status st = ferry__ps_registry_create(&s->reg, q->name, q->config, req, &created, &m);
+    ferry_status st =
+        ferry__ps_registry_create(&s->reg, sess->identity, q->name, q->config, req, &created, &m);
     if (st != FERRY_OK)
         return st;
     Ferry__V1__CreateModuleReply r;
@@ -99,8 +128,9 @@ static void stat_add_fn(void *user, const char *name, double value) {
     stat_add(user, name, value);
 }
 
-ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__V1__StatsRequest *q,
-                                ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
+                                const Ferry__V1__StatsRequest *q, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     stats_builder *b = calloc(1, sizeof *b);
     if (b == NULL)
@@ -138,9 +168,20 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__V1__StatsReques
     stat_add(b, "bytes_in", (double)rs.bytes_in);
     stat_add(b, "bytes_out", (double)rs.bytes_out);
     stat_add(b, "uptime_s", ferry_now() - s->t_start);
+    int64_t slive, sopened, sexpired, sleases;
+    ferry__ps_sessions_counts(&s->sessions, &slive, &sopened, &sexpired, &sleases);
+    stat_add(b, "sessions_live", (double)slive);
+    stat_add(b, "sessions_opened", (double)sopened);
+    stat_add(b, "sessions_expired", (double)sexpired);
+    stat_add(b, "session_streams", (double)sleases);
+    /* A trainer sees its own identity's modules and jobs; readers and admins all. */
+    const char *only =
+        sess->authority || sess->role != FERRY_RPC_ROLE_TRAINER ? NULL : sess->identity;
     int n;
     ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
     for (int i = 0; i < n && b->n < sizeof b->items / sizeof b->items[0]; i++) {
+        if (only != NULL && strcmp(mods[i]->owner, only) != 0)
+            continue;
         char name[FERRY_RPC_NAME_MAX + 16];
         double penalty = 0.0, feasibility = 0.0;
         pthread_rwlock_rdlock(&mods[i]->lock);
@@ -158,7 +199,7 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__V1__StatsReques
         }
     }
     free(mods);
-    ferry__ps_jobs_metrics(&s->jobs, stat_add_fn, b);
+    ferry__ps_jobs_metrics(&s->jobs, only, stat_add_fn, b);
     char text[512], id[sizeof s->server_id];
     server_id_copy(s, id);
     (void)snprintf(text, sizeof text,
@@ -228,8 +269,8 @@ static uint64_t modules_fingerprint(ferry__ps_registry *r) {
  * process last wrote whole, at the same step, with no module stepped or set since
  * and the file still there, is a retry of that call: it is answered with that file,
  * neither written again nor charged to the rate (it holds what a new write would). */
-static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint64_t step,
-                                     char *path, size_t cap, uint64_t *bytes) {
+ferry_status ferry__ps_checkpoint_named(ferry__ps_state *s, const char *name, const char *owner,
+                                        uint64_t step, char *path, size_t cap, uint64_t *bytes) {
     char file[160];
     ferry_status st = checkpoint_name(s, name, step, file, sizeof file);
     if (st != FERRY_OK)
@@ -264,8 +305,8 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
                             s->ck_rate, (1.0 - s->ck_tokens) * 60.0 / s->ck_rate);
     }
     s->ck_tokens -= 1.0;
-    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, step, s->checkpoint_keep,
-                                    bytes);
+    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, owner, step,
+                                    s->checkpoint_keep, bytes);
     s->ck_done[0] = '\0';
     if (st == FERRY_OK && named) {
         (void)snprintf(s->ck_done, sizeof s->ck_done, "%s", file);
@@ -277,12 +318,15 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     return st;
 }
 
-ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__V1__CheckpointRequest *q,
-                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, ferry__ps_session *sess,
+                                     const Ferry__V1__CheckpointRequest *q, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
+    (void)sess; /* role admin: the RPC layer checked it */
     char path[1280];
     uint64_t bytes = 0;
-    ferry_status st = checkpoint_write(s, q->path, q->step, path, sizeof path, &bytes);
+    ferry_status st =
+        ferry__ps_checkpoint_named(s, q->path, NULL, q->step, path, sizeof path, &bytes);
     if (st != FERRY_OK)
         return st;
     Ferry__V1__CheckpointReply r;
@@ -292,13 +336,15 @@ ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__V1__Checkp
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__V1__ShutdownRequest *q,
-                                   ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, ferry__ps_session *sess,
+                                   const Ferry__V1__ShutdownRequest *q, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
+    (void)sess; /* role admin: the RPC layer checked it */
     if (q->checkpoint) {
         char path[1280];
         uint64_t bytes;
-        ferry_status st = checkpoint_write(s, "", 0, path, sizeof path, &bytes);
+        ferry_status st = ferry__ps_checkpoint_named(s, "", NULL, 0, path, sizeof path, &bytes);
         if (st != FERRY_OK) {
             char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());

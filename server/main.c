@@ -65,15 +65,17 @@ static int loopback(const char *listen) {
     return 0;
 }
 
-/* Reads the token and TLS files into cfg (their buffers in pem and tok), and
- * refuses a network address without TLS and a token unless told --insecure. */
+/* The token files and TLS files into cfg (their buffers in pem, the table in ids and
+ * tab), refusing a network address without TLS and a token unless told --insecure.
+ * The token file is one token (identity "trainer") or a table of identities; the
+ * admin token file one token (identity "admin"). */
 static ferry_status security(ferry_ps_config *cfg, const char *token_file,
                              const char *admin_token_file, const char *tls_cert,
                              const char *tls_key, const char *tls_ca, bool insecure, char **pem,
-                             char **tok) {
+                             ferry_token_table *tab, char **admin, ferry_rpc_identity **ids) {
     ferry_status st;
-    if ((st = ferry_token_read(token_file, "FERRY_TOKEN_FILE", &tok[0])) != FERRY_OK ||
-        (st = ferry_token_read(admin_token_file, "FERRY_ADMIN_TOKEN_FILE", &tok[1])) != FERRY_OK)
+    if ((st = ferry_token_table_read(token_file, "FERRY_TOKEN_FILE", tab)) != FERRY_OK ||
+        (st = ferry_token_read(admin_token_file, "FERRY_ADMIN_TOKEN_FILE", admin)) != FERRY_OK)
         return st;
     if ((tls_cert != NULL) != (tls_key != NULL))
         return ferry_errorf(FERRY_ERR_INVALID, "--tls-cert and --tls-key go together");
@@ -84,14 +86,35 @@ static ferry_status security(ferry_ps_config *cfg, const char *token_file,
         if (files[i] != NULL && (st = ferry_file_read_text(files[i], 1 << 20, &pem[i])) != FERRY_OK)
             return st;
     }
-    if (tok[0] != NULL && tok[1] != NULL && strcmp(tok[0], tok[1]) == 0)
-        return ferry_errorf(FERRY_ERR_INVALID, "the trainer and admin tokens are the same");
-    cfg->trainer_token = tok[0];
-    cfg->admin_token = tok[1];
+    int n = tab->n + (*admin != NULL);
+    if (n > 0 && (*ids = calloc((size_t)n, sizeof **ids)) == NULL)
+        return FERRY_ERR_NOMEM;
+    for (int i = 0; i < tab->n; i++) {
+        (*ids)[i].name = tab->entries[i].name;
+        (*ids)[i].token = tab->entries[i].token;
+        if ((st = ferry_rpc_role_parse(tab->entries[i].role, &(*ids)[i].role)) != FERRY_OK)
+            return st;
+        if (*admin != NULL && strcmp(tab->entries[i].token, *admin) == 0)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "the admin token is also in the token file "
+                                "(identity '%s')",
+                                tab->entries[i].name);
+        if (*admin != NULL && strcmp(tab->entries[i].name, "admin") == 0)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "the token file names an identity 'admin', the name of "
+                                "--admin-token-file's token: rename it, or drop that flag");
+    }
+    if (*admin != NULL) {
+        (*ids)[tab->n].name = "admin";
+        (*ids)[tab->n].role = FERRY_RPC_ROLE_ADMIN;
+        (*ids)[tab->n].token = *admin;
+    }
+    cfg->identities = *ids;
+    cfg->nidentities = n;
     cfg->tls_cert_pem = pem[0];
     cfg->tls_key_pem = pem[1];
     cfg->tls_ca_pem = pem[2];
-    int secured = pem[0] != NULL && (tok[0] != NULL || tok[1] != NULL);
+    int secured = pem[0] != NULL && n > 0;
     if (!loopback(cfg->listen) && !secured && !insecure)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "refusing to serve %s without TLS and a token: anyone who reaches it "
@@ -154,6 +177,26 @@ int main(int argc, char **argv) {
          .max = 1e7,
          .metavar = "SECONDS",
          .help = "free a context after this long without a call (its trainer died)"},
+        {.name = "session-ttl",
+         .type = FERRY_FLAG_DOUBLE,
+         .ptr = &cfg.session_ttl_s,
+         .min = 0.001,
+         .max = 1e7,
+         .metavar = "SECONDS",
+         .help = "end a session this long after its last call unless its client holds a "
+                 "Session stream; its contexts go, its job ranks can be taken over"},
+        {.name = "max-sessions",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_sessions,
+         .min = 1,
+         .max = 1000000,
+         .help = "live sessions, all identities (default 4096)"},
+        {.name = "max-sessions-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_sessions_per_identity,
+         .min = 1,
+         .max = 1000000,
+         .help = "live sessions of one identity (default 1024)"},
         {.name = "max-message-mb",
          .type = FERRY_FLAG_INT,
          .ptr = &max_message_mb,
@@ -234,20 +277,24 @@ int main(int argc, char **argv) {
          .type = FERRY_FLAG_STRING,
          .ptr = &token_file,
          .metavar = "FILE",
-         .help = "the trainer token: calls must carry 'authorization: Bearer <it>' "
-                 "(env FERRY_TOKEN_FILE)"},
+         .help = "the callers: one token (identity 'trainer'), or a table, one "
+                 "'<name> <role> <token>' per line, role reader | trainer | admin; calls carry "
+                 "'authorization: Bearer <token>' (env FERRY_TOKEN_FILE)"},
         {.name = "admin-token-file",
          .type = FERRY_FLAG_STRING,
          .ptr = &admin_token_file,
          .metavar = "FILE",
-         .help = "the admin token, which may also SetParams, Checkpoint and Shutdown "
-                 "(env FERRY_ADMIN_TOKEN_FILE)"},
+         .help = "one admin token (identity 'admin'): also SetParams, Checkpoint, Shutdown, "
+                 "and power over every identity's modules and jobs (env FERRY_ADMIN_TOKEN_FILE)"},
         {.name = "tls-cert",
          .type = FERRY_FLAG_STRING,
          .ptr = &tls_cert,
          .metavar = "PEM",
          .help = "serve TLS with this certificate (chain) ..."},
-        {.name = "tls-key", .type = FERRY_FLAG_STRING, .ptr = &tls_key, .metavar = "PEM",
+        {.name = "tls-key",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &tls_key,
+         .metavar = "PEM",
          .help = "... and this private key"},
         {.name = "tls-ca",
          .type = FERRY_FLAG_STRING,
@@ -307,19 +354,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
         return 2;
     }
-    char *pem[3] = {NULL, NULL, NULL}, *tok[2] = {NULL, NULL};
+    char *pem[3] = {NULL, NULL, NULL}, *admin = NULL;
+    ferry_token_table tab;
+    ferry_rpc_identity *ids = NULL;
     ferry_status st = security(&cfg, token_file, admin_token_file, tls_cert, tls_key, tls_ca,
-                               insecure, pem, tok);
-    if (st != FERRY_OK) {
+                               insecure, pem, &tab, &admin, &ids);
+    ferry_ps_server *s = NULL;
+    int usage = st != FERRY_OK;
+    if (st == FERRY_OK)
+        st = ferry_ps_server_create(&cfg, &s);
+    for (int i = 0; i < 3; i++)
+        ferry_secret_free(pem[i]); /* the rpc layer keeps its own copies */
+    ferry_token_table_free(&tab);
+    ferry_secret_free(admin);
+    free(ids);
+    if (usage) {
         fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
         return 2;
     }
-    ferry_ps_server *s;
-    st = ferry_ps_server_create(&cfg, &s);
-    for (int i = 0; i < 3; i++)
-        ferry_secret_free(pem[i]); /* the rpc layer keeps its own copies */
-    for (int i = 0; i < 2; i++)
-        ferry_secret_free(tok[i]);
     if (st != FERRY_OK) {
         fprintf(stderr, "ferry-ps: %s\n",
                 ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));

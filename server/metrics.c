@@ -143,7 +143,7 @@ void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
     counter(p, "ferry_ps_steps_applied_total", "optimizer steps applied, over all modules",
             steps);
     job_lines jl = {0};
-    ferry__ps_jobs_metrics(&s->jobs, job_collect, &jl);
+    ferry__ps_jobs_metrics(&s->jobs, NULL, job_collect, &jl);
     for (int i = 0; i < jl.n; i++) {
         int first = 1;
         for (int k = 0; k < i; k++)

@@ -37,10 +37,11 @@ static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
                         m->b >= 0 ? ", bias" : "");
 }
 
-ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__V1__GetParamsRequest *q,
-                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, ferry__ps_session *sess,
+                                     const Ferry__V1__GetParamsRequest *q, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
-    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
     int64_t lo, n;
@@ -81,9 +82,10 @@ ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__V1__GetPa
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, const Ferry__V1__SetParamsRequest *q,
-                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
-    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
+ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, ferry__ps_session *sess,
+                                     const Ferry__V1__SetParamsRequest *q, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
     if (req->ntensors == 0)

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/rpc/rpc.h" /* ferry_rpc_identity */
 #include "ferry/status.h"
 
 typedef struct ferry_ps_config {
@@ -32,6 +33,10 @@ typedef struct ferry_ps_config {
     int blas_threads;           /* OpenBLAS threads per GEMM (1..64; 0: 1, or
                                    OPENBLAS_NUM_THREADS when set) */
     double context_ttl_s;       /* a context idle this long is swept (> 0) */
+    double session_ttl_s;       /* a session without a call this long, and without an open
+                                   Session stream, ends (> 0) */
+    int max_sessions;           /* live sessions, all identities (0: 4096) */
+    int max_sessions_per_identity; /* live sessions of one identity (0: 1024) */
     size_t max_message_bytes;   /* both directions; 0: the rpc layer's default (256 MiB) */
     const char *checkpoint_dir; /* where Checkpoint writes when the request has no path;
                                    NULL: Checkpoint needs an explicit path */
@@ -54,12 +59,13 @@ typedef struct ferry_ps_config {
                                   served) this long before new calls are refused (0) */
     int checkpoint_rate;       /* Checkpoint calls allowed per minute, in bursts of as many;
                                   more are refused with FERRY_ERR_BUSY (60) */
-    /* Security (all NULL: plaintext, no tokens). Tokens: the trainer token may call
-     * Hello, CreateModule, Join, Forward, Backward, GradNorm, Step, ReleaseContext,
-     * GetParams and Stats; the admin token everything (SetParams, Checkpoint,
-     * Shutdown too). TLS: PEM text; with tls_ca_pem, clients need a certificate it
-     * signed. A context belongs to the caller that opened it (ferry_rpc_caller). */
-    const char *trainer_token, *admin_token;
+    /* Security (all NULL/0: plaintext, no tokens). identities: the token table (name,
+     * role, token; copied): callers are the identity of their token, roles as in
+     * proto/ferry.proto section 2. TLS: PEM text; with tls_ca_pem, clients need a
+     * certificate it signed, and their identity is its subject. Modules and jobs
+     * belong to identities, contexts and job ranks to sessions. */
+    const ferry_rpc_identity *identities;
+    int nidentities;
     const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
 } ferry_ps_config;
 

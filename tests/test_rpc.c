@@ -30,14 +30,12 @@ static void sleep_ms(int ms) {
 }
 
 /* Forward: echo. Tensors move from request to reply without a copy; the reply
- * header returns ctx_id as version and the iparams. Misaligned input fails. */
+ * header returns ctx_id as version. Misaligned input fails. */
 static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__V1__ForwardRequest *q = req->head;
     Ferry__V1__ForwardReply r;
     ferry__v1__forward_reply__init(&r);
     r.version = q->ctx_id;
-    r.n_iparams = q->n_iparams;
-    r.iparams = q->iparams;
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
     for (int i = 0; st == FERRY_OK && i < req->ntensors; i++) {
         if (((uintptr_t)req->tensors[i].data & 63) != 0)
@@ -50,11 +48,11 @@ static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     return st;
 }
 
-/* Backward: sleeps iparams[0] ms, then answers with an empty reply. */
+/* Backward: sleeps call_id ms, then answers with an empty reply. */
 static ferry_status handle_backward(ferry_rpc_msg *req) {
     const Ferry__V1__BackwardRequest *q = req->head;
-    if (q->n_iparams > 0)
-        sleep_ms((int)q->iparams[0]);
+    if (q->call_id > 0)
+        sleep_ms((int)q->call_id);
     return FERRY_OK;
 }
 
@@ -139,9 +137,7 @@ static ferry_rpc_client *connect_to(const char *target, size_t max_bytes) {
 static ferry_status call_backward(ferry_rpc_client *c, int sleep, int deadline_ms) {
     Ferry__V1__BackwardRequest q;
     ferry__v1__backward_request__init(&q);
-    int64_t ms = sleep;
-    q.n_iparams = 1;
-    q.iparams = &ms;
+    q.call_id = (uint64_t)sleep; /* the test server sleeps this many ms */
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
@@ -521,9 +517,7 @@ TEST(fanout) {
     }
     Ferry__V1__BackwardRequest q;
     ferry__v1__backward_request__init(&q);
-    int64_t ms = 200;
-    q.n_iparams = 1;
-    q.iparams = &ms;
+    q.call_id = 200; /* the test server sleeps this many ms */
     ferry_rpc_msg req, replies[N];
     ferry_rpc_msg_init(&req);
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base)); /* one request, shared by all three */

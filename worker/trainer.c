@@ -976,7 +976,10 @@ static ferry_status save_checkpoint(trainer *t, int epoch, int64_t window) {
                 *p = '_';
     }
     if (t->cluster != NULL && (t->job == NULL || cfg->rank == 0)) {
-        st = ferry_cluster_checkpoint(t->cluster, t->job != NULL ? name : NULL, (uint64_t)t->step);
+        /* A job's checkpoint is the job's own (its owner's modules, by a member); a run
+         * outside a job checkpoints the whole server, which takes the admin token. */
+        st = t->job != NULL ? ferry_job_checkpoint(t->job, (uint64_t)t->step)
+                            : ferry_cluster_checkpoint(t->cluster, NULL, (uint64_t)t->step);
         if (st == FERRY_ERR_UNSUPPORTED && !t->recover) {
             FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): start them with "
                            "--checkpoint-dir DIR to keep the embedding and decoder too",

@@ -53,6 +53,8 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
                                        c->cfg.deadline_ms);
 }
 
+static ferry_status rehello(ferry_cluster *c, int i);
+
 /* Methods a caller may send again after a failure in transit: each is applied once
  * on the server however often it arrives (or changes nothing). */
 static int retry_safe(ferry_rpc_method m) {
@@ -84,6 +86,36 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         calls[i].reply = &replies[i];
     }
     ferry_status st = ferry_rpc_call_many_during(calls, n, deadline_ms, during, arg);
+    /* A server that no longer knows this client's session (it restarted, or the session
+     * expired) refused the call before running it: say Hello there again and send the
+     * call once more. What the old session held is gone; the server says so then. */
+    if (st == FERRY_ERR_SESSION && method != FERRY_RPC_HELLO) {
+        int m = 0;
+        ferry_status hs = FERRY_OK;
+        for (int i = 0; i < n && hs == FERRY_OK; i++) {
+            if (calls[i].status != FERRY_ERR_SESSION)
+                continue;
+            int seen = 0;
+            for (int k = 0; k < m; k++) /* one Hello per server */
+                seen |= servers[idx[k]] == servers[i];
+            if (!seen)
+                hs = rehello(c, servers[i]);
+            idx[m++] = i;
+        }
+        ferry_rpc_fanout *again = hs == FERRY_OK ? calloc((size_t)m, sizeof *again) : NULL;
+        if (again != NULL) {
+            for (int k = 0; k < m; k++)
+                again[k] = calls[idx[k]];
+            (void)ferry_rpc_call_many(again, m, deadline_ms);
+            for (int k = 0; k < m; k++)
+                calls[idx[k]] = again[k];
+            free(again);
+            st = FERRY_OK; /* the first entry that still failed, if any */
+            for (int i = 0; i < n && st == FERRY_OK; i++)
+                if (calls[i].status != FERRY_OK)
+                    st = ferry_errorf(calls[i].status, "%s", calls[i].error);
+        }
+    }
     int retry_ms = atomic_load(&c->retry_ms);
     double t0 = ferry_now();
     long pause_ms = 50;
@@ -146,6 +178,12 @@ ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method
                   retry_safe(method));
 }
 
+ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method, int n,
+                                      const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                      ferry_rpc_msg *replies) {
+    return fanout(c, method, n, servers, reqs, shared, replies, c->cfg.deadline_ms, NULL, NULL, 1);
+}
+
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,
                                          ferry_rpc_msg *replies, int deadline_ms) {
@@ -171,12 +209,42 @@ ferry_status ferry__dist_output_as(ferry_cluster *c, int server, const ferry_rpc
 
 /* ---- connect, Hello ---- */
 
+/* The Hello request every server gets. */
+static void hello_request(ferry_cluster *c, Ferry__V1__HelloRequest *q) {
+    ferry__v1__hello_request__init(q);
+    q->label = c->client_id;
+    q->worker_id = c->cfg.worker_id;
+    q->version = (char *)FERRY_VERSION;
+    q->contract_major = FERRY_CONTRACT_MAJOR;
+}
+
+/* Takes server i's Hello reply: the contract it speaks, its incarnation (a change:
+ * it restarted) and the session it opened or renewed, which the server's RPC client
+ * sends from now on (holding its Session stream open). *changed += 1 on a restart. */
+static ferry_status hello_apply(ferry_cluster *c, int i, const Ferry__V1__HelloReply *r,
+                                int *changed) {
+    const char *target = ferry_rpc_client_target(c->clients[i]);
+    if (r->contract_major != FERRY_CONTRACT_MAJOR)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "%s speaks contract %u.%u; this client speaks %d.%d (ferry.v1)", target,
+                            r->contract_major, r->contract_minor, FERRY_CONTRACT_MAJOR,
+                            FERRY_CONTRACT_MINOR);
+    if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
+        FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx", target,
+                       (unsigned long long)r->incarnation, (unsigned long long)c->incarnation[i]);
+        ++*changed;
+    }
+    c->incarnation[i] = r->incarnation;
+    (void)snprintf(c->identity, sizeof c->identity, "%s", r->identity);
+    /* Context calls now name it: a later restart refuses them instead of serving them
+     * from a new state. */
+    ferry_rpc_client_set_incarnation(c->clients[i], r->incarnation);
+    return ferry_rpc_client_set_session(c->clients[i], r->session, 1);
+}
+
 ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     Ferry__V1__HelloRequest q;
-    ferry__v1__hello_request__init(&q);
-    q.client_id = c->client_id;
-    q.worker_id = c->cfg.worker_id;
-    q.version = (char *)FERRY_VERSION;
+    hello_request(c, &q);
     ferry_rpc_msg req, *replies = calloc((size_t)c->n, sizeof *replies);
     int *servers = calloc((size_t)c->n, sizeof *servers);
     ferry_rpc_msg_init(&req);
@@ -188,20 +256,10 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     if (st == FERRY_OK)
         st = ferry__dist_fanout(c, FERRY_RPC_HELLO, c->n, servers, &req, 1, replies);
     int changed = 0;
-    for (int i = 0; st == FERRY_OK && i < c->n; i++) {
-        const Ferry__V1__HelloReply *r = replies[i].head;
-        if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
-            FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx",
-                           c->clients[i] ? ferry_rpc_client_target(c->clients[i]) : "?",
-                           (unsigned long long)r->incarnation,
-                           (unsigned long long)c->incarnation[i]);
-            changed++;
-        }
-        c->incarnation[i] = r->incarnation;
-        /* Context calls now name it: a later restart refuses them instead of
-         * serving them from a new state. */
-        ferry_rpc_client_set_incarnation(c->clients[i], r->incarnation);
-    }
+    pthread_mutex_lock(&c->hello_mu);
+    for (int i = 0; st == FERRY_OK && i < c->n; i++)
+        st = hello_apply(c, i, replies[i].head, &changed);
+    pthread_mutex_unlock(&c->hello_mu);
     for (int i = 0; replies != NULL && i < c->n; i++)
         ferry_rpc_msg_deinit(&replies[i]);
     ferry_rpc_msg_deinit(&req);
@@ -209,6 +267,30 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     free(servers);
     if (st == FERRY_OK && restarted != NULL)
         *restarted = changed;
+    return st;
+}
+
+/* Hello to server i alone, after a call found its session gone (the server restarted
+ * or the session expired): a new session for the calls that follow. */
+static ferry_status rehello(ferry_cluster *c, int i) {
+    Ferry__V1__HelloRequest q;
+    hello_request(c, &q);
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry_rpc_call(c->clients[i], FERRY_RPC_HELLO, &req, &reply, c->cfg.deadline_ms);
+    int changed = 0;
+    pthread_mutex_lock(&c->hello_mu);
+    if (st == FERRY_OK)
+        st = hello_apply(c, i, reply.head, &changed);
+    pthread_mutex_unlock(&c->hello_mu);
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_msg_deinit(&req);
+    if (st == FERRY_OK)
+        FERRY_LOG_INFO("%s: a new session (the last one was gone)",
+                       ferry_rpc_client_target(c->clients[i]));
     return st;
 }
 
@@ -361,6 +443,7 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
         st = FERRY_ERR_NOMEM;
         goto done;
     }
+    pthread_mutex_init(&c->hello_mu, NULL);
     if (cfg != NULL)
         c->cfg = *cfg;
     else
@@ -432,6 +515,7 @@ void ferry_cluster_destroy(ferry_cluster *c) {
         ferry_rpc_client_destroy(c->clients[i]);
     free(c->clients);
     free(c->incarnation);
+    pthread_mutex_destroy(&c->hello_mu);
     free(c);
 }
 

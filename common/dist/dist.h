@@ -20,6 +20,8 @@
 struct ferry_cluster {
     ferry_cluster_config cfg;
     char client_id[128];
+    char identity[FERRY_RPC_IDENTITY_MAX]; /* who the servers take this client for */
+    pthread_mutex_t hello_mu;              /* Hello's bookkeeping: incarnation, session */
     int n;                         /* servers */
     ferry_rpc_client **clients;    /* (n) */
     uint64_t *incarnation;         /* (n) as of the last Hello; 0 before the first */
@@ -136,6 +138,11 @@ void ferry__dist_touch(ferry_dist_ctx *dc, int server);
 ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
                                 const int *servers, const ferry_rpc_msg *reqs, int shared,
                                 ferry_rpc_msg *replies);
+/* The same, sending again what failed in transit (within the cluster's retry window)
+ * whatever the method: for calls the server answers alike when repeated. */
+ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method, int n,
+                                      const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                      ferry_rpc_msg *replies);
 /* The same with its own deadline (calls that may wait in a job barrier). */
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,

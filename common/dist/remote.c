@@ -75,12 +75,22 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
     if (!(cfg->init_scale >= 0.0f))
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", cfg->name,
                             (double)cfg->init_scale);
-    /* The server owns the rest of the constraint's checks (the kinds that take one,
-     * D >= C); what cannot travel on the wire is refused here. */
+    /* The server owns the rest of the constraint's checks (D >= C); what cannot travel
+     * on the wire is refused here: only linear and lstm configs carry a constraint. */
     const ferry_remote_constraint *k = &cfg->constraint;
     if ((int)k->kind < 0 || k->kind > FERRY_REMOTE_CONSTRAINT_STIEFEL)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown constraint kind %d", cfg->name,
                             (int)k->kind);
+    if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !one)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "module '%s': kind %s takes no constraint (a Stiefel constraint is "
+                            "implemented for the weight of a linear module and the weight_hh of "
+                            "an lstm module's layers)",
+                            cfg->name, kind_name(cfg->kind));
+    if (k->kind == FERRY_REMOTE_CONSTRAINT_NONE && k->polar_init)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': constraint.polar_init needs a Stiefel constraint",
+                            cfg->name);
     if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !(k->beta >= 0.0 && k->beta <= 1e6))
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': constraint penalty weight beta %g must be in [0, 1e6]",
@@ -144,44 +154,79 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     Ferry__V1__OptimizerConfig opt;
     Ferry__V1__Metric extra[FERRY_OPTIM_FIELD_COUNT], *ptrs[FERRY_OPTIM_FIELD_COUNT];
     optim_message(&cfg->optim, &opt, extra, ptrs);
-    char options[160];
-    int n = snprintf(options, sizeof options, "%s=%d", FERRY_WIRE_OPTION_NAME(BIAS), m->bias);
-    if (cfg->weight_offset >= 0)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=%lld",
-                      FERRY_WIRE_OPTION_NAME(WEIGHT_OFFSET), (long long)cfg->weight_offset);
-    if (cfg->bias_offset >= 0)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=%lld",
-                      FERRY_WIRE_OPTION_NAME(BIAS_OFFSET), (long long)cfg->bias_offset);
-    if (cfg->constraint.polar_init)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=1",
-                      FERRY_WIRE_OPTION_NAME(POLAR));
-    if (m->kind == FERRY_REMOTE_LSTM) /* its biases are its layers' */
-        (void)snprintf(options, sizeof options, "%s=%d,%s=%d,%s=%ld%s",
-                       FERRY_WIRE_OPTION_NAME(LAYERS), cfg->layers > 0 ? cfg->layers : 1,
-                       FERRY_WIRE_OPTION_NAME(FIRST_LAYER), cfg->first_layer,
-                       FERRY_WIRE_OPTION_NAME(DROPOUT_PPM), lrint((double)cfg->dropout * 1e6),
-                       cfg->constraint.polar_init ? ",polar=1" : "");
-    /* Sent only for a constrained module, so an unconstrained one's config (and the
-     * checkpoints holding it) reads as before. */
-    Ferry__V1__Constraint con;
-    ferry__v1__constraint__init(&con);
-    con.kind =
-        (char *)(uintptr_t)(cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL ? "stiefel"
-                                                                                    : "none");
-    con.beta = cfg->constraint.beta;
+    /* The kind's own config; sizes as the kind names them. */
+    Ferry__V1__EmbeddingConfig emb;
+    Ferry__V1__DecoderConfig dec;
+    Ferry__V1__LinearConfig lin;
+    Ferry__V1__DenseConfig den;
+    Ferry__V1__LstmConfig lstm;
+    Ferry__V1__Stiefel stiefel;
+    ferry__v1__stiefel__init(&stiefel);
+    stiefel.beta = cfg->constraint.beta;
+    stiefel.polar = cfg->constraint.polar_init != 0;
+    Ferry__V1__Stiefel *con =
+        cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL ? &stiefel : NULL;
     Ferry__V1__ModuleConfig mc;
     ferry__v1__module_config__init(&mc);
-    mc.kind = (char *)(uintptr_t)kind_name(m->kind);
-    mc.n_dims = 2;
-    mc.dims = (int64_t *)(uintptr_t)cfg->dims;
+    switch (m->kind) {
+    case FERRY_REMOTE_EMBEDDING:
+        ferry__v1__embedding_config__init(&emb);
+        emb.vocab = cfg->dims[0];
+        emb.width = cfg->dims[1];
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING;
+        mc.embedding = &emb;
+        break;
+    case FERRY_REMOTE_DECODER:
+        ferry__v1__decoder_config__init(&dec);
+        dec.vocab = cfg->dims[0];
+        dec.hidden = cfg->dims[1];
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DECODER;
+        mc.decoder = &dec;
+        break;
+    case FERRY_REMOTE_LINEAR:
+        ferry__v1__linear_config__init(&lin);
+        lin.input = cfg->dims[0];
+        lin.output = cfg->dims[1];
+        lin.no_bias = !m->bias;
+        lin.stiefel = con;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LINEAR;
+        mc.linear = &lin;
+        break;
+    case FERRY_REMOTE_DENSE:
+        ferry__v1__dense_config__init(&den);
+        den.rows = cfg->dims[0];
+        den.cols = cfg->dims[1];
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DENSE;
+        mc.dense = &den;
+        break;
+    case FERRY_REMOTE_LSTM:
+        ferry__v1__lstm_config__init(&lstm);
+        lstm.input = cfg->dims[0];
+        lstm.hidden = cfg->dims[1];
+        lstm.layers = (uint32_t)(cfg->layers > 0 ? cfg->layers : 1);
+        lstm.first_layer = (uint32_t)cfg->first_layer;
+        lstm.dropout_ppm = (uint32_t)lrint((double)cfg->dropout * 1e6);
+        lstm.stiefel = con;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LSTM;
+        mc.lstm = &lstm;
+        break;
+    }
+    Ferry__V1__Offset woff, boff;
+    ferry__v1__offset__init(&woff);
+    ferry__v1__offset__init(&boff);
+    woff.value = cfg->weight_offset;
+    boff.value = cfg->bias_offset;
+    Ferry__V1__Init init;
+    ferry__v1__init__init(&init);
+    init.seed = cfg->init_seed;
+    init.scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
+    init.weight_offset = cfg->weight_offset >= 0 ? &woff : NULL;
+    init.bias_offset = cfg->bias_offset >= 0 ? &boff : NULL;
     int one = m->kind == FERRY_REMOTE_LINEAR || m->kind == FERRY_REMOTE_LSTM;
     mc.row_begin = one ? 0 : sh->row_begin;
     mc.row_count = one ? 0 : sh->row_count;
-    mc.init_seed = cfg->init_seed;
-    mc.init_scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
+    mc.init = &init;
     mc.optimizer = &opt;
-    mc.options = options;
-    mc.constraint = cfg->constraint.kind != FERRY_REMOTE_CONSTRAINT_NONE ? &con : NULL;
     Ferry__V1__CreateModuleRequest q;
     ferry__v1__create_module_request__init(&q);
     q.name = (char *)(uintptr_t)m->name;

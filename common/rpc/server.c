@@ -17,6 +17,7 @@
 #include "common/core/log.h"
 #include "common/rpc/transport-grpc.h"
 
+#include "ferry.pb-c.h"
 #include "health.pb-c.h"
 
 #define CATCH_ALL       (-1) /* server_call.method of the unregistered slot */
@@ -24,12 +25,23 @@
 /* grpc.health.v1.Health, served here for every daemon: methods after ferry's own. */
 #define HEALTH_CHECK  FERRY_RPC_METHOD_COUNT
 #define HEALTH_WATCH  (FERRY_RPC_METHOD_COUNT + 1)
-#define NMETHODS      (FERRY_RPC_METHOD_COUNT + 2)
+#define SESSION_LEASE (FERRY_RPC_METHOD_COUNT + 2) /* the Session stream (lease ops) */
+#define NMETHODS      (FERRY_RPC_METHOD_COUNT + 3)
 #define HEALTH_SLOTS  2
+#define LEASE_SLOTS   2
 static const char *const health_paths[2] = {"/grpc.health.v1.Health/Check",
                                             "/grpc.health.v1.Health/Watch"};
 
-#define MAX_WATCHERS 64 /* open Health/Watch streams; later ones get one answer */
+#define MAX_WATCHERS 64    /* open Health/Watch streams; later ones get one answer */
+#define MAX_LEASES   65536 /* open Session streams, all sessions (each session caps its own) */
+
+/* One line of the token table, owned. */
+typedef struct srv_identity {
+    char name[FERRY_RPC_IDENTITY_MAX];
+    ferry_rpc_role role;
+    char *token;
+    size_t token_len;
+} srv_identity;
 
 struct ferry_rpc_server {
     grpc_server *server;
@@ -38,12 +50,16 @@ struct ferry_rpc_server {
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT];
     void *user;
     uint64_t incarnation; /* 0: not checked */
-    char *tokens[2];      /* trainer, admin; NULL: none */
-    unsigned char admin_only[FERRY_RPC_METHOD_COUNT];
+    srv_identity *ids;    /* the token table; none: no token checks */
+    int nids;
+    ferry_rpc_role method_role[FERRY_RPC_METHOD_COUNT];
+    ferry_rpc_lease_ops lease;
     int mtls;             /* clients present certificates */
     atomic_int serving;   /* grpc.health.v1: 1 SERVING, 0 NOT_SERVING */
     struct server_call *watchers[MAX_WATCHERS]; /* open Health/Watch streams (mu) */
     int nwatchers;
+    struct server_call *leases; /* open Session streams, a list through lease_next (mu) */
+    int nleases;
     ferry__rpc_meter meter[FERRY_RPC_STATS_SLOTS];
     ferry__rpc_limits lim;
     int port;
@@ -78,6 +94,8 @@ typedef enum call_state {
     CALL_REPLYING,    /* reply batch started */
     CALL_WATCH_FIRST, /* Health/Watch: the first status is being sent */
     CALL_WATCHING,    /* Health/Watch: open, in srv->watchers, no batch running */
+    CALL_LEASE_FIRST, /* Session: the "open" event is being sent */
+    CALL_LEASE_OPEN,  /* Session: open, in srv->leases, waiting for the client to go */
 } call_state;
 
 /* Everything a call's batches point to lives here until the last one completes. */
@@ -99,7 +117,9 @@ typedef struct server_call {
     int deferred;     /* the handler called ferry_rpc_defer: the reply comes later */
     int early;        /* the handler called ferry_rpc_reply_now: answered, still running */
     atomic_int holds; /* early: the reply batch and the handler, each frees last */
-    char caller[224]; /* ferry_rpc_caller */
+    ferry_rpc_caller_info caller;                 /* ferry_rpc_caller */
+    void *lease_handle;                           /* Session: what lease.open returned */
+    struct server_call *lease_next, **lease_prev; /* srv->leases (mu) */
     double t0;        /* when the call arrived */
     grpc_op ops[4];
 } server_call;
@@ -197,6 +217,7 @@ static void call_reply(server_call *c, ferry_status st, grpc_status_code code, c
     /* Counted before sending, so a client that has its answer sees it counted. */
     int slot = c->method == HEALTH_CHECK || c->method == HEALTH_WATCH ? FERRY_RPC_STATS_HEALTH
                : c->method == CATCH_ALL                               ? FERRY_RPC_STATS_OTHER
+               : c->method == SESSION_LEASE                           ? FERRY_RPC_STATS_SESSION
                                                                       : c->method;
     ferry__rpc_meter_add(&c->srv->meter[slot], (int)code, ferry_now() - c->t0);
     atomic_fetch_add(&c->srv->calls, 1);
@@ -238,86 +259,124 @@ static ferry_status reply_encode(server_call *c, const ferry__rpc_method_info *m
     return st;
 }
 
-/* The value of request metadata `key` copied into buf ("" when absent); 1 if found. */
-static int md_get(const server_call *c, const char *key, char *buf, size_t cap) {
-    buf[0] = '\0';
+/* The value of request metadata `key`, or NULL when absent. */
+static const grpc_slice *md_find(const server_call *c, const char *key) {
     for (size_t i = 0; i < c->req_md.count; i++) {
-        const grpc_metadata *md = &c->req_md.metadata[i];
-        if (grpc_slice_str_cmp(md->key, key) != 0)
-            continue;
-        size_t n = GRPC_SLICE_LENGTH(md->value);
-        n = n < cap - 1 ? n : cap - 1;
-        memcpy(buf, GRPC_SLICE_START_PTR(md->value), n);
-        buf[n] = '\0';
-        return 1;
+        if (grpc_slice_str_cmp(c->req_md.metadata[i].key, key) == 0)
+            return &c->req_md.metadata[i].value;
     }
-    return 0;
+    return NULL;
 }
 
-/* a == b in time that depends on the lengths only, not on where they differ. */
-static int same_secret(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
+/* The value of request metadata `key` copied into buf ("" when absent or longer than
+ * cap - 1 bytes: never truncated into another value); 1 if copied. */
+static int md_get(const server_call *c, const char *key, char *buf, size_t cap) {
+    buf[0] = '\0';
+    const grpc_slice *v = md_find(c, key);
+    if (v == NULL || GRPC_SLICE_LENGTH(*v) >= cap)
+        return 0;
+    memcpy(buf, GRPC_SLICE_START_PTR(*v), GRPC_SLICE_LENGTH(*v));
+    buf[GRPC_SLICE_LENGTH(*v)] = '\0';
+    return 1;
+}
+
+/* a[0..na) == b[0..nb) in time that depends on the lengths only, not on where they
+ * differ. */
+static int same_secret(const uint8_t *a, size_t na, const char *b, size_t nb) {
     unsigned char diff = (unsigned char)(na != nb);
     for (size_t i = 0; i < na; i++)
-        diff |= (unsigned char)(a[i] ^ b[i % (nb ? nb : 1)]);
+        diff |= (unsigned char)(a[i] ^ (unsigned char)b[i % (nb ? nb : 1)]);
     return diff == 0 && nb > 0;
 }
 
-/* The client certificate's identity (its CN, or the first name gRPC reports). */
-static void cert_identity(const server_call *c, char *buf, size_t cap) {
+/* A name that may stand for an identity: 1..63 printable bytes, no spaces. */
+static int identity_ok(const char *s, size_t n) {
+    if (n == 0 || n >= FERRY_RPC_IDENTITY_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] <= ' ' || s[i] > '~')
+            return 0;
+    }
+    return 1;
+}
+
+/* The client certificate's subject into buf: its CN, else its first DNS, else URI
+ * subject alternative name. 0 (buf "") when it has none that identity_ok accepts. */
+static int cert_identity(const server_call *c, char *buf, size_t cap) {
     buf[0] = '\0';
     grpc_auth_context *ac = grpc_call_auth_context(c->call);
     if (ac == NULL)
-        return;
-    grpc_auth_property_iterator it =
-        grpc_auth_context_find_properties_by_name(ac, GRPC_X509_CN_PROPERTY_NAME);
-    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
-    if (p == NULL) {
-        it = grpc_auth_context_peer_identity(ac);
-        p = grpc_auth_property_iterator_next(&it);
+        return 0;
+    static const char *const props[] = {GRPC_X509_CN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME,
+                                        GRPC_PEER_URI_PROPERTY_NAME};
+    for (size_t k = 0; k < sizeof props / sizeof props[0] && buf[0] == '\0'; k++) {
+        grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ac, props[k]);
+        const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+        if (p != NULL && identity_ok(p->value, p->value_length) && p->value_length < cap) {
+            memcpy(buf, p->value, p->value_length);
+            buf[p->value_length] = '\0';
+        }
     }
-    if (p != NULL)
-        (void)snprintf(buf, cap, "%.*s", (int)(p->value_length < 96 ? p->value_length : 96),
-                       p->value);
     grpc_auth_context_release(ac);
+    return buf[0] != '\0';
 }
 
-/* Checks the call's bearer token against the method's role and records who the
- * caller is (c->caller). Refusals name what was wrong, never the token. */
-static ferry_status authorize(server_call *c, char *detail, size_t cap) {
+/* Establishes who makes the call (c->caller): the identity from the bearer token or
+ * the client certificate, the role from the token, the session and label from
+ * metadata; refuses an unknown token, a certificate without a subject, or a role below
+ * what `need` asks for. Refusals name what was wrong, never the token. */
+static ferry_status authorize(server_call *c, const char *mname, ferry_rpc_role need, char *detail,
+                              size_t cap) {
     ferry_rpc_server *srv = c->srv;
-    const char *mname = ferry__rpc_method((ferry_rpc_method)c->method)->name;
-    const char *role = "anyone";
-    if (srv->tokens[0] != NULL || srv->tokens[1] != NULL) {
-        char auth[512];
-        const char *tok = NULL;
-        if (md_get(c, "authorization", auth, sizeof auth) && strncmp(auth, "Bearer ", 7) == 0)
-            tok = auth + 7;
-        int admin = tok != NULL && srv->tokens[1] != NULL && same_secret(tok, srv->tokens[1]);
-        int trainer = tok != NULL && srv->tokens[0] != NULL && same_secret(tok, srv->tokens[0]);
-        if (!admin && !trainer) {
+    ferry_rpc_caller_info *who = &c->caller;
+    memset(who, 0, sizeof *who);
+    (void)snprintf(who->identity, sizeof who->identity, "anonymous");
+    who->role = FERRY_RPC_ROLE_ADMIN;
+    if (srv->nids > 0) {
+        const grpc_slice *v = md_find(c, "authorization");
+        const uint8_t *tok = NULL;
+        size_t n = 0;
+        if (v != NULL && GRPC_SLICE_LENGTH(*v) > 7 &&
+            memcmp(GRPC_SLICE_START_PTR(*v), "Bearer ", 7) == 0) {
+            tok = GRPC_SLICE_START_PTR(*v) + 7;
+            n = GRPC_SLICE_LENGTH(*v) - 7;
+        }
+        const srv_identity *match = NULL;
+        for (int i = 0; tok != NULL && i < srv->nids; i++) { /* every entry: no early exit */
+            if (same_secret(tok, n, srv->ids[i].token, srv->ids[i].token_len))
+                match = &srv->ids[i];
+        }
+        if (match == NULL) {
             (void)snprintf(detail, cap, "%s: %s", mname,
                            tok == NULL ? "no bearer token (metadata authorization: Bearer <token>)"
                                        : "unknown token");
             FERRY_LOG_WARN("%s refused: %s", mname, detail);
             return FERRY_ERR_AUTH;
         }
-        if (!admin && srv->admin_only[c->method]) {
-            (void)snprintf(detail, cap, "%s needs the admin token (this is the trainer token)",
-                           mname);
-            FERRY_LOG_WARN("%s refused: %s", mname, detail);
-            return FERRY_ERR_DENIED;
-        }
-        role = admin ? "admin" : "trainer";
+        (void)snprintf(who->identity, sizeof who->identity, "%s", match->name);
+        who->role = match->role;
+        who->authority = match->role == FERRY_RPC_ROLE_ADMIN;
     }
-    char cert[100], client[100];
-    if (srv->mtls)
-        cert_identity(c, cert, sizeof cert);
-    else
-        cert[0] = '\0';
-    (void)md_get(c, "ferry-client", client, sizeof client);
-    (void)snprintf(c->caller, sizeof c->caller, "%s:%s%s%s%s", role, cert[0] ? "cert=" : "", cert,
-                   cert[0] ? "," : "", client);
+    if (srv->mtls && !cert_identity(c, who->identity, sizeof who->identity)) {
+        (void)snprintf(detail, cap,
+                       "%s: the client certificate names no subject (a CN, or a DNS or URI "
+                       "subject alternative name of at most %d printable bytes)",
+                       mname, FERRY_RPC_IDENTITY_MAX - 1);
+        FERRY_LOG_WARN("%s refused: %s", mname, detail);
+        return FERRY_ERR_AUTH;
+    }
+    if (who->role < need) {
+        (void)snprintf(detail, cap, "%s needs role %s; identity '%s' has role %s", mname,
+                       ferry_rpc_role_name(need), who->identity, ferry_rpc_role_name(who->role));
+        FERRY_LOG_WARN("%s refused: %s", mname, detail);
+        return FERRY_ERR_DENIED;
+    }
+    (void)md_get(c, FERRY_RPC_SESSION_KEY, who->session, sizeof who->session);
+    if (!md_get(c, FERRY_RPC_CLIENT_KEY, who->label, sizeof who->label))
+        (void)snprintf(who->label, sizeof who->label, "-");
+    for (char *p = who->label; *p != '\0'; p++) /* a label goes into logs: printable only */
+        if (*p < ' ' || *p > '~')
+            *p = '?';
     return FERRY_OK;
 }
 
@@ -366,7 +425,7 @@ static void call_serve(server_call *c) {
                 FERRY_LOG_WARN("rpc server: cannot record %s", path);
         }
     }
-    ferry_status auth = authorize(c, detail, sizeof detail);
+    ferry_status auth = authorize(c, mi->name, srv->method_role[c->method], detail, sizeof detail);
     if (auth != FERRY_OK) {
         call_reply(c, auth, ferry__grpc_code_from_status(auth), detail);
         return;
@@ -423,9 +482,26 @@ static void call_serve(server_call *c) {
     call_reply(c, st, code, st == FERRY_OK ? "" : detail);
 }
 
-const char *ferry_rpc_caller(const ferry_rpc_msg *reply) {
+const ferry_rpc_caller_info *ferry_rpc_caller(const ferry_rpc_msg *reply) {
     const server_call *c = reply->call;
-    return c != NULL ? c->caller : "";
+    return c != NULL ? &c->caller : NULL;
+}
+
+const char *ferry_rpc_role_name(ferry_rpc_role role) {
+    return role == FERRY_RPC_ROLE_READER    ? "reader"
+           : role == FERRY_RPC_ROLE_TRAINER ? "trainer"
+           : role == FERRY_RPC_ROLE_ADMIN   ? "admin"
+                                            : "?";
+}
+
+ferry_status ferry_rpc_role_parse(const char *name, ferry_rpc_role *out) {
+    for (int r = FERRY_RPC_ROLE_READER; r <= FERRY_RPC_ROLE_ADMIN; r++) {
+        if (strcmp(name, ferry_rpc_role_name((ferry_rpc_role)r)) == 0) {
+            *out = (ferry_rpc_role)r;
+            return FERRY_OK;
+        }
+    }
+    return ferry_errorf(FERRY_ERR_INVALID, "unknown role '%.32s' (reader | trainer | admin)", name);
 }
 
 void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_method_stats *out) {
@@ -569,6 +645,121 @@ static void call_health(server_call *c) {
     }
 }
 
+/* ---- Session streams (leases) ----------------------------------------------------- */
+
+/* Unlinks an open lease from srv->leases; mu held. */
+static void lease_unlink_locked(ferry_rpc_server *srv, server_call *c) {
+    if (c->lease_prev == NULL)
+        return;
+    *c->lease_prev = c->lease_next;
+    if (c->lease_next != NULL)
+        c->lease_next->lease_prev = c->lease_prev;
+    c->lease_prev = NULL;
+    c->lease_next = NULL;
+    srv->nleases--;
+}
+
+/* The "open" event is out: wait for the client to go away (RECV_CLOSE_ON_SERVER
+ * completes when it cancels or its connection breaks), unless it went already. */
+static void lease_opened(server_call *c, int ok) {
+    ferry_rpc_server *srv = c->srv;
+    c->state = CALL_LEASE_OPEN;
+    memset(c->ops, 0, sizeof c->ops);
+    c->ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    c->ops[0].data.recv_close_on_server.cancelled = &c->cancelled;
+    if (!ok || grpc_call_start_batch(c->call, c->ops, 1, c, NULL) != GRPC_CALL_OK) {
+        pthread_mutex_lock(&srv->mu);
+        lease_unlink_locked(srv, c);
+        pthread_mutex_unlock(&srv->mu);
+        srv->lease.close(srv->user, c->lease_handle);
+        call_free(c);
+    }
+}
+
+/* The client is gone (or the server ended the stream): the lease ends. */
+static void lease_closed(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    pthread_mutex_lock(&srv->mu);
+    lease_unlink_locked(srv, c);
+    pthread_mutex_unlock(&srv->mu);
+    ferry__rpc_meter_add(&srv->meter[FERRY_RPC_STATS_SESSION], GRPC_STATUS_OK, ferry_now() - c->t0);
+    srv->lease.close(srv->user, c->lease_handle);
+    call_free(c);
+}
+
+/* A Session stream: authorize, let the application check the session, send "open" and
+ * keep the stream. It never counts as in flight (it lasts as long as its client). */
+static void call_lease(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    char detail[512];
+    atomic_fetch_sub(&srv->in_flight, 1);
+    atomic_fetch_add(&srv->bytes_in, c->req_bb != NULL ? grpc_byte_buffer_length(c->req_bb) : 0);
+    ferry_status st = authorize(c, "Session", FERRY_RPC_ROLE_READER, detail, sizeof detail);
+    if (st == FERRY_OK && srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail))
+        st = FERRY_ERR_NOT_FOUND;
+    if (st == FERRY_OK) {
+        pthread_mutex_lock(&srv->mu);
+        int full = srv->nleases >= MAX_LEASES || atomic_load(&srv->shutting_down);
+        pthread_mutex_unlock(&srv->mu);
+        if (full)
+            st = ferry_errorf(FERRY_ERR_RESOURCE, "Session: %s",
+                              atomic_load(&srv->shutting_down) ? "the server is stopping"
+                                                               : "too many open Session streams");
+        else
+            st = srv->lease.open(srv->user, &c->caller, &c->lease_handle);
+        if (st != FERRY_OK)
+            (void)snprintf(detail, sizeof detail, "%s", ferry_error_last());
+    }
+    if (st != FERRY_OK) {
+        atomic_fetch_add(&srv->in_flight, 1); /* call_reply's completion takes it off */
+        call_reply(c, st, ferry__grpc_code_from_status(st), detail);
+        return;
+    }
+    pthread_mutex_lock(&srv->mu);
+    c->lease_next = srv->leases;
+    if (srv->leases != NULL)
+        srv->leases->lease_prev = &c->lease_next;
+    c->lease_prev = &srv->leases;
+    srv->leases = c;
+    srv->nleases++;
+    pthread_mutex_unlock(&srv->mu);
+    Ferry__V1__SessionEvent ev;
+    ferry__v1__session_event__init(&ev);
+    ev.state = "open";
+    uint8_t buf[32];
+    size_t n = ferry__v1__session_event__pack(&ev, buf);
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
+    c->reply_bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    atomic_fetch_add(&srv->bytes_out, n);
+    memset(c->ops, 0, sizeof c->ops);
+    c->ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->ops[1].op = GRPC_OP_SEND_MESSAGE;
+    c->ops[1].data.send_message.send_message = c->reply_bb;
+    c->state = CALL_LEASE_FIRST;
+    if (grpc_call_start_batch(c->call, c->ops, 2, c, NULL) != GRPC_CALL_OK)
+        lease_opened(c, 0);
+}
+
+/* Ends every open Session stream (the server stops): each gets UNAVAILABLE, and its
+ * completion closes the lease. */
+static void leases_end(ferry_rpc_server *srv) {
+    pthread_mutex_lock(&srv->mu);
+    int n = srv->nleases, k = 0;
+    grpc_call **calls = n > 0 ? calloc((size_t)n, sizeof *calls) : NULL;
+    for (server_call *c = srv->leases; c != NULL && calls != NULL && k < n; c = c->lease_next) {
+        grpc_call_ref(c->call); /* c may be freed once mu is released */
+        calls[k++] = c->call;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    for (int i = 0; i < k; i++) {
+        grpc_call_cancel_with_status(calls[i], GRPC_STATUS_UNAVAILABLE, "ferry-ps is shutting down",
+                                     NULL);
+        grpc_call_unref(calls[i]);
+    }
+    free(calls);
+}
+
 ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply) {
     server_call *c = reply->call;
     if (c == NULL)
@@ -622,7 +813,7 @@ ferry_status ferry_rpc_reply_now(ferry_rpc_msg *reply) {
 
 /* A path without a handler: answer without reading the request. */
 static void call_unimplemented(server_call *c) {
-    char path[128], detail[256];
+    char path[128], detail[512];
     size_t n = GRPC_SLICE_LENGTH(c->details.method);
     if (n >= sizeof path)
         n = sizeof path - 1;
@@ -631,8 +822,17 @@ static void call_unimplemented(server_call *c) {
     int known = 0;
     for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
         known |= strcmp(path, ferry__rpc_method((ferry_rpc_method)m)->path) == 0;
-    (void)snprintf(detail, sizeof detail,
-                   known ? "method %s has no handler on this server" : "unknown method %s", path);
+    known |= strcmp(path, FERRY_RPC_SESSION_PATH) == 0;
+    if (strncmp(path, "/ferry.Ferry/", 13) == 0)
+        (void)snprintf(detail, sizeof detail,
+                       "%s: this ferry-ps speaks contract 1 (service ferry.v1.Ferry, "
+                       "proto/ferry.proto of ferry 0.3 or later); the client speaks the pre-v1 "
+                       "service ferry.Ferry: upgrade the client",
+                       path);
+    else
+        (void)snprintf(detail, sizeof detail,
+                       known ? "method %s has no handler on this server" : "unknown method %s",
+                       path);
     call_reply(c, FERRY_ERR_UNSUPPORTED, GRPC_STATUS_UNIMPLEMENTED, detail);
 }
 
@@ -649,6 +849,14 @@ static void call_event(server_call *c, int ok) {
         watch_opened(c, ok);
         return;
     }
+    if (c->state == CALL_LEASE_FIRST) {
+        lease_opened(c, ok);
+        return;
+    }
+    if (c->state == CALL_LEASE_OPEN) {
+        lease_closed(c);
+        return;
+    }
     if (!ok) { /* shutting down: the slot was never matched with a call */
         call_free(c);
         return;
@@ -663,6 +871,8 @@ static void call_event(server_call *c, int ok) {
         call_unimplemented(c);
     else if (c->method == HEALTH_CHECK || c->method == HEALTH_WATCH)
         call_health(c);
+    else if (c->method == SESSION_LEASE)
+        call_lease(c);
     else
         call_serve(c);
 }
@@ -783,6 +993,15 @@ static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_co
             return ferry_errorf(FERRY_ERR_INVALID, "rpc server: cannot register %s",
                                 health_paths[h]);
     }
+    if (cfg->lease.open != NULL) {
+        srv->lease = cfg->lease;
+        srv->registered[SESSION_LEASE] =
+            grpc_server_register_method(srv->server, FERRY_RPC_SESSION_PATH, NULL,
+                                        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        if (srv->registered[SESSION_LEASE] == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "rpc server: cannot register %s",
+                                FERRY_RPC_SESSION_PATH);
+    }
     grpc_server_credentials *creds;
     if (cfg->tls_cert_pem != NULL) {
         grpc_ssl_pem_key_cert_pair pair = {cfg->tls_key_pem, cfg->tls_cert_pem};
@@ -808,6 +1027,43 @@ static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_co
     return FERRY_OK;
 }
 
+/* Copies the token table, checking names, roles, tokens and that no two tokens or
+ * names repeat. */
+static ferry_status identities_copy(ferry_rpc_server *srv, const ferry_rpc_server_config *cfg) {
+    if (cfg->nidentities < 0 || (cfg->nidentities > 0 && cfg->identities == NULL))
+        return ferry_errorf(FERRY_ERR_INVALID, "rpc server: bad token table");
+    if (cfg->nidentities == 0)
+        return FERRY_OK;
+    if ((srv->ids = calloc((size_t)cfg->nidentities, sizeof *srv->ids)) == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
+    for (int i = 0; i < cfg->nidentities; i++) {
+        const ferry_rpc_identity *e = &cfg->identities[i];
+        size_t tl = e->token != NULL ? strlen(e->token) : 0;
+        if (e->name == NULL || !identity_ok(e->name, strlen(e->name)) || tl == 0 ||
+            tl > FERRY_RPC_TOKEN_MAX || e->role < FERRY_RPC_ROLE_READER ||
+            e->role > FERRY_RPC_ROLE_ADMIN)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "token table entry %d: a name of 1..%d printable bytes, a role "
+                                "and a token of 1..%d bytes",
+                                i + 1, FERRY_RPC_IDENTITY_MAX - 1, FERRY_RPC_TOKEN_MAX);
+        for (int k = 0; k < i; k++) {
+            if (strcmp(srv->ids[k].name, e->name) == 0 ||
+                (srv->ids[k].token_len == tl && memcmp(srv->ids[k].token, e->token, tl) == 0))
+                return ferry_errorf(FERRY_ERR_INVALID, "token table: entries %d and %d share a %s",
+                                    k + 1, i + 1,
+                                    strcmp(srv->ids[k].name, e->name) == 0 ? "name" : "token");
+        }
+        (void)snprintf(srv->ids[i].name, sizeof srv->ids[i].name, "%s", e->name);
+        srv->ids[i].role = e->role;
+        srv->ids[i].token_len = tl;
+        if ((srv->ids[i].token = malloc(tl + 1)) == NULL)
+            return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
+        memcpy(srv->ids[i].token, e->token, tl + 1);
+        srv->nids = i + 1;
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_rpc_server **out) {
     int threads, slots;
     size_t max_bytes;
@@ -824,15 +1080,10 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
     srv->user = cfg->user;
     srv->incarnation = cfg->incarnation;
     atomic_init(&srv->serving, 1);
-    memcpy(srv->admin_only, cfg->admin_only, sizeof srv->admin_only);
-    const char *toks[2] = {cfg->trainer_token, cfg->admin_token};
-    for (int i = 0; i < 2; i++) {
-        if (toks[i] != NULL && (srv->tokens[i] = strdup(toks[i])) == NULL) {
-            free(srv->tokens[0]);
-            free(srv->threads);
-            free(srv);
-            return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
-        }
+    memcpy(srv->method_role, cfg->method_role, sizeof srv->method_role);
+    if ((st = identities_copy(srv, cfg)) != FERRY_OK) {
+        ferry_rpc_server_destroy(srv);
+        return st;
     }
     srv->slots = slots;
     const char *record = getenv("FERRY_RPC_RECORD");
@@ -858,6 +1109,8 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
         call_post(srv, HEALTH_CHECK);
         call_post(srv, HEALTH_WATCH);
     }
+    for (int i = 0; srv->registered[SESSION_LEASE] != NULL && i < LEASE_SLOTS; i++)
+        call_post(srv, SESSION_LEASE);
     srv->alive = threads;
     for (; srv->nthreads < threads; srv->nthreads++) {
         int e = pthread_create(&srv->threads[srv->nthreads], NULL, poll_main, srv);
@@ -893,6 +1146,7 @@ void ferry_rpc_server_shutdown(ferry_rpc_server *s, int grace_ms) {
     atomic_store(&s->shutting_down, 1);
     pthread_mutex_unlock(&s->mu);
     watchers_end(s); /* before gRPC cancels them: they end with NOT_SERVING */
+    leases_end(s);   /* a lease lasts as long as its client: never wait for one */
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     if (grace_ms <= 0)
         grpc_server_cancel_all_calls(s->server);
@@ -945,11 +1199,12 @@ void ferry_rpc_server_destroy(ferry_rpc_server *s) {
         grpc_completion_queue_destroy(s->cq);
     if (s->grpc_inited)
         ferry__grpc_shutdown();
-    for (int i = 0; i < 2; i++) {
-        if (s->tokens[i] != NULL) /* no copy of a secret left in freed memory */
-            explicit_bzero(s->tokens[i], strlen(s->tokens[i]));
-        free(s->tokens[i]);
+    for (int i = 0; i < s->nids; i++) {
+        if (s->ids[i].token != NULL) /* no copy of a secret left in freed memory */
+            explicit_bzero(s->ids[i].token, s->ids[i].token_len);
+        free(s->ids[i].token);
     }
+    free(s->ids);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->threads);

@@ -193,6 +193,7 @@ grpc_status_code ferry__grpc_code_from_status(ferry_status st) {
     case FERRY_ERR_RESOURCE:
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
     case FERRY_ERR_AUTH:
+    case FERRY_ERR_SESSION:
         return GRPC_STATUS_UNAUTHENTICATED;
     case FERRY_ERR_DENIED:
         return GRPC_STATUS_PERMISSION_DENIED;
@@ -258,7 +259,9 @@ void ferry__rpc_meter_read(ferry__rpc_meter *m, ferry_rpc_method_stats *out) {
 const char *ferry_rpc_stats_slot_name(int slot) {
     if (slot >= 0 && slot < FERRY_RPC_METHOD_COUNT)
         return ferry_rpc_method_name((ferry_rpc_method)slot);
-    return slot == FERRY_RPC_STATS_HEALTH ? "grpc.health.v1.Health" : "unknown";
+    return slot == FERRY_RPC_STATS_HEALTH    ? "grpc.health.v1.Health"
+           : slot == FERRY_RPC_STATS_SESSION ? "Session"
+                                             : "unknown";
 }
 
 const char *ferry_rpc_code_name(int code) {

@@ -523,9 +523,11 @@ typedef struct ferry_job ferry_job;
 /* Parses "bsp", "ssp:K" or "async" into *mode and *staleness. FERRY_ERR_INVALID. */
 ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *staleness);
 
-/* Joins the job on every server of c. Errors (one line, naming the server and what
- * differs): FERRY_ERR_INVALID for a bad config, a finished job; FERRY_ERR_EXISTS for a
- * job with another world, sync mode or model, or a rank another process holds;
+/* Joins the job on every server of c: the first join makes it (the job then belongs to
+ * this client's identity), and this client's session holds the rank. Errors (one
+ * line, naming the server and what differs): FERRY_ERR_INVALID for a bad config, a
+ * finished job; FERRY_ERR_EXISTS for a job with another world, sync mode or model, or a
+ * rank another live session holds; FERRY_ERR_DENIED for another identity's job;
  * FERRY_ERR_TIMEOUT for a failed job; call errors. */
 ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
 /* A handle without joining (a restarted rank recovers instead of joining). */
@@ -554,16 +556,23 @@ ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, 
 
 /* Rank 0: the modules exist and hold their initial values. */
 ferry_status ferry_job_ready(ferry_job *job);
-/* Other ranks: waits (polling Join) until rank 0 said ready on every server, at most
- * the sync timeout: FERRY_ERR_TIMEOUT then. */
+/* Other ranks: waits (polling the job's status) until rank 0 said ready on every
+ * server, at most the sync timeout: FERRY_ERR_TIMEOUT then. */
 ferry_status ferry_job_wait_ready(ferry_job *job);
 /* This rank is done (bsp ranks still waiting for it fail at once). */
 ferry_status ferry_job_leave(ferry_job *job);
 /* Frees the handle (no Leave). NULL is a no-op. */
 void ferry_job_destroy(ferry_job *job);
 const ferry_job_config *ferry_job_get_config(const ferry_job *job);
-/* The fewest steps any rank of the job has done, from server 0 (Join). */
+/* The fewest steps any rank of the job has done (the smallest the servers report). */
 ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step);
+/* Writes the job's checkpoint of job step `step` on every server
+ * ("<job>-step<N>.ckpt" in each --checkpoint-dir: the modules of the job's owner). A
+ * server restarted since the step refuses (FERRY_ERR_NOT_FOUND); sent again after a
+ * failure in transit within the cluster's retry window. Errors: FERRY_ERR_UNSUPPORTED
+ * (a server without --checkpoint-dir), FERRY_ERR_BUSY (--checkpoint-rate),
+ * FERRY_ERR_RESOURCE (no room), FERRY_ERR_IO, call errors. */
+ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step);
 
 /* Ties the open context to step `step` (1, 2, ...) of job: its GradNorm and Step
  * carry (job, rank, step) and this rank's loss_sum and tokens of the step, and wait

@@ -118,7 +118,7 @@ expect_error "another world" "job 'held' has world 2; this trainer says world 3"
     "$TRAINER" --ps "$PSS" --job held --world 3 --rank 1 "${DATA[@]}"
 expect_error "another model" "model differs from job 'held': H=100 here, H=200 in the job" \
     "$TRAINER" --ps "$PSS" --job held --world 2 --rank 1 --nhid 100 "${DATA[@]}"
-expect_error "two trainers claiming one rank" "rank 0 of job 'held' is already held by" \
+expect_error "two trainers claiming one rank" "rank 0 of job 'held' is held by another live session" \
     "$TRAINER" --ps "$PSS" --job held --world 2 --rank 0 "${DATA[@]}"
 "$TRAINER" --ps "$PSS" --job held --world 2 --rank 1 "${DATA[@]}" --max-steps 3 \
     2>"$TMP/h1.log" || fail "the right rank 1 could not join: $(tail -3 "$TMP/h1.log")"
