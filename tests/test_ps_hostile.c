@@ -880,8 +880,10 @@ TEST(hostile_requests) {
             opened += emb_forward(&d, ctx, 1, ids, 4) == FERRY_OK;
         fprintf(stderr, "  opened %d contexts, %.0f live\n", opened,
                 stat_value(&d, "contexts_live"));
-        expect(&d, "3000 contexts never released", opened > 2000 ? FERRY_OK : FERRY_ERR_RESOURCE,
-               FERRY_OK, NULL);
+        /* One identity gets its share (--max-contexts-per-identity: half of 4000); more
+         * only as the sweep frees its oldest. */
+        expect(&d, "3000 contexts never released (one identity: its share of 2000)",
+               opened >= 2000 ? FERRY_OK : FERRY_ERR_RESOURCE, FERRY_OK, NULL);
     }
     free(b.p);
 

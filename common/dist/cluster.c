@@ -692,6 +692,125 @@ ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64
     return broadcast(c, -1, FERRY_RPC_CHECKPOINT, &q.base, name != NULL && name[0] != '\0');
 }
 
+const char *ferry_cluster_identity(const ferry_cluster *c) {
+    return c->identity;
+}
+
+/* The sizes of a module config as ferry_remote_config.dims orders them, and its kind. */
+static const char *config_dims(const Ferry__V1__ModuleConfig *mc, int64_t *dims) {
+    switch (mc->kind_case) {
+    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
+        dims[0] = mc->embedding->vocab, dims[1] = mc->embedding->width;
+        return "embedding";
+    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
+        dims[0] = mc->decoder->vocab, dims[1] = mc->decoder->hidden;
+        return "decoder";
+    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
+        dims[0] = mc->linear->input, dims[1] = mc->linear->output;
+        return "linear";
+    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
+        dims[0] = mc->dense->rows, dims[1] = mc->dense->cols;
+        return "dense";
+    case FERRY__V1__MODULE_CONFIG__KIND_LSTM:
+        dims[0] = mc->lstm->input, dims[1] = mc->lstm->hidden;
+        return "lstm";
+    default:
+        dims[0] = dims[1] = 0;
+        return "?";
+    }
+}
+
+ferry_status ferry__dist_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                      ferry_rpc_msg *reply) {
+    if (server < 0 || server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
+    Ferry__V1__ListModulesRequest q;
+    ferry__v1__list_modules_request__init(&q);
+    q.prefix = (char *)(uintptr_t)(prefix != NULL ? prefix : "");
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(c, FERRY_RPC_LIST_MODULES, 1, &server, &req, 1, reply);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
+ferry_status ferry_cluster_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                        void (*fn)(void *user, const ferry_module_info *m),
+                                        void *user) {
+    ferry_rpc_msg reply;
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry__dist_list_modules(c, server, prefix, &reply);
+    const Ferry__V1__ListModulesReply *r = reply.head;
+    for (size_t i = 0; st == FERRY_OK && i < r->n_modules; i++) {
+        const Ferry__V1__ModuleInfo *m = r->modules[i];
+        ferry_module_info info = {.name = m->name,
+                                  .owner = m->owner,
+                                  .version = m->version,
+                                  .num_params = m->num_params,
+                                  .bytes = m->bytes};
+        if (m->config != NULL) {
+            info.kind = config_dims(m->config, info.dims);
+            info.row_begin = m->config->row_begin;
+            info.row_count = m->config->row_count;
+        } else {
+            info.kind = "?";
+        }
+        fn(user, &info);
+    }
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+/* Sends req (method m) to every server: how many had the thing (answered OK), the
+ * first refusal or failure other than NOT_FOUND, or NOT_FOUND naming it when none had
+ * it. */
+static ferry_status drop_everywhere(ferry_cluster *c, ferry_rpc_method m, const ProtobufCMessage *q,
+                                    const char *what, const char *name, int *servers) {
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_status st = ferry_rpc_msg_set_head(&req, q);
+    int had = 0;
+    char first[512] = "";
+    for (int i = 0; i < c->n && st == FERRY_OK; i++) {
+        ferry_rpc_msg reply;
+        ferry_rpc_msg_init(&reply);
+        ferry_status s = ferry__dist_fanout(c, m, 1, &i, &req, 1, &reply);
+        ferry_rpc_msg_deinit(&reply);
+        if (s == FERRY_OK)
+            had++;
+        else if (s != FERRY_ERR_NOT_FOUND)
+            st = s; /* a refusal or a failure: say it */
+        else if (first[0] == '\0')
+            (void)snprintf(first, sizeof first, "%s", ferry_error_last());
+    }
+    ferry_rpc_msg_deinit(&req);
+    if (servers != NULL)
+        *servers = had;
+    if (st == FERRY_OK && had == 0)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "no server has %s '%s' (%s)", what, name, first);
+    return st;
+}
+
+ferry_status ferry_cluster_delete_module(ferry_cluster *c, const char *name, int *servers) {
+    Ferry__V1__DeleteModuleRequest q;
+    ferry__v1__delete_module_request__init(&q);
+    q.name = (char *)(uintptr_t)name;
+    return drop_everywhere(c, FERRY_RPC_DELETE_MODULE, &q.base, "module", name, servers);
+}
+
+ferry_status ferry_cluster_drop_job(ferry_cluster *c, const char *job, int *servers) {
+    Ferry__V1__JobDrop drop;
+    ferry__v1__job_drop__init(&drop);
+    Ferry__V1__JobRequest q;
+    ferry__v1__job_request__init(&q);
+    q.job = (char *)(uintptr_t)job;
+    q.action_case = FERRY__V1__JOB_REQUEST__ACTION_DROP;
+    q.drop = &drop;
+    return drop_everywhere(c, FERRY_RPC_JOB, &q.base, "job", job, servers);
+}
+
 ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) {
     Ferry__V1__ShutdownRequest q;
     ferry__v1__shutdown_request__init(&q);

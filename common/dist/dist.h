@@ -155,6 +155,11 @@ ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method
                                        ferry_rpc_msg *replies, int deadline_ms,
                                        void (*during)(void *arg), void *arg);
 
+/* ListModules of one server (prefix NULL: all) into reply (initialized by the caller,
+ * who deinitializes it). */
+ferry_status ferry__dist_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                      ferry_rpc_msg *reply);
+
 /* The reply tensor `name` of a call to server, checked to have the dtype and the
  * shape want (entries < 0 match anything); FERRY_ERR_FORMAT naming the peer. */
 ferry_status ferry__dist_output_as(ferry_cluster *c, int server, const ferry_rpc_msg *reply,

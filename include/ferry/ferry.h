@@ -184,6 +184,41 @@ ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64
  * gives those in flight grace_ms. */
 ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms);
 
+/* Who the servers take this client for (its identity, from its token or certificate;
+ * "anonymous" without either), as the last Hello said. */
+const char *ferry_cluster_identity(const ferry_cluster *c);
+
+/* One module a server hosts, as it reports it (ListModules). */
+typedef struct ferry_module_info {
+    const char *name;
+    const char *kind;             /* "embedding", "decoder", "linear", "dense", "lstm" */
+    const char *owner;            /* its identity; "" unless this client is an admin */
+    int64_t dims[2];              /* as ferry_remote_config.dims */
+    int64_t row_begin, row_count; /* the rows this server's shard holds */
+    uint64_t version, num_params, bytes;
+} ferry_module_info;
+
+/* The modules server hosts that this client may use (its identity's; an admin: every
+ * one), whose names start with prefix (NULL or "": all), as fn(user, &info) in creation
+ * order; info's strings live until fn returns. FERRY_ERR_INVALID for a bad index; call
+ * errors. */
+ferry_status ferry_cluster_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                        void (*fn)(void *user, const ferry_module_info *m),
+                                        void *user);
+
+/* Deletes module `name` from every server that hosts it (a module of this client's
+ * identity; with the admin token, anyone's): later calls do not find it, and each
+ * server gives its memory and budget back once the calls and contexts using it are
+ * done. *servers (may be NULL) receives how many servers had it. FERRY_ERR_NOT_FOUND
+ * when none had it (or only another identity's); call errors. */
+ferry_status ferry_cluster_delete_module(ferry_cluster *c, const char *name, int *servers);
+
+/* Ends job `job` on every server that has it (a job of this client's identity; with the
+ * admin token, anyone's): calls waiting in it fail with FERRY_ERR_BUSY, its ranks and
+ * memory are freed, and a later join starts a new job of the name. Its modules and
+ * checkpoints stay. *servers and errors as ferry_cluster_delete_module. */
+ferry_status ferry_cluster_drop_job(ferry_cluster *c, const char *job, int *servers);
+
 /* ---- Remote modules ---------------------------------------------------------- */
 
 typedef struct ferry_remote ferry_remote;
@@ -283,6 +318,16 @@ void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kin
  * with another configuration (the message names the differing field), call errors; shards created
  * on other servers before the failure stay there. */
 ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
+                                 ferry_remote **out);
+/* A handle on a module that exists on the servers already, by name: its configuration
+ * (kind, sizes, initial-value generator, optimizer, constraint, lstm layers) is read
+ * from the servers (ListModules) and checked to be placed as ferry_remote_create
+ * places it, then the module is found as ferry_remote_create finds it. *cfg (may be
+ * NULL) receives the configuration; its name points into the handle. Errors:
+ * FERRY_ERR_NOT_FOUND when a server lacks it (another identity's module is not seen),
+ * FERRY_ERR_INVALID when its shards are not where this client would put them (another
+ * number of servers) or a decoder keeps a local slice, call errors. */
+ferry_status ferry_remote_attach(ferry_cluster *c, const char *name, ferry_remote_config *cfg,
                                  ferry_remote **out);
 /* Frees the handle; the module stays on its servers. NULL is a no-op. */
 void ferry_remote_destroy(ferry_remote *m);

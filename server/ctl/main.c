@@ -1,10 +1,12 @@
 /* ferry-ctl - an operator's CLI for ferry-ps, over libferry's public API:
  *
- *   ferry-ctl --ps HOST:PORT[,...] health | stats | modules | checkpoint [NAME] | shutdown
+ *   ferry-ctl --ps HOST:PORT[,...] health | stats | modules [PREFIX] | drop NAME |
+ *                                  drop-job JOB | checkpoint [NAME] | shutdown
  *
- * with the same token and TLS flags as ferry-trainer (checkpoint and shutdown need
- * the admin token). Exit codes: 0 done (health: every server SERVING), 1 a server
- * refused or did not answer, 2 bad command line. */
+ * with the same token and TLS flags as ferry-trainer (checkpoint and shutdown need the
+ * admin token; modules, drop and drop-job act on the caller's identity's modules and
+ * jobs, with the admin token on everyone's). Exit codes: 0 done (health: every server SERVING), 1 a
+ * server refused or did not answer, 2 bad command line. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,16 @@ static void print_metric(void *user, const char *name, double value) {
     if (prefix != NULL && strncmp(name, prefix, strlen(prefix)) != 0)
         return;
     (void)printf("  %-40s %.17g\n", prefix != NULL ? name + strlen(prefix) : name, value);
+}
+
+/* One line per module: name, kind, shape, the shard's rows, size, version, owner. */
+static void print_module(void *user, const ferry_module_info *m) {
+    (void)user;
+    (void)printf("  %-32s %-9s [%lld x %lld] rows %lld..%lld %10.1f MiB  version %llu%s%s\n",
+                 m->name, m->kind, (long long)m->dims[0], (long long)m->dims[1],
+                 (long long)m->row_begin, (long long)(m->row_begin + m->row_count),
+                 (double)m->bytes / 1048576.0, (unsigned long long)m->version,
+                 m->owner[0] != '\0' ? "  owner " : "", m->owner);
 }
 
 static int fail(const char *what) {
@@ -64,8 +76,8 @@ int main(int argc, char **argv) {
                                                           "wins)",
                                       NULL};
     ferry_flags fs = {"ferry-ctl",
-                      "operates ferry-ps: ferry-ctl [flags] health | stats | modules | "
-                      "checkpoint [NAME] | shutdown",
+                      "operates ferry-ps: ferry-ctl [flags] health | stats | modules [PREFIX] | "
+                      "drop NAME | drop-job JOB | checkpoint [NAME] | shutdown",
                       flags, (int)(sizeof flags / sizeof flags[0]), env};
     bool help = false;
     if (ferry_flags_parse(&fs, nflags, argv, &help) != FERRY_OK) {
@@ -76,13 +88,15 @@ int main(int argc, char **argv) {
         return 0;
     const char *cmd = nflags < argc ? argv[nflags] : NULL;
     const char *arg = nflags + 1 < argc ? argv[nflags + 1] : NULL;
-    static const char *const cmds[] = {"health", "stats", "modules", "checkpoint", "shutdown"};
+    static const char *const cmds[] = {"health",   "stats", "modules", "checkpoint",
+                                       "shutdown", "drop",  "drop-job"};
     int which = -1;
-    for (int i = 0; cmd != NULL && i < 5; i++)
+    for (int i = 0; cmd != NULL && i < 7; i++)
         which = strcmp(cmd, cmds[i]) == 0 ? i : which;
-    if (which < 0 || (arg != NULL && which != 3) || nflags + 2 < argc) {
-        fprintf(stderr, "ferry-ctl: want one of health, stats, modules, checkpoint [NAME], "
-                        "shutdown (see --help)\n");
+    if (which < 0 || (arg != NULL && which != 2 && which != 3 && which < 5) ||
+        (arg == NULL && which >= 5) || nflags + 2 < argc) {
+        fprintf(stderr, "ferry-ctl: want one of health, stats, modules [PREFIX], drop NAME, "
+                        "drop-job JOB, checkpoint [NAME], shutdown (see --help)\n");
         return 2;
     }
     char *token = NULL;
@@ -117,8 +131,8 @@ int main(int argc, char **argv) {
         } else {
             (void)printf("%s (incarnation %016llx)\n", target,
                          (unsigned long long)ferry_cluster_incarnation(c, s));
-            if (ferry_cluster_metrics(c, s, which == 2 ? "version/" : "", print_metric,
-                                      which == 2 ? "version/" : NULL) != FERRY_OK)
+            if (which == 2 ? ferry_cluster_list_modules(c, s, arg, print_module, NULL) != FERRY_OK
+                           : ferry_cluster_metrics(c, s, "", print_metric, NULL) != FERRY_OK)
                 rc = fail(target);
         }
     }
@@ -127,6 +141,14 @@ int main(int argc, char **argv) {
             rc = fail("checkpoint");
         else
             (void)printf("checkpoint written on %d servers\n", ferry_cluster_size(c));
+    } else if (which >= 5) {
+        int on = 0;
+        if ((st = which == 5 ? ferry_cluster_delete_module(c, arg, &on)
+                             : ferry_cluster_drop_job(c, arg, &on)) != FERRY_OK)
+            rc = fail(cmd);
+        else
+            (void)printf("%s %s dropped on %d server%s\n", which == 5 ? "module" : "job", arg, on,
+                         on == 1 ? "" : "s");
     } else if (which == 4) {
         if ((st = ferry_cluster_shutdown(c, -1, grace_ms)) != FERRY_OK)
             rc = fail("shutdown");
