@@ -390,7 +390,6 @@ static ferry_status connect_all(ferry_cluster *c, char **list) {
                 ferry_error_last()[strlen(list[i])] == ' ')
                 st = explain_tls(c, i, st); /* "<target> Hello: ..." */
         }
-        /* A name that does not resolve is a typo unless resolve_limit says otherwise. */
         double waited = ferry_now() - t0;
         if (st != FERRY_ERR_UNAVAILABLE && st != FERRY_ERR_NOT_FOUND)
             break;
@@ -404,6 +403,7 @@ static ferry_status connect_all(ferry_cluster *c, char **list) {
         } else {
             (void)snprintf(what, sizeof what, "%s", why);
         }
+        /* A name that does not resolve is a typo unless resolve_limit says otherwise. */
         double lim = st == FERRY_ERR_NOT_FOUND ? resolve_limit : limit;
         if (waited >= lim)
             return lim > 0 ? ferry_errorf(st, "%s (still, after waiting %g s for the servers)",
