@@ -1,6 +1,7 @@
 /* main.c - ferry-ps: parses flags into a ferry_ps_config, then create, run (until
  * SIGINT, SIGTERM or a Shutdown call has drained the calls in flight), destroy.
- * Exit codes: 0 clean shutdown, 1 the server failed, 2 bad command line. */
+ * Exit codes: 0 clean shutdown, 1 the server failed, 2 bad command line; the last
+ * line says why (JSON with --log-format json). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,8 +188,8 @@ int main(int argc, char **argv) {
          .ptr = &cfg.blas_threads,
          .min = 1,
          .max = 64,
-         .help = "OpenBLAS threads per GEMM (default 1, or OPENBLAS_NUM_THREADS; give more "
-                 "on a machine of its own)"},
+         .defval = "1, or OPENBLAS_NUM_THREADS",
+         .help = "OpenBLAS threads per GEMM (give more on a machine of its own)"},
         {.name = "context-ttl",
          .type = FERRY_FLAG_DOUBLE,
          .ptr = &cfg.context_ttl_s,
@@ -425,12 +426,18 @@ int main(int argc, char **argv) {
         "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
         "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
         NULL};
-    ferry_flags fs = {"ferry-ps", "hosts model shards and their optimizers for ferry trainers",
-                      flags, (int)(sizeof flags / sizeof flags[0]), env};
+    ferry_flags fs = {.prog = "ferry-ps",
+                      .summary = "hosts model shards and their optimizers for ferry trainers",
+                      .flags = flags,
+                      .nflags = (int)(sizeof flags / sizeof flags[0]),
+                      .env = env};
+    const char *lf = ferry_flags_peek(argc, argv, "log-format");
+    if (lf != NULL)
+        ferry_log_set_json(strcmp(lf, "json") == 0); /* a bad command line's line too */
     bool help = false;
     if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
-        return 2;
+        ferry_log_fatal("%s", ferry_error_last());
+        return FERRY_EXIT_USAGE;
     }
     if (help)
         return 0;
@@ -446,8 +453,8 @@ int main(int argc, char **argv) {
     cfg.max_model_bytes_per_identity = (size_t)id_model_mb << 20;
     cfg.max_pending_reply_bytes = (size_t)pending_reply_mb << 20;
     if (check_listen(cfg.listen) != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
-        return 2;
+        ferry_log_fatal("%s", ferry_error_last());
+        return FERRY_EXIT_USAGE;
     }
     char *pem[3] = {NULL, NULL, NULL}, *admin = NULL;
     ferry_token_table tab;
@@ -464,18 +471,17 @@ int main(int argc, char **argv) {
     ferry_secret_free(admin);
     free(ids);
     if (usage) {
-        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
-        return 2;
+        ferry_log_fatal("%s", ferry_error_last());
+        return FERRY_EXIT_USAGE;
     }
     if (st != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n",
-                ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));
-        return 1;
+        ferry_log_fatal("%s", ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));
+        return FERRY_EXIT_RUNTIME;
     }
     if (port_file != NULL && write_port_file(port_file, ferry_ps_server_port(s)) != 0) {
-        fprintf(stderr, "ferry-ps: cannot write --port-file %s\n", port_file);
+        ferry_log_fatal("cannot write --port-file %s", port_file);
         ferry_ps_server_destroy(s);
-        return 1;
+        return FERRY_EXIT_RUNTIME;
     }
     ferry_http *http = NULL;
     if (metrics_listen != NULL) {
@@ -491,9 +497,9 @@ int main(int argc, char **argv) {
         st = ferry_http_start_ex(metrics_listen, metrics_page, healthz, s, &hopt, &http);
         ferry_secret_free(mtoken); /* the HTTP side keeps its own copy */
         if (st != FERRY_OK) {
-            fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
+            ferry_log_fatal("%s", ferry_error_last());
             ferry_ps_server_destroy(s);
-            return 1;
+            return FERRY_EXIT_RUNTIME;
         }
         const char *colon = strrchr(metrics_listen, ':');
         FERRY_LOG_INFO("metrics on http://%.*s:%d (/metrics, /healthz)",
@@ -502,7 +508,7 @@ int main(int argc, char **argv) {
     st = ferry_ps_server_run(s);
     ferry_http_stop(http);
     if (st != FERRY_OK)
-        FERRY_LOG_ERROR("%s (%s)", ferry_status_str(st), ferry_error_last());
+        ferry_log_fatal("%s (%s)", ferry_status_str(st), ferry_error_last());
     ferry_ps_server_destroy(s);
-    return st == FERRY_OK ? 0 : 1;
+    return st == FERRY_OK ? 0 : FERRY_EXIT_RUNTIME;
 }

@@ -28,6 +28,7 @@ struct ferry_cluster {
     atomic_uint_fast64_t next_ctx; /* low 48 bits of the next context id */
     atomic_int retry_ms;           /* ferry_cluster_set_retry */
     atomic_uint_fast64_t retries;  /* calls sent again */
+    int tls; /* how the clients connect: 0 plaintext, 1 TLS, 2 TLS with a certificate */
 };
 
 typedef struct ferry__dist_shard {

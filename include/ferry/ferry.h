@@ -78,10 +78,14 @@ typedef struct ferry_cluster_config {
                                  follows connect_timeout_ms. */
     const char *client_id;    /* sent in Hello; NULL: "ferry@<host>:<pid>" */
     int retry_ms;             /* see ferry_cluster_set_retry; 0: no retries */
-    /* Connecting: a malformed HOST:PORT fails at once (FERRY_ERR_INVALID); a host that
-     * does not resolve or a port nobody listens on (FERRY_ERR_UNAVAILABLE) is retried
-     * for up to connect_timeout_ms (0: one try), with a log line saying what it waits
-     * for; a server that accepts but does not answer Hello in deadline_ms is
+    /* Connecting: a malformed HOST:PORT fails at once (FERRY_ERR_INVALID), and so does
+     * a host the resolver says does not exist (FERRY_ERR_NOT_FOUND), unless
+     * resolve_timeout_ms allows it to appear (a Kubernetes headless Service names a pod
+     * only once it is ready). A port nobody listens on, or a resolver that does not
+     * answer (FERRY_ERR_UNAVAILABLE), is retried for up to connect_timeout_ms (0: one
+     * try), with a log line saying what it waits for. TLS on one side only, or a
+     * certificate either side refuses, fails at once (FERRY_ERR_AUTH, saying which);
+     * a server that accepts but does not answer Hello in deadline_ms is
      * FERRY_ERR_TIMEOUT. Each message names the server and which of these it was. */
     int connect_timeout_ms;
     /* Security (NULL: none). token: sent on every call as "authorization: Bearer
@@ -90,6 +94,7 @@ typedef struct ferry_cluster_config {
      * tls_cert_file + tls_key_file: present this certificate (mutual TLS). */
     const char *token;
     const char *tls_ca_file, *tls_cert_file, *tls_key_file;
+    int resolve_timeout_ms; /* see connect_timeout_ms; 0: an unknown host fails at once */
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
@@ -98,11 +103,22 @@ void ferry_cluster_config_default(ferry_cluster_config *cfg);
 /* Connects to the comma-separated servers in targets ("h1:7000,h2:7000"), in that
  * order (server index 0, 1, ...), and says Hello to all of them concurrently,
  * recording each one's incarnation. cfg may be NULL for the defaults. Errors:
- * FERRY_ERR_INVALID for an empty or malformed list (or more than 256 servers), the
- * first failed Hello's status (FERRY_ERR_UNAVAILABLE, FERRY_ERR_TIMEOUT, ...) naming
- * that server, FERRY_ERR_NOMEM; *out is unchanged on failure. */
+ * FERRY_ERR_INVALID for an empty or malformed list (or more than 256 servers),
+ * FERRY_ERR_NOT_FOUND for a host that does not resolve, the first failed Hello's
+ * status (FERRY_ERR_UNAVAILABLE, FERRY_ERR_TIMEOUT, FERRY_ERR_AUTH for a token or TLS
+ * problem, ...) naming that server, FERRY_ERR_NOMEM; *out is unchanged on failure.
+ * See connect_timeout_ms for what is retried. */
 ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
                               ferry_cluster **out);
+
+/* The clients of ferry_ps_connect without any call: no Hello, so no token is needed
+ * and a server that is down or refuses is not an error here. For health checks
+ * (ferry_cluster_health, which needs no token) and tools; the other calls work too,
+ * but without the incarnations Hello records. Errors: FERRY_ERR_INVALID for a
+ * malformed list, FERRY_ERR_NOT_FOUND for a host that does not resolve,
+ * FERRY_ERR_NOMEM, TLS files that cannot be read; *out is unchanged on failure. */
+ferry_status ferry_ps_open(const char *targets, const ferry_cluster_config *cfg,
+                           ferry_cluster **out);
 
 /* Closes the connections. Remote modules and contexts made from the cluster must
  * be destroyed first. Server state (modules, open contexts) is left as it is. NULL
@@ -138,7 +154,8 @@ typedef struct ferry_call_stats {
 } ferry_call_stats;
 ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *method,
                                       ferry_call_stats *out);
-/* grpc.health.v1 Check of one server: *serving 1 when it reports SERVING. */
+/* grpc.health.v1 Check of one server: *serving 1 when it reports SERVING. Needs no
+ * token; a TLS mismatch or refused certificate is FERRY_ERR_AUTH saying which. */
 ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving);
 /* The server's incarnation as of the last Hello (a new random value per start). */
 uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
