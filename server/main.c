@@ -156,6 +156,8 @@ int main(int argc, char **argv) {
     (void)ferry_rpc_tune_malloc(0);
     ferry_ps_config cfg;
     ferry_ps_config_default(&cfg);
+    cfg.max_sessions = 4096; /* the server's own defaults, shown by --help */
+    cfg.max_sessions_per_identity = 1024;
     cfg.handle_signals = 1;
     int log_level = FERRY_LOG_LEVEL_INFO, max_message_mb = 256;
     int max_module_mb = 0, max_model_mb = 0, max_context_mb = 0, max_contexts_mb = 0;
@@ -210,7 +212,7 @@ int main(int argc, char **argv) {
          .ptr = &cfg.max_sessions,
          .min = 1,
          .max = 1000000,
-         .help = "live sessions, all identities (default 4096)"},
+         .help = "live sessions, all identities"},
         {.name = "max-calls-per-identity",
          .type = FERRY_FLAG_INT,
          .ptr = &cfg.max_calls_per_identity,
@@ -223,7 +225,7 @@ int main(int argc, char **argv) {
          .ptr = &cfg.max_sessions_per_identity,
          .min = 1,
          .max = 1000000,
-         .help = "live sessions of one identity (default 1024)"},
+         .help = "live sessions of one identity"},
         {.name = "max-message-mb",
          .type = FERRY_FLAG_INT,
          .ptr = &max_message_mb,

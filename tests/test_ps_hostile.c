@@ -949,6 +949,7 @@ TEST(context_count_limit) {
     cfg.listen = "127.0.0.1:0";
     cfg.context_ttl_s = 3600.0;
     cfg.max_contexts = 100;
+    cfg.max_contexts_per_identity = 100; /* one identity: the server's limit, not its share */
     ferry_ps_server *s;
     CHECK_OK(ferry_ps_server_create(&cfg, &s));
     CHECK_OK(ferry_ps_server_start(s));

@@ -114,7 +114,7 @@ again=$(awk '/^step  20 loss/ { n++; if (n == 2) print $4 }' "$TMP/run.out")
 awk -v f="$first" -v l="$last" -v a="$again" 'BEGIN { exit !(f > 3 && l < 1.5 && a < 1) }' ||
     fail "first_client: loss $first -> $last, second run $again: $(cat "$TMP/run.out")"
 grep -q "done: 30 steps" "$TMP/run.err" || fail "ferry-trainer did not finish 30 steps: $(tail -3 "$TMP/run.err")"
-grep -q "^  first.embedding  *[0-9]" "$TMP/run.out" || fail "ferry-ctl modules: $(cat "$TMP/run.out")"
+grep -q "^  first.embedding  *embedding  *\[32 x 16\] .* version [1-9]" "$TMP/run.out" || fail "ferry-ctl modules: $(cat "$TMP/run.out")"
 grep -q "shutdown accepted by 1 servers" "$TMP/run.out" || fail "ferry-ctl shutdown: $(cat "$TMP/run.out")"
 ok "the README's $(grep -c . "$TMP/blocks.sh") marked commands ran as written $where in $took s: first_client loss $first -> $last (again: $again), 30 trainer steps, modules listed, server shut down"
 finish
