@@ -104,7 +104,7 @@ expect_error "rank out of range" "rank 2 (from --rank) outside [0, 2)" \
 expect_error "a rank that is not a number" "FERRY_RANK='x' is not a number" \
     env FERRY_RANK=x "$TRAINER" --ps "$PSS" --world 2 "${DATA[@]}"
 expect_error "a job without servers" "needs --ps" "$TRAINER" --world 2 --rank 0 "${DATA[@]}"
-expect_error "joining a finished job" "job 'bsp' has finished" \
+expect_error "a new run of a finished job" "ferry-ps already holds 'bsp/" \
     "$TRAINER" --ps "$PSS" --job bsp --world 2 --rank 0 "${DATA[@]}"
 # A job whose rank 0 stays up while the others misbehave.
 "$TRAINER" --ps "$PSS" --job held --world 2 --rank 0 --sync-timeout 30 "${DATA[@]}" \
