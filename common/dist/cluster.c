@@ -127,7 +127,9 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         for (int i = 0; i < n; i++) {
             if (calls[i].status == FERRY_OK)
                 continue;
-            if (!calls[i].transport)
+            /* A server that came back while the call was retried answers it with
+             * "unknown session": say Hello there again and go on retrying. */
+            if (!calls[i].transport && calls[i].status != FERRY_ERR_SESSION)
                 m = -1;
             if (m < 0)
                 break;
@@ -136,6 +138,16 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         double spent = ferry_now() - t0;
         if (m <= 0 || spent * 1000.0 + (double)pause_ms > retry_ms)
             break;
+        for (int k = 0; k < m; k++) {
+            if (calls[idx[k]].status != FERRY_ERR_SESSION)
+                continue;
+            int seen = 0;
+            for (int q = 0; q < k; q++)
+                seen |=
+                    calls[idx[q]].status == FERRY_ERR_SESSION && servers[idx[q]] == servers[idx[k]];
+            if (!seen)
+                (void)rehello(c, servers[idx[k]]); /* failing, the call fails again */
+        }
         if (attempt == 1)
             FERRY_LOG_WARN("%s; sending it again (same ids) for up to %.0f s", ferry_error_last(),
                            retry_ms / 1000.0);
