@@ -140,7 +140,9 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
                            retry_ms / 1000.0);
         struct timespec ts = {pause_ms / 1000, (pause_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
-        pause_ms = pause_ms * 2 > 1000 ? 1000 : pause_ms * 2;
+        /* Short pauses: a restarted server is reached within a second of listening
+         * (the channel reconnects within 250 ms, transport-grpc.c). */
+        pause_ms = pause_ms * 2 > 250 ? 250 : pause_ms * 2;
         /* Compact the failed entries to the front, send them, put them back. */
         ferry_rpc_fanout *again = calloc((size_t)m, sizeof *again);
         if (again == NULL) {
