@@ -177,15 +177,14 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
         return ferry_errorf(FERRY_ERR_IO, "cannot open checkpoint directory %s", dir);
     int count;
     ferry__ps_module **mods = ferry__ps_registry_list(r, &count);
-    if (mods == NULL && count > 0) {
-        (void)close(dirfd);
-        return FERRY_ERR_NOMEM;
-    }
     if (owner != NULL) { /* a job's checkpoint: its owner's modules only */
         int k = 0;
-        for (int i = 0; i < count; i++)
+        for (int i = 0; i < count; i++) {
             if (strcmp(mods[i]->owner, owner) == 0)
                 mods[k++] = mods[i];
+            else
+                ferry__ps_module_put(mods[i]);
+        }
         count = k;
     }
     uint32_t n = (uint32_t)count;
@@ -194,7 +193,7 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
     if (fstatvfs(dirfd, &vfs) == 0) {
         uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
         if (avail < need + CKPT_RESERVE) {
-            free(mods);
+            ferry__ps_registry_list_free(mods, count);
             (void)close(dirfd);
             return ferry_errorf(FERRY_ERR_RESOURCE,
                                 "checkpoint %s needs up to %.1f MiB and %.0f MiB must stay free, "
@@ -220,7 +219,7 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
     }
     for (uint32_t i = 0; i < n && st == FERRY_OK; i++)
         st = write_module(mods[i], w);
-    free(mods);
+    ferry__ps_registry_list_free(mods, count);
     uint64_t size = w != NULL ? ferry_ckw_size(w) : 0;
     if (st == FERRY_OK)
         st = ferry_ckw_commit(w);
@@ -239,7 +238,8 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
 }
 
 /* Recreates (or finds) one module and loads a MODL section into it. */
-static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, const char *path) {
+static ferry_status read_module(ferry__ps_registry *r, ferry__ps_quotas *Q, const ferry_cksec *sec,
+                                const char *path) {
     ferry_ckcur c = ferry_ckcur_of(sec);
     uint32_t name_len = ferry_ckcur_u32(&c);
     char name[FERRY_RPC_NAME_MAX], owner[FERRY_RPC_IDENTITY_MAX];
@@ -263,15 +263,18 @@ static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, c
     ferry_rpc_msg_init(&none);
     ferry__ps_module *m = NULL;
     int created = 0;
-    ferry_status st = ferry__ps_registry_create(r, owner, name, cfg, &none, &created, &m);
+    ferry_status st = ferry__ps_registry_create(
+        r, owner, Q != NULL ? ferry__ps_quota_of(Q, owner) : NULL, name, cfg, &none, &created, &m);
     ferry__v1__module_config__free_unpacked(cfg, NULL);
     if (st != FERRY_OK)
         return st;
     uint64_t version = ferry_ckcur_u64(&c), numel = ferry_ckcur_u64(&c);
-    if (c.bad || numel != (uint64_t)m->P.numel ||
-        ferry_ckcur_left(&c) < numel * 4 + 8)
-        return ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has %llu floats, expected %lld",
-                            path, name, (unsigned long long)numel, (long long)m->P.numel);
+    if (c.bad || numel != (uint64_t)m->P.numel || ferry_ckcur_left(&c) < numel * 4 + 8) {
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has %llu floats, expected %lld", path,
+                          name, (unsigned long long)numel, (long long)m->P.numel);
+        ferry__ps_module_put(m);
+        return st;
+    }
     pthread_rwlock_wrlock(&m->lock);
     ferry_ckcur_f32s(&c, m->P.data, (size_t)numel);
     uint64_t olen = ferry_ckcur_u64(&c);
@@ -287,6 +290,7 @@ static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, c
                           ferry_ckcur_left(&c));
     m->version = version;
     pthread_rwlock_unlock(&m->lock);
+    ferry__ps_module_put(m);
     return st;
 }
 
@@ -305,9 +309,9 @@ static ferry_status read_meta(const ferry_ckr *ck, uint64_t *step, uint32_t *n, 
     return FERRY_OK;
 }
 
-/* ferry_ckr_read, saying plainly what a checkpoint of format 2 (before ferry.v1) is. */
-static ferry_status ck_open(const char *path, ferry_ckr *ck) {
-    ferry_status st = ferry_ckr_read(path, CKPT_MAGIC, CKPT_FORMAT, ck);
+/* A reader's FERRY_ERR_FORMAT for path, saying plainly when the file is a checkpoint of
+ * format 2 (before ferry.v1). */
+static ferry_status old_format(const char *path, ferry_status st) {
     if (st == FERRY_ERR_FORMAT) {
         char why[512];
         (void)snprintf(why, sizeof why, "%s", ferry_error_last());
@@ -326,19 +330,37 @@ static ferry_status ck_open(const char *path, ferry_ckr *ck) {
     return st;
 }
 
-ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step, char *owner) {
-    ferry_ckr ck;
-    char o[FERRY_RPC_IDENTITY_MAX];
-    ferry_status st = ck_open(path, &ck);
-    uint32_t n = 0;
-    if (st == FERRY_OK) {
-        st = read_meta(&ck, step, &n, owner != NULL ? owner : o);
-        ferry_ckr_free(&ck);
-    }
-    return st;
+/* ferry_ckr_read, saying plainly what a checkpoint of format 2 is. */
+static ferry_status ck_open(const char *path, ferry_ckr *ck) {
+    return old_format(path, ferry_ckr_read(path, CKPT_MAGIC, CKPT_FORMAT, ck));
 }
 
-ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path, uint64_t *step) {
+ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step, char *owner) {
+    /* Streamed: a probe checks a checkpoint of any size in 1 MiB of memory. */
+    uint8_t meta[16 + FERRY_RPC_IDENTITY_MAX];
+    size_t len;
+    uint32_t nsec;
+    ferry_status st =
+        old_format(path, ferry_ck_verify(path, CKPT_MAGIC, CKPT_FORMAT, FERRY_CK_TAG("META"), meta,
+                                         sizeof meta, &len, &nsec));
+    if (st != FERRY_OK)
+        return st;
+    ferry_ckcur c = {meta, meta + len, len == 0};
+    char o[FERRY_RPC_IDENTITY_MAX];
+    *step = ferry_ckcur_u64(&c);
+    uint32_t n = ferry_ckcur_u32(&c), ol = ferry_ckcur_u32(&c);
+    const char *ob = !c.bad && ol < FERRY_RPC_IDENTITY_MAX ? ferry_ckcur_bytes(&c, ol) : NULL;
+    if (c.bad || ob == NULL || nsec != n + 1)
+        return ferry_errorf(FERRY_ERR_FORMAT, "%s: META says %u modules, the file has %u sections",
+                            path, n, nsec);
+    char *out = owner != NULL ? owner : o;
+    memcpy(out, ob, ol);
+    out[ol] = '\0';
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
+                                       uint64_t *step) {
     ferry_ckr ck;
     ferry_status st = ck_open(path, &ck);
     if (st != FERRY_OK)
@@ -351,7 +373,7 @@ ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path, 
         if (ck.sec[i].tag != FERRY_CK_TAG("MODL"))
             st = ferry_errorf(FERRY_ERR_FORMAT, "%s: section %u is not a module", path, i + 1);
         else
-            st = read_module(r, &ck.sec[i], path);
+            st = read_module(r, Q, &ck.sec[i], path);
     }
     ferry_ckr_free(&ck);
     if (st == FERRY_OK) {
@@ -406,8 +428,61 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, const char *owner,
-                                            uint64_t **steps, size_t *n) {
+void ferry__ps_manifest_init(ferry__ps_manifest *M) {
+    memset(M, 0, sizeof *M);
+    pthread_mutex_init(&M->mu, NULL);
+}
+
+void ferry__ps_manifest_deinit(ferry__ps_manifest *M) {
+    free(M->e);
+    pthread_mutex_destroy(&M->mu);
+    memset(M, 0, sizeof *M);
+}
+
+/* The entry of dir/name as it is now: from the manifest while the file's size, time and
+ * inode match, else verified (read whole) and recorded. *e receives a copy. M's lock
+ * held. */
+static void manifest_look(ferry__ps_manifest *M, const char *path, const char *name,
+                          const struct stat *sb, ferry__ps_manifest_entry *e) {
+    int64_t mt = (int64_t)sb->st_mtim.tv_sec * 1000000000 + sb->st_mtim.tv_nsec;
+    for (size_t i = 0; i < M->n; i++) {
+        ferry__ps_manifest_entry *x = &M->e[i];
+        if (strcmp(x->name, name) == 0 && x->size == (int64_t)sb->st_size && x->mtime_ns == mt &&
+            x->ino == (uint64_t)sb->st_ino) {
+            *e = *x;
+            M->reused++;
+            return;
+        }
+    }
+    memset(e, 0, sizeof *e);
+    (void)snprintf(e->name, sizeof e->name, "%s", name);
+    e->size = (int64_t)sb->st_size;
+    e->mtime_ns = mt;
+    e->ino = (uint64_t)sb->st_ino;
+    e->ok = ferry__ps_checkpoint_verify(path, &e->step, e->owner) == FERRY_OK;
+    if (!e->ok)
+        FERRY_LOG_WARN("checkpoint %s is not usable: %s", path, ferry_error_last());
+    M->verified++;
+    M->bytes_read += (uint64_t)sb->st_size;
+    for (size_t i = 0; i < M->n; i++) { /* the file changed: replace its entry */
+        if (strcmp(M->e[i].name, name) == 0) {
+            M->e[i] = *e;
+            return;
+        }
+    }
+    if (M->n == M->cap) {
+        size_t cap = M->cap ? 2 * M->cap : 16;
+        ferry__ps_manifest_entry *p = realloc(M->e, cap * sizeof *p);
+        if (p == NULL)
+            return; /* not remembered: verified again next time */
+        M->e = p;
+        M->cap = cap;
+    }
+    M->e[M->n++] = *e;
+}
+
+ferry_status ferry__ps_checkpoint_job_steps(const char *dir, ferry__ps_manifest *M, const char *job,
+                                            const char *owner, uint64_t **steps, size_t *n) {
     *steps = NULL;
     *n = 0;
     DIR *d = opendir(dir);
@@ -415,18 +490,24 @@ ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, co
         return ferry_errorf(FERRY_ERR_IO, "cannot list checkpoint directory %s", dir);
     size_t cap = 0;
     ferry_status st = FERRY_OK;
+    pthread_mutex_lock(&M->mu);
     for (struct dirent *e; st == FERRY_OK && (e = readdir(d)) != NULL;) {
-        uint64_t s = 0, meta = 0;
-        char path[4096], who[FERRY_RPC_IDENTITY_MAX];
+        uint64_t s = 0;
+        char path[4096];
+        struct stat sb;
         if (!job_file_step(e->d_name, job, &s) ||
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path)
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path ||
+            lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
-        if (ferry__ps_checkpoint_verify(path, &meta, who) != FERRY_OK || meta != s) {
-            FERRY_LOG_WARN("checkpoint %s is not usable: %s", path,
-                           meta != s ? "its step differs from its name" : ferry_error_last());
+        ferry__ps_manifest_entry m;
+        manifest_look(M, path, e->d_name, &sb, &m);
+        if (!m.ok)
+            continue;
+        if (m.step != s) {
+            FERRY_LOG_WARN("checkpoint %s is not usable: its step differs from its name", path);
             continue;
         }
-        if (owner != NULL && strcmp(who, owner) != 0)
+        if (owner != NULL && strcmp(m.owner, owner) != 0)
             continue; /* another identity's job of the same name: not this one's */
         if (*n == cap) {
             size_t nc = cap ? 2 * cap : 16;
@@ -440,6 +521,7 @@ ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, co
         }
         (*steps)[(*n)++] = s;
     }
+    pthread_mutex_unlock(&M->mu);
     (void)closedir(d);
     if (*n > 1)
         qsort(*steps, *n, sizeof **steps, cmp_u64);

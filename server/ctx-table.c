@@ -54,12 +54,18 @@ static void call_free(ferry__ps_call *call) {
 
 static void ctx_free(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     atomic_fetch_sub(&t->bytes, c->bytes);
+    if (c->quota != NULL) {
+        atomic_fetch_sub(&c->quota->context_bytes, c->bytes);
+        atomic_fetch_sub(&c->quota->contexts, 1);
+    }
     for (ferry__ps_call *call = c->calls, *next; call != NULL; call = next) {
         next = call->next;
         call_free(call);
     }
-    for (int i = 0; i < c->nmods; i++)
+    for (int i = 0; i < c->nmods; i++) {
         ferry_grads_deinit(&c->mods[i].G);
+        ferry__ps_module_put(c->mods[i].mod); /* the context's reference */
+    }
     free(c->mods);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -93,6 +99,28 @@ static void unlink_locked(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
 
 ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int create,
                                    ferry__ps_ctx **out) {
+    return ferry__ps_ctx_acquire_q(t, sess, NULL, id, create, out);
+}
+
+/* A new context's first bytes and its place in the count of its identity's contexts;
+ * table lock held. */
+static ferry_status ctx_quota(ferry__ps_ctx_table *t, ferry__ps_quota *q, uint64_t id) {
+    if (q == NULL)
+        return FERRY_OK;
+    char what[64];
+    (void)snprintf(what, sizeof what, "contexts (a new one, %#llx)", (unsigned long long)id);
+    ferry_status st = ferry__ps_quota_take(&q->contexts, t->lim->id_contexts, what, q->identity,
+                                           "--max-contexts-per-identity");
+    if (st == FERRY_OK &&
+        (st = ferry__ps_quota_charge(&q->context_bytes, (int64_t)sizeof(ferry__ps_ctx),
+                                     t->lim->id_contexts_bytes, "a new context", q->identity,
+                                     "--max-contexts-mb-per-identity")) != FERRY_OK)
+        atomic_fetch_sub(&q->contexts, 1);
+    return st;
+}
+
+ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferry__ps_quota *quota,
+                                     uint64_t id, int create, ferry__ps_ctx **out) {
     if (id == 0)
         return ferry_errorf(FERRY_ERR_INVALID, "context id 0 means no context: this call "
                                                "needs one");
@@ -117,14 +145,20 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64
                                          "the budget of all contexts", t->lim->contexts_bytes, used,
                                          "--max-contexts-mb");
         }
-        if ((c = calloc(1, sizeof *c)) == NULL) {
+        ferry_status qs = ctx_quota(t, quota, id);
+        if (qs != FERRY_OK || (c = calloc(1, sizeof *c)) == NULL) {
             atomic_fetch_sub(&t->bytes, (long long)sizeof *c);
+            if (qs == FERRY_OK && quota != NULL) {
+                atomic_fetch_sub(&quota->contexts, 1);
+                atomic_fetch_sub(&quota->context_bytes, (long long)sizeof *c);
+            }
             pthread_mutex_unlock(&t->mu);
-            return FERRY_ERR_NOMEM;
+            return qs != FERRY_OK ? qs : FERRY_ERR_NOMEM;
         }
         c->bytes = (int64_t)sizeof *c;
         c->id = id;
         c->sess = sess;
+        c->quota = quota;
         pthread_mutex_init(&c->mu, NULL);
         c->next = *head;
         *head = c;
@@ -196,8 +230,19 @@ ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int6
     } else {
         used = atomic_fetch_add(&t->bytes, (long long)bytes);
         if (used + bytes <= t->lim->contexts_bytes && used + bytes >= used) {
-            c->bytes += bytes;
-            return FERRY_OK;
+            char w[FERRY_RPC_NAME_MAX + 64];
+            (void)snprintf(w, sizeof w, "%s", what);
+            ferry_status st = c->quota == NULL
+                                  ? FERRY_OK
+                                  : ferry__ps_quota_charge(
+                                        &c->quota->context_bytes, bytes, t->lim->id_contexts_bytes,
+                                        w, c->quota->identity, "--max-contexts-mb-per-identity");
+            if (st == FERRY_OK) {
+                c->bytes += bytes;
+                return FERRY_OK;
+            }
+            atomic_fetch_sub(&t->bytes, (long long)bytes);
+            return st;
         }
         atomic_fetch_sub(&t->bytes, (long long)bytes);
         budget = "the budget of all contexts", flag = "--max-contexts-mb";
@@ -230,6 +275,8 @@ static int64_t ctx_bytes(const ferry__ps_ctx *c) {
 void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     int64_t bytes = ctx_bytes(c);
     atomic_fetch_add(&t->bytes, bytes - c->bytes);
+    if (c->quota != NULL)
+        atomic_fetch_add(&c->quota->context_bytes, bytes - c->bytes);
     c->bytes = bytes;
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_lock(&t->mu);
@@ -279,6 +326,7 @@ ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry
     cm->mod = m;
     if ((st = ferry_grads_init(&cm->G, &m->P)) != FERRY_OK)
         return st;
+    ferry__ps_module_ref(m); /* held while the context holds its gradient */
     c->nmods++;
     *out = &cm->G;
     return FERRY_OK;

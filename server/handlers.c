@@ -34,19 +34,17 @@ ferry__ps_module *ferry__ps_module_find(ferry__ps_state *ps, const ferry__ps_ses
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, name);
     if (m != NULL && !ferry__ps_may_use(sess, m->owner)) {
         /* Another identity's module: answered as if there were none. */
+        ferry__ps_module_put(m);
         (void)ferry_errorf(FERRY_ERR_NOT_FOUND, "unknown module '%s'", name);
         return NULL;
     }
     return m;
 }
 
-ferry_status ferry__ps_on_forward(ferry__ps_state *ps, ferry__ps_session *sess,
-                                  const Ferry__V1__ForwardRequest *q, ferry_rpc_msg *req,
-                                  ferry_rpc_msg *reply) {
+static ferry_status forward(ferry__ps_state *ps, ferry__ps_session *sess, ferry__ps_module *m,
+                            const Ferry__V1__ForwardRequest *q, ferry_rpc_msg *req,
+                            ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
-    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
-    if (m == NULL)
-        return FERRY_ERR_NOT_FOUND;
     ferry_wire_mode mode;
     if (ferry_wire_mode_find(m->kind->wire, q->mode, &mode) != FERRY_OK) {
         char modes[128];
@@ -61,7 +59,8 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, ferry__ps_session *sess,
     memset(&sv, 0, sizeof sv);
     ferry_status st = FERRY_OK;
     if (saving) {
-        if ((st = ferry__ps_ctx_acquire(t, sess->serial, q->ctx_id, 1, &c)) != FERRY_OK)
+        if ((st = ferry__ps_ctx_acquire_q(t, sess->serial, sess->quota, q->ctx_id, 1, &c)) !=
+            FERRY_OK)
             return st;
         /* The same Forward again is a retry whose first reply was lost: it replaces a
          * pending one, and after its Backward it only answers. */
@@ -142,13 +141,10 @@ static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferr
     return st;
 }
 
-ferry_status ferry__ps_on_backward(ferry__ps_state *ps, ferry__ps_session *sess,
-                                   const Ferry__V1__BackwardRequest *q, ferry_rpc_msg *req,
-                                   ferry_rpc_msg *reply) {
+static ferry_status backward(ferry__ps_state *ps, ferry__ps_session *sess, ferry__ps_module *m,
+                             const Ferry__V1__BackwardRequest *q, ferry_rpc_msg *req,
+                             ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
-    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
-    if (m == NULL)
-        return FERRY_ERR_NOT_FOUND;
     ferry__ps_ctx *c;
     ferry_status st = ferry__ps_ctx_acquire(t, sess->serial, q->ctx_id, 0, &c);
     if (st != FERRY_OK)
@@ -193,6 +189,30 @@ answer:
     Ferry__V1__BackwardReply r;
     ferry__v1__backward_reply__init(&r);
     return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+/* The two context calls on one module: the module is held (referenced) while the call
+ * runs, so a DeleteModule meanwhile frees it only afterwards. */
+ferry_status ferry__ps_on_forward(ferry__ps_state *ps, ferry__ps_session *sess,
+                                  const Ferry__V1__ForwardRequest *q, ferry_rpc_msg *req,
+                                  ferry_rpc_msg *reply) {
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry_status st = forward(ps, sess, m, q, req, reply);
+    ferry__ps_module_put(m);
+    return st;
+}
+
+ferry_status ferry__ps_on_backward(ferry__ps_state *ps, ferry__ps_session *sess,
+                                   const Ferry__V1__BackwardRequest *q, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply) {
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry_status st = backward(ps, sess, m, q, req, reply);
+    ferry__ps_module_put(m);
+    return st;
 }
 
 /* Adds a constrained module's penalty gradient to the context's gradients the first

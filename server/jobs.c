@@ -23,6 +23,8 @@
 #define JOB_DEFAULT_WAIT_S 60.0
 #define JOB_MODEL_KEYS     64
 #define JOB_MODEL_MAX      4096 /* the model signature as "k=v k=v ...", with the NUL */
+#define JOB_CHUNK          64   /* ranks per chunk of a job's rank table */
+#define JOB_METRICS_MAX    32   /* jobs whose own metrics a Stats or /metrics page lists */
 
 /* How a rank left the job (job_rank.left) or went away (job_rank.gone). */
 enum { RANK_IN = 0, RANK_COMPLETED = 1, RANK_LEFT_EARLY = 2 };
@@ -61,6 +63,7 @@ typedef struct job_metric {
 struct ferry__ps_job {
     char name[FERRY_RPC_NAME_MAX];
     char owner[FERRY_RPC_IDENTITY_MAX]; /* the identity that made it */
+    ferry__ps_quota *quota;             /* its account (the job counts against it) */
     uint32_t world;
     ferry__ps_sync sync;
     uint32_t K;
@@ -68,7 +71,11 @@ struct ferry__ps_job {
     char model[JOB_MODEL_MAX];
     int ready, finished;
     char failed[512]; /* "" or why the job failed */
-    job_rank *ranks;
+    /* The ranks, in chunks of JOB_CHUNK made when a rank of the chunk first joins: a
+     * job's memory follows the ranks that joined, not the world it declares. */
+    job_rank **chunks;
+    int64_t bytes;     /* what the job holds: itself, the chunk table and the chunks */
+    double idle_since; /* when it finished, failed or was last held by a live session */
     uint32_t joined;
     /* bsp */
     uint64_t bsp_step; /* the step whose barrier is open or was last completed */
@@ -101,6 +108,45 @@ struct ferry__ps_job {
     struct ferry__ps_job *next;
 };
 
+/* ---- the rank table ---- */
+
+static const job_rank absent_rank; /* what a rank of a chunk never made reads as */
+
+/* Rank r for reading: a rank nobody joined reads as all zero. */
+static const job_rank *rank_peek(const ferry__ps_job *job, uint32_t r) {
+    const job_rank *c = r < job->world ? job->chunks[r / JOB_CHUNK] : NULL;
+    return c != NULL ? &c[r % JOB_CHUNK] : &absent_rank;
+}
+
+/* Rank r for writing, or NULL when its chunk was never made (nobody joined it). */
+static job_rank *rank_get(ferry__ps_job *job, uint32_t r) {
+    job_rank *c = r < job->world ? job->chunks[r / JOB_CHUNK] : NULL;
+    return c != NULL ? &c[r % JOB_CHUNK] : NULL;
+}
+
+/* Rank r, its chunk made (and charged to the jobs' bytes) if need be; NULL when out of
+ * memory. */
+/* The first rank >= r whose chunk exists (job->world: none): loops over the ranks
+ * that ever joined cost what those ranks do, not the declared world. */
+static uint32_t rank_skip(const ferry__ps_job *job, uint32_t r) {
+    while (r < job->world && job->chunks[r / JOB_CHUNK] == NULL)
+        r = (r / JOB_CHUNK + 1) * JOB_CHUNK;
+    return r < job->world ? r : job->world;
+}
+
+static job_rank *rank_make(ferry__ps_jobs *j, ferry__ps_job *job, uint32_t r) {
+    job_rank **c = &job->chunks[r / JOB_CHUNK];
+    if (*c == NULL) {
+        if ((*c = calloc(JOB_CHUNK, sizeof **c)) == NULL)
+            return NULL;
+        job->bytes += JOB_CHUNK * (int64_t)sizeof **c;
+        j->bytes += JOB_CHUNK * (int64_t)sizeof **c;
+    }
+    return &(*c)[r % JOB_CHUNK];
+}
+
+static void job_free(ferry__ps_jobs *j, ferry__ps_job *job);
+
 static const char *sync_name(ferry__ps_sync s) {
     return s == FERRY__PS_BSP ? "bsp" : s == FERRY__PS_SSP ? "ssp" : "async";
 }
@@ -118,8 +164,10 @@ void ferry__ps_jobs_init(ferry__ps_jobs *j) {
 }
 
 static void agg_free(ferry__ps_job *job) {
-    for (int i = 0; i < job->nagg; i++)
+    for (int i = 0; i < job->nagg; i++) {
         ferry_grads_deinit(&job->agg[i].G);
+        ferry__ps_module_put(job->agg[i].mod);
+    }
     free(job->agg);
     free(job->agg_ss);
     job->agg = NULL;
@@ -129,8 +177,10 @@ static void agg_free(ferry__ps_job *job) {
 
 /* Finishes every waiting call of job with st and the current error detail. */
 static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *why) {
-    for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *k = &job->ranks[r];
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r);
+        if (k == NULL)
+            continue;
         if (k->gn != NULL) {
             (void)ferry_errorf(st, "%s", why);
             ferry_rpc_pending_finish(k->gn, st, NULL);
@@ -151,8 +201,10 @@ static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *wh
 
 /* Fails the open recover barrier's calls (they retry) and closes it. */
 static void rec_fail(ferry__ps_job *job, ferry_status st, const char *why) {
-    for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *k = &job->ranks[r];
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r);
+        if (k == NULL)
+            continue;
         if (k->rec != NULL) {
             (void)ferry_errorf(st, "%s", why);
             ferry_rpc_pending_finish(k->rec, st, NULL);
@@ -186,15 +238,39 @@ void ferry__ps_jobs_stop(ferry__ps_jobs *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
+/* Frees a job (unlinked already, no call waiting on it) and gives its memory, its place
+ * in the jobs' count and its owner's back. */
+static void job_free(ferry__ps_jobs *j, ferry__ps_job *job) {
+    agg_free(job);
+    free(job->applied_metrics);
+    free(job->rec_set);
+    for (uint32_t c = 0; c < (job->world + JOB_CHUNK - 1) / JOB_CHUNK; c++)
+        free(job->chunks[c]);
+    free(job->chunks);
+    j->bytes -= job->bytes;
+    j->count--;
+    if (job->quota != NULL)
+        atomic_fetch_sub(&job->quota->jobs, 1);
+    free(job);
+}
+
+/* Takes job out of the list and frees it: its waiting calls fail with st and why
+ * first. jobs->mu held. */
+static void job_drop(ferry__ps_jobs *j, ferry__ps_job *job, ferry_status st, const char *why) {
+    job_fail_waiters(job, st, why);
+    rec_fail(job, st, why);
+    ferry__ps_job **pp = &j->list;
+    while (*pp != job)
+        pp = &(*pp)->next;
+    *pp = job->next;
+    job_free(j, job);
+}
+
 void ferry__ps_jobs_deinit(ferry__ps_jobs *j) {
     ferry__ps_jobs_stop(j);
     while (j->list != NULL) {
         ferry__ps_job *next = j->list->next;
-        agg_free(j->list);
-        free(j->list->applied_metrics);
-        free(j->list->rec_set);
-        free(j->list->ranks);
-        free(j->list);
+        job_free(j, j->list);
         j->list = next;
     }
     pthread_mutex_destroy(&j->mu);
@@ -213,7 +289,7 @@ static ferry__ps_job *job_find(ferry__ps_jobs *j, const char *name) {
 static uint64_t job_min_steps(const ferry__ps_job *job, uint32_t *slowest) {
     uint64_t min = UINT64_MAX;
     for (uint32_t r = 0; r < job->world; r++) {
-        const job_rank *k = &job->ranks[r];
+        const job_rank *k = rank_peek(job, r);
         if (k->left)
             continue;
         uint64_t s = k->joined ? k->steps : 0;
@@ -228,8 +304,8 @@ static uint64_t job_min_steps(const ferry__ps_job *job, uint32_t *slowest) {
 
 /* 1 when session sess may act as rank r of job: it holds the rank, or it is an admin. */
 static int acts_as(const ferry__ps_session *sess, const ferry__ps_job *job, uint32_t r) {
-    return sess->authority ||
-           (r < job->world && job->ranks[r].joined && job->ranks[r].sess == sess->serial);
+    const job_rank *k = rank_peek(job, r);
+    return sess->authority || (r < job->world && k->joined && k->sess == sess->serial);
 }
 
 /* The refusal of a job that the caller's identity does not own. It says neither who
@@ -258,7 +334,7 @@ static ferry_status not_held(const ferry__ps_job *job, uint32_t r) {
  * connection closed)"), and the status the wait fails with; FERRY_OK for a rank that
  * is in. */
 static ferry_status rank_absent(const ferry__ps_job *job, uint32_t r, char *buf, size_t cap) {
-    const job_rank *k = &job->ranks[r];
+    const job_rank *k = rank_peek(job, r);
     unsigned long long steps = (unsigned long long)k->steps;
     if (k->left == RANK_COMPLETED) {
         (void)snprintf(buf, cap, "rank %u completed its run at step %llu and left the job", r,
@@ -286,9 +362,10 @@ static ferry_status rank_absent(const ferry__ps_job *job, uint32_t r, char *buf,
 static ferry_status bsp_blocker(const ferry__ps_job *job, uint32_t except, uint64_t step, char *buf,
                                 size_t cap) {
     ferry_status found = FERRY_OK;
-    for (uint32_t r = 0; r < job->world && found != FERRY_ERR_ABORTED; r++) {
+    for (uint32_t r = rank_skip(job, 0); r < job->world && found != FERRY_ERR_ABORTED;
+         r = rank_skip(job, r + 1)) {
         char why[400];
-        if (r == except || job->ranks[r].arrived)
+        if (r == except || rank_peek(job, r)->arrived)
             continue;
         ferry_status st = rank_absent(job, r, why, sizeof why);
         if (st == FERRY_OK || (found != FERRY_OK && st != FERRY_ERR_ABORTED))
@@ -304,8 +381,8 @@ static ferry_status bsp_blocker(const ferry__ps_job *job, uint32_t except, uint6
  * that need it fail now, a bsp barrier it has not reached and ssp Steps held while it
  * is the slowest. jobs->mu held. */
 static void rank_gone(ferry__ps_job *job, uint32_t r, int how) {
-    job_rank *k = &job->ranks[r];
-    if (!k->joined || k->left != RANK_IN || k->gone != RANK_HELD)
+    job_rank *k = rank_get(job, r);
+    if (k == NULL || !k->joined || k->left != RANK_IN || k->gone != RANK_HELD)
         return;
     k->gone = how;
     char why[400], msg[512];
@@ -326,8 +403,8 @@ static void rank_gone(ferry__ps_job *job, uint32_t r, int how) {
 void ferry__ps_jobs_holder_gone(ferry__ps_jobs *j, uint64_t serial) {
     pthread_mutex_lock(&j->mu);
     for (ferry__ps_job *job = j->list; job != NULL && !j->stopped; job = job->next) {
-        for (uint32_t r = 0; r < job->world; r++)
-            if (job->ranks[r].sess == serial)
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+            if (rank_peek(job, r)->sess == serial)
                 rank_gone(job, r, RANK_STREAM_CLOSED);
     }
     pthread_mutex_unlock(&j->mu);
@@ -350,11 +427,11 @@ static ferry_status job_of(ferry__ps_jobs *j, const ferry__ps_session *sess,
     /* A rank nobody joined and one another session holds get the same answer. */
     if (!acts_as(sess, job, js->rank))
         return not_held(job, js->rank);
-    if (!job->ranks[js->rank].joined) /* an admin acting for a rank */
+    if (!rank_peek(job, js->rank)->joined) /* an admin acting for a rank */
         return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined (world %u)",
                             job->name, js->rank, job->world);
-    if (job->ranks[js->rank].sess == sess->serial) /* its holder calls: it is here */
-        job->ranks[js->rank].gone = RANK_HELD;
+    if (rank_peek(job, js->rank)->sess == sess->serial) /* its holder calls: it is here */
+        rank_get(job, js->rank)->gone = RANK_HELD;
     if (job->recovering)
         return ferry_errorf(FERRY_ERR_BUSY,
                             "job '%s' is rolling back to a checkpoint (a rank or server "
@@ -507,14 +584,34 @@ static ferry_status member_check(const Ferry__V1__JobMember *mb, ferry__ps_sync 
     return st == FERRY_OK ? model_text(mb, model, cap) : st;
 }
 
-static ferry_status job_create(ferry__ps_jobs *j, const char *name, const char *owner,
+static ferry_status job_create(ferry__ps_jobs *j, const ferry__ps_session *sess, const char *name,
                                const Ferry__V1__JobMember *mb, ferry__ps_sync sync,
                                const char *model, ferry__ps_job **out) {
+    const char *owner = sess->identity;
+    if (j->count >= j->lim->jobs)
+        return ferry_errorf(FERRY_ERR_RESOURCE,
+                            "job '%s': %d jobs are held, the most this server holds (--max-jobs); "
+                            "finished and abandoned ones are freed after %g s",
+                            name, j->count, j->ttl_s);
+    ferry_status st = sess->quota == NULL
+                          ? FERRY_OK
+                          : ferry__ps_quota_take(&sess->quota->jobs, j->lim->id_jobs, "jobs", owner,
+                                                 "--max-jobs-per-identity");
+    if (st != FERRY_OK)
+        return st;
+    size_t nchunks = (mb->world + JOB_CHUNK - 1) / JOB_CHUNK;
     ferry__ps_job *job = calloc(1, sizeof *job);
-    if (job == NULL || (job->ranks = calloc(mb->world, sizeof *job->ranks)) == NULL) {
+    if (job == NULL || (job->chunks = calloc(nchunks, sizeof *job->chunks)) == NULL) {
         free(job);
+        if (sess->quota != NULL)
+            atomic_fetch_sub(&sess->quota->jobs, 1);
         return FERRY_ERR_NOMEM;
     }
+    job->quota = sess->quota;
+    job->bytes = (int64_t)(sizeof *job + nchunks * sizeof *job->chunks);
+    j->bytes += job->bytes;
+    j->count++;
+    job->idle_since = ferry_now();
     (void)snprintf(job->name, sizeof job->name, "%s", name);
     (void)snprintf(job->owner, sizeof job->owner, "%s", owner);
     job->world = mb->world;
@@ -524,10 +621,10 @@ static ferry_status job_create(ferry__ps_jobs *j, const char *name, const char *
     (void)snprintf(job->model, sizeof job->model, "%s", model);
     job->next = j->list;
     j->list = job;
-    char st[32];
-    sync_text(job, st, sizeof st);
+    char mode[32];
+    sync_text(job, mode, sizeof mode);
     FERRY_LOG_INFO("job '%s' of '%s': world %u, %s, sync timeout %.1f s", job->name, job->owner,
-                   job->world, st, job->wait_s);
+                   job->world, mode, job->wait_s);
     *out = job;
     return FERRY_OK;
 }
@@ -559,9 +656,22 @@ static ferry_status member_agrees(const ferry__ps_job *job, const Ferry__V1__Job
  * for a rank without holding it). jobs->mu held. */
 static ferry_status rank_claim(ferry__ps_state *ps, ferry__ps_job *job, uint32_t r,
                                const ferry__ps_session *sess, int *taken) {
-    job_rank *k = &job->ranks[r];
+    const job_rank *k = rank_peek(job, r);
     *taken = 0;
-    if (!k->joined || k->sess == sess->serial)
+    if (k->joined && k->sess == sess->serial)
+        return FERRY_OK;
+    /* A session is one trainer: it holds at most one rank of a job (so a job's ranks,
+     * and its memory, cost as many sessions as there are ranks). */
+    for (uint32_t x = rank_skip(job, 0); x < job->world && !sess->authority;
+         x = rank_skip(job, x + 1)) {
+        const job_rank *o = rank_peek(job, x);
+        if (x != r && o->joined && o->sess == sess->serial)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "job '%s': this session holds rank %u already (a session holds "
+                                "one rank of a job)",
+                                job->name, x);
+    }
+    if (!k->joined)
         return FERRY_OK;
     if (k->sess != 0 && ferry__ps_session_holds(&ps->sessions, k->sess)) {
         if (sess->authority && strcmp(sess->identity, job->owner) != 0)
@@ -580,7 +690,7 @@ static ferry_status rank_claim(ferry__ps_state *ps, ferry__ps_job *job, uint32_t
  * so that a trainer restarted after its run's end can say it is done. The caller
  * checked that the session's identity owns the job. jobs->mu held. */
 static int leave_unheld(ferry__ps_state *ps, const ferry__ps_job *job, uint32_t r) {
-    const job_rank *k = &job->ranks[r];
+    const job_rank *k = rank_peek(job, r);
     return r < job->world && k->left == RANK_IN &&
            (!k->joined || k->sess == 0 || !ferry__ps_session_holds(&ps->sessions, k->sess));
 }
@@ -612,8 +722,9 @@ static ferry_status job_probe(ferry__ps_state *ps, const ferry__ps_session *sess
         return not_yours(name);
     ferry_status st = FERRY_OK;
     if (ps->checkpoint_dir[0] != '\0')
-        st = ferry__ps_checkpoint_job_steps(
-            ps->checkpoint_dir, prefix, job == NULL && sess->authority ? NULL : owner, &steps, &n);
+        st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, &ps->manifest, prefix,
+                                            job == NULL && sess->authority ? NULL : owner, &steps,
+                                            &n);
     if (st != FERRY_OK)
         return st;
     Ferry__V1__JobReply r;
@@ -642,9 +753,11 @@ static ferry_status job_probe(ferry__ps_state *ps, const ferry__ps_session *sess
     if (job != NULL) {
         r.rolling_back = job->recovering;
         r.finished = job->finished;
-        for (uint32_t k = 0; k < job->world; k++)
-            if (job->ranks[k].left == RANK_COMPLETED && job->ranks[k].steps > r.completed_step)
-                r.completed_step = job->ranks[k].steps;
+        for (uint32_t x = rank_skip(job, 0); x < job->world; x = rank_skip(job, x + 1)) {
+            const job_rank *k = rank_peek(job, x);
+            if (k->left == RANK_COMPLETED && k->steps > r.completed_step)
+                r.completed_step = k->steps;
+        }
     }
     pthread_mutex_unlock(&ps->jobs.mu);
     st = ferry_rpc_msg_set_head(reply, &r.base);
@@ -701,7 +814,7 @@ static ferry_status rec_offer(ferry__ps_job *job, const uint64_t *offer, size_t 
  * recovering ranks' runs end: it takes part in the barrier as arrived, offering that
  * step alone. jobs->mu held. */
 static int rec_completed(const ferry__ps_job *job, uint32_t r) {
-    const job_rank *k = &job->ranks[r];
+    const job_rank *k = rank_peek(job, r);
     return !k->rec_arrived && k->left == RANK_COMPLETED && job->rec_last != 0 &&
            k->steps == job->rec_last;
 }
@@ -709,7 +822,7 @@ static int rec_completed(const ferry__ps_job *job, uint32_t r) {
 /* The ranks that take part in the open barrier: arrived, or completed as above. */
 static uint32_t rec_present(const ferry__ps_job *job) {
     uint32_t n = job->rec_arrived;
-    for (uint32_t r = 0; r < job->world; r++)
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
         n += rec_completed(job, r);
     return n;
 }
@@ -721,9 +834,9 @@ static uint32_t rec_present(const ferry__ps_job *job) {
 static ferry_status rec_refused(ferry__ps_job *job, uint32_t rank) {
     if (job->finished)
         return FERRY_OK;
-    for (uint32_t r = 0; r < job->world; r++) {
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
         char why[400], msg[512];
-        if (r == rank || job->ranks[r].left != RANK_LEFT_EARLY)
+        if (r == rank || rank_peek(job, r)->left != RANK_LEFT_EARLY)
             continue;
         (void)rank_absent(job, r, why, sizeof why);
         (void)snprintf(msg, sizeof msg, "job '%s' cannot roll back: %s", job->name, why);
@@ -740,10 +853,12 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
                                 const ferry__ps_session *sess, const Ferry__V1__JobRecover *q,
                                 int taken, ferry_rpc_msg *reply) {
     uint32_t rank = q->member->rank;
-    job_rank *k = &job->ranks[rank];
     ferry_status gone = rec_refused(job, rank);
     if (gone != FERRY_OK)
         return gone;
+    job_rank *k = rank_make(&ps->jobs, job, rank);
+    if (k == NULL)
+        return FERRY_ERR_NOMEM;
     if (!job->recovering) {
         char why[256];
         (void)snprintf(why, sizeof why,
@@ -793,8 +908,8 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     size_t nmine = 0;
     char prefix[FERRY_RPC_NAME_MAX], why[600], a[200], b[200];
     job_file_prefix(job->name, prefix, sizeof prefix);
-    ferry_status st =
-        ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, prefix, job->owner, &mine, &nmine);
+    ferry_status st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, &ps->manifest, prefix,
+                                                     job->owner, &mine, &nmine);
     uint64_t best = 0;
     int have = 0;
     for (size_t i = 0; st == FERRY_OK && i < nmine; i++) { /* both ascending: merge */
@@ -818,7 +933,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         (void)snprintf(file, sizeof file, "%s-step%llu.ckpt", prefix, (unsigned long long)best);
         (void)snprintf(path, sizeof path, "%s/%s", ps->checkpoint_dir, file);
         pthread_mutex_lock(&ps->checkpoint_mu);
-        st = ferry__ps_checkpoint_read(&ps->reg, path, NULL);
+        st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, path, NULL);
         ps->ck_done[0] = '\0'; /* parameters rolled back: no Checkpoint is a repeat now */
         (void)ferry__ps_checkpoint_sweep_temps(ps->checkpoint_dir, prefix);
         pthread_mutex_unlock(&ps->checkpoint_mu);
@@ -832,7 +947,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     /* Every rank is a member again, at step `best`, held by the session that recovered
      * it. */
     for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *w = &job->ranks[r];
+        job_rank *w = rank_get(job, r); /* every rank took part: its chunk exists */
         int done = rec_completed(job, r); /* it stays out, done at `best` */
         w->joined = 1;
         w->left = done ? RANK_COMPLETED : RANK_IN;
@@ -866,7 +981,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     r.resume_step = best;
     r.resume_file = file;
     for (uint32_t x = 0; x < job->world; x++) {
-        job_rank *w = &job->ranks[x];
+        job_rank *w = rank_get(job, x);
         if (w->rec == NULL)
             continue;
         ferry_rpc_msg m;
@@ -877,7 +992,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     }
     st = ferry_rpc_msg_set_head(reply, &r.base);
     for (uint32_t x = 0; x < job->world; x++)
-        job->ranks[x].rec_arrived = 0;
+        rank_get(job, x)->rec_arrived = 0;
     job->recovering = 0;
     job->rec_arrived = 0;
     free(job->rec_set);
@@ -977,9 +1092,16 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
                           "job '%s' cannot roll back here: this ferry-ps has no --checkpoint-dir",
                           q->job);
     else if (job == NULL)
-        st = job_create(j, q->job, sess->identity, mb, sync, model, &job);
+        st = job_create(j, sess, q->job, mb, sync, model, &job);
     else if (!ferry__ps_may_use(sess, job->owner))
         st = not_yours(q->job);
+    else if (joining && job->finished) { /* a new run of the name (e.g. --load): anew */
+        FERRY_LOG_INFO("job '%s' of '%s': finished earlier (all %u ranks left); a join starts "
+                       "it anew",
+                       job->name, job->owner, job->world);
+        job_drop(j, job, FERRY_ERR_NOT_FOUND, "the job finished");
+        st = job_create(j, sess, q->job, mb, sync, model, &job);
+    }
     if (st == FERRY_OK && recovering && j->stopped)
         st = ferry_errorf(FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
 
@@ -989,8 +1111,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
     if (st == FERRY_OK && job->finished && !recovering &&
         q->action_case != FERRY__V1__JOB_REQUEST__ACTION_STATUS)
         st = ferry_errorf(FERRY_ERR_INVALID,
-                          "job '%s' has finished (all %u ranks left); name a new --job or "
-                          "restart ferry-ps",
+                          "job '%s' has finished (all %u ranks left); a join starts it anew",
                           job->name, job->world);
     if (st == FERRY_OK && job->failed[0] != '\0' && !recovering &&
         q->action_case != FERRY__V1__JOB_REQUEST__ACTION_LEAVE &&
@@ -1017,7 +1138,11 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
         pthread_mutex_unlock(&j->mu);
         return st;
     }
-    job_rank *k = st == FERRY_OK && rank < job->world ? &job->ranks[rank] : NULL;
+    job_rank *k = st == FERRY_OK && rank < job->world
+                      ? (joining || leaving ? rank_make(j, job, rank) : rank_get(job, rank))
+                      : NULL;
+    if (st == FERRY_OK && (joining || leaving) && k == NULL && rank < job->world)
+        st = FERRY_ERR_NOMEM;
     if (st == FERRY_OK && joining) {
         if (k->joined && k->left)
             st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished", rank,
@@ -1041,7 +1166,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
             job_leave(job, rank, q->leave->reason, q->leave->step);
         else if (!acts_as(sess, job, rank))
             st = not_held(job, rank);
-        else if (!k->joined) /* an admin acting for a rank */
+        else if (k == NULL || !k->joined) /* an admin acting for a rank */
             st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined", job->name,
                               rank);
         else if (q->action_case == FERRY__V1__JOB_REQUEST__ACTION_READY && rank != 0)
@@ -1059,6 +1184,31 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
     return st != FERRY_OK ? st : ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+/* drop: the owner (or an admin) ends the job here at once; its waiting calls fail. */
+static ferry_status job_drop_call(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                  const char *name, ferry_rpc_msg *reply) {
+    ferry__ps_jobs *j = &ps->jobs;
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = job_find(j, name);
+    ferry_status st = job == NULL
+                          ? ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here", name)
+                      : !ferry__ps_may_use(sess, job->owner) ? not_yours(name)
+                                                             : FERRY_OK;
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
+    if (st == FERRY_OK) {
+        char why[FERRY_RPC_NAME_MAX + 64];
+        (void)snprintf(why, sizeof why, "job '%s' was dropped", job->name);
+        FERRY_LOG_WARN("job '%s' of '%s' dropped by '%s' (%u of %u ranks joined)", job->name,
+                       job->owner, sess->identity, job->joined, job->world);
+        r.world = job->world;
+        r.joined = job->joined;
+        job_drop(j, job, FERRY_ERR_BUSY, why);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return st != FERRY_OK ? st : ferry_rpc_msg_set_head(reply, &r.base);
+}
+
 ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
                               const Ferry__V1__JobRequest *q, ferry_rpc_msg *req,
                               ferry_rpc_msg *reply) {
@@ -1068,10 +1218,14 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
                             "Job: job name must be 1..%d bytes of [A-Za-z0-9_.:/-]",
                             FERRY_RPC_NAME_MAX - 1);
     switch (q->action_case) {
-    case FERRY__V1__JOB_REQUEST__ACTION_PROBE:
-        return job_probe(ps, sess, q->job, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_PROBE: {
+        ferry_status st = ferry__ps_session_probe_rate(&ps->sessions, sess);
+        return st != FERRY_OK ? st : job_probe(ps, sess, q->job, reply);
+    }
     case FERRY__V1__JOB_REQUEST__ACTION_CHECKPOINT:
         return job_checkpoint(ps, sess, q->job, q->checkpoint, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_DROP:
+        return job_drop_call(ps, sess, q->job, reply);
     case FERRY__V1__JOB_REQUEST__ACTION_JOIN:
     case FERRY__V1__JOB_REQUEST__ACTION_READY:
     case FERRY__V1__JOB_REQUEST__ACTION_LEAVE:
@@ -1081,7 +1235,7 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
     default:
         return ferry_errorf(FERRY_ERR_INVALID,
                             "Job '%s': no action (join | ready | leave | probe | recover | "
-                            "checkpoint | status)",
+                            "checkpoint | status | drop)",
                             q->job);
     }
 }
@@ -1089,8 +1243,8 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
 void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial) {
     pthread_mutex_lock(&j->mu);
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
-        for (uint32_t r = 0; r < job->world; r++) {
-            job_rank *k = &job->ranks[r];
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+            job_rank *k = rank_get(job, r);
             if (k->sess != serial)
                 continue;
             rank_gone(job, r, RANK_SESSION_ENDED); /* the waits of the others on it end */
@@ -1116,7 +1270,7 @@ void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial) {
 }
 
 static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uint64_t step) {
-    job_rank *k = &job->ranks[rank];
+    job_rank *k = rank_get(job, rank); /* made by the caller */
     int early = reason != NULL && reason[0] != '\0';
     if (!k->joined) { /* a restarted server's copy of the job: it learns the rank here */
         k->joined = 1;
@@ -1129,8 +1283,8 @@ static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uin
         (void)snprintf(job->early_why, sizeof job->early_why, "%.255s", reason);
     }
     uint32_t left = 0;
-    for (uint32_t r = 0; r < job->world; r++)
-        left += job->ranks[r].left != RANK_IN;
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+        left += rank_peek(job, r)->left != RANK_IN;
     FERRY_LOG_INFO("job '%s': rank %u left after %llu steps, %s%s (%u of %u left)", job->name, rank,
                    (unsigned long long)k->steps, early ? "early: " : "its run completed",
                    early ? reason : "", left, job->world);
@@ -1177,6 +1331,7 @@ static ferry__ps_ctx_mod *agg_entry(ferry__ps_job *job, ferry__ps_module *m) {
     e->mod = m;
     if (ferry_grads_init(&e->G, &m->P) != FERRY_OK)
         return NULL;
+    ferry__ps_module_ref(m); /* held until the step is applied */
     job->nagg++;
     return e;
 }
@@ -1191,7 +1346,7 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
     job->agg_loss = job->agg_tokens = job->agg_sumsq = 0.0;
     job->agg_ck = 0;
     for (uint32_t r = 0; r < job->world && st == FERRY_OK; r++) {
-        job_rank *k = &job->ranks[r];
+        job_rank *k = rank_get(job, r); /* every rank arrived: its chunk exists */
         job->agg_ck |= k->ck;
         job->agg_loss += k->loss_sum;
         job->agg_tokens += k->tokens;
@@ -1252,7 +1407,7 @@ static void waiter_names(const ferry__ps_job *job, int arrived, char *buf, size_
     size_t n = 0;
     buf[0] = '\0';
     for (uint32_t r = 0; r < job->world && n + 24 < cap; r++) {
-        if ((job->ranks[r].arrived != 0) == arrived)
+        if ((rank_peek(job, r)->arrived != 0) == arrived)
             n += (size_t)snprintf(buf + n, cap - n, "%s%u", n ? ", " : "", r);
     }
     if (n == 0)
@@ -1271,10 +1426,11 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
         return ferry__ps_grad_norm_context(ps, sess->serial, q, reply);
     }
     uint64_t s = js->step;
-    if (st == FERRY_OK && s == job->bsp_step && job->ranks[js->rank].arrived &&
-        job->ranks[js->rank].ctx_id == q->ctx_id && job->ranks[js->rank].ctx_sess == sess->serial) {
+    if (st == FERRY_OK && s == job->bsp_step && rank_peek(job, js->rank)->arrived &&
+        rank_peek(job, js->rank)->ctx_id == q->ctx_id &&
+        rank_peek(job, js->rank)->ctx_sess == sess->serial) {
         /* The same GradNorm again: a retry after its reply was lost or late. */
-        job_rank *k = &job->ranks[js->rank];
+        job_rank *k = rank_get(job, js->rank);
         if (job->bsp_complete) {
             st = bsp_reply(job, reply);
         } else {
@@ -1299,8 +1455,11 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
                                              "empty)");
     if (st == FERRY_OK && !(s == job->bsp_step && !job->bsp_complete)) {
         if (s == job->bsp_step + 1 && job->applied == job->bsp_step) { /* opens step s */
-            for (uint32_t r = 0; r < job->world; r++)
-                job->ranks[r].arrived = 0;
+            for (uint32_t r = 0; r < job->world; r++) {
+                job_rank *w = rank_get(job, r);
+                if (w != NULL)
+                    w->arrived = 0;
+            }
             job->bsp_step = s;
             job->bsp_complete = 0;
             job->arrived = 0;
@@ -1313,7 +1472,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
                               job->bsp_complete ? "summed, not applied yet" : "collecting");
         }
     }
-    job_rank *k = st == FERRY_OK ? &job->ranks[js->rank] : NULL;
+    job_rank *k = st == FERRY_OK ? rank_get(job, js->rank) : NULL; /* joined: it exists */
     if (st == FERRY_OK && k->arrived)
         st = ferry_errorf(FERRY_ERR_EXISTS, "bsp step %llu: rank %u sent GradNorm twice",
                           (unsigned long long)s, js->rank);
@@ -1358,8 +1517,8 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     }
     double now = ferry_now();
     for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *w = &job->ranks[r];
-        if (w->gn == NULL)
+        job_rank *w = rank_get(job, r);
+        if (w == NULL || w->gn == NULL)
             continue;
         ferry_rpc_msg m;
         ferry_rpc_msg_init(&m);
@@ -1432,7 +1591,7 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
             js->rank, (unsigned long long)s, job->name, (unsigned long long)job->applied,
             job->bsp_complete ? "summed" : "is collecting", (unsigned long long)job->bsp_step);
     }
-    job_rank *k = &job->ranks[js->rank];
+    job_rank *k = rank_get(job, js->rank); /* joined: it exists */
     k->steps = s > k->steps ? s : k->steps;
     Ferry__V1__StepReply r;
     ferry__v1__step_reply__init(&r);
@@ -1464,8 +1623,8 @@ static void ssp_release(ferry__ps_job *job) {
     uint64_t min = job_min_steps(job, NULL);
     double now = ferry_now();
     for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *k = &job->ranks[r];
-        if (k->sp == NULL || k->sp_step - min > job->K)
+        job_rank *k = rank_get(job, r);
+        if (k == NULL || k->sp == NULL || k->sp_step - min > job->K)
             continue;
         uint64_t lead = k->sp_step - min;
         job->max_lead = lead > job->max_lead ? lead : job->max_lead;
@@ -1493,7 +1652,7 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
     if ((st = ferry__ps_step_context(ps, sess->serial, q, reply)) != FERRY_OK)
         return st;
     pthread_mutex_lock(&j->mu);
-    job_rank *k = &job->ranks[js->rank];
+    job_rank *k = rank_get(job, js->rank); /* joined: it exists */
     k->steps = js->step > k->steps ? js->step : k->steps;
     if (job->sync == FERRY__PS_SSP) {
         uint64_t min = job_min_steps(job, NULL);
@@ -1535,16 +1694,55 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
 
 /* ---- time-outs, metrics ---- */
 
-void ferry__ps_jobs_expire(ferry__ps_jobs *j) {
+/* 1 when nothing keeps the job: finished or failed, or no live session holds a rank of
+ * it and no call waits on it. jobs->mu held. */
+static int job_idle(ferry__ps_jobs *j, ferry__ps_sessions *S, const ferry__ps_job *job) {
+    if (job->finished || job->failed[0] != '\0')
+        return 1;
+    if (job->recovering)
+        return 0;
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        const job_rank *k = rank_peek(job, r);
+        if (k->gn != NULL || k->sp != NULL || k->rec != NULL ||
+            (k->joined && k->sess != 0 && ferry__ps_session_holds(S, k->sess)))
+            return 0;
+    }
+    (void)j;
+    return 1;
+}
+
+/* Frees the jobs idle (job_idle) for longer than the jobs' TTL; jobs->mu held. */
+static void jobs_collect(ferry__ps_jobs *j, ferry__ps_sessions *S, double now) {
+    for (ferry__ps_job **pp = &j->list; *pp != NULL;) {
+        ferry__ps_job *job = *pp;
+        if (!job_idle(j, S, job)) {
+            job->idle_since = now;
+        } else if (now - job->idle_since > j->ttl_s) {
+            FERRY_LOG_INFO("job '%s' of '%s' freed: %s for %.0f s (--job-ttl)", job->name,
+                           job->owner,
+                           job->finished            ? "finished"
+                           : job->failed[0] != '\0' ? "failed"
+                                                    : "no live trainer held a rank",
+                           now - job->idle_since);
+            *pp = job->next;
+            job_free(j, job);
+            continue;
+        }
+        pp = &job->next;
+    }
+}
+
+void ferry__ps_jobs_expire(ferry__ps_jobs *j, ferry__ps_sessions *S) {
     pthread_mutex_lock(&j->mu);
     double now = ferry_now();
+    jobs_collect(j, S, now);
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
         if (job->recovering && now - job->rec_since > job->wait_s) {
             char missing[128], why[400];
             size_t n = 0;
             missing[0] = '\0';
             for (uint32_t r = 0; r < job->world && n + 24 < sizeof missing; r++) {
-                if (!job->ranks[r].rec_arrived && !rec_completed(job, r))
+                if (!rank_peek(job, r)->rec_arrived && !rec_completed(job, r))
                     n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%u", n ? ", " : "",
                                           r);
             }
@@ -1555,8 +1753,8 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j) {
             FERRY_LOG_WARN("%s", why);
             rec_fail(job, FERRY_ERR_TIMEOUT, why);
         }
-        for (uint32_t r = 0; r < job->world; r++) {
-            job_rank *k = &job->ranks[r];
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+            job_rank *k = rank_get(job, r);
             if (k->gn != NULL && now - k->wait_since > job->wait_s) {
                 char missing[128], arrived[128], why[400];
                 waiter_names(job, 0, missing, sizeof missing);
@@ -1590,9 +1788,17 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metr
                             void *user) {
     char name[FERRY_RPC_NAME_MAX + 32];
     pthread_mutex_lock(&j->mu);
+    add(user, "jobs", (double)j->count);
+    add(user, "job_bytes", (double)j->bytes);
+    int listed = 0, unlisted = 0;
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
         if (owner != NULL && strcmp(job->owner, owner) != 0)
             continue;
+        if (listed == JOB_METRICS_MAX) { /* the page stays bounded whatever the count */
+            unlisted++;
+            continue;
+        }
+        listed++;
 #define JOB_METRIC(fmt, ...)                                                                       \
     do {                                                                                           \
         (void)snprintf(name, sizeof name, "job/%s/" fmt, job->name, __VA_ARGS__);                  \
@@ -1623,11 +1829,20 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metr
         }
         for (uint32_t r = 0; r < job->world && r < 64; r++) {
             JOB_METRIC("step/%u", r);
-            add(user, name, (double)job->ranks[r].steps);
+            add(user, name, (double)rank_peek(job, r)->steps);
             JOB_METRIC("waited_s/%u", r);
-            add(user, name, job->ranks[r].waited_s);
+            add(user, name, rank_peek(job, r)->waited_s);
         }
 #undef JOB_METRIC
     }
+    if (unlisted > 0)
+        add(user, "jobs_unlisted", (double)unlisted);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void ferry__ps_jobs_totals(ferry__ps_jobs *j, int64_t *count, int64_t *bytes) {
+    pthread_mutex_lock(&j->mu);
+    *count = j->count;
+    *bytes = j->bytes;
     pthread_mutex_unlock(&j->mu);
 }

@@ -31,7 +31,37 @@ typedef struct ferry__ps_limits {
     int64_t context_bytes;  /* one context; one call's scratch */
     int64_t contexts_bytes; /* all contexts */
     int64_t contexts;       /* live contexts */
+    /* One identity's share (proto/ferry.proto section 5): */
+    int64_t id_contexts, id_contexts_bytes, id_modules, id_model_bytes, id_jobs;
+    int64_t jobs; /* jobs, all identities */
 } ferry__ps_limits;
+
+/* What one identity holds, charged against its share of the budgets (quota.c). An
+ * entry lives as long as the server (identities are the token table's or the CA's
+ * certificates: a bounded set). */
+typedef struct ferry__ps_quota {
+    char identity[FERRY_RPC_IDENTITY_MAX];
+    atomic_llong contexts, context_bytes, modules, model_bytes, jobs;
+} ferry__ps_quota;
+
+typedef struct ferry__ps_quotas {
+    pthread_mutex_t mu;
+    ferry__ps_quota **q;
+    int n, cap;
+} ferry__ps_quotas;
+
+void ferry__ps_quotas_init(ferry__ps_quotas *Q);
+void ferry__ps_quotas_deinit(ferry__ps_quotas *Q);
+/* The entry of identity (made on first use); NULL when out of memory. */
+ferry__ps_quota *ferry__ps_quota_of(ferry__ps_quotas *Q, const char *identity);
+/* Takes one more of a counted thing (contexts, modules, jobs) if the identity stays
+ * within limit: FERRY_ERR_RESOURCE naming it, the flag and the identity otherwise. */
+ferry_status ferry__ps_quota_take(atomic_llong *held, int64_t limit, const char *what,
+                                  const char *identity, const char *flag);
+/* Charges bytes to an identity's byte count within limit (FERRY_ERR_RESOURCE otherwise;
+ * nothing is charged then). */
+ferry_status ferry__ps_quota_charge(atomic_llong *held, int64_t bytes, int64_t limit,
+                                    const char *what, const char *identity, const char *flag);
 
 /* Resolves cfg's budgets (0: the defaults, from the machine's physical memory). */
 void ferry__ps_limits_resolve(const ferry_ps_config *cfg, ferry__ps_limits *out);
@@ -155,6 +185,12 @@ struct ferry__ps_module {
     int64_t bytes;               /* weights + optimizer slots, as charged to the model budget */
     const ferry__ps_limits *lim; /* the server's budgets */
     void *impl;                  /* the kind's own state (lstm) */
+    /* References: the registry's (until DeleteModule), each call using it, each context
+     * and bsp sum holding its gradient. Freed, its bytes given back to the model budget,
+     * when the last goes (ferry__ps_module_put). */
+    atomic_int refs;
+    struct ferry__ps_registry *reg;
+    ferry__ps_quota *quota; /* its owner's account: its count and bytes */
 };
 
 /* FERRY_ERR_RESOURCE unless `bytes` of one call's scratch fit the per-context budget. */
@@ -234,15 +270,27 @@ void ferry__ps_registry_deinit(ferry__ps_registry *r);
  * 0 when owner's module of that name has the same configuration (its parameters are
  * left alone). FERRY_ERR_EXISTS naming the first differing field otherwise, or saying
  * that the name is another identity's. */
-ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner, const char *name,
+ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner,
+                                       ferry__ps_quota *quota, const char *name,
                                        const Ferry__V1__ModuleConfig *cfg, ferry_rpc_msg *req,
                                        int *created, ferry__ps_module **out);
-/* The module named `name`, or NULL with FERRY_ERR_NOT_FOUND set through ferry_errorf. */
+/* (*out is referenced: ferry__ps_module_put it.) */
+/* The module named `name`, referenced (ferry__ps_module_put when done), or NULL with
+ * FERRY_ERR_NOT_FOUND set through ferry_errorf. */
 ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name);
-/* A snapshot of the whole module list in a new array (free it); modules live as
- * long as the registry. NULL with *n = 0 when empty or out of memory. */
+/* A snapshot of the whole module list in a new array, each referenced: release it with
+ * ferry__ps_registry_list_free. NULL with *n = 0 when empty or out of memory. */
 ferry__ps_module **ferry__ps_registry_list(ferry__ps_registry *r, int *n);
+void ferry__ps_registry_list_free(ferry__ps_module **mods, int n);
 int ferry__ps_registry_count(ferry__ps_registry *r);
+/* Takes module m out of the registry (later lookups do not find it; a new module may
+ * take the name) and drops the registry's reference: it is freed, and its bytes given
+ * back, once the calls and contexts using it are done. *bytes receives its size.
+ * FERRY_ERR_NOT_FOUND when m is no longer registered. */
+ferry_status ferry__ps_registry_delete(ferry__ps_registry *r, ferry__ps_module *m, int64_t *bytes);
+/* One more reference to m; ferry__ps_module_put drops one (freeing m at the last). */
+void ferry__ps_module_ref(ferry__ps_module *m);
+void ferry__ps_module_put(ferry__ps_module *m);
 
 /* ---- contexts (ctx-table.c) ---- */
 
@@ -285,6 +333,7 @@ typedef struct ferry__ps_ctx {
     int dead;                /* table lock: stepped or released; freed at refs == 0 */
     double last_used;        /* table lock */
     uint64_t sess;           /* the session that opened it (ferry__ps_session.serial) */
+    ferry__ps_quota *quota;  /* its identity's account; NULL: not charged */
     ferry__ps_ctx_mod *mods; /* modules touched, in order */
     int nmods, cap;
     ferry__ps_call *calls;      /* saved Forwards awaiting Backward */
@@ -315,6 +364,10 @@ void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t);
  * FERRY_ERR_INVALID for id 0. */
 ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int create,
                                    ferry__ps_ctx **out);
+/* The same, a new context charged to the session's identity (quota: its count and
+ * bytes against the identity's share; NULL: not charged). */
+ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferry__ps_quota *quota,
+                                     uint64_t id, int create, ferry__ps_ctx **out);
 /* Drops every context of session sess (it ended); returns how many. */
 int ferry__ps_ctx_drop_session(ferry__ps_ctx_table *t, uint64_t sess);
 /* Re-accounts its memory, unlocks, and drops the reference (freeing a retired one). */
@@ -378,6 +431,8 @@ typedef struct ferry__ps_session {
     ferry_rpc_role role;
     int authority; /* an admin by token: may act on other identities' objects */
     char label[64];
+    ferry__ps_quota *quota;          /* its identity's account (ferry__ps_session_open sets it) */
+    double probe_tokens, probe_last; /* Job probes: a token bucket (table lock) */
     /* table lock: */
     double created, last_used;
     int leases, had_lease; /* open Session streams; whether it ever opened one */
@@ -394,9 +449,11 @@ typedef struct ferry__ps_sessions {
     double ttl_s;
     int max, max_per_identity;
     ferry__ps_session local; /* in-process calls: identity "local", admin */
+    ferry__ps_quotas *quotas; /* each session's identity's account */
 } ferry__ps_sessions;
 
-ferry_status ferry__ps_sessions_init(ferry__ps_sessions *S, double ttl_s, int max, int max_per_id);
+ferry_status ferry__ps_sessions_init(ferry__ps_sessions *S, double ttl_s, int max, int max_per_id,
+                                     ferry__ps_quotas *quotas);
 void ferry__ps_sessions_deinit(ferry__ps_sessions *S);
 /* Hello: renews the caller's live session when it names one with its own
  * credentials, else opens a new one (FERRY_ERR_RESOURCE over --max-sessions or the
@@ -409,6 +466,9 @@ ferry_status ferry__ps_session_open(ferry__ps_sessions *S, const ferry_rpc_calle
 ferry_status ferry__ps_session_enter(ferry__ps_sessions *S, const ferry_rpc_caller_info *who,
                                      const char *method, ferry__ps_session **out);
 void ferry__ps_session_leave(ferry__ps_sessions *S, ferry__ps_session *s);
+/* One probe of the session's allowance (10 a second, in bursts of 20):
+ * FERRY_ERR_BUSY when spent. */
+ferry_status ferry__ps_session_probe_rate(ferry__ps_sessions *S, ferry__ps_session *s);
 /* 1 while session `serial` may hold a job rank: a Session stream open, or, for a
  * client that never opened one, a call within the TTL. */
 int ferry__ps_session_holds(ferry__ps_sessions *S, uint64_t serial);
@@ -446,7 +506,11 @@ typedef struct ferry__ps_job ferry__ps_job;
 typedef struct ferry__ps_jobs {
     pthread_mutex_t mu; /* guards every job; taken before a context or module lock */
     ferry__ps_job *list;
+    int count;     /* jobs held */
+    int64_t bytes; /* their memory: the job records and their rank tables */
     int stopped; /* the server stops: waits are refused */
+    const ferry__ps_limits *lim; /* the server's */
+    double ttl_s; /* a finished or failed job, or one nobody holds, is freed this long after */
 } ferry__ps_jobs;
 
 void ferry__ps_jobs_init(ferry__ps_jobs *j);
@@ -454,16 +518,60 @@ void ferry__ps_jobs_init(ferry__ps_jobs *j);
  * later waits; then frees everything (deinit). */
 void ferry__ps_jobs_stop(ferry__ps_jobs *j);
 void ferry__ps_jobs_deinit(ferry__ps_jobs *j);
-/* Fails the waits that passed their job's sync timeout (the sweep timer). */
-void ferry__ps_jobs_expire(ferry__ps_jobs *j);
+/* Fails the waits that passed their job's sync timeout, and frees the jobs that
+ * finished, failed or were held by no live session for the jobs' TTL (the sweep
+ * timer). */
+struct ferry__ps_sessions;
+void ferry__ps_jobs_expire(ferry__ps_jobs *j, struct ferry__ps_sessions *S);
 
 /* ---- the server's state and its request handlers ---- */
+
+/* Writes every module (owner NULL) or those of identity owner (a job's checkpoint:
+ * the file records the owner) with config, version, parameters and optimizer state,
+ * and the job step it belongs to, into file `name` in directory `dir` (a ckfile, see
+ * checkpoint.c) atomically: a new temporary file (O_EXCL, never a symlink's target),
+ * fsync, rename over the name (which replaces a symlink, never follows it), fsync of
+ * the directory. Refused with FERRY_ERR_RESOURCE when the file system lacks the
+ * room. *bytes receives the size. Afterwards only the newest `keep` ferry-ps
+ * checkpoints in dir are kept (keep <= 0: all). */
+ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
+                                        const char *owner, uint64_t step, int keep,
+                                        uint64_t *bytes);
+/* Verifies a whole checkpoint (every section's CRC) and only then recreates its
+ * modules (charged to their owners' accounts in Q; NULL: uncharged), or loads them into
+ * the existing ones of the same configuration. *step
+ * (may be NULL) receives the job step it belongs to. FERRY_ERR_FORMAT naming the
+ * file and what is wrong; nothing is changed then. */
+ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
+                                       uint64_t *step);
+/* What a probe knows of a directory's checkpoint files: name, size, modification time
+ * and inode, and what verifying the file found (its step and owner, or that it is
+ * damaged). A file is read and CRC-checked once; later probes trust this while its
+ * size, time and inode stay. */
+typedef struct ferry__ps_manifest_entry {
+    char name[256];
+    int64_t size, mtime_ns;
+    uint64_t ino;
+    uint64_t step;
+    char owner[FERRY_RPC_IDENTITY_MAX];
+    int ok;
+} ferry__ps_manifest_entry;
+
+typedef struct ferry__ps_manifest {
+    pthread_mutex_t mu;
+    ferry__ps_manifest_entry *e;
+    size_t n, cap;
+    uint64_t verified, reused; /* files read whole, answers from the manifest */
+    uint64_t bytes_read;       /* what verifying read */
+} ferry__ps_manifest;
 
 /* What every request handler works on: the server's state without its loop. server.c
  * makes it at start-up and registers each method's handler with the RPC server with
  * this state as the handler's user pointer; handlers never call into server.c. */
 typedef struct ferry__ps_state {
     ferry__ps_registry reg;
+    ferry__ps_quotas quotas;
+    ferry__ps_manifest manifest; /* the checkpoint files probes have verified */
     ferry__ps_sessions sessions;
     ferry__ps_ctx_table ctxs;
     ferry__ps_jobs jobs;
@@ -540,9 +648,9 @@ void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial);
 /* Session serial lost its last Session stream (its trainer died or its connection
  * closed): the waits of other ranks on the ranks it holds end now (jobs.c). */
 void ferry__ps_jobs_holder_gone(ferry__ps_jobs *j, uint64_t serial);
-/* The module `name` if session sess may use it (its identity's, or any for an admin);
- * NULL with FERRY_ERR_NOT_FOUND set otherwise, the same answer for a name that does
- * not exist and for another identity's module. */
+/* The module `name` if session sess may use it (its identity's, or any for an admin),
+ * referenced (ferry__ps_module_put); NULL with FERRY_ERR_NOT_FOUND set otherwise, the
+ * same answer for a name that does not exist and for another identity's module. */
 ferry__ps_module *ferry__ps_module_find(ferry__ps_state *ps, const ferry__ps_session *sess,
                                         const char *name);
 /* One optimizer step of a module from cm's gradients: lr (> 0 sets it), the penalty
@@ -556,38 +664,28 @@ ferry_status ferry__ps_step_module(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
  * module's lock (handlers.c). */
 ferry_status ferry__ps_ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
                                       ferry__ps_ctx_mod *cm, int locked);
-/* Appends the per-job metrics to a Stats reply: job/<name>/... of identity owner's jobs
- * (NULL: all) (jobs.c). */
+/* The jobs held and their memory (jobs.c). */
+void ferry__ps_jobs_totals(ferry__ps_jobs *j, int64_t *count, int64_t *bytes);
+/* Appends the per-job metrics to a Stats reply: "jobs", "job_bytes", then job/<name>/...
+ * of identity owner's jobs (NULL: all), at most 32 jobs ("jobs_unlisted": the rest)
+ * (jobs.c). */
 typedef void (*ferry__ps_metric_fn)(void *user, const char *name, double value);
 void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metric_fn add,
                             void *user);
 
 /* ---- checkpoints (checkpoint.c) ---- */
 
-/* Writes every module (owner NULL) or those of identity owner (a job's checkpoint:
- * the file records the owner) with config, version, parameters and optimizer state,
- * and the job step it belongs to, into file `name` in directory `dir` (a ckfile, see
- * checkpoint.c) atomically: a new temporary file (O_EXCL, never a symlink's target),
- * fsync, rename over the name (which replaces a symlink, never follows it), fsync of
- * the directory. Refused with FERRY_ERR_RESOURCE when the file system lacks the
- * room. *bytes receives the size. Afterwards only the newest `keep` ferry-ps
- * checkpoints in dir are kept (keep <= 0: all). */
-ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
-                                        const char *owner, uint64_t step, int keep,
-                                        uint64_t *bytes);
-/* Verifies a whole checkpoint (every section's CRC) and only then recreates its
- * modules, or loads them into the existing ones of the same configuration. *step
- * (may be NULL) receives the job step it belongs to. FERRY_ERR_FORMAT naming the
- * file and what is wrong; nothing is changed then. */
-ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path, uint64_t *step);
+void ferry__ps_manifest_init(ferry__ps_manifest *M);
+void ferry__ps_manifest_deinit(ferry__ps_manifest *M);
+
 /* Verifies a checkpoint without loading it; *step its job step, owner (NULL, or
  * FERRY_RPC_IDENTITY_MAX bytes) the identity it holds the modules of ("" for all). */
 ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step, char *owner);
 /* The steps N of job's complete checkpoints "<job>-step<N>.ckpt" in dir that belong
  * to identity owner (NULL: any), ascending (*steps malloc'd); damaged ones are logged
  * and left out. */
-ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, const char *owner,
-                                            uint64_t **steps, size_t *n);
+ferry_status ferry__ps_checkpoint_job_steps(const char *dir, ferry__ps_manifest *M, const char *job,
+                                            const char *owner, uint64_t **steps, size_t *n);
 /* A checkpoint written on request (admin.c): file `name` in --checkpoint-dir ("" the
  * default name of `step`), of identity owner's modules (NULL: all), one at a time and
  * within --checkpoint-rate; a named request repeating the last one written, with no

@@ -37,6 +37,11 @@ typedef struct ferry_ps_config {
                                    Session stream, ends (> 0) */
     int max_sessions;           /* live sessions, all identities (0: 4096) */
     int max_sessions_per_identity; /* live sessions of one identity (0: 1024) */
+    int max_calls_per_identity;    /* calls of one identity running at once (0: its fair share
+                                      of the threads while other identities have work) */
+    size_t max_pending_reply_bytes; /* replies sent but not yet read by their clients, in
+                                       all (0: 1 GiB; one connection: one reply) */
+    double reply_timeout_s;         /* a reply unread this long is cancelled (0: 60) */
     size_t max_message_bytes;   /* both directions; 0: the rpc layer's default (256 MiB) */
     const char *checkpoint_dir; /* where Checkpoint writes when the request has no path;
                                    NULL: Checkpoint needs an explicit path */
@@ -53,6 +58,15 @@ typedef struct ferry_ps_config {
                                   call's scratch (1 GiB) */
     size_t max_contexts_bytes; /* every context together (a quarter of physical memory) */
     int max_contexts;          /* contexts alive at once (16384) */
+    /* One identity's share (all its sessions together); 0 takes the default: */
+    int max_contexts_per_identity;          /* contexts (half of max_contexts) */
+    size_t max_contexts_bytes_per_identity; /* their memory (half of max_contexts_bytes) */
+    int max_modules_per_identity;           /* modules (65536) */
+    size_t max_model_bytes_per_identity;    /* their memory (all of max_model_bytes) */
+    int max_jobs;                           /* jobs held, all identities (1024) */
+    int max_jobs_per_identity;              /* jobs of one identity (64) */
+    double job_ttl_s;          /* a finished or failed job, or one no live session holds a rank of,
+                                  is freed this long after (0: 600) */
     int checkpoint_keep;       /* ferry-ps checkpoints kept in checkpoint_dir; older ones
                                   are deleted after each write (4) */
     int drain_ms;              /* on stop: health reports NOT_SERVING (and calls are still

@@ -253,6 +253,15 @@ static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_
 static void module_destroy(ferry__ps_module *m) {
     if (m == NULL)
         return;
+    if (m->reg != NULL) { /* its bytes go back to the model budget */
+        pthread_mutex_lock(&m->reg->mu);
+        m->reg->bytes -= m->bytes;
+        pthread_mutex_unlock(&m->reg->mu);
+    }
+    if (m->quota != NULL) { /* and to its owner's share */
+        atomic_fetch_sub(&m->quota->modules, 1);
+        atomic_fetch_sub(&m->quota->model_bytes, m->bytes);
+    }
     if (m->kind != NULL && m->kind->destroy != NULL)
         m->kind->destroy(m);
     ferry_optim_destroy(m->opt);
@@ -406,8 +415,10 @@ void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim)
 }
 
 void ferry__ps_registry_deinit(ferry__ps_registry *r) {
-    for (int i = 0; i < r->count; i++)
-        module_destroy(r->mods[i]);
+    for (int i = 0; i < r->count; i++) {
+        r->mods[i]->reg = NULL; /* the registry goes first: no budget to give back to */
+        ferry__ps_module_put(r->mods[i]);
+    }
     free(r->mods);
     pthread_mutex_destroy(&r->mu);
     memset(r, 0, sizeof *r);
@@ -421,9 +432,20 @@ static ferry__ps_module *find_locked(ferry__ps_registry *r, const char *name) {
     return NULL;
 }
 
+void ferry__ps_module_ref(ferry__ps_module *m) {
+    atomic_fetch_add(&m->refs, 1);
+}
+
+void ferry__ps_module_put(ferry__ps_module *m) {
+    if (m != NULL && atomic_fetch_sub(&m->refs, 1) == 1)
+        module_destroy(m);
+}
+
 ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name) {
     pthread_mutex_lock(&r->mu);
     ferry__ps_module *m = find_locked(r, name);
+    if (m != NULL)
+        ferry__ps_module_ref(m);
     pthread_mutex_unlock(&r->mu);
     if (m == NULL)
         (void)ferry_errorf(FERRY_ERR_NOT_FOUND, "unknown module '%s'", name);
@@ -434,10 +456,37 @@ ferry__ps_module **ferry__ps_registry_list(ferry__ps_registry *r, int *n) {
     pthread_mutex_lock(&r->mu);
     ferry__ps_module **out = r->count > 0 ? malloc((size_t)r->count * sizeof *out) : NULL;
     *n = out != NULL ? r->count : 0;
-    if (out != NULL)
-        memcpy(out, r->mods, (size_t)r->count * sizeof *out);
+    for (int i = 0; i < *n; i++) {
+        out[i] = r->mods[i];
+        ferry__ps_module_ref(out[i]);
+    }
     pthread_mutex_unlock(&r->mu);
     return out;
+}
+
+void ferry__ps_registry_list_free(ferry__ps_module **mods, int n) {
+    for (int i = 0; i < n; i++)
+        ferry__ps_module_put(mods[i]);
+    free(mods);
+}
+
+ferry_status ferry__ps_registry_delete(ferry__ps_registry *r, ferry__ps_module *m, int64_t *bytes) {
+    pthread_mutex_lock(&r->mu);
+    int i = 0;
+    while (i < r->count && r->mods[i] != m)
+        i++;
+    if (i == r->count) {
+        pthread_mutex_unlock(&r->mu);
+        return ferry_errorf(FERRY_ERR_NOT_FOUND, "module '%s' was deleted already", m->name);
+    }
+    memmove(&r->mods[i], &r->mods[i + 1], (size_t)(r->count - i - 1) * sizeof *r->mods);
+    r->count--;
+    *bytes = m->bytes;
+    pthread_mutex_unlock(&r->mu);
+    FERRY_LOG_INFO("deleted %s '%s' of '%s' (%.1f MiB once its last user is done)",
+                   ferry__ps_kind_name(m->kind), m->name, m->owner, (double)m->bytes / 1048576.0);
+    ferry__ps_module_put(m); /* the registry's reference */
+    return FERRY_OK;
 }
 
 int ferry__ps_registry_count(ferry__ps_registry *r) {
@@ -447,7 +496,26 @@ int ferry__ps_registry_count(ferry__ps_registry *r) {
     return n;
 }
 
-ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner, const char *name,
+/* A new module into its owner's share: one more module, its bytes. */
+static ferry_status module_quota(ferry__ps_registry *r, ferry__ps_quota *q, ferry__ps_module *m) {
+    if (q == NULL)
+        return FERRY_OK;
+    ferry_status st = ferry__ps_quota_take(&q->modules, r->lim->id_modules, "modules", q->identity,
+                                           "--max-modules-per-identity");
+    if (st != FERRY_OK)
+        return st;
+    char what[FERRY_RPC_NAME_MAX + 48];
+    (void)snprintf(what, sizeof what, "%s '%s'", ferry__ps_kind_name(m->kind), m->name);
+    if ((st = ferry__ps_quota_charge(&q->model_bytes, m->bytes, r->lim->id_model_bytes, what,
+                                     q->identity, "--max-model-mb-per-identity")) != FERRY_OK)
+        atomic_fetch_sub(&q->modules, 1);
+    else
+        m->quota = q;
+    return st;
+}
+
+ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner,
+                                       ferry__ps_quota *quota, const char *name,
                                        const Ferry__V1__ModuleConfig *cfg, ferry_rpc_msg *req,
                                        int *created, ferry__ps_module **out) {
     ferry__ps_module_config c;
@@ -481,13 +549,22 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner,
             else
                 r->mods = mods, r->cap = cap;
         }
-        if (st == FERRY_OK && (st = module_build(r, name, &c, cfg, req, &m)) == FERRY_OK) {
+        if (st == FERRY_OK && (st = module_build(r, name, &c, cfg, req, &m)) == FERRY_OK &&
+            (st = module_quota(r, quota, m)) != FERRY_OK) {
+            module_destroy(m);
+            m = NULL;
+        }
+        if (st == FERRY_OK) {
             (void)snprintf(m->owner, sizeof m->owner, "%s", owner);
+            atomic_init(&m->refs, 1); /* the registry's */
+            m->reg = r;
             r->mods[r->count++] = m;
             r->bytes += m->bytes;
             *created = 1;
         }
     }
+    if (st == FERRY_OK)
+        ferry__ps_module_ref(m); /* the caller's */
     pthread_mutex_unlock(&r->mu);
     if (st == FERRY_OK && *created)
         FERRY_LOG_INFO(

@@ -30,6 +30,7 @@ struct ferry_ps_server {
     uv_loop_t loop;
     uv_async_t wake;
     uv_timer_t sweep;
+    double last_trim;  /* the last ferry_rpc_release_idle_memory (on_sweep) */
     uv_timer_t drain;  /* --drain-ms: NOT_SERVING before the rpc server stops */
     int drain_grace;   /* the grace the stop asked for, used when the drain ends; -1: none */
     uv_signal_t sigint, sigterm;
@@ -181,15 +182,21 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     pthread_mutex_init(&ps->checkpoint_mu, NULL);
     ferry__ps_limits_resolve(cfg, &ps->lim);
     ferry__ps_registry_init(&ps->reg, &ps->lim); /* both point at ps->lim */
+    ferry__ps_quotas_init(&ps->quotas);
+    ferry__ps_manifest_init(&ps->manifest);
     ferry__ps_jobs_init(&ps->jobs);
+    ps->jobs.lim = &ps->lim;
+    ps->jobs.ttl_s = cfg->job_ttl_s > 0.0 ? cfg->job_ttl_s : 600.0;
     if ((st = ferry__ps_sessions_init(
              &ps->sessions, cfg->session_ttl_s, cfg->max_sessions > 0 ? cfg->max_sessions : 4096,
-             cfg->max_sessions_per_identity > 0 ? cfg->max_sessions_per_identity : 1024)) !=
-            FERRY_OK ||
+             cfg->max_sessions_per_identity > 0 ? cfg->max_sessions_per_identity : 1024,
+             &ps->quotas)) != FERRY_OK ||
         (st = ferry__ps_ctx_table_init(&ps->ctxs, cfg->context_ttl_s, &ps->lim)) != FERRY_OK) {
         ferry__ps_sessions_deinit(&ps->sessions);
         ferry__ps_jobs_deinit(&ps->jobs);
         ferry__ps_registry_deinit(&ps->reg);
+        ferry__ps_quotas_deinit(&ps->quotas);
+        ferry__ps_manifest_deinit(&ps->manifest);
         pthread_mutex_destroy(&ps->checkpoint_mu);
         pthread_mutex_destroy(&ps->id_mu);
         pthread_mutex_destroy(&s->mu);
@@ -219,8 +226,8 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
         FERRY_LOG_INFO("restoring the newest complete checkpoint of %s: %s",
                        ps->checkpoint_dir, newest);
     }
-    if (restore != NULL &&
-        (st = ferry__ps_checkpoint_read(&ps->reg, restore, &ps->restored_step)) != FERRY_OK) {
+    if (restore != NULL && (st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, restore,
+                                                           &ps->restored_step)) != FERRY_OK) {
         ferry_ps_server_destroy(s);
         return st;
     }
@@ -252,6 +259,13 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
         rc.method_role[m] = ferry__ps_method_role((ferry_rpc_method)m);
     rc.lease.open = lease_open;
     rc.lease.close = lease_close;
+    /* Hello, Stats and Shutdown never wait on a module or a context: answered at once,
+     * however busy the workers are with other calls. */
+    rc.cheap[FERRY_RPC_HELLO] = rc.cheap[FERRY_RPC_STATS] = rc.cheap[FERRY_RPC_SHUTDOWN] = 1;
+    rc.workers = cfg->threads;
+    rc.max_calls_per_identity = cfg->max_calls_per_identity;
+    rc.max_pending_bytes = (int64_t)cfg->max_pending_reply_bytes;
+    rc.reply_timeout_s = cfg->reply_timeout_s;
     rc.tls_cert_pem = cfg->tls_cert_pem;
     rc.tls_key_pem = cfg->tls_key_pem;
     rc.tls_ca_pem = cfg->tls_ca_pem;
@@ -387,11 +401,22 @@ static void on_wake(uv_async_t *a) {
         uv_walk(a->loop, close_handle, NULL);
 }
 
+#define TRIM_EVERY_S 5.0
+
 static void on_sweep(uv_timer_t *t) {
     ferry_ps_server *s = t->data;
     sessions_sweep(&s->ps);
     (void)ferry__ps_ctx_sweep(&s->ps.ctxs);
-    ferry__ps_jobs_expire(&s->ps.jobs);
+    ferry__ps_jobs_expire(&s->ps.jobs, &s->ps.sessions);
+    if (s->rpc != NULL)
+        (void)ferry_rpc_server_reap(s->rpc); /* replies nobody reads */
+    /* What freed jobs, modules and replies held goes back to the system, not only to
+     * malloc's free lists (contexts do it as they are swept). */
+    double now = ferry_now();
+    if (now - s->last_trim > TRIM_EVERY_S) {
+        s->last_trim = now;
+        ferry_rpc_release_idle_memory();
+    }
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -473,6 +498,8 @@ void ferry_ps_server_destroy(ferry_ps_server *s) {
     ferry__ps_ctx_table_deinit(&s->ps.ctxs);
     ferry__ps_sessions_deinit(&s->ps.sessions);
     ferry__ps_registry_deinit(&s->ps.reg);
+    ferry__ps_quotas_deinit(&s->ps.quotas); /* after everything charged to them */
+    ferry__ps_manifest_deinit(&s->ps.manifest);
     pthread_mutex_destroy(&s->ps.checkpoint_mu);
     pthread_mutex_destroy(&s->ps.id_mu);
     pthread_mutex_destroy(&s->mu);

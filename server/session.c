@@ -30,8 +30,10 @@ static uint64_t id_hash(const char *id) {
     return h;
 }
 
-ferry_status ferry__ps_sessions_init(ferry__ps_sessions *S, double ttl_s, int max, int max_per_id) {
+ferry_status ferry__ps_sessions_init(ferry__ps_sessions *S, double ttl_s, int max, int max_per_id,
+                                     ferry__ps_quotas *quotas) {
     memset(S, 0, sizeof *S);
+    S->quotas = quotas;
     if ((S->buckets = calloc(SESSION_BUCKETS, sizeof *S->buckets)) == NULL)
         return FERRY_ERR_NOMEM;
     pthread_mutex_init(&S->mu, NULL);
@@ -45,6 +47,7 @@ ferry_status ferry__ps_sessions_init(ferry__ps_sessions *S, double ttl_s, int ma
     S->local.role = FERRY_RPC_ROLE_ADMIN;
     S->local.authority = 1;
     S->local.refs = 1;
+    S->local.quota = ferry__ps_quota_of(quotas, "local");
     return FERRY_OK;
 }
 
@@ -136,6 +139,7 @@ ferry_status ferry__ps_session_open(ferry__ps_sessions *S, const ferry_rpc_calle
     (void)snprintf(s->label, sizeof s->label, "%s", who->label);
     s->role = who->role;
     s->authority = who->authority;
+    s->quota = ferry__ps_quota_of(S->quotas, who->identity); /* NULL (no memory): uncharged */
     s->created = s->last_used = ferry_now();
     s->refs = 2; /* the table's and the caller's */
     ferry__ps_session **head = &S->buckets[id_hash(s->id) & (SESSION_BUCKETS - 1)];
@@ -290,4 +294,30 @@ void ferry__ps_sessions_counts(ferry__ps_sessions *S, int64_t *live, int64_t *op
             l += s->leases;
     *leases = l;
     pthread_mutex_unlock(&S->mu);
+}
+
+#define PROBE_RATE  10.0 /* Job probes per second and session ... */
+#define PROBE_BURST 20.0 /* ... in bursts of this many */
+
+ferry_status ferry__ps_session_probe_rate(ferry__ps_sessions *S, ferry__ps_session *s) {
+    if (s == &S->local)
+        return FERRY_OK;
+    double now = ferry_now();
+    pthread_mutex_lock(&S->mu);
+    if (s->probe_last == 0.0)
+        s->probe_tokens = PROBE_BURST;
+    else
+        s->probe_tokens += (now - s->probe_last) * PROBE_RATE;
+    s->probe_tokens = s->probe_tokens > PROBE_BURST ? PROBE_BURST : s->probe_tokens;
+    s->probe_last = now;
+    int ok = s->probe_tokens >= 1.0;
+    if (ok)
+        s->probe_tokens -= 1.0;
+    pthread_mutex_unlock(&S->mu);
+    if (!ok)
+        return ferry_errorf(FERRY_ERR_RESOURCE,
+                            "Job probe refused: more than %.0f a second from this session; try "
+                            "again shortly",
+                            PROBE_RATE);
+    return FERRY_OK;
 }

@@ -28,6 +28,7 @@ struct ferry_cluster {
     atomic_uint_fast64_t next_ctx; /* low 48 bits of the next context id */
     atomic_int retry_ms;           /* ferry_cluster_set_retry */
     atomic_uint_fast64_t retries;  /* calls sent again */
+    int tls; /* how the clients connect: 0 plaintext, 1 TLS, 2 TLS with a certificate */
 };
 
 typedef struct ferry__dist_shard {
@@ -155,6 +156,11 @@ ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method
                                        const int *servers, const ferry_rpc_msg *reqs, int shared,
                                        ferry_rpc_msg *replies, int deadline_ms,
                                        void (*during)(void *arg), void *arg);
+
+/* ListModules of one server (prefix NULL: all) into reply (initialized by the caller,
+ * who deinitializes it). */
+ferry_status ferry__dist_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                      ferry_rpc_msg *reply);
 
 /* The reply tensor `name` of a call to server, checked to have the dtype and the
  * shape want (entries < 0 match anything); FERRY_ERR_FORMAT naming the peer. */

@@ -485,3 +485,145 @@ ferry_status ferry_remote_set_params(ferry_remote *m, const char *param, int64_t
                                      int64_t row_count, const float *src) {
     return params_io(m, param, row_begin, row_count, NULL, src);
 }
+
+/* ---- attaching to a module by name ---- */
+
+/* The optimizer of a module config as the server reads it: the kind's defaults, the
+ * non-zero fields, then the exact `extra` values (server/registry.c does the same). */
+static ferry_status optim_from_message(const Ferry__V1__OptimizerConfig *o,
+                                       ferry_optim_config *out) {
+    const char *name = o != NULL && o->name[0] != '\0' ? o->name : "sgd";
+    ferry_optim_kind kind;
+    ferry_status st = ferry_optim_parse_kind(strcmp(name, "momentum") == 0 ? "sgd" : name, &kind);
+    if (st != FERRY_OK)
+        return st;
+    ferry_optim_config c = ferry_optim_defaults(kind);
+    for (int i = 0; o != NULL && i < FERRY_OPTIM_FIELD_COUNT; i++) {
+        double v;
+        if (ferry__proto_get_number(&o->base, ferry_optim_fields[i].name, &v) && v != 0.0)
+            ferry_optim_field_set(&c, i, v);
+    }
+    for (size_t k = 0; o != NULL && k < o->n_extra; k++) {
+        int i = ferry_optim_field_find(o->extra[k]->name);
+        if (i >= 0)
+            ferry_optim_field_set(&c, i, o->extra[k]->value);
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+/* A ferry_remote_config from a module config the server reported (name not set). */
+static ferry_status config_from_message(const Ferry__V1__ModuleConfig *mc,
+                                        ferry_remote_config *cfg) {
+    const Ferry__V1__Stiefel *k = NULL;
+    switch (mc->kind_case) {
+    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_EMBEDDING, NULL, mc->embedding->vocab,
+                                    mc->embedding->width);
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_DECODER, NULL, mc->decoder->vocab,
+                                    mc->decoder->hidden);
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_LINEAR, NULL, mc->linear->input,
+                                    mc->linear->output);
+        cfg->bias = !mc->linear->no_bias;
+        k = mc->linear->stiefel;
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_DENSE, NULL, mc->dense->rows,
+                                    mc->dense->cols);
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_LSTM:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_LSTM, NULL, mc->lstm->input,
+                                    mc->lstm->hidden);
+        cfg->layers = (int)mc->lstm->layers;
+        cfg->first_layer = (int)mc->lstm->first_layer;
+        cfg->dropout = (float)((double)mc->lstm->dropout_ppm / 1e6);
+        k = mc->lstm->stiefel;
+        break;
+    default:
+        return ferry_errorf(FERRY_ERR_FORMAT, "the server reported a module of no known kind");
+    }
+    if (k != NULL) {
+        cfg->constraint.kind = FERRY_REMOTE_CONSTRAINT_STIEFEL;
+        cfg->constraint.beta = k->beta;
+        cfg->constraint.polar_init = k->polar != 0;
+    }
+    if (mc->init != NULL) {
+        cfg->init_seed = mc->init->seed;
+        cfg->init_scale = (float)mc->init->scale;
+        cfg->weight_offset = mc->init->weight_offset != NULL ? mc->init->weight_offset->value : -1;
+        cfg->bias_offset = mc->init->bias_offset != NULL ? mc->init->bias_offset->value : -1;
+    } else {
+        cfg->init_seed = 0;
+    }
+    return optim_from_message(mc->optimizer, &cfg->optim);
+}
+
+ferry_status ferry_remote_attach(ferry_cluster *c, const char *name, ferry_remote_config *out_cfg,
+                                 ferry_remote **out) {
+    if (name == NULL || name[0] == '\0' || strlen(name) >= FERRY_RPC_NAME_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "attach: a module name of 1..%d bytes",
+                            FERRY_RPC_NAME_MAX - 1);
+    ferry_remote_config cfg;
+    int have = 0, one = 0;
+    ferry_status st = FERRY_OK;
+    for (int s = 0; s < c->n && st == FERRY_OK; s++) {
+        ferry_rpc_msg reply;
+        ferry_rpc_msg_init(&reply);
+        st = ferry__dist_list_modules(c, s, name, &reply);
+        const Ferry__V1__ModuleConfig *mc = NULL;
+        for (size_t i = 0;
+             st == FERRY_OK && i < ((const Ferry__V1__ListModulesReply *)reply.head)->n_modules;
+             i++) {
+            const Ferry__V1__ModuleInfo *m =
+                ((const Ferry__V1__ListModulesReply *)reply.head)->modules[i];
+            if (strcmp(m->name, name) == 0)
+                mc = m->config;
+        }
+        if (st == FERRY_OK && mc != NULL && !have) {
+            st = config_from_message(mc, &cfg);
+            have = st == FERRY_OK;
+            one = cfg.kind == FERRY_REMOTE_LINEAR || cfg.kind == FERRY_REMOTE_LSTM;
+            if (one)
+                cfg.server = s;
+        }
+        if (st == FERRY_OK && mc != NULL && !one) {
+            /* Shard s must hold the rows this client's placement gives server s. */
+            int64_t R = cfg.dims[0], lo = (int64_t)s * R / c->n, hi = (int64_t)(s + 1) * R / c->n;
+            int64_t rc = mc->row_count != 0 ? mc->row_count : R - mc->row_begin;
+            if (mc->row_begin != lo || rc != hi - lo)
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "attach '%s': %s holds rows [%lld, %lld), this client would "
+                                  "place [%lld, %lld) there (another number of servers, or a "
+                                  "decoder with a local slice)",
+                                  name, ferry_rpc_client_target(c->clients[s]),
+                                  (long long)mc->row_begin, (long long)(mc->row_begin + rc),
+                                  (long long)lo, (long long)hi);
+        } else if (st == FERRY_OK && mc == NULL && !one) {
+            st = ferry_errorf(FERRY_ERR_NOT_FOUND, "attach '%s': %s hosts no module of that name",
+                              name, ferry_rpc_client_target(c->clients[s]));
+        }
+        ferry_rpc_msg_deinit(&reply);
+    }
+    if (st == FERRY_OK && !have)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "attach '%s': no server hosts a module of that name",
+                          name);
+    if (st != FERRY_OK)
+        return st;
+    cfg.name = name;
+    if ((st = ferry_remote_create(c, &cfg, out)) != FERRY_OK)
+        return st;
+    if (ferry_remote_created(*out) != 0) { /* a shard vanished meanwhile: do not keep it */
+        ferry_remote_destroy(*out);
+        *out = NULL;
+        return ferry_errorf(FERRY_ERR_NOT_FOUND, "attach '%s': a shard was deleted meanwhile",
+                            name);
+    }
+    cfg.name = (*out)->name;
+    if (out_cfg != NULL)
+        *out_cfg = cfg;
+    return FERRY_OK;
+}

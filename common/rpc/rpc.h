@@ -66,7 +66,9 @@ struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.
     X(CHECKPOINT, Checkpoint, checkpoint)                                                          \
     X(STATS, Stats, stats)                                                                         \
     X(SHUTDOWN, Shutdown, shutdown)                                                                \
-    X(JOB, Job, job)
+    X(JOB, Job, job)                                                                               \
+    X(LIST_MODULES, ListModules, list_modules)                                                     \
+    X(DELETE_MODULE, DeleteModule, delete_module)
 
 /* clang-format off */
 typedef enum ferry_rpc_method {
@@ -329,6 +331,23 @@ typedef struct ferry_rpc_server_config {
      * CN or a DNS/URI subject alternative name is refused (UNAUTHENTICATED). */
     const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT]; /* NULL: UNIMPLEMENTED */
+    /* Methods answered at once on the threads polling gRPC (cheap, never waiting:
+     * Hello, Stats). Every other method goes through a fair work queue: `workers`
+     * threads (0: `threads`) take the callers' identities in turn, one identity may run
+     * at most max_calls_per_identity calls at once (0: its fair share of the workers
+     * while others have work), and a call over max_queued_calls waiting (0: 4096), or
+     * max_queued_calls_per_identity of its identity (0: 1024), is refused with
+     * FERRY_ERR_RESOURCE. Health checks never queue. */
+    unsigned char cheap[FERRY_RPC_METHOD_COUNT];
+    int workers, max_calls_per_identity, max_queued_calls, max_queued_calls_per_identity;
+    /* Replies sent but not yet taken by their clients (a client that stops reading
+     * holds them in the server): at most max_pending_bytes in all (0: 1 GiB) and
+     * max_pending_bytes_per_connection per connection (0: max_message_bytes; a
+     * connection may always hold one reply); a reply past either is refused with
+     * FERRY_ERR_RESOURCE, and one unread after reply_timeout_s (0: 60) is cancelled by
+     * ferry_rpc_server_reap. */
+    int64_t max_pending_bytes, max_pending_bytes_per_connection;
+    double reply_timeout_s;
     /* Session streams ("/ferry.v1.Ferry/Session"); NULL open: UNIMPLEMENTED. A stream
      * needs role reader. */
     ferry_rpc_lease_ops lease;
@@ -375,6 +394,26 @@ const char *ferry_rpc_stats_slot_name(int slot);
 /* The name of a gRPC status code ("OK", "NOT_FOUND", ...). */
 const char *ferry_rpc_code_name(int code);
 void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_method_stats *out);
+
+/* The fair work queue: calls waiting and running, served, refused, and how long the
+ * served ones waited (mean, worst). */
+typedef struct ferry_rpc_queue_stats {
+    int queued, running;
+    uint64_t served, refused;
+    double wait_mean_s, wait_max_s;
+} ferry_rpc_queue_stats;
+void ferry_rpc_server_queue_stats(ferry_rpc_server *s, ferry_rpc_queue_stats *out);
+
+/* Cancels the replies older than the reply timeout that their clients have not read;
+ * returns how many (for a daemon's periodic timer). Thread-safe. */
+int ferry_rpc_server_reap(ferry_rpc_server *s);
+typedef struct ferry_rpc_pending_stats {
+    int64_t bytes, worst_connection_bytes; /* unread reply bytes held: in all, the most one
+                                              connection holds */
+    int64_t max_bytes, max_bytes_per_connection;
+    uint64_t refused, cancelled; /* replies refused over a limit, cancelled unread */
+} ferry_rpc_pending_stats;
+void ferry_rpc_server_pending_stats(ferry_rpc_server *s, ferry_rpc_pending_stats *out);
 
 /* The grpc.health.v1 status the server reports: 1 SERVING (from the start), 0
  * NOT_SERVING (a daemon draining). Thread-safe. */

@@ -14,7 +14,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <grpc/support/alloc.h>
+
 #include "common/core/log.h"
+#include "common/rpc/sched.h"
 #include "common/rpc/transport-grpc.h"
 
 #include "ferry.pb-c.h"
@@ -33,7 +36,19 @@ static const char *const health_paths[2] = {"/grpc.health.v1.Health/Check",
                                             "/grpc.health.v1.Health/Watch"};
 
 #define MAX_WATCHERS 64    /* open Health/Watch streams; later ones get one answer */
+#define PEND_MIN_BYTES   4096  /* replies counted against the unread-reply limits */
+#define REFUSAL_WINDOW_S 10.0  /* refusal log: a window ... */
+#define REFUSAL_LINES    20    /* ... logs this many in full ... */
+#define REFUSAL_KINDS    16    /* ... and counts the rest by this many (status, identity) */
 #define MAX_LEASES   65536 /* open Session streams, all sessions (each session caps its own) */
+
+/* The bytes of replies one connection has not taken yet. */
+typedef struct pend_peer {
+    char *peer; /* grpc_call_get_peer's text: "ipv4:10.0.0.2:53122" */
+    int64_t bytes;
+    int calls;
+    struct pend_peer *next;
+} pend_peer;
 
 /* One line of the token table, owned. */
 typedef struct srv_identity {
@@ -54,6 +69,8 @@ struct ferry_rpc_server {
     int nids;
     ferry_rpc_role method_role[FERRY_RPC_METHOD_COUNT];
     ferry_rpc_lease_ops lease;
+    unsigned char cheap[FERRY_RPC_METHOD_COUNT]; /* answered on the polling threads */
+    ferry__rpc_sched *sched; /* every other method: the fair work queue (sched.c) */
     int mtls;             /* clients present certificates */
     atomic_int serving;   /* grpc.health.v1: 1 SERVING, 0 NOT_SERVING */
     struct server_call *watchers[MAX_WATCHERS]; /* open Health/Watch streams (mu) */
@@ -80,6 +97,29 @@ struct ferry_rpc_server {
 
     atomic_uint_fast64_t calls, errors, bytes_in, bytes_out;
     atomic_int_fast64_t in_flight;
+
+    /* Replies sent but not yet taken by their client (held until gRPC has written them),
+     * per connection and in all (pend_mu), and the calls holding them: refused past
+     * max_pending_*, cancelled once older than reply_timeout_s (ferry_rpc_server_reap). */
+    /* Refusals in the log: the first REFUSAL_LINES of each REFUSAL_WINDOW_S window in
+     * full, the rest counted by status and identity into one summary line (log_mu). */
+    pthread_mutex_t log_mu;
+    double log_window_start;
+    int log_lines;
+    struct refusal_count {
+        int code;
+        char identity[FERRY_RPC_IDENTITY_MAX];
+        uint64_t n;
+    } log_counts[REFUSAL_KINDS];
+    int log_nkinds;
+    uint64_t log_other; /* refusals of kinds past REFUSAL_KINDS */
+
+    pthread_mutex_t pend_mu;
+    struct pend_peer *peers;
+    struct server_call *pending; /* replies in flight, a list through pend_next */
+    int64_t pend_total, pend_max_total, pend_max_peer;
+    double reply_timeout_s;
+    atomic_uint_fast64_t pend_refused, pend_cancelled;
 
     /* FERRY_RPC_RECORD=DIR: the first RECORD_MAX requests of each method are written
      * to DIR/<Method>-<n>.bin as they arrived (the fuzz targets' seeds). */
@@ -121,6 +161,11 @@ typedef struct server_call {
     void *lease_handle;                           /* Session: what lease.open returned */
     struct server_call *lease_next, **lease_prev; /* srv->leases (mu) */
     double t0;        /* when the call arrived */
+    /* Its reply while unread (pend_charge .. pend_release; srv->pend_mu). */
+    int64_t pend_bytes;
+    struct pend_peer *pend_peer;
+    double pend_since;
+    struct server_call *pend_next, **pend_prev;
     grpc_op ops[4];
 } server_call;
 
@@ -140,8 +185,92 @@ static void cq_maybe_close(ferry_rpc_server *srv) {
         grpc_completion_queue_shutdown(srv->cq);
 }
 
+/* The reply's bytes leave the count (its batch completed or failed). */
+static void pend_release(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    pthread_mutex_lock(&srv->pend_mu);
+    if (c->pend_peer == NULL) {
+        pthread_mutex_unlock(&srv->pend_mu);
+        return;
+    }
+    srv->pend_total -= c->pend_bytes;
+    pend_peer *p = c->pend_peer;
+    p->bytes -= c->pend_bytes;
+    if (--p->calls == 0) { /* the connection holds nothing: forget it */
+        pend_peer **pp = &srv->peers;
+        while (*pp != p)
+            pp = &(*pp)->next;
+        *pp = p->next;
+        gpr_free(p->peer);
+        free(p);
+    }
+    if (c->pend_prev != NULL) {
+        *c->pend_prev = c->pend_next;
+        if (c->pend_next != NULL)
+            c->pend_next->pend_prev = c->pend_prev;
+    }
+    c->pend_prev = NULL;
+    c->pend_peer = NULL;
+    pthread_mutex_unlock(&srv->pend_mu);
+}
+
+/* Counts a reply of n bytes against its connection's and the server's limits before it
+ * is sent: FERRY_ERR_RESOURCE when they would be passed (a connection may always hold
+ * one reply). */
+static ferry_status pend_charge(server_call *c, size_t n) {
+    ferry_rpc_server *srv = c->srv;
+    if (srv->pend_max_total <= 0)
+        return FERRY_OK;
+    char *peer = grpc_call_get_peer(c->call);
+    if (peer == NULL)
+        return FERRY_OK;
+    pthread_mutex_lock(&srv->pend_mu);
+    pend_peer *p = srv->peers;
+    while (p != NULL && strcmp(p->peer, peer) != 0)
+        p = p->next;
+    int64_t held = p != NULL ? p->bytes : 0;
+    ferry_status st = FERRY_OK;
+    if ((held > 0 && held + (int64_t)n > srv->pend_max_peer) ||
+        srv->pend_total + (int64_t)n > srv->pend_max_total) {
+        st = ferry_errorf(FERRY_ERR_RESOURCE,
+                          "reply of %.1f MiB refused: %s replies not yet read hold %.1f MiB (at "
+                          "most %.0f MiB per connection, %.0f MiB in all; --max-pending-reply-mb)",
+                          (double)n / 1048576.0, held > 0 ? "this connection's" : "the",
+                          (double)(held > 0 ? held : srv->pend_total) / 1048576.0,
+                          (double)srv->pend_max_peer / 1048576.0,
+                          (double)srv->pend_max_total / 1048576.0);
+    } else if (p == NULL && (p = calloc(1, sizeof *p)) == NULL) {
+        st = FERRY_ERR_NOMEM;
+    } else {
+        if (p->peer == NULL) {
+            p->peer = peer;
+            peer = NULL;
+            p->next = srv->peers;
+            srv->peers = p;
+        }
+        p->bytes += (int64_t)n;
+        p->calls++;
+        srv->pend_total += (int64_t)n;
+        c->pend_bytes = (int64_t)n;
+        c->pend_peer = p;
+        c->pend_since = ferry_now();
+        c->pend_next = srv->pending;
+        if (srv->pending != NULL)
+            srv->pending->pend_prev = &c->pend_next;
+        c->pend_prev = &srv->pending;
+        srv->pending = c;
+    }
+    pthread_mutex_unlock(&srv->pend_mu);
+    if (peer != NULL)
+        gpr_free(peer);
+    if (st != FERRY_OK)
+        atomic_fetch_add(&srv->pend_refused, 1);
+    return st;
+}
+
 static void call_free(server_call *c) {
     ferry_rpc_server *srv = c->srv;
+    pend_release(c);
     grpc_metadata_array_destroy(&c->req_md);
     if (c->method == CATCH_ALL)
         grpc_call_details_destroy(&c->details);
@@ -251,6 +380,8 @@ static ferry_status reply_encode(server_call *c, const ferry__rpc_method_info *m
     if (st == FERRY_OK && w.total > c->srv->lim.max_message_bytes)
         st = ferry_errorf(FERRY_ERR_RANGE, "%s reply of %zu bytes exceeds the %zu-byte limit",
                           mi->name, w.total, c->srv->lim.max_message_bytes);
+    if (st == FERRY_OK && w.total >= PEND_MIN_BYTES)
+        st = pend_charge(c, w.total);
     if (st == FERRY_OK) {
         c->reply_bb = ferry__grpc_bb_owned(&w, reply);
         atomic_fetch_add(&c->srv->bytes_out, w.total);
@@ -287,6 +418,66 @@ static int same_secret(const uint8_t *a, size_t na, const char *b, size_t nb) {
     for (size_t i = 0; i < na; i++)
         diff |= (unsigned char)(a[i] ^ (unsigned char)b[i % (nb ? nb : 1)]);
     return diff == 0 && nb > 0;
+}
+
+/* Ends the refusal log's window: one line with what it counted. log_mu held. */
+static void refusal_flush_locked(ferry_rpc_server *srv, double now) {
+    uint64_t total = srv->log_other;
+    for (int i = 0; i < srv->log_nkinds; i++)
+        total += srv->log_counts[i].n;
+    if (total > 0) {
+        char line[1024];
+        size_t n = (size_t)snprintf(line, sizeof line,
+                                    "rpc server: %llu more refused calls in "
+                                    "the last %.0f s:",
+                                    (unsigned long long)total, now - srv->log_window_start);
+        for (int i = 0; i < srv->log_nkinds && n < sizeof line - 96; i++)
+            n += (size_t)snprintf(line + n, sizeof line - n, "%s %s x%llu (%s)", i ? "," : "",
+                                  ferry__grpc_code_name((grpc_status_code)srv->log_counts[i].code),
+                                  (unsigned long long)srv->log_counts[i].n,
+                                  srv->log_counts[i].identity);
+        if (srv->log_other > 0 && n < sizeof line - 48)
+            (void)snprintf(line + n, sizeof line - n, ", others x%llu",
+                           (unsigned long long)srv->log_other);
+        FERRY_LOG_WARN("%s", line);
+    }
+    srv->log_window_start = now;
+    srv->log_lines = 0;
+    srv->log_nkinds = 0;
+    srv->log_other = 0;
+}
+
+/* Logs a refused call, at a bounded rate: a client sending refused calls in a loop
+ * costs the log one summary line per window, not a line per call. */
+static void refusal_log(ferry_rpc_server *srv, grpc_status_code code, const char *identity,
+                        const char *fmt, const char *a, const char *b) {
+    double now = ferry_now();
+    pthread_mutex_lock(&srv->log_mu);
+    if (now - srv->log_window_start > REFUSAL_WINDOW_S)
+        refusal_flush_locked(srv, now);
+    int full = srv->log_lines < REFUSAL_LINES;
+    if (full) {
+        srv->log_lines++;
+    } else {
+        int i = 0;
+        while (i < srv->log_nkinds && (srv->log_counts[i].code != (int)code ||
+                                       strcmp(srv->log_counts[i].identity, identity) != 0))
+            i++;
+        if (i == srv->log_nkinds && i < REFUSAL_KINDS) {
+            srv->log_counts[i].code = (int)code;
+            (void)snprintf(srv->log_counts[i].identity, sizeof srv->log_counts[i].identity, "%s",
+                           identity);
+            srv->log_counts[i].n = 0;
+            srv->log_nkinds++;
+        }
+        if (i < srv->log_nkinds)
+            srv->log_counts[i].n++;
+        else
+            srv->log_other++;
+    }
+    pthread_mutex_unlock(&srv->log_mu);
+    if (full)
+        FERRY_LOG_WARN(fmt, a, b);
 }
 
 /* A name that may stand for an identity: 1..63 printable bytes, no spaces. */
@@ -350,7 +541,7 @@ static ferry_status authorize(server_call *c, const char *mname, ferry_rpc_role 
             (void)snprintf(detail, cap, "%s: %s", mname,
                            tok == NULL ? "no bearer token (metadata authorization: Bearer <token>)"
                                        : "unknown token");
-            FERRY_LOG_WARN("%s refused: %s", mname, detail);
+            refusal_log(srv, GRPC_STATUS_UNAUTHENTICATED, "?", "%s refused: %s", mname, detail);
             return FERRY_ERR_AUTH;
         }
         (void)snprintf(who->identity, sizeof who->identity, "%s", match->name);
@@ -362,13 +553,14 @@ static ferry_status authorize(server_call *c, const char *mname, ferry_rpc_role 
                        "%s: the client certificate names no subject (a CN, or a DNS or URI "
                        "subject alternative name of at most %d printable bytes)",
                        mname, FERRY_RPC_IDENTITY_MAX - 1);
-        FERRY_LOG_WARN("%s refused: %s", mname, detail);
+        refusal_log(srv, GRPC_STATUS_UNAUTHENTICATED, "?", "%s refused: %s", mname, detail);
         return FERRY_ERR_AUTH;
     }
     if (who->role < need) {
         (void)snprintf(detail, cap, "%s needs role %s; identity '%s' has role %s", mname,
                        ferry_rpc_role_name(need), who->identity, ferry_rpc_role_name(who->role));
-        FERRY_LOG_WARN("%s refused: %s", mname, detail);
+        refusal_log(srv, GRPC_STATUS_PERMISSION_DENIED, who->identity, "%s refused: %s", mname,
+                    detail);
         return FERRY_ERR_DENIED;
     }
     (void)md_get(c, FERRY_RPC_SESSION_KEY, who->session, sizeof who->session);
@@ -406,34 +598,15 @@ static int stale_incarnation(const server_call *c, char *detail, size_t cap) {
     return 0;
 }
 
-static void call_serve(server_call *c) {
+/* Decodes the request, runs the handler and answers (or leaves the answer to a
+ * deferred or early reply): on a worker of the fair queue, or in place for a cheap
+ * method. */
+static void call_execute(void *user, void *item) {
+    (void)user;
+    server_call *c = item;
     ferry_rpc_server *srv = c->srv;
     const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
     char detail[512];
-    if (c->req_bb == NULL) { /* the client half-closed without a message */
-        (void)snprintf(detail, sizeof detail, "%s call without a request message", mi->name);
-        call_reply(c, FERRY_ERR_FORMAT, GRPC_STATUS_INVALID_ARGUMENT, detail);
-        return;
-    }
-    atomic_fetch_add(&srv->bytes_in, grpc_byte_buffer_length(c->req_bb));
-    if (srv->record_dir[0] != '\0') {
-        int n = atomic_fetch_add(&srv->recorded[c->method], 1);
-        if (n < RECORD_MAX) {
-            char path[640];
-            (void)snprintf(path, sizeof path, "%s/%s-%02d.bin", srv->record_dir, mi->name, n);
-            if (ferry__grpc_bb_save(c->req_bb, path) != FERRY_OK)
-                FERRY_LOG_WARN("rpc server: cannot record %s", path);
-        }
-    }
-    ferry_status auth = authorize(c, mi->name, srv->method_role[c->method], detail, sizeof detail);
-    if (auth != FERRY_OK) {
-        call_reply(c, auth, ferry__grpc_code_from_status(auth), detail);
-        return;
-    }
-    if (srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail)) {
-        call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
-        return;
-    }
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
@@ -474,12 +647,62 @@ static void call_serve(server_call *c) {
             const char *msg = ferry_error_last();
             (void)snprintf(detail, sizeof detail, "%s",
                            msg[0] != '\0' ? msg : ferry_status_str(st));
-            FERRY_LOG_WARN("%s rejected: %s (%s)", mi->name, ferry_status_str(st), detail);
+            refusal_log(srv, code, c->caller.identity, "%s rejected: %s", mi->name, detail);
         }
     }
     ferry_rpc_msg_deinit(&req);
     ferry_rpc_msg_deinit(&reply);
     call_reply(c, st, code, st == FERRY_OK ? "" : detail);
+}
+
+/* A call of one of ferry's methods: who makes it (refused here when the credentials or
+ * the incarnation are wrong), then the cheap methods at once and every other one
+ * through the fair queue. */
+static void call_serve(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
+    char detail[512];
+    if (c->req_bb == NULL) { /* the client half-closed without a message */
+        (void)snprintf(detail, sizeof detail, "%s call without a request message", mi->name);
+        call_reply(c, FERRY_ERR_FORMAT, GRPC_STATUS_INVALID_ARGUMENT, detail);
+        return;
+    }
+    atomic_fetch_add(&srv->bytes_in, grpc_byte_buffer_length(c->req_bb));
+    if (srv->record_dir[0] != '\0') {
+        int n = atomic_fetch_add(&srv->recorded[c->method], 1);
+        if (n < RECORD_MAX) {
+            char path[640];
+            (void)snprintf(path, sizeof path, "%s/%s-%02d.bin", srv->record_dir, mi->name, n);
+            if (ferry__grpc_bb_save(c->req_bb, path) != FERRY_OK)
+                FERRY_LOG_WARN("rpc server: cannot record %s", path);
+        }
+    }
+    ferry_status auth = authorize(c, mi->name, srv->method_role[c->method], detail, sizeof detail);
+    if (auth != FERRY_OK) {
+        call_reply(c, auth, ferry__grpc_code_from_status(auth), detail);
+        return;
+    }
+    if (srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail)) {
+        call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
+        return;
+    }
+    if (srv->cheap[c->method] || srv->sched == NULL) {
+        call_execute(srv, c);
+        return;
+    }
+    int q = ferry__rpc_sched_push(srv->sched, c->caller.identity, c);
+    if (q == FERRY__RPC_SCHED_QUEUED)
+        return;
+    if (q == FERRY__RPC_SCHED_STOPPED) { /* the server stops: nothing is run any more */
+        (void)snprintf(detail, sizeof detail, "%s: the server is shutting down", mi->name);
+        call_reply(c, FERRY_ERR_UNAVAILABLE, GRPC_STATUS_UNAVAILABLE, detail);
+        return;
+    }
+    (void)snprintf(detail, sizeof detail,
+                   "%s refused: the server's work queue is full (too many calls waiting, or too "
+                   "many of identity '%s'); try again later",
+                   mi->name, c->caller.identity);
+    call_reply(c, FERRY_ERR_RESOURCE, GRPC_STATUS_RESOURCE_EXHAUSTED, detail);
 }
 
 const ferry_rpc_caller_info *ferry_rpc_caller(const ferry_rpc_msg *reply) {
@@ -785,7 +1008,7 @@ void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_m
     if (st != FERRY_OK) {
         const char *msg = ferry_error_last();
         (void)snprintf(detail, sizeof detail, "%s", msg[0] != '\0' ? msg : ferry_status_str(st));
-        FERRY_LOG_WARN("%s rejected: %s (%s)", mi->name, ferry_status_str(st), detail);
+        refusal_log(c->srv, code, c->caller.identity, "%s rejected: %s", mi->name, detail);
     }
     if (reply != NULL)
         ferry_rpc_msg_deinit(reply);
@@ -840,6 +1063,7 @@ static void call_event(server_call *c, int ok) {
     ferry_rpc_server *srv = c->srv;
     if (c->state == CALL_REPLYING) {
         atomic_fetch_sub(&srv->in_flight, 1);
+        pend_release(c); /* written (or failed): no longer held for the client */
         /* Answered early: the handler may still be running, and frees it if last. */
         if (!c->early || atomic_fetch_sub(&c->holds, 1) == 1)
             call_free(c);
@@ -1077,10 +1301,19 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
     }
     FERRY_ASSERT(pthread_mutex_init(&srv->mu, NULL) == 0);
     FERRY_ASSERT(pthread_cond_init(&srv->cv, NULL) == 0);
+    FERRY_ASSERT(pthread_mutex_init(&srv->pend_mu, NULL) == 0);
+    FERRY_ASSERT(pthread_mutex_init(&srv->log_mu, NULL) == 0);
+    srv->log_window_start = ferry_now();
+    srv->pend_max_total = cfg->max_pending_bytes > 0 ? cfg->max_pending_bytes : (int64_t)1 << 30;
+    srv->pend_max_peer = cfg->max_pending_bytes_per_connection > 0
+                             ? cfg->max_pending_bytes_per_connection
+                             : (int64_t)max_bytes;
+    srv->reply_timeout_s = cfg->reply_timeout_s > 0.0 ? cfg->reply_timeout_s : 60.0;
     srv->user = cfg->user;
     srv->incarnation = cfg->incarnation;
     atomic_init(&srv->serving, 1);
     memcpy(srv->method_role, cfg->method_role, sizeof srv->method_role);
+    memcpy(srv->cheap, cfg->cheap, sizeof srv->cheap);
     if ((st = identities_copy(srv, cfg)) != FERRY_OK) {
         ferry_rpc_server_destroy(srv);
         return st;
@@ -1095,6 +1328,14 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
         (ferry__rpc_limits){.max_message_bytes = max_bytes, .max_tensors = FERRY_RPC_MAX_TENSORS};
     ferry__grpc_init();
     srv->grpc_inited = 1;
+    ferry__rpc_sched_config sc = {.workers = cfg->workers > 0 ? cfg->workers : threads,
+                                  .per_key = cfg->max_calls_per_identity,
+                                  .max_queued = cfg->max_queued_calls,
+                                  .max_queued_key = cfg->max_queued_calls_per_identity,
+                                  .run = call_execute,
+                                  .user = srv};
+    if ((st = ferry__rpc_sched_create(&sc, &srv->sched)) != FERRY_OK)
+        goto fail;
     if ((st = server_bind(srv, cfg)) != FERRY_OK)
         goto fail;
     grpc_server_start(srv->server);
@@ -1183,6 +1424,7 @@ void ferry_rpc_server_destroy(ferry_rpc_server *s) {
     FERRY_ASSERT(poll_thread_server != s);
     if (s->started) {
         ferry_rpc_server_shutdown(s, 0);
+        ferry__rpc_sched_stop(s->sched); /* runs what is queued (cancelled: quick) */
         if (s->nthreads == 0)
             poll_loop(s); /* no thread ever started: drain here */
         for (int i = 0; i < s->nthreads; i++)
@@ -1193,6 +1435,7 @@ void ferry_rpc_server_destroy(ferry_rpc_server *s) {
                GRPC_QUEUE_SHUTDOWN) {
         }
     }
+    ferry__rpc_sched_destroy(s->sched);
     if (s->server != NULL)
         grpc_server_destroy(s->server);
     if (s->cq != NULL)
@@ -1207,8 +1450,72 @@ void ferry_rpc_server_destroy(ferry_rpc_server *s) {
     free(s->ids);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_lock(&s->log_mu);
+    refusal_flush_locked(s, ferry_now()); /* what the last window counted */
+    pthread_mutex_unlock(&s->log_mu);
+    pthread_mutex_destroy(&s->log_mu);
+    pthread_mutex_destroy(&s->pend_mu);
     free(s->threads);
     free(s);
+}
+
+int ferry_rpc_server_reap(ferry_rpc_server *s) {
+    double now = ferry_now();
+    pthread_mutex_lock(&s->log_mu); /* a window with refusals ends even if no more come */
+    if (now - s->log_window_start > REFUSAL_WINDOW_S)
+        refusal_flush_locked(s, now);
+    pthread_mutex_unlock(&s->log_mu);
+    if (s->reply_timeout_s <= 0.0)
+        return 0;
+    grpc_call *late[64];
+    int n = 0;
+    pthread_mutex_lock(&s->pend_mu);
+    for (server_call *c = s->pending; c != NULL && n < 64; c = c->pend_next) {
+        if (now - c->pend_since > s->reply_timeout_s) {
+            grpc_call_ref(c->call); /* c may be freed once the lock is released */
+            late[n++] = c->call;
+        }
+    }
+    pthread_mutex_unlock(&s->pend_mu);
+    for (int i = 0; i < n; i++) {
+        grpc_call_cancel_with_status(late[i], GRPC_STATUS_DEADLINE_EXCEEDED,
+                                     "the reply was not read in time (--reply-timeout)", NULL);
+        grpc_call_unref(late[i]);
+    }
+    if (n > 0) {
+        atomic_fetch_add(&s->pend_cancelled, (uint64_t)n);
+        FERRY_LOG_WARN("rpc server: %d replies not read within %g s cancelled", n,
+                       s->reply_timeout_s);
+    }
+    return n;
+}
+
+void ferry_rpc_server_pending_stats(ferry_rpc_server *s, ferry_rpc_pending_stats *out) {
+    pthread_mutex_lock(&s->pend_mu);
+    out->bytes = s->pend_total;
+    out->max_bytes = s->pend_max_total;
+    out->max_bytes_per_connection = s->pend_max_peer;
+    int64_t worst = 0;
+    for (const pend_peer *p = s->peers; p != NULL; p = p->next)
+        worst = p->bytes > worst ? p->bytes : worst;
+    out->worst_connection_bytes = worst;
+    pthread_mutex_unlock(&s->pend_mu);
+    out->refused = atomic_load(&s->pend_refused);
+    out->cancelled = atomic_load(&s->pend_cancelled);
+}
+
+void ferry_rpc_server_queue_stats(ferry_rpc_server *s, ferry_rpc_queue_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (s->sched == NULL)
+        return;
+    ferry__rpc_sched_stats_t st;
+    ferry__rpc_sched_stats(s->sched, &st);
+    out->queued = st.queued;
+    out->running = st.running;
+    out->served = st.served;
+    out->refused = st.refused;
+    out->wait_mean_s = st.wait_mean_s;
+    out->wait_max_s = st.wait_max_s;
 }
 
 void ferry_rpc_server_get_stats(const ferry_rpc_server *s, ferry_rpc_server_stats *out) {

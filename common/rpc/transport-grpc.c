@@ -16,13 +16,17 @@
 /* ---- Library lifetime -------------------------------------------------------- */
 
 /* gRPC logs through gpr_log; its errors (bind failures, oversized messages)
- * become ferry warnings so that every line a daemon prints looks the same. */
+ * become ferry warnings so that every line a daemon prints looks the same. A failed
+ * TLS handshake is an information line: the side that made the connection reports
+ * it as its error (a client says why, see cluster.c), and a server goes on serving. */
 _Thread_local int ferry__grpc_quiet;
 
 static void grpc_log_to_ferry(gpr_log_func_args *args) {
     const char *file = strrchr(args->file, '/');
     file = file != NULL ? file + 1 : args->file;
-    if (args->severity == GPR_LOG_SEVERITY_ERROR && !ferry__grpc_quiet)
+    if (args->severity == GPR_LOG_SEVERITY_ERROR && strstr(args->message, "andshake failed"))
+        FERRY_LOG_INFO("grpc: a TLS handshake failed: %s (%s:%d)", args->message, file, args->line);
+    else if (args->severity == GPR_LOG_SEVERITY_ERROR && !ferry__grpc_quiet)
         FERRY_LOG_WARN("grpc: %s (%s:%d)", args->message, file, args->line);
     else
         FERRY_LOG_DEBUG("grpc: %s (%s:%d)", args->message, file, args->line);

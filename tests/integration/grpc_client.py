@@ -342,4 +342,5 @@ def main():
     raise SystemExit("unknown mode " + MODE)
 
 
-main()
+if __name__ == "__main__":
+    main()
