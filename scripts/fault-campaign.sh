@@ -13,13 +13,15 @@
 # next step line), median and worst.
 #
 #   scripts/fault-campaign.sh [--build DIR] [--trials N] [--seed S] [--summary FILE]
-#                             [--lock FILE] [--chunk K] [--keep DIR]
+#                             [--lock FILE] [--chunk K] [--keep DIR] [--servers-only 1]
 #
+# --servers-only 1: every trial kills one server at a random step and restarts it at
+# once (the reconnection measurement: e.g. against another build, --build DIR).
 # --lock FILE: hold FILE (flock) while running, K trials at a time (--chunk, default
 # 3), so that others sharing the machine get the cores in between.
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=$SRC/build TRIALS=100 SEED=1 SUMMARY= LOCK= CHUNK=3 KEEP=
+BUILD=$SRC/build TRIALS=100 SEED=1 SUMMARY= LOCK= CHUNK=3 KEEP= SERVERS_ONLY=
 while [ $# -gt 0 ]; do
     case $1 in
     --build) BUILD=$2 ;;
@@ -29,7 +31,8 @@ while [ $# -gt 0 ]; do
     --lock) LOCK=$2 ;;
     --chunk) CHUNK=$2 ;;
     --keep) KEEP=$2 ;;
-    *) echo "usage: $0 [--build DIR] [--trials N] [--seed S] [--summary FILE] [--lock FILE] [--chunk K] [--keep DIR]" >&2
+    --servers-only) SERVERS_ONLY=$2 ;;
+    *) echo "usage: $0 [--build DIR] [--trials N] [--seed S] [--summary FILE] [--lock FILE] [--chunk K] [--keep DIR] [--servers-only 1]" >&2
         exit 2 ;;
     esac
     shift 2
@@ -190,6 +193,7 @@ for trial in $(seq 1 "$TRIALS"); do
     if [ $((RANDOM % 10)) -lt 6 ]; then victims=${singles[$((RANDOM % 4))]}; else victims=${pairs[$((RANDOM % 4))]}; fi
     if [ $((RANDOM % 5)) = 0 ]; then at=end; else at=$((1 + RANDOM % STEPS)); fi
     case $((RANDOM % 10)) in 0 | 1) delay=3 ;; 2) delay=0.5 ;; *) delay=0 ;; esac
+    [ -z "$SERVERS_ONLY" ] || { victims=ps$((RANDOM % 2)) at=$((2 + RANDOM % (STEPS - 4))) delay=0; }
     d=$TMP/t$trial
     job "$d" "$victims" "$at" "$delay"
     why=

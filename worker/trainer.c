@@ -1346,9 +1346,11 @@ static ferry_status recover(trainer *t, const char *why) {
 /* A failure recovery can repair: a peer died, stalled or restarted (its state is
  * gone: unknown contexts, modules or job), or the job is rolling back. */
 static int recoverable(ferry_status st) {
+    /* SESSION: a call sent again reached the server restarted (its sessions are gone);
+     * the roll-back says Hello there anew. */
     return st == FERRY_ERR_UNAVAILABLE || st == FERRY_ERR_TIMEOUT || st == FERRY_ERR_BUSY ||
            st == FERRY_ERR_RPC || st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_INVALID ||
-           st == FERRY_ERR_IO;
+           st == FERRY_ERR_IO || st == FERRY_ERR_SESSION;
 }
 
 /* The epochs from where the run is; returns at the end, on a stop, or on an error. */

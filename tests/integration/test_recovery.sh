@@ -24,7 +24,7 @@ DATA=(--data "$FERRY_SRC/data/ptb" --train-tokens 4000 --eval-tokens 400 --epoch
 # reached, then started again with its command line (after DELAY seconds, default 0).
 # AT: a step rank 0 has logged; "end" (both ranks wrote their parts of the last step:
 # they evaluate, leave and exit); "write" (the victim, ps0 or r1, has a checkpoint
-# write under way: its temporary file exists). Sets KILLED_IN_WRITE to 1 when the kill
+# write after step 0's under way: its temporary file exists). Sets KILLED_IN_WRITE to 1 when the kill
 # left a temporary file behind, KILL_MISSED to 1 when a rank victim had already exited.
 run_job() {
     local dir=$1 victim=${2:-} at=${3:-0} delay=${4:-0}
@@ -46,8 +46,9 @@ run_job() {
     start_rank 1
     KILLED_IN_WRITE=0 KILL_MISSED=0
     if [ -n "$victim" ]; then
-        local tmpglob=$dir/ck0/.rec-step*.ckpt.?????? v
-        [ "${victim%%+*}" = r1 ] && tmpglob=$dir/save/.lm.r1.*.??????
+        # (not step 0's, written while the ranks start: nothing to roll back to yet)
+        local tmpglob=$dir/ck0/.rec-step[1-9]*.ckpt.?????? v
+        [ "${victim%%+*}" = r1 ] && tmpglob=$dir/save/.lm.r1.[1-9]*.??????
         for _ in $(seq 600); do
             case $at in
             end) [ -s "$dir/save/lm.r0.$STEPS" ] && [ -s "$dir/save/lm.r1.$STEPS" ] && break ;;
