@@ -240,6 +240,7 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
         out->rolling_back = r->rolling_back;
         out->finished = r->finished;
         out->completed_step = r->completed_step;
+        out->can_checkpoint = r->can_checkpoint;
     }
     ferry_rpc_msg_deinit(&reply);
     ferry_rpc_msg_deinit(&req);
