@@ -622,7 +622,7 @@ typedef struct ferry_job_probe_result {
     int rolling_back;    /* a recover barrier is open there */
     int finished;        /* every rank has left the job there */
     uint64_t completed_step; /* the highest step at which a rank left, its run completed */
-    int can_checkpoint;  /* the server writes checkpoints (it has a --checkpoint-dir) */
+    int can_checkpoint;      /* the server writes checkpoints (it has a --checkpoint-dir) */
 } ferry_job_probe_result;
 ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out);
 void ferry_job_probe_free(ferry_job_probe_result *p);
