@@ -401,6 +401,28 @@ static int job_file_step(const char *name, const char *job, uint64_t *step) {
     return 1;
 }
 
+/* A temporary name's <name> (len bytes) is "<job>-step<N>.ckpt". */
+static int job_temp(const char *name, size_t len, const void *user) {
+    char file[512];
+    uint64_t step;
+    if (len >= sizeof file)
+        return 0;
+    memcpy(file, name, len);
+    file[len] = '\0';
+    return job_file_step(file, user, &step);
+}
+
+int ferry__ps_checkpoint_sweep_temps(const char *dir, const char *job) {
+    uint64_t bytes = 0;
+    int n = ferry_ck_sweep_temps(dir, CKPT_MAGIC, job != NULL ? job_temp : NULL, job, &bytes);
+    if (n > 0)
+        FERRY_LOG_INFO("removed %d temporary file%s of checkpoint writes a kill interrupted "
+                       "(%s/.%s%s.XXXXXX, %.1f MB)",
+                       n, n > 1 ? "s" : "", dir, job != NULL ? job : "*",
+                       job != NULL ? "-step<N>.ckpt" : "", (double)bytes / 1e6);
+    return n;
+}
+
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;

@@ -26,9 +26,15 @@
 #define JOB_CHUNK          64   /* ranks per chunk of a job's rank table */
 #define JOB_METRICS_MAX    32   /* jobs whose own metrics a Stats or /metrics page lists */
 
+/* How a rank left the job (job_rank.left) or went away (job_rank.gone). */
+enum { RANK_IN = 0, RANK_COMPLETED = 1, RANK_LEFT_EARLY = 2 };
+enum { RANK_HELD = 0, RANK_STREAM_CLOSED = 1, RANK_SESSION_ENDED = 2 };
+
 typedef struct job_rank {
     uint64_t sess; /* the session holding the rank (ferry__ps_session.serial); 0: none */
-    int joined, left;
+    int joined;
+    int left;       /* RANK_IN, or RANK_COMPLETED (its run's end) or RANK_LEFT_EARLY */
+    int gone;       /* its holder lost its Session stream or ended (RANK_*): its trainer died */
     uint64_t steps; /* Steps done */
     /* bsp: its arrival at the open barrier */
     int arrived;
@@ -94,7 +100,11 @@ struct ferry__ps_job {
     double rec_since;
     uint64_t *rec_set; /* the steps every rank that arrived offered */
     size_t rec_n;
+    uint64_t rec_last;   /* the last step of the recovering ranks' runs (0: not said) */
     uint64_t recoveries; /* completed roll-backs */
+    /* The first rank that left early, and why (JobLeave.reason). */
+    uint32_t early_rank;
+    char early_why[256];
     struct ferry__ps_job *next;
 };
 
@@ -175,6 +185,10 @@ static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *wh
             (void)ferry_errorf(st, "%s", why);
             ferry_rpc_pending_finish(k->gn, st, NULL);
             k->gn = NULL;
+            if (k->arrived && !job->bsp_complete) { /* withdrawn: its GradNorm failed */
+                k->arrived = 0;
+                job->arrived--;
+            }
         }
         if (k->sp != NULL) {
             (void)ferry_errorf(st, "%s", why);
@@ -310,6 +324,92 @@ static ferry_status not_held(const ferry__ps_job *job, uint32_t r) {
                         job->name, r);
 }
 
+/* ---- departures: ranks that left, and ranks whose trainer went away ----
+ * A wait that needs such a rank ends at once instead of at the sync timeout: with
+ * FERRY_ERR_ABORTED for a rank that left (it is not coming back), with
+ * FERRY_ERR_UNAVAILABLE for one whose trainer went away (a restarted trainer may take
+ * the rank over and roll the job back, so the others recover rather than stop). */
+
+/* Why rank r will not take part in a wait, into buf ("rank 1's trainer went away (its
+ * connection closed)"), and the status the wait fails with; FERRY_OK for a rank that
+ * is in. */
+static ferry_status rank_absent(const ferry__ps_job *job, uint32_t r, char *buf, size_t cap) {
+    const job_rank *k = rank_peek(job, r);
+    unsigned long long steps = (unsigned long long)k->steps;
+    if (k->left == RANK_COMPLETED) {
+        (void)snprintf(buf, cap, "rank %u completed its run at step %llu and left the job", r,
+                       steps);
+        return FERRY_ERR_ABORTED;
+    }
+    if (k->left == RANK_LEFT_EARLY) {
+        (void)snprintf(buf, cap, "rank %u left the job after step %llu (%s)", r, steps,
+                       r == job->early_rank && job->early_why[0] != '\0' ? job->early_why
+                                                                         : "it stopped early");
+        return FERRY_ERR_ABORTED;
+    }
+    if (k->joined && k->gone != RANK_HELD) {
+        (void)snprintf(buf, cap, "rank %u's trainer went away (%s)", r,
+                       k->gone == RANK_STREAM_CLOSED ? "its connection closed"
+                                                     : "its session ended");
+        return FERRY_ERR_UNAVAILABLE;
+    }
+    return FERRY_OK;
+}
+
+/* The first rank other than `except` that bsp step `step` waits for and that will not
+ * come (one that left before one that went away), as "bsp step 12 of job 'x': rank 1
+ * ..." into buf; FERRY_OK when every rank it waits for is in. */
+static ferry_status bsp_blocker(const ferry__ps_job *job, uint32_t except, uint64_t step, char *buf,
+                                size_t cap) {
+    ferry_status found = FERRY_OK;
+    for (uint32_t r = rank_skip(job, 0); r < job->world && found != FERRY_ERR_ABORTED;
+         r = rank_skip(job, r + 1)) {
+        char why[400];
+        if (r == except || rank_peek(job, r)->arrived)
+            continue;
+        ferry_status st = rank_absent(job, r, why, sizeof why);
+        if (st == FERRY_OK || (found != FERRY_OK && st != FERRY_ERR_ABORTED))
+            continue;
+        found = st;
+        (void)snprintf(buf, cap, "bsp step %llu of job '%s': %s", (unsigned long long)step,
+                       job->name, why);
+    }
+    return found;
+}
+
+/* Rank r's trainer went away (how: RANK_STREAM_CLOSED or RANK_SESSION_ENDED): the waits
+ * that need it fail now, a bsp barrier it has not reached and ssp Steps held while it
+ * is the slowest. jobs->mu held. */
+static void rank_gone(ferry__ps_job *job, uint32_t r, int how) {
+    job_rank *k = rank_get(job, r);
+    if (k == NULL || !k->joined || k->left != RANK_IN || k->gone != RANK_HELD)
+        return;
+    k->gone = how;
+    char why[400], msg[512];
+    ferry_status st = rank_absent(job, r, why, sizeof why);
+    FERRY_LOG_WARN("job '%s': %s after step %llu", job->name, why, (unsigned long long)k->steps);
+    if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived) {
+        (void)snprintf(msg, sizeof msg, "bsp step %llu of job '%s': %s",
+                       (unsigned long long)job->bsp_step, job->name, why);
+        job_fail_waiters(job, st, msg);
+    }
+    if (job->sync == FERRY__PS_SSP && k->steps == job_min_steps(job, NULL)) {
+        (void)snprintf(msg, sizeof msg, "ssp:%u of job '%s': the slowest rank is gone: %s", job->K,
+                       job->name, why);
+        job_fail_waiters(job, st, msg);
+    }
+}
+
+void ferry__ps_jobs_holder_gone(ferry__ps_jobs *j, uint64_t serial) {
+    pthread_mutex_lock(&j->mu);
+    for (ferry__ps_job *job = j->list; job != NULL && !j->stopped; job = job->next) {
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+            if (rank_peek(job, r)->sess == serial)
+                rank_gone(job, r, RANK_STREAM_CLOSED);
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
 /* The job and rank of a GradNorm or Step: FERRY_ERR_NOT_FOUND for an unknown job,
  * FERRY_ERR_DENIED for another identity's job or a rank this session does not hold
  * (joined or not), the failure of a failed job. */
@@ -330,6 +430,8 @@ static ferry_status job_of(ferry__ps_jobs *j, const ferry__ps_session *sess,
     if (!rank_peek(job, js->rank)->joined) /* an admin acting for a rank */
         return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined (world %u)",
                             job->name, js->rank, job->world);
+    if (rank_peek(job, js->rank)->sess == sess->serial) /* its holder calls: it is here */
+        rank_get(job, js->rank)->gone = RANK_HELD;
     if (job->recovering)
         return ferry_errorf(FERRY_ERR_BUSY,
                             "job '%s' is rolling back to a checkpoint (a rank or server "
@@ -583,6 +685,16 @@ static ferry_status rank_claim(ferry__ps_state *ps, ferry__ps_job *job, uint32_t
     return FERRY_OK;
 }
 
+/* A leave of rank r by a session that does not hold it: allowed when nobody holds the
+ * rank any more (its trainer died, or this server restarted and never saw it join),
+ * so that a trainer restarted after its run's end can say it is done. The caller
+ * checked that the session's identity owns the job. jobs->mu held. */
+static int leave_unheld(ferry__ps_state *ps, const ferry__ps_job *job, uint32_t r) {
+    const job_rank *k = rank_peek(job, r);
+    return r < job->world && k->left == RANK_IN &&
+           (!k->joined || k->sess == 0 || !ferry__ps_session_holds(&ps->sessions, k->sess));
+}
+
 /* ---- recovery ---- */
 
 /* The file prefix of a job's checkpoints: its name with '/' and ':' as '_'. */
@@ -639,6 +751,15 @@ static ferry_status job_probe(ferry__ps_state *ps, const ferry__ps_session *sess
     } else if (job != NULL) {
         r.has_state = job->ready;
     }
+    if (job != NULL) {
+        r.rolling_back = job->recovering;
+        r.finished = job->finished;
+        for (uint32_t x = rank_skip(job, 0); x < job->world; x = rank_skip(job, x + 1)) {
+            const job_rank *k = rank_peek(job, x);
+            if (k->left == RANK_COMPLETED && k->steps > r.completed_step)
+                r.completed_step = k->steps;
+        }
+    }
     pthread_mutex_unlock(&ps->jobs.mu);
     st = ferry_rpc_msg_set_head(reply, &r.base);
     free(steps);
@@ -690,12 +811,52 @@ static ferry_status rec_offer(ferry__ps_job *job, const uint64_t *offer, size_t 
     return FERRY_OK;
 }
 
+/* 1 when rank r, which did not send recover, completed a run that ends where the
+ * recovering ranks' runs end: it takes part in the barrier as arrived, offering that
+ * step alone. jobs->mu held. */
+static int rec_completed(const ferry__ps_job *job, uint32_t r) {
+    const job_rank *k = rank_peek(job, r);
+    return !k->rec_arrived && k->left == RANK_COMPLETED && job->rec_last != 0 &&
+           k->steps == job->rec_last;
+}
+
+/* The ranks that take part in the open barrier: arrived, or completed as above. */
+static uint32_t rec_present(const ferry__ps_job *job) {
+    uint32_t n = job->rec_arrived;
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+        n += rec_completed(job, r);
+    return n;
+}
+
+/* A recover by `rank` cannot succeed when another rank left the job early and the
+ * job is still running (a finished job may be resumed by all its ranks): it is not
+ * coming back. Fails the open barrier too; FERRY_ERR_ABORTED naming the rank and its
+ * reason, FERRY_OK otherwise. jobs->mu held. */
+static ferry_status rec_refused(ferry__ps_job *job, uint32_t rank) {
+    if (job->finished)
+        return FERRY_OK;
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        char why[400], msg[512];
+        if (r == rank || rank_peek(job, r)->left != RANK_LEFT_EARLY)
+            continue;
+        (void)rank_absent(job, r, why, sizeof why);
+        (void)snprintf(msg, sizeof msg, "job '%s' cannot roll back: %s", job->name, why);
+        if (job->recovering)
+            rec_fail(job, FERRY_ERR_ABORTED, msg);
+        return ferry_errorf(FERRY_ERR_ABORTED, "%s", msg);
+    }
+    return FERRY_OK;
+}
+
 /* recover: a barrier of all ranks; the last one rolls the job back. Called with
  * jobs->mu held. */
 static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
                                 const ferry__ps_session *sess, const Ferry__V1__JobRecover *q,
                                 int taken, ferry_rpc_msg *reply) {
     uint32_t rank = q->member->rank;
+    ferry_status gone = rec_refused(job, rank);
+    if (gone != FERRY_OK)
+        return gone;
     job_rank *k = rank_make(&ps->jobs, job, rank);
     if (k == NULL)
         return FERRY_ERR_NOMEM;
@@ -710,6 +871,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         agg_free(job);
         job->recovering = 1;
         job->rec_since = ferry_now();
+        job->rec_last = q->last_step;
     }
     if (k->rec != NULL) { /* a retry from the same rank replaces its first call */
         (void)ferry_errorf(FERRY_ERR_BUSY, "replaced by a newer recover call of rank %u", rank);
@@ -728,12 +890,19 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
      * a rank that a live session of the owner holds. */
     k->rec_sess =
         taken || !k->joined || k->sess == sess->serial || !sess->authority ? sess->serial : k->sess;
-    if (job->rec_arrived < job->world) {
+    if (rec_present(job) < job->world) {
         ferry_rpc_pending *p = ferry_rpc_defer(reply);
         if (p == NULL)
             return ferry_errorf(FERRY_ERR_UNSUPPORTED, "recover must wait, and this call cannot");
         k->rec = p;
         return FERRY_OK;
+    }
+    if (rec_present(job) > job->rec_arrived) { /* ranks that completed offer their end only */
+        int has = bsearch(&job->rec_last, job->rec_set, job->rec_n, sizeof job->rec_last,
+                          cmp_step) != NULL;
+        job->rec_n = has ? 1 : 0;
+        if (has)
+            job->rec_set[0] = job->rec_last;
     }
     /* The last rank: the newest step everyone offered that this server holds. */
     uint64_t *mine = NULL;
@@ -767,6 +936,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         pthread_mutex_lock(&ps->checkpoint_mu);
         st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, path, NULL);
         ps->ck_done[0] = '\0'; /* parameters rolled back: no Checkpoint is a repeat now */
+        (void)ferry__ps_checkpoint_sweep_temps(ps->checkpoint_dir, prefix);
         pthread_mutex_unlock(&ps->checkpoint_mu);
     }
     if (st != FERRY_OK) {
@@ -778,17 +948,20 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     /* Every rank is a member again, at step `best`, held by the session that recovered
      * it. */
     for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *w = rank_get(job, r); /* every rank arrived: its chunk exists */
+        job_rank *w = rank_get(job, r); /* every rank took part: its chunk exists */
+        int done = rec_completed(job, r); /* it stays out, done at `best` */
         w->joined = 1;
-        w->left = 0;
+        w->left = done ? RANK_COMPLETED : RANK_IN;
+        w->gone = RANK_HELD;
         w->steps = best;
         w->arrived = 0;
-        w->sess = w->rec_sess;
+        w->sess = done ? 0 : w->rec_sess;
     }
     job->joined = job->world;
     job->ready = 1;
     job->finished = 0;
     job->failed[0] = '\0';
+    job->early_why[0] = '\0';
     job->bsp_step = best;
     job->bsp_complete = 0;
     job->arrived = 0;
@@ -829,9 +1002,11 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     return st;
 }
 
-/* A rank leaves: bsp cannot complete a step it has not reached, so waiting ranks
- * fail now rather than at the timeout; ssp stops counting it. */
-static void job_leave(ferry__ps_job *job, uint32_t rank);
+/* A rank leaves (reason "" : it completed its run; step: its last step, 0 for the
+ * count here): bsp cannot complete a step it has not reached, so waiting ranks fail
+ * now rather than at the timeout, and so does an open recover barrier if it left
+ * early; ssp stops counting it. */
+static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uint64_t step);
 static void ssp_release(ferry__ps_job *job);
 
 /* The job's state into a reply (join, ready, leave, status). jobs->mu held. */
@@ -893,6 +1068,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
                                          : NULL;
     int joining = q->action_case == FERRY__V1__JOB_REQUEST__ACTION_JOIN;
     int recovering = q->action_case == FERRY__V1__JOB_REQUEST__ACTION_RECOVER;
+    int leaving = q->action_case == FERRY__V1__JOB_REQUEST__ACTION_LEAVE;
     ferry__ps_sync sync = FERRY__PS_BSP;
     char *model = NULL;
     ferry_status st = FERRY_OK;
@@ -964,9 +1140,9 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
         return st;
     }
     job_rank *k = st == FERRY_OK && rank < job->world
-                      ? (joining ? rank_make(j, job, rank) : rank_get(job, rank))
+                      ? (joining || leaving ? rank_make(j, job, rank) : rank_get(job, rank))
                       : NULL;
-    if (st == FERRY_OK && joining && k == NULL)
+    if (st == FERRY_OK && (joining || leaving) && k == NULL && rank < job->world)
         st = FERRY_ERR_NOMEM;
     if (st == FERRY_OK && joining) {
         if (k->joined && k->left)
@@ -978,6 +1154,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
             k->joined = 1;
             if (!sess->authority || strcmp(sess->identity, job->owner) == 0 || taken)
                 k->sess = sess->serial;
+            k->gone = RANK_HELD;
             FERRY_LOG_INFO("job '%s': rank %u %s (session #%llu), %u of %u", job->name, rank,
                            taken ? "taken over by a new session" : "joined",
                            (unsigned long long)sess->serial, job->joined, job->world);
@@ -986,9 +1163,11 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
         if (rank >= job->world)
             st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u outside [0, %u)", job->name,
                               rank, job->world);
+        else if (leaving && leave_unheld(ps, job, rank))
+            job_leave(job, rank, q->leave->reason, q->leave->step);
         else if (!acts_as(sess, job, rank))
             st = not_held(job, rank);
-        else if (!k->joined) /* an admin acting for a rank */
+        else if (k == NULL || !k->joined) /* an admin acting for a rank */
             st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined", job->name,
                               rank);
         else if (q->action_case == FERRY__V1__JOB_REQUEST__ACTION_READY && rank != 0)
@@ -996,7 +1175,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
         else if (q->action_case == FERRY__V1__JOB_REQUEST__ACTION_READY)
             job->ready = 1;
         else if (!k->left)
-            job_leave(job, rank);
+            job_leave(job, rank, q->leave->reason, q->leave->step);
     }
     Ferry__V1__JobReply r;
     ferry__v1__job_reply__init(&r);
@@ -1069,6 +1248,7 @@ void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial) {
             job_rank *k = rank_get(job, r);
             if (k->sess != serial)
                 continue;
+            rank_gone(job, r, RANK_SESSION_ENDED); /* the waits of the others on it end */
             k->sess = 0; /* the rank waits for a new session of the owner */
             FERRY_LOG_INFO("job '%s': the session holding rank %u ended", job->name, r);
             (void)ferry_errorf(FERRY_ERR_UNAVAILABLE, "the session of rank %u ended", r);
@@ -1090,25 +1270,47 @@ void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial) {
     pthread_mutex_unlock(&j->mu);
 }
 
-static void job_leave(ferry__ps_job *job, uint32_t rank) {
-    job_rank *k = rank_get(job, rank); /* it joined: its chunk exists */
-    k->left = 1;
+static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uint64_t step) {
+    job_rank *k = rank_get(job, rank); /* made by the caller */
+    int early = reason != NULL && reason[0] != '\0';
+    if (!k->joined) { /* a restarted server's copy of the job: it learns the rank here */
+        k->joined = 1;
+        job->joined++;
+    }
+    k->left = early ? RANK_LEFT_EARLY : RANK_COMPLETED;
+    k->steps = step > k->steps ? step : k->steps;
+    if (early && job->early_why[0] == '\0') {
+        job->early_rank = rank;
+        (void)snprintf(job->early_why, sizeof job->early_why, "%.255s", reason);
+    }
     uint32_t left = 0;
     for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
-        left += rank_peek(job, r)->left;
-    FERRY_LOG_INFO("job '%s': rank %u left after %llu steps (%u of %u left)", job->name, rank,
-                   (unsigned long long)k->steps, left, job->world);
+        left += rank_peek(job, r)->left != RANK_IN;
+    FERRY_LOG_INFO("job '%s': rank %u left after %llu steps, %s%s (%u of %u left)", job->name, rank,
+                   (unsigned long long)k->steps, early ? "early: " : "its run completed",
+                   early ? reason : "", left, job->world);
     if (left == job->world) {
         job->finished = 1;
         agg_free(job);
         return;
     }
+    char why[400], msg[512];
+    ferry_status st = rank_absent(job, rank, why, sizeof why);
     if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived) {
-        char why[256];
-        (void)snprintf(why, sizeof why,
-                       "bsp step %llu of job '%s': rank %u left the job before reaching it",
-                       (unsigned long long)job->bsp_step, job->name, rank);
-        job_fail(job, why);
+        (void)snprintf(msg, sizeof msg, "bsp step %llu of job '%s': %s",
+                       (unsigned long long)job->bsp_step, job->name, why);
+        job_fail_waiters(job, st, msg);
+    }
+    if (job->recovering && !k->rec_arrived) {
+        if (early) {
+            (void)snprintf(msg, sizeof msg, "job '%s' cannot roll back: %s", job->name, why);
+            FERRY_LOG_WARN("%s", msg);
+            rec_fail(job, FERRY_ERR_ABORTED, msg);
+        } else if (job->rec_last != 0 && k->steps == job->rec_last) {
+            /* It takes part as having arrived: the waiting ranks send recover again. */
+            (void)snprintf(msg, sizeof msg, "job '%s': %s; recover again", job->name, why);
+            rec_fail(job, FERRY_ERR_BUSY, msg);
+        }
     }
     if (job->sync == FERRY__PS_SSP)
         ssp_release(job);
@@ -1275,6 +1477,11 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     if (st == FERRY_OK && k->arrived)
         st = ferry_errorf(FERRY_ERR_EXISTS, "bsp step %llu: rank %u sent GradNorm twice",
                           (unsigned long long)s, js->rank);
+    char absent[512];
+    if (st == FERRY_OK && (st = bsp_blocker(job, js->rank, s, absent, sizeof absent)) != FERRY_OK) {
+        job_fail_waiters(job, st, absent); /* they wait for the same rank */
+        (void)ferry_errorf(st, "%s", absent);
+    }
     if (st != FERRY_OK) {
         pthread_mutex_unlock(&j->mu);
         return st;
@@ -1451,6 +1658,15 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
     if (job->sync == FERRY__PS_SSP) {
         uint64_t min = job_min_steps(job, NULL);
         uint64_t lead = js->step > min ? js->step - min : 0;
+        uint32_t slow = 0;
+        (void)job_min_steps(job, &slow);
+        char why[400];
+        ferry_status gone = lead > job->K ? rank_absent(job, slow, why, sizeof why) : FERRY_OK;
+        if (gone != FERRY_OK) { /* the rank it would wait for is not coming: now, not later */
+            pthread_mutex_unlock(&j->mu);
+            return ferry_errorf(gone, "ssp:%u of job '%s': step %llu applied, but %s", job->K,
+                                job->name, (unsigned long long)js->step, why);
+        }
         if (lead > job->K && !j->stopped && job->failed[0] == '\0') {
             ferry_rpc_pending *p = ferry_rpc_defer(reply);
             if (p != NULL && k->sp != NULL) { /* a retry of the held Step replaces it */
@@ -1527,7 +1743,7 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j, ferry__ps_sessions *S) {
             size_t n = 0;
             missing[0] = '\0';
             for (uint32_t r = 0; r < job->world && n + 24 < sizeof missing; r++) {
-                if (!rank_peek(job, r)->rec_arrived)
+                if (!rank_peek(job, r)->rec_arrived && !rec_completed(job, r))
                     n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%u", n ? ", " : "",
                                           r);
             }
@@ -1603,6 +1819,8 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metr
         if (job->sync == FERRY__PS_BSP) {
             JOB_METRIC("%s", "applied");
             add(user, name, (double)job->applied);
+            JOB_METRIC("%s", "arrived"); /* at the open barrier, waiting for the others */
+            add(user, name, job->bsp_complete ? 0.0 : (double)job->arrived);
         }
         if (job->sync == FERRY__PS_SSP) {
             JOB_METRIC("%s", "max_lead");

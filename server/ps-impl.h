@@ -475,7 +475,9 @@ int ferry__ps_session_holds(ferry__ps_sessions *S, uint64_t serial);
 /* The lease ops of the RPC layer: a Session stream opened and closed. */
 ferry_status ferry__ps_session_lease_open(ferry__ps_sessions *S, const ferry_rpc_caller_info *who,
                                           ferry__ps_session **out);
-void ferry__ps_session_lease_close(ferry__ps_sessions *S, ferry__ps_session *s);
+/* A Session stream ended; returns the session's serial when that was its last one
+ * (its client process or connection went away), else 0. */
+uint64_t ferry__ps_session_lease_close(ferry__ps_sessions *S, ferry__ps_session *s);
 /* Ends the sessions idle past the TTL without a lease; their serials into ended (at
  * most cap), for the caller to drop what they held. Returns the count. */
 int ferry__ps_sessions_sweep(ferry__ps_sessions *S, uint64_t *ended, int cap);
@@ -643,6 +645,9 @@ ferry_rpc_role ferry__ps_method_role(ferry_rpc_method m);
 void ferry__ps_session_ended(ferry__ps_state *ps, uint64_t serial);
 /* Releases the job ranks session serial holds (jobs.c): their waiting calls fail. */
 void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial);
+/* Session serial lost its last Session stream (its trainer died or its connection
+ * closed): the waits of other ranks on the ranks it holds end now (jobs.c). */
+void ferry__ps_jobs_holder_gone(ferry__ps_jobs *j, uint64_t serial);
 /* The module `name` if session sess may use it (its identity's, or any for an admin),
  * referenced (ferry__ps_module_put); NULL with FERRY_ERR_NOT_FOUND set otherwise, the
  * same answer for a name that does not exist and for another identity's module. */
@@ -692,5 +697,10 @@ ferry_status ferry__ps_checkpoint_named(struct ferry__ps_state *s, const char *n
 /* The newest (by mtime) complete ferry-ps checkpoint in dir into path; *found 0 when
  * there is none. Damaged ones are logged and skipped. */
 ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap, int *found);
+/* Removes the temporary files of checkpoint writes a kill interrupted in dir
+ * (".<name>.XXXXXX" holding a FERRYPS3 file or a prefix of one): of job's checkpoints
+ * (its file prefix), or of any (job NULL). No checkpoint of this process may be in
+ * writing (checkpoint_mu held, or at start-up). Logs and returns how many. */
+int ferry__ps_checkpoint_sweep_temps(const char *dir, const char *job);
 
 #endif /* FERRY_PS_IMPL_H */

@@ -126,7 +126,9 @@ static ferry_status lease_open(void *user, const ferry_rpc_caller_info *who, voi
 
 static void lease_close(void *user, void *handle) {
     ferry__ps_state *ps = user;
-    ferry__ps_session_lease_close(&ps->sessions, handle);
+    uint64_t gone = ferry__ps_session_lease_close(&ps->sessions, handle);
+    if (gone != 0) /* its trainer died: the ranks waiting for its ranks learn it now */
+        ferry__ps_jobs_holder_gone(&ps->jobs, gone);
 }
 
 void ferry__ps_session_ended(ferry__ps_state *ps, uint64_t serial) {
@@ -211,6 +213,8 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     char newest[1200];
     const char *restore = cfg->restore;
     int found = 0;
+    if (ps->checkpoint_dir[0] != '\0') /* what an earlier run was writing when it died */
+        (void)ferry__ps_checkpoint_sweep_temps(ps->checkpoint_dir, NULL);
     if (restore == NULL && ps->checkpoint_dir[0] != '\0' &&
         (st = ferry__ps_checkpoint_newest(ps->checkpoint_dir, newest, sizeof newest, &found)) !=
             FERRY_OK) {

@@ -239,7 +239,7 @@ ferry_status ferry__ps_session_lease_open(ferry__ps_sessions *S, const ferry_rpc
     return FERRY_OK;
 }
 
-void ferry__ps_session_lease_close(ferry__ps_sessions *S, ferry__ps_session *s) {
+uint64_t ferry__ps_session_lease_close(ferry__ps_sessions *S, ferry__ps_session *s) {
     pthread_mutex_lock(&S->mu);
     s->leases--;
     int last = s->leases == 0;
@@ -249,6 +249,7 @@ void ferry__ps_session_lease_close(ferry__ps_sessions *S, ferry__ps_session *s) 
         FERRY_LOG_DEBUG("session #%llu ('%s'): its Session stream closed",
                         (unsigned long long)serial, s->identity);
     ferry__ps_session_leave(S, s);
+    return last ? serial : 0;
 }
 
 int ferry__ps_sessions_sweep(ferry__ps_sessions *S, uint64_t *ended, int cap) {

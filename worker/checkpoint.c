@@ -586,6 +586,40 @@ ferry_status ferry_checkpoint_resolve(const char *base, int rank, char *out, siz
     return st;
 }
 
+/* A temporary name's <name> (len bytes) is "<prefix><digits>": a part of this rank. */
+static int rank_temp(const char *name, size_t len, const void *user) {
+    const char *prefix = user;
+    size_t pl = strlen(prefix);
+    if (len <= pl || strncmp(name, prefix, pl) != 0)
+        return 0;
+    for (size_t i = pl; i < len; i++)
+        if (name[i] < '0' || name[i] > '9')
+            return 0;
+    return 1;
+}
+
+void ferry_checkpoint_sweep_temps(const char *base, int rank) {
+    if (base == NULL)
+        return;
+    const char *slash = strrchr(base, '/');
+    const char *file = slash != NULL ? slash + 1 : base;
+    char dir[1024], prefix[512];
+    (void)snprintf(dir, sizeof dir, "%.*s", slash != NULL ? (int)(slash - base) : 1,
+                   slash != NULL ? base : ".");
+    if (slash != NULL && slash == base)
+        (void)snprintf(dir, sizeof dir, "/");
+    if (rank < 0)
+        (void)snprintf(prefix, sizeof prefix, "%s.", file);
+    else
+        (void)snprintf(prefix, sizeof prefix, "%s.r%d.", file, rank);
+    uint64_t bytes = 0;
+    int n = ferry_ck_sweep_temps(dir, CK_MAGIC, rank_temp, prefix, &bytes);
+    if (n > 0)
+        FERRY_LOG_INFO("removed %d temporary file%s of checkpoint writes a kill interrupted "
+                       "(%s/.%s<step>.XXXXXX, %.1f MB)",
+                       n, n > 1 ? "s" : "", dir, prefix, (double)bytes / 1e6);
+}
+
 void ferry_checkpoint_retain(const char *base, int rank, int keep) {
     int64_t *steps = NULL;
     size_t n = 0;

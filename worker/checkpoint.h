@@ -60,5 +60,10 @@ ferry_status ferry_checkpoint_resolve(const char *base, int rank, char *out, siz
                                       int *found);
 /* Deletes all but the newest `keep` BASE.<step> files. */
 void ferry_checkpoint_retain(const char *base, int rank, int keep);
+/* Removes this rank's temporary files of part writes a kill interrupted in base's
+ * directory (".<base>.r<rank>.<step>.XXXXXX", or ".<base>.<step>.XXXXXX" for rank -1,
+ * holding a FERRYCK2 file or a prefix of one); other ranks' are theirs. Logs what it
+ * removed. Call it when this process is not writing a part. base NULL: nothing. */
+void ferry_checkpoint_sweep_temps(const char *base, int rank);
 
 #endif /* FERRY_CHECKPOINT_H */

@@ -233,7 +233,10 @@ typedef struct trainer {
     int64_t win0; /* the window of `epoch` to start at (a resume) */
     int carried;  /* the carried state was restored: do not zero it at win0 */
     int recover;  /* a job that recovers from crashes (checkpoint_every > 0) */
-    double step_t0;   /* when the step under way began; 0 between steps */
+    int64_t last_step; /* the run's last step: --max-steps, or every epoch's windows */
+    int complete;      /* the job completed while this rank was down: nothing left to do */
+    double op_t0;      /* when the server work under way began (a step with its checkpoint,
+                          an evaluation); 0 between them: a recovery counts from there */
     ferry_http *http; /* --metrics-listen */
     pthread_mutex_t live_mu; /* guards live: what /metrics shows */
     trainer_live live;
@@ -486,12 +489,15 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
          start += cfg->bptt, i++) {
         ferry_window w;
         double sum = 0.0, ntok = 0.0;
+        if (cfg->max_steps > 0 && t->step >= cfg->max_steps) { /* resumed at the run's end */
+            *stop = 1;
+            break;
+        }
         if ((st = ferry_batch_window(t->train, start, cfg->bptt, &w)) != FERRY_OK)
             break;
-        t->step_t0 = ferry_now();
+        t->op_t0 = ferry_now();
         if ((st = train_step(t, &w, &sum, &ntok, &gn)) != FERRY_OK)
             break;
-        t->step_t0 = 0.0;
         win_loss += sum;
         win_tokens += (int64_t)ntok;
         win_steps++;
@@ -524,6 +530,8 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
             st = save_checkpoint(t, t->epoch, i + 1);
         }
         t->ck_asked = 0;
+        if (st == FERRY_OK)
+            t->op_t0 = 0.0; /* the step and its checkpoint are done */
         if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_requested) {
             *stop = 1;
             i++;
@@ -546,6 +554,8 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
 static ferry_status eval_and_report(trainer *t, const char *split, const ferry_batches *b,
                                     int short_run, double *loss) {
     double t0 = ferry_now();
+    if (t->op_t0 == 0.0)
+        t->op_t0 = t0;
     int64_t all = ferry_batch_nwindows(b, t->cfg->bptt), max = t->cfg->eval_batches;
     if (max < 0)
         max = short_run ? EVAL_BATCHES_SHORT : 0;
@@ -554,6 +564,7 @@ static ferry_status eval_and_report(trainer *t, const char *split, const ferry_b
         st = evaluate(t, b, max, loss);
     if (st != FERRY_OK)
         return st;
+    t->op_t0 = 0.0;
     char part[160] = "";
     if (max > 0 && max < all)
         (void)snprintf(part, sizeof part, ", on the first %lld of %lld windows: %s", (long long)max,
@@ -648,6 +659,7 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
     if ((st = resume ? ferry_job_create(t->cluster, &jc, &t->job)
                      : ferry_job_join(t->cluster, &jc, &t->job)) != FERRY_OK)
         return st;
+    ferry_job_set_last_step(t->job, (uint64_t)t->last_step);
     FERRY_LOG_INFO("job '%s': rank %d of %d (%s), --sync %s, batch columns [%d, %d) of %d",
                    cfg->job, cfg->rank, cfg->world, cfg->membership,
                    cfg->sync != NULL ? cfg->sync : "bsp", t->c0, t->c1, cfg->batch_size);
@@ -773,6 +785,9 @@ static ferry_status trainer_setup(trainer *t) {
         (st = make_batches(cfg, t->corpus, FERRY_SPLIT_TEST, cfg->eval_batch_size, cfg->eval_tokens,
                            &t->test)) != FERRY_OK)
         return st;
+    /* Every window of every epoch is one step, unless --max-steps stops the run first. */
+    int64_t total = (int64_t)cfg->epochs * ferry_batch_nwindows(t->train, cfg->bptt);
+    t->last_step = cfg->max_steps > 0 && cfg->max_steps < total ? cfg->max_steps : total;
     ferry_lm_config mc = {V,
                           cfg->emsize,
                           cfg->nhid,
@@ -899,6 +914,8 @@ static ferry_status trainer_setup(trainer *t) {
                        ferry_http_port(t->http));
     }
     t->epoch = 1;
+    /* Temporary files of checkpoint writes a kill interrupted (this rank's only). */
+    ferry_checkpoint_sweep_temps(cfg->save, t->job != NULL ? cfg->rank : -1);
     if (cfg->load != NULL && t->job != NULL) {
         /* The whole job goes back to the newest checkpoint every process has. */
         char why[1200];
@@ -1043,8 +1060,23 @@ static void trainer_teardown(trainer *t, ferry_status run) {
         ferry_cluster_set_wait_for_ready(t->cluster, 0);
     }
     ferry_dist_ctx_destroy(t->dc);
-    if (t->job != NULL && !peer_failed && ferry_job_leave(t->job) != FERRY_OK)
-        FERRY_LOG_WARN("leaving job '%s': %s", t->cfg->job, ferry_error_last());
+    /* The others learn at once that this rank is done, and why when it stops early:
+     * their waits for it end with that reason instead of at --sync-timeout. */
+    if (t->job != NULL && !t->complete) {
+        char reason[256] = "";
+        if (run != FERRY_OK)
+            (void)snprintf(reason, sizeof reason, "%.255s",
+                           err[0] != '\0' ? err : ferry_status_str(run));
+        else if (stop_requested)
+            (void)snprintf(reason, sizeof reason, "stopped by a signal after step %lld",
+                           (long long)t->step);
+        if (ferry_job_leave_after(t->job, (uint64_t)t->step, reason) != FERRY_OK) {
+            if (run == FERRY_OK)
+                FERRY_LOG_WARN("leaving job '%s': %s", t->cfg->job, ferry_error_last());
+            else
+                FERRY_LOG_INFO("leaving job '%s': %s", t->cfg->job, ferry_error_last());
+        }
+    }
     ferry_job_destroy(t->job);
     ferry_cluster_destroy(t->cluster);
     free(t->in_buf);
@@ -1068,6 +1100,8 @@ static ferry_status save_checkpoint(trainer *t, int epoch, int64_t window) {
     const ferry_trainer_config *cfg = t->cfg;
     if (cfg->save == NULL)
         return FERRY_OK;
+    if (t->op_t0 == 0.0)
+        t->op_t0 = ferry_now();
     ferry_status st = ferry_lm_pull_dense(t->lm);
     if (st != FERRY_OK)
         return st;
@@ -1120,8 +1154,10 @@ static ferry_status save_checkpoint(trainer *t, int epoch, int64_t window) {
     int rank = t->job != NULL ? cfg->rank : -1;
     ferry_checkpoint_part(cfg->save, rank, t->step, path, sizeof path);
     st = ferry_checkpoint_save(path, cfg, t->lm, t->opt, &pr, manifest);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK) {
         ferry_checkpoint_retain(cfg->save, rank, cfg->keep_checkpoints);
+        t->op_t0 = 0.0;
+    }
     return st;
 }
 
@@ -1147,24 +1183,32 @@ static void steps_text(const int64_t *s, size_t n, char *buf, size_t cap) {
         (void)snprintf(buf, cap, "none");
 }
 
-/* The whole job rolls back to the newest checkpoint every process has: this rank's
- * complete parts, each server's complete files (a probe, which also says where the
- * server's copy stands: fresh, older, newer), then the recover barrier on every
- * server, which restores that step there; then this rank's part of it. Servers that
- * are down are waited for, within --recovery-timeout. */
-/* The roll-back proper: probes and the recover barrier until every server answers
+/* What a roll-back found (rollback's *outcome). */
+enum {
+    ROLLED_BACK,  /* every rank went back to a common checkpoint */
+    AT_LAST_STEP, /* every server and this rank's part are at the run's last step */
+    JOB_COMPLETE  /* the job completed its run without this rank: nothing left to do */
+};
+
+/* The roll-back proper: the whole job goes back to the newest checkpoint every
+ * process has. Probes (each server's complete files, and where its copy of the job
+ * stands: fresh, older, newer) and the recover barrier, until every server answers
  * and agrees on a step (*resume), within the recovery timeout from t0. `all`: this
- * rank's complete checkpoints, ascending. */
+ * rank's complete checkpoints, ascending. At the run's last step no roll-back may be
+ * needed (*outcome). Servers that are down are waited for. */
 static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double t0,
-                             uint64_t *resume) {
+                             uint64_t *resume, int *outcome) {
     const ferry_trainer_config *cfg = t->cfg;
     double limit = cfg->recovery_timeout_s;
     int n = ferry_cluster_size(t->cluster), waiting = -1;
     ferry_status st = FERRY_OK;
     char text[512], have[256];
+    uint64_t last = (uint64_t)t->last_step;
+    int have_last = nall > 0 && all[nall - 1] == t->last_step;
     int64_t *mine = malloc((nall ? nall : 1) * sizeof *mine);
     if (mine == NULL)
         return FERRY_ERR_NOMEM;
+    *outcome = ROLLED_BACK;
     for (int attempt = 0;; attempt++) {
         if (attempt > 0) {
             if (ferry_now() - t0 > limit) {
@@ -1173,14 +1217,15 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
                                   ferry_now() - t0, limit, text);
                 break;
             }
-            struct timespec ts = {0, 250000000L};
+            struct timespec ts = {0, 100000000L};
             nanosleep(&ts, NULL);
         }
         /* offer = this rank's ∩ every server's */
         memcpy(mine, all, nall * sizeof *mine);
         size_t nmine = nall;
-        int down = -1;
-        for (int s = 0; s < n && nmine > 0; s++) {
+        int down = -1, at_last = last > 0, rolling = 0, finished = 0;
+        uint64_t completed = 0;
+        for (int s = 0; s < n; s++) {
             ferry_job_probe_result pr;
             if (ferry_job_probe(t->job, s, &pr) != FERRY_OK) {
                 down = s;
@@ -1197,6 +1242,10 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
                 }
             }
             nmine = m;
+            at_last &= pr.has_state && pr.state_step == last;
+            rolling |= pr.rolling_back;
+            finished |= pr.finished;
+            completed = pr.completed_step > completed ? pr.completed_step : completed;
             if (attempt == 0 || waiting == s) {
                 if (!pr.has_state)
                     (void)snprintf(have, sizeof have, "fresh (no state of the job)");
@@ -1215,6 +1264,25 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
                                ferry_cluster_target(t->cluster, down), text);
             waiting = down;
             continue;
+        }
+        /* Every server is at the run's last step: the job's training is done. Either
+         * it completed without this rank (which stopped before writing its part of the
+         * last step), or this rank's part of it is here and nothing needs to roll
+         * back: it takes its rank again and finishes (unless a roll-back is under
+         * way, which it joins). */
+        if (at_last && (finished || (!have_last && completed == last))) {
+            *outcome = JOB_COMPLETE;
+            break;
+        }
+        if (at_last && have_last && !rolling) {
+            if ((st = ferry_job_rejoin(t->job)) == FERRY_OK) {
+                *resume = last;
+                *outcome = AT_LAST_STEP;
+                break;
+            }
+            FERRY_LOG_INFO("recovery: rank %d cannot take its place at the last step again "
+                           "(%s): the job rolls back",
+                           cfg->rank, ferry_error_last());
         }
         if (nmine == 0) {
             steps_text(all, nall, have, sizeof have);
@@ -1235,7 +1303,8 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
         if (st == FERRY_OK)
             break;
         (void)snprintf(text, sizeof text, "%s", ferry_error_last());
-        if (st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_EXISTS || st == FERRY_ERR_INVALID) {
+        if (st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_EXISTS || st == FERRY_ERR_INVALID ||
+            st == FERRY_ERR_ABORTED) {
             st = ferry_errorf(st, "recovery failed: %s", text);
             break;
         }
@@ -1247,25 +1316,38 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
 
 static ferry_status recover(trainer *t, const char *why) {
     const ferry_trainer_config *cfg = t->cfg;
-    /* The recovery timeout counts from the start of the failed step: the step's calls
-     * may have spent part of it being sent again. */
-    double t0 = t->step_t0 > 0.0 ? t->step_t0 : ferry_now();
-    t->step_t0 = 0.0;
+    /* The recovery counts from the start of the server work that failed: its calls may
+     * have spent part of the time being sent again. */
+    double t0 = t->op_t0 > 0.0 ? t->op_t0 : ferry_now();
+    t->op_t0 = 0.0;
     FERRY_LOG_WARN("recovering: %s; the job rolls back to its newest complete checkpoint "
                    "(waiting up to %.0f s more, --recovery-timeout %g)",
-                   why, fmax(0.0, cfg->recovery_timeout_s - (ferry_now() - t0)), cfg->recovery_timeout_s);
+                   why, fmax(0.0, cfg->recovery_timeout_s - (ferry_now() - t0)),
+                   cfg->recovery_timeout_s);
     ferry_dist_ctx_abandon(t->dc); /* no cleanup calls to a dead peer */
     ferry_cluster_set_wait_for_ready(t->cluster, 0);
     /* This rank's parts do not change while it waits: read and verify them once. */
     int64_t *all = NULL;
     size_t nall = 0;
     uint64_t resume = 0;
+    int outcome = ROLLED_BACK;
     ferry_status st = ferry_checkpoint_steps(t->ck_base, cfg->rank, &all, &nall);
     if (st == FERRY_OK)
-        st = rollback(t, all, nall, t0, &resume);
+        st = rollback(t, all, nall, t0, &resume, &outcome);
+    int64_t newest = nall > 0 ? all[nall - 1] : -1;
     free(all);
     if (st != FERRY_OK)
         return st;
+    ferry_checkpoint_sweep_temps(t->ck_base, cfg->rank);
+    if (outcome == JOB_COMPLETE) {
+        t->complete = 1;
+        FERRY_LOG_WARN("job '%s' is complete: every server is at its last step (%lld) and the "
+                       "ranks that finished it have left; this rank's newest part is %s%lld: "
+                       "nothing is left for it to do",
+                       cfg->job, (long long)t->last_step,
+                       newest == t->last_step ? "that step, " : "step ", (long long)newest);
+        return FERRY_OK;
+    }
     /* Learn the servers' incarnations anew: later context calls name them, so that a
      * server restarting again is noticed at once. */
     int restarted = 0;
@@ -1279,10 +1361,16 @@ static ferry_status recover(trainer *t, const char *why) {
             FERRY_OK ||
         (st = apply_progress(t, &pr)) != FERRY_OK || (st = ferry_lm_pull_dense(t->lm)) != FERRY_OK)
         return st;
-    FERRY_LOG_WARN("recovered in %.1f s: the job rolled back to step %llu (%s); epoch %d "
-                   "continues at window %lld",
-                   ferry_now() - t0, (unsigned long long)resume, path, t->epoch,
-                   (long long)t->win0);
+    if (outcome == AT_LAST_STEP)
+        FERRY_LOG_WARN("recovered in %.1f s without a roll-back: every server is at the run's "
+                       "last step (%llu) and this rank's part of it is complete (%s); epoch %d "
+                       "finishes",
+                       ferry_now() - t0, (unsigned long long)resume, path, t->epoch);
+    else
+        FERRY_LOG_WARN("recovered in %.1f s: the job rolled back to step %llu (%s); epoch %d "
+                       "continues at window %lld",
+                       ferry_now() - t0, (unsigned long long)resume, path, t->epoch,
+                       (long long)t->win0);
     if (t->metrics != NULL) {
         const char *keys[] = {"step", "epoch", "window", "seconds"};
         double vals[] = {(double)t->step, t->epoch, (double)t->win0, ferry_now() - t0};
@@ -1294,9 +1382,11 @@ static ferry_status recover(trainer *t, const char *why) {
 /* A failure recovery can repair: a peer died, stalled or restarted (its state is
  * gone: unknown contexts, modules or job), or the job is rolling back. */
 static int recoverable(ferry_status st) {
+    /* SESSION: a call sent again reached the server restarted (its sessions are gone);
+     * the roll-back says Hello there anew. */
     return st == FERRY_ERR_UNAVAILABLE || st == FERRY_ERR_TIMEOUT || st == FERRY_ERR_BUSY ||
            st == FERRY_ERR_RPC || st == FERRY_ERR_NOT_FOUND || st == FERRY_ERR_INVALID ||
-           st == FERRY_ERR_IO;
+           st == FERRY_ERR_IO || st == FERRY_ERR_SESSION;
 }
 
 /* The epochs from where the run is; returns at the end, on a stop, or on an error. */
@@ -1343,7 +1433,7 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
     t.ck_base = cfg->save != NULL ? cfg->save : cfg->load;
     ferry_status st = trainer_setup(&t);
     int stop = 0;
-    while (st == FERRY_OK) {
+    while (st == FERRY_OK && !t.complete) {
         st = run_epochs(&t, &stop);
         if (st == FERRY_OK || !t.recover || stop_requested || !recoverable(st))
             break;
@@ -1352,6 +1442,7 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
         int64_t at = t.step;
         if ((st = recover(&t, why)) != FERRY_OK)
             break;
+        stop = 0; /* where the run now stands decides (at its last step: evaluation) */
         /* The same failure at the same step again and again is not a crash. */
         t.rec_repeat = t.step == t.rec_step && at <= t.step + cfg->checkpoint_every
                            ? t.rec_repeat + 1
@@ -1365,7 +1456,10 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
             break;
         }
     }
-    if (st == FERRY_OK && !stop_requested)
+    if (st == FERRY_OK && t.complete)
+        FERRY_LOG_INFO("done: the job had completed its %lld steps; nothing to do (%.1f s)",
+                       (long long)t.last_step, ferry_now() - t.t_start);
+    else if (st == FERRY_OK && !stop_requested)
         FERRY_LOG_INFO("done: %lld steps in %.1f s", (long long)t.step, ferry_now() - t.t_start);
     if (st == FERRY_OK && stop_requested)
         FERRY_LOG_INFO("stopped: %lld steps in %.1f s", (long long)t.step,

@@ -1,5 +1,6 @@
 /* ckfile.c - see ckfile.h. CRC-32 is zlib's (the same polynomial as gzip and PNG,
  * so `crc32` tools can check a section by hand). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -224,6 +225,64 @@ int ferry_ck_has_magic(const char *path, const char magic[8]) {
     int ok = read(fd, m, 8) == 8 && memcmp(m, magic, 8) == 0;
     (void)close(fd);
     return ok;
+}
+
+/* The <name> of a temporary file name ".<name>.XXXXXX" (*len its length), else NULL. */
+static const char *temp_name(const char *file, size_t *len) {
+    size_t n = strlen(file);
+    if (n < 9 || file[0] != '.' || file[n - 7] != '.')
+        return NULL;
+    for (size_t i = n - 6; i < n; i++) {
+        char c = file[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
+            return NULL;
+    }
+    *len = n - 8;
+    return file + 1;
+}
+
+/* 1 when the regular file name in dirfd begins with magic, or is a prefix of it. */
+static int starts_as(int dirfd, const char *name, const char magic[8], uint64_t *size) {
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid())
+        return 0;
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char head[8];
+    ssize_t n = read(fd, head, sizeof head);
+    (void)close(fd);
+    *size = (uint64_t)st.st_size;
+    return n >= 0 && (n == 8 || (uint64_t)n == *size) && memcmp(head, magic, (size_t)n) == 0;
+}
+
+int ferry_ck_sweep_temps(const char *dir, const char magic[8],
+                         int (*match)(const char *name, size_t len, const void *user),
+                         const void *user, uint64_t *bytes) {
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = dirfd >= 0 ? fdopendir(dirfd) : NULL;
+    if (d == NULL) {
+        if (dirfd >= 0)
+            (void)close(dirfd);
+        return -1;
+    }
+    int removed = 0;
+    uint64_t total = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t len;
+        uint64_t size = 0;
+        const char *name = temp_name(e->d_name, &len);
+        if (name == NULL || (match != NULL && !match(name, len, user)) ||
+            !starts_as(dirfd, e->d_name, magic, &size) || unlinkat(dirfd, e->d_name, 0) != 0)
+            continue;
+        removed++;
+        total += size;
+    }
+    (void)closedir(d); /* closes dirfd */
+    if (bytes != NULL)
+        *bytes = total;
+    return removed;
 }
 
 void ferry_ckr_free(ferry_ckr *r) {

@@ -94,6 +94,17 @@ ferry_status ferry_ck_verify(const char *path, const char magic[8], uint32_t for
                              uint32_t *nsections);
 /* 1 when path starts with magic (a cheap test before a full read). */
 int ferry_ck_has_magic(const char *path, const char magic[8]);
+
+/* Removes what writes of `magic` files in dir left when a kill interrupted them: the
+ * temporary files ferry_ckw_open makes, ".<name>.XXXXXX" (mkostemp's six letters and
+ * digits), whose <name> `match` accepts (NULL: any), that are regular files of this
+ * user (not symlinks) and start with the magic or hold a prefix of it (a write killed
+ * before its first flush leaves an empty file). Never call it while this process may
+ * be writing such a file there. Returns how many it removed, their bytes in *bytes
+ * (may be NULL); -1 when dir cannot be read. */
+int ferry_ck_sweep_temps(const char *dir, const char magic[8],
+                         int (*match)(const char *name, size_t len, const void *user),
+                         const void *user, uint64_t *bytes);
 void ferry_ckr_free(ferry_ckr *r);
 
 /* A bounded reader over one section; `bad` is set (and stays set) when a read runs

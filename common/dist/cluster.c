@@ -127,9 +127,7 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         for (int i = 0; i < n; i++) {
             if (calls[i].status == FERRY_OK)
                 continue;
-            /* A server that came back while the call was retried answers it with
-             * "unknown session": say Hello there again and go on retrying. */
-            if (!calls[i].transport && calls[i].status != FERRY_ERR_SESSION)
+            if (!calls[i].transport)
                 m = -1;
             if (m < 0)
                 break;
@@ -138,22 +136,14 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         double spent = ferry_now() - t0;
         if (m <= 0 || spent * 1000.0 + (double)pause_ms > retry_ms)
             break;
-        for (int k = 0; k < m; k++) {
-            if (calls[idx[k]].status != FERRY_ERR_SESSION)
-                continue;
-            int seen = 0;
-            for (int q = 0; q < k; q++)
-                seen |=
-                    calls[idx[q]].status == FERRY_ERR_SESSION && servers[idx[q]] == servers[idx[k]];
-            if (!seen)
-                (void)rehello(c, servers[idx[k]]); /* failing, the call fails again */
-        }
         if (attempt == 1)
             FERRY_LOG_WARN("%s; sending it again (same ids) for up to %.0f s", ferry_error_last(),
                            retry_ms / 1000.0);
         struct timespec ts = {pause_ms / 1000, (pause_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
-        pause_ms = pause_ms * 2 > 1000 ? 1000 : pause_ms * 2;
+        /* Short pauses: a restarted server is reached within a second of listening
+         * (the channel reconnects within 250 ms, transport-grpc.c). */
+        pause_ms = pause_ms * 2 > 250 ? 250 : pause_ms * 2;
         /* Compact the failed entries to the front, send them, put them back. */
         ferry_rpc_fanout *again = calloc((size_t)m, sizeof *again);
         if (again == NULL) {

@@ -74,6 +74,7 @@ struct ferry_job {
     char name[FERRY_RPC_NAME_MAX];
     char model[1024];
     atomic_int ck_request; /* ferry_job_request_checkpoint, sent with the next GradNorm */
+    uint64_t last_step;    /* ferry_job_set_last_step */
 };
 
 /* One Forward inside a context, awaiting its Backward. */

@@ -106,6 +106,7 @@ static void job_request(ferry_job *job, int action, job_msg *m) {
         ferry__v1__job_recover__init(&m->recover);
         job_member(job, m);
         m->recover.member = &m->member;
+        m->recover.last_step = job->last_step;
         m->q.recover = &m->recover;
         break;
     case FERRY__V1__JOB_REQUEST__ACTION_CHECKPOINT:
@@ -236,6 +237,9 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
             memcpy(out->steps, r->checkpoints, out->n * sizeof *out->steps);
         out->has_state = r->has_state;
         out->state_step = r->state_step;
+        out->rolling_back = r->rolling_back;
+        out->finished = r->finished;
+        out->completed_step = r->completed_step;
         out->can_checkpoint = r->can_checkpoint;
     }
     ferry_rpc_msg_deinit(&reply);
@@ -302,7 +306,32 @@ ferry_status ferry_job_wait_ready(ferry_job *job) {
 }
 
 ferry_status ferry_job_leave(ferry_job *job) {
-    return job_call(job, FERRY__V1__JOB_REQUEST__ACTION_LEAVE, NULL, NULL);
+    return ferry_job_leave_after(job, 0, NULL);
+}
+
+ferry_status ferry_job_leave_after(ferry_job *job, uint64_t step, const char *reason) {
+    ferry_cluster *c = job->c;
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ERR_NOMEM;
+    char why[256];
+    (void)snprintf(why, sizeof why, "%s", reason != NULL ? reason : "");
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_LEAVE, m);
+    m->leave.step = step;
+    m->leave.reason = why;
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = job_all(job, &m->q, c->cfg.deadline_ms, replies);
+    free(m);
+    replies_deinit(replies, c->n);
+    return st;
+}
+
+void ferry_job_set_last_step(ferry_job *job, uint64_t step) {
+    job->last_step = step;
+}
+
+ferry_status ferry_job_rejoin(ferry_job *job) {
+    return job_call(job, FERRY__V1__JOB_REQUEST__ACTION_JOIN, NULL, NULL);
 }
 
 ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step) {

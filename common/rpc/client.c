@@ -564,7 +564,7 @@ ferry_status ferry_rpc_client_create(const char *target, const ferry_rpc_client_
         return ferry_errorf(FERRY_ERR_NOMEM, "rpc client: out of memory");
     }
     ferry__grpc_init();
-    grpc_arg args[8];
+    grpc_arg args[FERRY__GRPC_MAX_ARGS];
     grpc_channel_args ca = {ferry__grpc_fill_args(args, max_bytes, 1), args};
     grpc_channel_credentials *creds;
     if (cfg->tls_ca_pem != NULL) {

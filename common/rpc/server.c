@@ -1194,7 +1194,7 @@ static const char *bind_reason(const char *listen) {
 
 /* Creates the gRPC server, registers the queue and methods, and binds. */
 static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_config *cfg) {
-    grpc_arg args[8];
+    grpc_arg args[FERRY__GRPC_MAX_ARGS];
     grpc_channel_args ca = {ferry__grpc_fill_args(args, srv->lim.max_message_bytes, 0), args};
     srv->server = grpc_server_create(&ca, NULL);
     srv->cq = grpc_completion_queue_create_for_next(NULL);

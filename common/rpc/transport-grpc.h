@@ -80,8 +80,10 @@ void ferry__rpc_meter_read(ferry__rpc_meter *m, ferry_rpc_method_stats *out);
 /* Parses the FERRY_RPC_STATUS_KEY value; FERRY_OK if absent or not a ferry error. */
 ferry_status ferry__grpc_status_from_metadata(const grpc_metadata_array *md);
 
-/* Channel arguments for a message limit; `client` adds the client-only ones.
- * Writes at most 6 entries into a and returns the count. */
+/* Channel arguments for a message limit; `client` adds the client-only ones (no
+ * retries by gRPC, a subchannel per client, no proxy, reconnection within a second).
+ * Writes at most FERRY__GRPC_MAX_ARGS entries into a and returns the count. */
+#define FERRY__GRPC_MAX_ARGS 12
 size_t ferry__grpc_fill_args(grpc_arg *a, size_t max_message_bytes, int client);
 
 /* A deadline ms milliseconds from now (monotonic clock). */

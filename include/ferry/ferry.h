@@ -133,11 +133,11 @@ void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
 /* retry_ms > 0: a Forward, Backward, GradNorm, Step, ReleaseContext, GetParams or
  * Stats that fails in transit (its deadline passed, or the server could not be
  * reached) is sent again, with the same context and call ids, after a short pause
- * (50 ms doubling to 1 s), until it is answered or retry_ms have passed since the
- * first failure (no attempt runs past that). The server applies each such call once however often it arrives
- * (proto/ferry.proto section 6), so a stall or a lost connection costs time, not
- * the step. A server that restarted meanwhile refuses the retry (NOT_FOUND: its
- * contexts are gone). 0 (the default): no retries. Thread-safe. */
+ * (50 ms doubling to 250 ms), until it is answered or retry_ms have passed since the
+ * first failure (no attempt runs past that). The server applies each such call once however often
+ * it arrives (proto/ferry.proto section 6), so a stall or a lost connection costs time, not the
+ * step. A server that restarted meanwhile refuses the retry (NOT_FOUND: its contexts are gone). 0
+ * (the default): no retries. Thread-safe. */
 void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms);
 /* Calls sent again so far (see ferry_cluster_set_retry). */
 uint64_t ferry_cluster_retries(const ferry_cluster *c);
@@ -596,6 +596,13 @@ ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *stal
 ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
 /* A handle without joining (a restarted rank recovers instead of joining). */
 ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
+/* Joins again with a handle of ferry_job_create: the rank is taken over from a session
+ * that is gone (a restarted rank that needs no roll-back). Errors as ferry_job_join. */
+ferry_status ferry_job_rejoin(ferry_job *job);
+/* The last step of this rank's run (0, the default: not said), sent with its recover:
+ * in a roll-back, ranks that left after completing a run that ends there count as
+ * present, offering that step, so that a rank restarted after the end rolls back alone. */
+void ferry_job_set_last_step(ferry_job *job, uint64_t step);
 
 /* Recovery. ferry_job_probe asks one server which complete checkpoints of the job it
  * holds ("<job>-step<N>.ckpt" in its --checkpoint-dir, verified) and where its copy
@@ -612,7 +619,10 @@ typedef struct ferry_job_probe_result {
     size_t n;
     int has_state;       /* the server holds the job's parameters (else: fresh) */
     uint64_t state_step; /* at this step */
-    int can_checkpoint;  /* the server writes checkpoints (it has a --checkpoint-dir) */
+    int rolling_back;    /* a recover barrier is open there */
+    int finished;        /* every rank has left the job there */
+    uint64_t completed_step; /* the highest step at which a rank left, its run completed */
+    int can_checkpoint;      /* the server writes checkpoints (it has a --checkpoint-dir) */
 } ferry_job_probe_result;
 ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out);
 void ferry_job_probe_free(ferry_job_probe_result *p);
@@ -624,8 +634,13 @@ ferry_status ferry_job_ready(ferry_job *job);
 /* Other ranks: waits (polling the job's status) until rank 0 said ready on every
  * server, at most the sync timeout: FERRY_ERR_TIMEOUT then. */
 ferry_status ferry_job_wait_ready(ferry_job *job);
-/* This rank is done (bsp ranks still waiting for it fail at once). */
+/* This rank is done: its run completed (bsp ranks still waiting for it fail at once). */
 ferry_status ferry_job_leave(ferry_job *job);
+/* This rank leaves after step `step` (0: as the servers counted): `reason` NULL or ""
+ * when its run completed, else why it stops early (at most 255 bytes). The ranks
+ * waiting for it, and any roll-back that needs it, fail at once with
+ * FERRY_ERR_ABORTED naming it and the reason. */
+ferry_status ferry_job_leave_after(ferry_job *job, uint64_t step, const char *reason);
 /* Frees the handle (no Leave). NULL is a no-op. */
 void ferry_job_destroy(ferry_job *job);
 const ferry_job_config *ferry_job_get_config(const ferry_job *job);

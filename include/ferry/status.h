@@ -29,7 +29,8 @@ extern "C" {
     X(ERR_RESOURCE, -16, "resource budget exhausted")                                              \
     X(ERR_AUTH, -17, "not authenticated")                                                          \
     X(ERR_DENIED, -18, "permission denied")                                                        \
-    X(ERR_SESSION, -19, "session unknown or expired")
+    X(ERR_SESSION, -19, "session unknown or expired")                                              \
+    X(ERR_ABORTED, -20, "aborted: a party it depends on left for good")
 
 typedef enum ferry_status {
 #define FERRY_STATUS_ENUM_(name, code, text) FERRY_##name = code,

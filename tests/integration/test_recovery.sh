@@ -19,10 +19,15 @@ DATA=(--data "$FERRY_SRC/data/ptb" --train-tokens 4000 --eval-tokens 400 --epoch
     --max-steps "$STEPS" --checkpoint-every 5 --log-interval 1 --progress off
     --deadline-ms 2000 --sync-timeout 30 --recovery-timeout 60)
 
-# run_job DIR [VICTIM STEP]: servers and ranks under DIR; with a victim (ps0, ps1,
-# r0, r1), it is killed with SIGKILL once rank 0 has logged STEP, then restarted.
+# run_job DIR [VICTIM AT [DELAY]]: servers and ranks under DIR. With a victim (ps0,
+# ps1, r0, r1, or two of them as "ps1+r0"), each is killed with SIGKILL once AT is
+# reached, then started again with its command line (after DELAY seconds, default 0).
+# AT: a step rank 0 has logged; "end" (both ranks wrote their parts of the last step:
+# they evaluate, leave and exit); "write" (the victim, ps0 or r1, has a checkpoint
+# write after step 0's under way: its temporary file exists). Sets KILLED_IN_WRITE to 1 when the kill
+# left a temporary file behind, KILL_MISSED to 1 when a rank victim had already exited.
 run_job() {
-    local dir=$1 victim=${2:-} at=${3:-0}
+    local dir=$1 victim=${2:-} at=${3:-0} delay=${4:-0}
     mkdir -p "$dir/ck0" "$dir/ck1" "$dir/save"
     local -a ports pspid rpid
     for s in 0 1; do
@@ -39,9 +44,18 @@ run_job() {
     }
     start_rank 0
     start_rank 1
+    KILLED_IN_WRITE=0 KILL_MISSED=0
     if [ -n "$victim" ]; then
+        # (not step 0's, written while the ranks start: nothing to roll back to yet)
+        local tmpglob=$dir/ck0/.rec-step[1-9]*.ckpt.?????? v
+        [ "${victim%%+*}" = r1 ] && tmpglob=$dir/save/.lm.r1.[1-9]*.??????
         for _ in $(seq 600); do
-            grep -q "\"event\":\"train\".*\"step\":$at," "$dir/m0.jsonl" 2>/dev/null && break
+            case $at in
+            end) [ -s "$dir/save/lm.r0.$STEPS" ] && [ -s "$dir/save/lm.r1.$STEPS" ] && break ;;
+            write) # a busy wait: a write lasts milliseconds; a builtin glob per turn
+                for _ in $(seq 20000); do compgen -G "$tmpglob" >/dev/null && break 2; done ;;
+            *) grep -q "\"event\":\"train\".*\"step\":$at," "$dir/m0.jsonl" 2>/dev/null && break ;;
+            esac
             kill -0 "${rpid[0]}" 2>/dev/null || break
             sleep 0.02
         done
@@ -54,21 +68,33 @@ run_job() {
             sleep "${victim#stop:}"
             kill -CONT "${pspid[1]}"
             ;;
-        ps*)
-            local s=${victim#ps}
-            kill -9 "${pspid[$s]}"
-            wait "${pspid[$s]}" 2>/dev/null || true
-            echo "=== restarted" >>"$TMP/$(basename "$dir")-ps$s.log"
-            "$PS" --listen "127.0.0.1:${ports[$s]}" --checkpoint-dir "$dir/ck$s" \
-                --checkpoint-keep 20 --context-ttl 30 2>>"$TMP/$(basename "$dir")-ps$s.log" &
-            pspid[$s]=$!
-            ;;
-        r*)
-            local r=${victim#r}
-            kill -9 "${rpid[$r]}"
-            wait "${rpid[$r]}" 2>/dev/null || true
-            echo "=== restarted" >>"$dir/r$r.log"
-            start_rank "$r"
+        *) # SIGKILL each victim at once, then start each again
+            for v in ${victim//+/ }; do
+                case $v in
+                ps*) kill -9 "${pspid[${v#ps}]}" ;;
+                r*) kill -9 "${rpid[${v#r}]}" 2>/dev/null || KILL_MISSED=1 ;; # it had exited
+                esac
+            done
+            [ "$at" = write ] && compgen -G "$tmpglob" >/dev/null && KILLED_IN_WRITE=1
+            sleep "$delay"
+            for v in ${victim//+/ }; do
+                case $v in
+                ps*)
+                    local s=${v#ps}
+                    wait "${pspid[$s]}" 2>/dev/null || true
+                    echo "=== restarted" >>"$TMP/$(basename "$dir")-ps$s.log"
+                    "$PS" --listen "127.0.0.1:${ports[$s]}" --checkpoint-dir "$dir/ck$s" \
+                        --checkpoint-keep 20 --context-ttl 30 2>>"$TMP/$(basename "$dir")-ps$s.log" &
+                    pspid[$s]=$!
+                    ;;
+                r*)
+                    local r=${v#r}
+                    wait "${rpid[$r]}" 2>/dev/null || true
+                    echo "=== restarted" >>"$dir/r$r.log"
+                    start_rank "$r"
+                    ;;
+                esac
+            done
             ;;
         esac
     fi
@@ -96,6 +122,24 @@ same_as_ref() {
     a=$(train_losses "$TMP/ref/m0.jsonl" | tail -1)
     b=$(train_losses "$dir/m0.jsonl" | tail -1)
     [ -n "$a" ] && [ "$a" = "$b" ] || fail "$what: last loss $b, undisturbed $a"
+    # Each rank's final evaluations (valid, then test: split, epoch, step, loss) as in
+    # the undisturbed run, whatever was evaluated twice.
+    for r in 0 1; do
+        a=$(evals "$TMP/ref/m$r.jsonl")
+        b=$(evals "$dir/m$r.jsonl")
+        [ -n "$a" ] && [ "$a" = "$b" ] || fail "$what: rank $r evaluated
+ $b
+ undisturbed:
+ $a"
+    done
+    # No temporary file of an interrupted checkpoint write is left.
+    b=$(find "$dir" -name '.*.??????' | head -3)
+    [ -z "$b" ] || fail "$what: temporary files left: $b"
+}
+
+# A rank's last valid and last test evaluation events.
+evals() {
+    for split in valid test; do grep "\"event\":\"eval\",\"split\":\"$split\"" "$1" | tail -1; done
 }
 
 run_job "$TMP/ref"
@@ -118,6 +162,160 @@ for trial in $(seq 1 "$TRIALS"); do
     rm -rf "$TMP/t$trial"
 done
 ok "$identical of $TRIALS trials (a server or a rank SIGKILLed at a random step, restarted): the job finished by itself, bit-identical"
+
+# ---- at the edges ------------------------------------------------------------------
+# After restarts: the lines of a log written since the last "=== restarted".
+since_restart() { sed -n '/=== restarted/,$p' "$1"; }
+
+# A rank killed after its last step (its part of step 40 written; it evaluates, leaves
+# and exits, the other rank too) finds its part and finishes: no roll-back nobody can
+# join, its evaluations as in the undisturbed run.
+for attempt in 1 2 3; do
+    rm -rf "$TMP/end-r1"
+    run_job "$TMP/end-r1" r1 end
+    [ "$KILL_MISSED" = 0 ] && break
+    echo "  rank 1 killed at the end, run $attempt: it had exited already; again"
+done
+[ "$KILL_MISSED" = 0 ] || fail "rank 1 killed after the last step: it had exited in 3 runs"
+same_as_ref "$TMP/end-r1" "rank 1 killed after the last step"
+since_restart "$TMP/end-r1/r1.log" | grep -q "without a roll-back\|rolled back to step $STEPS\|nothing is left" ||
+    fail "rank 1 restarted after the last step: $(since_restart "$TMP/end-r1/r1.log" | grep -v ' I ' | tail -3)"
+ok "rank 1 SIGKILLed after its last step, restarted: $(since_restart "$TMP/end-r1/r1.log" | grep -o 'recovered in [0-9.]* s[^:]*\|job .* is complete' | head -1), evaluated as undisturbed, bit-identical"
+
+# The same rank started once more, as a supervisor would, over restarted servers:
+# it says the job is done (or evaluates again) and exits 0; it never loops. It also
+# removes, at start, the temporary files of writes a kill interrupted (its own: the
+# name of its part, the magic or a prefix of it), and so does a restarted ferry-ps;
+# nothing else.
+d=$TMP/end-r1
+head -c 1000 "$d/ck0/rec-step20.ckpt" >"$d/ck0/.rec-step25.ckpt.Ab12Cd" # cut mid-write
+: >"$d/ck0/.rec-step30.ckpt.Ef34Gh"                                       # before a flush
+echo "keep me" >"$d/ck0/.notes.txt.Ij56Kl"                                # not a checkpoint
+head -c 1000 "$d/ck0/rec-step20.ckpt" >"$d/ck0/.rec-step35.ckpt.Mn78"     # not mkostemp's
+ln -s "$d/ck0/rec-step20.ckpt" "$d/ck0/.rec-step15.ckpt.Op90Qr"           # a symlink
+head -c 500 "$d/save/lm.r1.$STEPS" >"$d/save/.lm.r1.25.St12Uv"           # rank 1's
+head -c 500 "$d/save/lm.r0.$STEPS" >"$d/save/.lm.r0.25.Wx34Yz"           # rank 0's
+head -c 500 "$d/ck0/rec-step20.ckpt" >"$d/save/.lm.r1.30.Ab56Cd"          # other magic
+start_ps again0 --checkpoint-dir "$d/ck0" --checkpoint-keep 20
+p0=$PORT q0=$PS_PID
+start_ps again1 --checkpoint-dir "$d/ck1" --checkpoint-keep 20
+p1=$PORT q1=$PS_PID
+echo "=== restarted" >>"$d/r1.log"
+"$TRAINER" --ps "127.0.0.1:$p0,127.0.0.1:$p1" --job rec --world 2 --rank 1 "${DATA[@]}" \
+    --save "$d/save/lm" --metrics-out "$d/m1.jsonl" 2>>"$d/r1.log" ||
+    fail "rank 1 started again after the end: $(tail -3 "$d/r1.log")"
+kill "$q0" "$q1"
+wait "$q0" "$q1" 2>/dev/null || true
+for f in ck0/.rec-step25.ckpt.Ab12Cd ck0/.rec-step30.ckpt.Ef34Gh save/.lm.r1.25.St12Uv; do
+    [ -e "$d/$f" ] && fail "the temporary file $f of an interrupted write is still there"
+done
+for f in ck0/.notes.txt.Ij56Kl ck0/.rec-step35.ckpt.Mn78 ck0/.rec-step15.ckpt.Op90Qr \
+    save/.lm.r0.25.Wx34Yz save/.lm.r1.30.Ab56Cd; do
+    [ -e "$d/$f" ] || [ -L "$d/$f" ] || fail "$f, not a temporary file of this process's writes, was removed"
+    rm -f "$d/$f"
+done
+same_as_ref "$d" "rank 1 started again after the end"
+ok "rank 1 started again after the job's end: exit 0 ($(since_restart "$d/r1.log" | grep -o 'without a roll-back\|nothing is left for it to do' | head -1)); interrupted writes' temporary files removed by ferry-ps and the rank, other files kept"
+rm -rf "$d"
+
+# A server killed while the ranks evaluate after the last step: the job rolls back to
+# (or stands at) step 40, and both ranks evaluate as an undisturbed run does, with the
+# right epoch. The final evaluation is short: up to 3 runs, one must land the kill in it.
+for attempt in 1 2 3; do
+    rm -rf "$TMP/end-ps1"
+    run_job "$TMP/end-ps1" ps1 end
+    cat "$TMP/end-ps1"/r*.log | grep -q "recovered in" && break
+    echo "  server 1 killed at the end, run $attempt: the ranks had finished already; again"
+done
+cat "$TMP/end-ps1"/r*.log | grep -q "recovered in" ||
+    fail "server 1 killed after the last step: no rank recovered in 3 runs"
+same_as_ref "$TMP/end-ps1" "server 1 killed during the final evaluation"
+ok "server 1 SIGKILLed during the final evaluation, restarted: $(cat "$TMP/end-ps1"/r*.log | grep -o 'recovered in [0-9.]* s[^:;]*' | head -1); both ranks evaluated as undisturbed, bit-identical"
+rm -rf "$TMP/end-ps1"
+
+# Two processes at once, at a random step: a server and a rank, then both ranks.
+for pair in ps1+r0 r0+r1; do
+    at=$((2 + RANDOM % (STEPS - 4)))
+    run_job "$TMP/pair" "$pair" "$at"
+    same_as_ref "$TMP/pair" "$pair SIGKILLed at step $at"
+    ok "$pair SIGKILLed together at step $at, restarted: $(grep -o 'rolled back to step [0-9]*' "$TMP/pair/r0.log" | tail -1), bit-identical"
+    rm -rf "$TMP/pair"
+done
+
+# A kill timed into a checkpoint write (its temporary file exists): ferry-ps 0 writing
+# a job checkpoint, rank 1 writing its part. The restarted process removes what the
+# write left; the job finishes identical.
+for v in ps0 r1; do
+    run_job "$TMP/write" "$v" write
+    same_as_ref "$TMP/write" "$v SIGKILLed while writing a checkpoint"
+    if [ "$KILLED_IN_WRITE" = 1 ]; then
+        landed="the kill left its temporary file, removed at the restart"
+    else
+        landed="the write had ended before the kill"
+    fi
+    ok "$v SIGKILLed during a checkpoint write ($landed): no temporary file left, bit-identical"
+    rm -rf "$TMP/write"
+done
+
+# A restart later than the deadline (2 s) but within the recovery timeout, timed into
+# rank 0's checkpoint of step 10: both ranks wait, roll back and finish identical, and
+# the recovery time each logs is the real one (at least the 4 s the server was away).
+run_job "$TMP/late" ps0 10 4
+same_as_ref "$TMP/late" "server 0 restarted 4 s after its kill"
+for r in 0 1; do
+    secs=$(grep -o '"event":"recover".*"seconds":[0-9.e+-]*' "$TMP/late/m$r.jsonl" | tail -1 |
+        sed 's/.*"seconds"://')
+    [ -n "$secs" ] || fail "late restart: rank $r logged no recovery"
+    awk -v s="$secs" 'BEGIN { exit !(s >= 3.5) }' ||
+        fail "late restart: rank $r says it recovered in $secs s; the server was away 4 s"
+done
+ok "server 0 SIGKILLed at step 10 and restarted 4 s later: both ranks recovered ($(grep -o 'recovered in [0-9.]* s' "$TMP/late/r0.log" | tail -1), $(grep -o 'recovered in [0-9.]* s' "$TMP/late/r1.log" | tail -1)), bit-identical"
+rm -rf "$TMP/late"
+
+# A rank that leaves while the other waits for it: the waiting rank stops at once
+# (its --sync-timeout is 10 minutes) with one line naming the rank and why it left.
+# First rank 0 stopped by SIGTERM (it checkpoints and leaves), then rank 1 of a job
+# without recovery killed outright (its Session stream closes: its trainer went away).
+leave_case() { # NAME SIGNAL VICTIM WAITER PHRASE [DATA...]
+    local name=$1 sig=$2 victim=$3 waiter=$4 phrase=$5 d=$TMP/$1
+    shift 5
+    mkdir -p "$d/ck0" "$d/ck1" "$d/save"
+    start_ps "$name-ps0" --checkpoint-dir "$d/ck0"
+    local p0=$PORT q0=$PS_PID
+    start_ps "$name-ps1" --checkpoint-dir "$d/ck1"
+    local p1=$PORT q1=$PS_PID pid=()
+    for r in 0 1; do
+        "$TRAINER" --ps "127.0.0.1:$p0,127.0.0.1:$p1" --job rec --world 2 --rank "$r" "$@" \
+            --sync-timeout 600 --save "$d/save/lm" --metrics-out "$d/m$r.jsonl" 2>"$d/r$r.log" &
+        pid[$r]=$!
+    done
+    for _ in $(seq 600); do
+        grep -q '"event":"train".*"step":12,' "$d/m0.jsonl" 2>/dev/null && break
+        sleep 0.02
+    done
+    kill "-$sig" "${pid[$victim]}"
+    local rc=0
+    wait "${pid[$waiter]}" || rc=$?
+    wait "${pid[$victim]}" 2>/dev/null || true
+    kill "$q0" "$q1"
+    wait "$q0" "$q1" 2>/dev/null || true
+    [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || fail "$name: rank $waiter exited $rc"
+    grep -v '^[0-9T:.-]*Z [IW] ' "$d/r$waiter.log" >"$d/err" || true
+    [ "$(grep -c . "$d/err")" -eq 1 ] || fail "$name: rank $waiter said more than one line: $(cat "$d/err")"
+    grep -q "$phrase" "$d/err" || fail "$name: rank $waiter's error does not say '$phrase': $(cat "$d/err")"
+    grep -q "missing after\|sync-timeout" "$d/err" && fail "$name: rank $waiter waited for the timeout: $(cat "$d/err")"
+    ok "$name: rank $waiter stopped at once: $(cat "$d/err")"
+    rm -rf "$d"
+}
+leave_case leave TERM 0 1 "rank 0 left the job after step 1[0-9]* (stopped by a signal" "${DATA[@]}"
+NOREC=()
+for ((i = 0; i < ${#DATA[@]}; i++)); do
+    case ${DATA[$i]} in
+    --checkpoint-every | --recovery-timeout) i=$((i + 1)) ;;
+    *) NOREC+=("${DATA[$i]}") ;;
+    esac
+done
+leave_case gone KILL 1 0 "rank 1's trainer went away (its connection closed)" "${NOREC[@]}"
 
 # ---- a checkpoint on request: SIGUSR1 to rank 1 -----------------------------------------
 run_job "$TMP/usr1" usr1 12
