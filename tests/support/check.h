@@ -22,14 +22,38 @@
         }                                                                        \
     } while (0)
 
-#define CHECK_EQ(a, b)                                                           \
-    do {                                                                         \
-        long long va_ = (long long)(a), vb_ = (long long)(b);                    \
-        if (va_ != vb_) {                                                        \
-            fprintf(stderr, "%s:%d: CHECK_EQ(%s, %s) failed: %lld != %lld\n",    \
-                    __FILE__, __LINE__, #a, #b, va_, vb_);                       \
-            abort();                                                             \
-        }                                                                        \
+/* 1 when x has a floating type, 0 otherwise; x is not evaluated. */
+#define FERRY_IS_FLOATING_(x) _Generic((x), float : 1, double : 1, long double : 1, default : 0)
+
+/* Integers, enums and pointers, compared as long long. A floating-point operand is a
+ * compile error: the conversion would truncate it (0.25f would equal 0), so say what
+ * is meant with CHECK_BITS_EQ (bit-identical) or CHECK_NEAR (a tolerance). */
+#define CHECK_EQ(a, b)                                                                             \
+    do {                                                                                           \
+        _Static_assert(!FERRY_IS_FLOATING_(a) && !FERRY_IS_FLOATING_(b),                           \
+                       "CHECK_EQ on a floating-point operand: use CHECK_BITS_EQ or "               \
+                       "CHECK_NEAR");                                                              \
+        long long va_ = (long long)(a), vb_ = (long long)(b);                                      \
+        if (va_ != vb_) {                                                                          \
+            fprintf(stderr, "%s:%d: CHECK_EQ(%s, %s) failed: %lld != %lld\n", __FILE__, __LINE__,  \
+                    #a, #b, va_, vb_);                                                             \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* Two floats, or two doubles, with the same bits: -0.0 is not 0.0, and a NaN equals
+ * only the same NaN. Mixing float and double is a compile error (write 0.25f). */
+#define FERRY_FLOAT_KIND_(x) _Generic((x), float : 1, double : 2, default : 0)
+#define CHECK_BITS_EQ(a, b)                                                                        \
+    do {                                                                                           \
+        _Static_assert(FERRY_FLOAT_KIND_(a) != 0 && FERRY_FLOAT_KIND_(a) == FERRY_FLOAT_KIND_(b),  \
+                       "CHECK_BITS_EQ compares two floats or two doubles");                        \
+        double va_ = (double)(a), vb_ = (double)(b); /* exact for a float */                       \
+        if (memcmp(&va_, &vb_, sizeof va_) != 0) {                                                 \
+            fprintf(stderr, "%s:%d: CHECK_BITS_EQ(%s, %s) failed: %a != %a\n", __FILE__, __LINE__, \
+                    #a, #b, va_, vb_);                                                             \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 #define CHECK_NEAR(a, b, tol)                                                    \
