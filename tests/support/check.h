@@ -101,6 +101,11 @@ int ferry_check_close_f(const char *what, const float *a, const float *b, long n
 #define CHECK_CLOSE_F(what, a, b, n, atol, rtol)                                 \
     CHECK(ferry_check_close_f(what, a, b, n, atol, rtol))
 
+/* n floats against n floats, bit for bit; prints the first element that differs and
+ * how many do. */
+int ferry_check_bits_f(const char *what, const float *a, const float *b, long n);
+#define CHECK_SAME_BITS(what, a, b, n) CHECK(ferry_check_bits_f(what, a, b, n))
+
 /* n floats against the float64 tensor at `path` under `node` of a reference-vector
  * file (tests/support/json.h): the element count must match and every element pass
  * ferry_check_close. */
