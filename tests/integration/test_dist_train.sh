@@ -110,7 +110,12 @@ split_ps() { # split_ps TAG DIR: two servers on DIR/0, DIR/1; sets SPS and SPIDS
     start_daemon_ck "$1-1" "$2/1"; SPS="$SPS,127.0.0.1:$PORT"; SPIDS="$SPIDS $PS_PID"
 }
 start_daemon_ck() { start_ps "$1" --shutdown-grace-ms 500 --checkpoint-dir "$2"; }
-split_stop() { kill -TERM $SPIDS; wait $SPIDS || true; }
+split_stop() { # both servers of split_ps, each exiting 0 on SIGTERM
+    local p
+    for p in $SPIDS; do
+        stop_clean "$p" "a ferry-ps of split_ps ($SPS)"
+    done
+}
 split_ps sa "$TMP/ck-a"
 "$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 60 \
     --metrics-out "$TMP/m-split-a.jsonl" 2>"$TMP/t-split-a.log" ||
@@ -167,8 +172,8 @@ grep -q "decoder: vocabulary rows 0-6999 on the servers, 7000-9999 here" "$TMP/t
 "$TRAINER" --local --grad-thread on "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
     --metrics-out "$TMP/m-gt-local.jsonl" 2>"$TMP/t-gt-local.log" || fail "--grad-thread on exited $?"
 grep -q "weight gradients form on a helper thread" "$TMP/t-gt-local.log" || fail "no helper line"
-[ "$(train_losses "$TMP/m-gt-local.jsonl")" = "$(train_losses "$TMP/m-lv-local.jsonl")" ] ||
-    fail "--grad-thread on differs: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-gt-local.jsonl"))"
+same_listing "--grad-thread on against the local trainer" "$(train_losses "$TMP/m-gt-local.jsonl")" \
+    "$(train_losses "$TMP/m-lv-local.jsonl")" 3
 ok "--local --grad-thread on: the local trainer's losses, bit for bit"
 close_losses() { # close_losses A B: the same number (3) of losses, each within 1e-5
     paste <(train_losses "$1") <(train_losses "$2") |
@@ -222,11 +227,7 @@ start_daemon ps-sig
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
     --save "$TMP/sig.ck" 2>"$TMP/t-sig.log" &
 TPID=$!
-for _ in $(seq 600); do
-    grep -q "step 10/" "$TMP/t-sig.log" && break
-    sleep 0.05
-done
-grep -q "step 10/" "$TMP/t-sig.log" || fail "trainer made no progress: $(tail -3 "$TMP/t-sig.log")"
+wait_until "the trainer to reach step 10" 300 logged "$TMP/t-sig.log" "step 10/" "$TPID"
 kill -TERM "$TPID"
 rc=0
 wait "$TPID" || rc=$?

@@ -31,10 +31,7 @@ RUN=(--local --data "$FERRY_SRC/data/ptb" --train-tokens 20000 --eval-tokens 200
     fail "uninterrupted run: $(tail -3 "$TMP/a.log")"
 "$TRAINER" "${RUN[@]}" --save "$TMP/b.ck" --metrics-out "$TMP/b.jsonl" 2>"$TMP/b.log" &
 BP=$!
-for _ in $(seq 1000); do
-    grep -q '"step":180,' "$TMP/b.jsonl" 2>/dev/null && break
-    sleep 0.01
-done
+wait_until "the run to log step 180" 300 logged "$TMP/b.jsonl" '"step":180,' "$BP"
 kill -TERM "$BP"
 wait "$BP" || fail "SIGTERM: exit $?: $(tail -3 "$TMP/b.log")"
 grep -q "stopping on signal" "$TMP/b.log" || fail "no stop line"
