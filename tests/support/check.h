@@ -1,7 +1,10 @@
 /* check.h - the test harness (after libuv's test/task.h). A test file defines
  * TEST(name) functions and lists them in FERRY_TEST_MAIN(...); the runner runs all
  * of them, or only the one named in argv[1]. Checks never depend on NDEBUG.
- * SKIP(msg) exits 77, which ctest reports as skipped (SKIP_RETURN_CODE). */
+ * SKIP(msg) exits 77, which ctest reports as skipped (SKIP_RETURN_CODE). Floats are
+ * compared bit for bit (CHECK_BITS_EQ, CHECK_SAME_BITS) or within a stated tolerance
+ * (CHECK_NEAR, CHECK_CLOSE*), never with CHECK_EQ, which refuses them at compile time
+ * (tests/integration/test_check_h.sh). */
 #ifndef FERRY_CHECK_H
 #define FERRY_CHECK_H
 
