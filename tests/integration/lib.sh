@@ -137,6 +137,25 @@ same_listing() {
     [ "$a" = "$b" ] || fail "$what: the listings differ: $(diff <(echo "$a") <(echo "$b") | head -6)"
 }
 
+# same_state A B WHAT: two checkpoint files (ferry-trainer parts, or ferry-ps files)
+# hold the same state bit for bit: every section but CONF and MANI (the
+# configuration and the manifest, which name paths and ports) equal byte for byte,
+# split out by tests/tools/ferry_ck_sections after it verified both files.
+same_state() {
+    local a=$1 b=$2 what=$3 d f
+    d=$(mktemp -d "$TMP/sections.XXXXXX")
+    mkdir "$d/a" "$d/b"
+    "$FERRY_BIN/tests/ferry_ck_sections" "$a" "$d/a" || fail "$what: cannot read $a"
+    "$FERRY_BIN/tests/ferry_ck_sections" "$b" "$d/b" || fail "$what: cannot read $b"
+    [ "$(ls "$d/a")" = "$(ls "$d/b")" ] ||
+        fail "$what: other sections: $(ls "$d/a" | tr '\n' ' ') against $(ls "$d/b" | tr '\n' ' ')"
+    for f in "$d/a"/*; do
+        case $f in *-CONF | *-MANI) continue ;; esac
+        cmp -s "$f" "$d/b/${f##*/}" || fail "$what: section ${f##*/} differs ($a, $b)"
+    done
+    rm -rf "$d"
+}
+
 finish() {
     no_sanitizer_reports
     echo "$passed passed, 0 failed"
