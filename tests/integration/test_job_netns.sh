@@ -25,7 +25,9 @@ trap 'netns_cleanup; cleanup' EXIT
 # A /24 that no address or route of this machine uses.
 for _ in $(seq 50); do
     NET="10.$((RANDOM % 200 + 20)).$((RANDOM % 250 + 1))"
-    ip -4 addr show | grep -q "inet $NET\." || ip -4 route show | grep -q "^$NET\." || break
+    # (Whole listings first: grep -q would close the pipe early, SIGPIPE under pipefail.)
+    used=$(ip -4 addr show; ip -4 route show)
+    grep -q "inet $NET\.\|^$NET\." <<<"$used" || break
 done
 ip netns add "${NS[0]}" || { echo "SKIP: cannot create a network namespace"; exit 77; }
 ip -n "${NS[0]}" link add br0 type bridge
@@ -93,9 +95,11 @@ same_listing "rank 1 against rank 0 across namespaces" "$(losses "$TMP/netns-1.j
     "$(losses "$TMP/netns-0.jsonl")" 20
 ok "across namespaces the job logs exactly the loopback run's losses ($(losses "$TMP/netns-0.jsonl" | tail -1 | cut -d' ' -f2) at step 20)"
 netns_cleanup
+left=$(ip netns list)
 for ns in "${NS[@]}"; do
-    ip netns list | grep -q "^$ns\b" && fail "namespace $ns left behind"
+    grep -q "^$ns\b" <<<"$left" && fail "namespace $ns left behind"
 done
-ip link show | grep -q "$TAG-" && fail "a veth of the test left behind"
+left=$(ip link show)
+grep -q "$TAG-" <<<"$left" && fail "a veth of the test left behind"
 ok "namespaces and links removed"
 finish

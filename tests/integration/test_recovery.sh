@@ -181,10 +181,10 @@ for attempt in 1 2 3; do
         echo "  5 s stall, run $attempt: the freeze fell on a job status query (a Join, not sent again); again"
         continue
     fi
-    cat "$TMP/stall2"/r*.log | grep -q "answered after" && break
+    grep -q "answered after" "$TMP/stall2"/r*.log && break
     echo "  5 s stall, run $attempt: the freeze fell in a GradNorm wait; again"
 done
-cat "$TMP/stall2"/r*.log | grep -q "answered after" ||
+grep -q "answered after" "$TMP/stall2"/r*.log ||
     fail "a 5 s stall: no call was sent again in 3 runs: $(tail -3 "$TMP/stall2/r0.log")"
 grep -q "recover" "$TMP/stall2/r0.log" "$TMP/stall2/r1.log" &&
     fail "a 5 s stall (under the recovery timeout) made the job roll back: $(grep recover "$TMP/stall2/r0.log" | head -2)"
@@ -271,8 +271,8 @@ for damage in flip truncate delete part; do
     grep -q "rolled back to step 15" "$d/r0.log" ||
         fail "$damage: not resumed from step 15: $(grep -i 'roll\|recover' "$d/r0.log" | tail -3)"
     if [ "$damage" != delete ]; then
-        cat "$TMP"/dmg-"$damage"-*.log "$d"/*.log | grep "$(basename "$f")" |
-            grep -q "CRC\|truncated" ||
+        named=$(grep -h "$(basename "$f")" "$TMP"/dmg-"$damage"-*.log "$d"/*.log || true)
+        grep -q "CRC\|truncated" <<<"$named" ||
             fail "$damage: no log line names $(basename "$f") and what is wrong: $(cat "$TMP"/dmg-"$damage"-*.log "$d"/*.log | grep -i "usable\|skipping" | head -3)"
     fi
     same_as_ref "$d" "resumed over a damaged step-20 checkpoint ($damage)"
