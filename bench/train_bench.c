@@ -90,6 +90,24 @@ static wire ps_wire(ferry_rpc_client *c) {
     return w;
 }
 
+/* Hello on the Stats client: its later calls run in the session it opens. */
+static void stats_session(ferry_rpc_client *c) {
+    Ferry__V1__HelloRequest q;
+    ferry__v1__hello_request__init(&q);
+    q.label = "train_bench";
+    q.contract_major = FERRY_CONTRACT_MAJOR;
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    check_ok(ferry_rpc_msg_set_head(&req, &q.base), "Hello request");
+    check_ok(ferry_rpc_call(c, FERRY_RPC_HELLO, &req, &reply, 0), "Hello");
+    check_ok(
+        ferry_rpc_client_set_session(c, ((const Ferry__V1__HelloReply *)reply.head)->session, 0),
+        "session");
+    ferry_rpc_msg_deinit(&req);
+    ferry_rpc_msg_deinit(&reply);
+}
+
 static wire wire_sub(wire a, wire b) {
     return (wire){a.in - b.in, a.out - b.out, a.calls - b.calls};
 }
@@ -122,6 +140,7 @@ static void runner_init(runner *r, const char *target, ferry_decoder_mode mode, 
         cc.wait_for_ready = 1;
         check_ok(ferry_ps_connect(target, &cc, &r->cl), "connecting to ferry-ps");
         check_ok(ferry_rpc_client_create(target, NULL, &r->stats), "stats client");
+        stats_session(r->stats);
         check_ok(ferry_dist_ctx_create(r->cl, &r->dc), "distributed context");
     }
     ferry_lm_config mc = {V_SMALL, E_SMALL, H_SMALL, L_SMALL, 0.0f, 0.1f, 0.0f, 1};

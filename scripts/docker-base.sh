@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Makes the Debian base images docker/Dockerfile starts from (debian:bookworm and
 # debian:bookworm-slim) without an image registry: debootstrap a minimal Debian 12
-# from the machine's own Debian mirror and `docker import` it. Installs docker.io,
-# docker-compose and debootstrap when missing, and starts dockerd when none runs.
+# from the machine's own Debian mirror and `docker import` it. Installs docker.io when
+# there is no docker client, or no daemon to reach and no dockerd to start (a machine
+# can have the client alone), docker-compose and debootstrap when missing, and
+# starts dockerd when none runs.
 #
 #   scripts/docker-base.sh            # once per machine; skipped when the image exists
 #   scripts/docker-base.sh --force    # make it again
+#
+# A dockerd it starts logs to $DOCKERD_LOG (default /var/log/dockerd.log).
 #
 # Then: docker build --network host -f docker/Dockerfile -t ferry .
 #       docker-compose -f docker/compose.yml up   (or docker compose, with Compose v2)
@@ -15,21 +19,25 @@ force=0
 [ "$(id -u)" -eq 0 ] || { echo "docker-base.sh: needs root" >&2; exit 1; }
 
 need=()
-command -v docker >/dev/null || need+=(docker.io)
+if ! command -v docker >/dev/null ||
+    { ! docker info >/dev/null 2>&1 && ! command -v dockerd >/dev/null; }; then
+    need+=(docker.io)
+fi
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]} (apt)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
 fi
+log=${DOCKERD_LOG:-/var/log/dockerd.log}
 if ! docker info >/dev/null 2>&1; then
-    echo "starting dockerd (log: /var/log/dockerd.log)" >&2
-    (dockerd >/var/log/dockerd.log 2>&1 &)
+    echo "starting dockerd (log: $log)" >&2
+    (dockerd >"$log" 2>&1 &)
     for _ in $(seq 60); do
         docker info >/dev/null 2>&1 && break
         sleep 1
     done
-    docker info >/dev/null 2>&1 || { echo "dockerd did not start: $(tail -5 /var/log/dockerd.log)" >&2; exit 1; }
+    docker info >/dev/null 2>&1 || { echo "dockerd did not start: $(tail -5 "$log" 2>/dev/null)" >&2; exit 1; }
 fi
 
 if [ "$force" = 0 ] && docker image inspect debian:bookworm >/dev/null 2>&1 &&

@@ -30,7 +30,7 @@ CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFERRY_FUZZ=ON -DFER
 cmake --build build-fuzz -j"$jobs" --target fuzz
 
 methods=(Hello CreateModule Forward Backward GradNorm Step ReleaseContext GetParams SetParams
-         Checkpoint Stats Shutdown Join)
+         Checkpoint Stats Shutdown Job)
 snake() { echo "$1" | sed -E 's/([a-z])([A-Z])/\1_\2/g' | tr 'A-Z' 'a-z'; }
 
 if [ "$record" = 1 ]; then

@@ -48,9 +48,16 @@ def main():
     ap.add_argument("-o", "--output", default="metrics.png", help="PNG to write")
     args = ap.parse_args()
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        sys.exit(f"plot_metrics.py: needs matplotlib, which {sys.executable} "
+                 f"(Python {sys.version.split()[0]}) cannot import ({e}). On Debian: "
+                 "apt-get install python3-matplotlib, and run the script as "
+                 "scripts/plot_metrics.py (it starts /usr/bin/python3); with another "
+                 "Python: python3 -m pip install matplotlib.")
 
     runs = []
     for spec in args.files:

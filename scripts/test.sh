@@ -8,7 +8,7 @@
 # Installs missing Debian packages first. Usage: scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh slurm-wlm munge python3-grpcio python3-grpc-tools python3-prometheus-client prometheus openssl # slurm: test_job_slurm.sh; grpcio, openssl: test_security.sh; prometheus-client: test_observability.sh
+bash scripts/deps.sh slurm-wlm munge python3-grpcio python3-grpc-tools python3-prometheus-client prometheus openssl python3-matplotlib # slurm: test_job_slurm.sh; grpcio, openssl: test_security.sh, test_tls_errors.sh; prometheus-client: test_observability.sh; matplotlib: test_cli.sh (scripts/plot_metrics.py)
 jobs=$(nproc)
 
 echo "== layers (scripts/check-layers.py) =="

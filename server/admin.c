@@ -26,20 +26,40 @@ static void server_id_copy(ferry__ps_state *s, char *out) {
     pthread_mutex_unlock(&s->id_mu);
 }
 
-ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__V1__HelloRequest *q,
-                                ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_hello(ferry__ps_state *s, ferry__ps_session *none,
+                                const Ferry__V1__HelloRequest *q, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
-    FERRY_LOG_DEBUG("hello from %s (worker %u, version %s)", q->client_id[0] ? q->client_id : "?",
-                    q->worker_id, q->version);
+    (void)none; /* Hello runs before any session: it opens one */
+    if (q->contract_major != 0 && q->contract_major != FERRY_CONTRACT_MAJOR)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "Hello: this ferry-ps speaks contract %d.%d (ferry.v1); the client "
+                            "speaks contract %u: use a client of contract %d",
+                            FERRY_CONTRACT_MAJOR, FERRY_CONTRACT_MINOR, q->contract_major,
+                            FERRY_CONTRACT_MAJOR);
+    const ferry_rpc_caller_info *who = ferry_rpc_caller(reply);
+    ferry__ps_session *sess = NULL;
+    ferry_status st;
+    if (who == NULL)
+        sess = &s->sessions.local;
+    else if ((st = ferry__ps_session_open(&s->sessions, who, &sess)) != FERRY_OK)
+        return st;
+    FERRY_LOG_DEBUG("hello from %s as '%s' (worker %u, version %s): session #%llu",
+                    q->label[0] ? q->label : "?", sess->identity, q->worker_id, q->version,
+                    (unsigned long long)sess->serial);
     int n;
     ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
     char **names = malloc((size_t)(n > 0 ? n : 1) * sizeof *names);
     if (names == NULL) {
-        free(mods);
+        ferry__ps_registry_list_free(mods, n);
+        ferry__ps_session_leave(&s->sessions, sess);
         return FERRY_ERR_NOMEM;
     }
-    for (int i = 0; i < n; i++)
-        names[i] = mods[i]->name;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (ferry__ps_may_use(sess, mods[i]->owner))
+            names[k++] = mods[i]->name;
+    }
     char id[sizeof s->server_id];
     server_id_copy(s, id);
     Ferry__V1__HelloReply r;
@@ -47,20 +67,29 @@ ferry_status ferry__ps_on_hello(ferry__ps_state *s, const Ferry__V1__HelloReques
     r.server_id = id;
     r.incarnation = s->incarnation;
     r.version = (char *)FERRY_VERSION;
-    r.n_modules = (size_t)n;
+    r.n_modules = k;
     r.modules = names;
     r.max_message_bytes = s->max_message_bytes;
-    ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
+    r.session = sess->id;
+    r.identity = sess->identity;
+    r.role = (char *)(uintptr_t)ferry_rpc_role_name(sess->role);
+    r.contract_major = FERRY_CONTRACT_MAJOR;
+    r.contract_minor = FERRY_CONTRACT_MINOR;
+    r.session_ttl_ms = (uint32_t)(s->sessions.ttl_s * 1000.0);
+    st = ferry_rpc_msg_set_head(reply, &r.base);
     free(names);
-    free(mods);
+    ferry__ps_registry_list_free(mods, n);
+    ferry__ps_session_leave(&s->sessions, sess);
     return st;
 }
 
-ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__V1__CreateModuleRequest *q,
-                                        ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_create_module(ferry__ps_state *s, ferry__ps_session *sess,
+                                        const Ferry__V1__CreateModuleRequest *q, ferry_rpc_msg *req,
+                                        ferry_rpc_msg *reply) {
     ferry__ps_module *m;
     int created = 0;
-    ferry_status st = ferry__ps_registry_create(&s->reg, q->name, q->config, req, &created, &m);
+    ferry_status st = ferry__ps_registry_create(&s->reg, sess->identity, sess->quota, q->name,
+                                                q->config, req, &created, &m);
     if (st != FERRY_OK)
         return st;
     Ferry__V1__CreateModuleReply r;
@@ -71,6 +100,7 @@ ferry_status ferry__ps_on_create_module(ferry__ps_state *s, const Ferry__V1__Cre
     pthread_rwlock_unlock(&m->lock);
     for (int p = 0; p < m->P.count; p++)
         r.num_params += (uint64_t)m->P.items[p].numel;
+    ferry__ps_module_put(m);
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
@@ -99,8 +129,9 @@ static void stat_add_fn(void *user, const char *name, double value) {
     stat_add(user, name, value);
 }
 
-ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__V1__StatsRequest *q,
-                                ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
+                                const Ferry__V1__StatsRequest *q, ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     stats_builder *b = calloc(1, sizeof *b);
     if (b == NULL)
@@ -138,9 +169,66 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__V1__StatsReques
     stat_add(b, "bytes_in", (double)rs.bytes_in);
     stat_add(b, "bytes_out", (double)rs.bytes_out);
     stat_add(b, "uptime_s", ferry_now() - s->t_start);
+    int64_t slive, sopened, sexpired, sleases;
+    ferry__ps_sessions_counts(&s->sessions, &slive, &sopened, &sexpired, &sleases);
+    stat_add(b, "sessions_live", (double)slive);
+    stat_add(b, "sessions_opened", (double)sopened);
+    stat_add(b, "sessions_expired", (double)sexpired);
+    stat_add(b, "session_streams", (double)sleases);
+    ferry_rpc_queue_stats qs;
+    memset(&qs, 0, sizeof qs);
+    if (rpc != NULL)
+        ferry_rpc_server_queue_stats(rpc, &qs);
+    stat_add(b, "queue_waiting", (double)qs.queued);
+    stat_add(b, "queue_running", (double)qs.running);
+    stat_add(b, "queue_refused", (double)qs.refused);
+    stat_add(b, "queue_wait_max_s", qs.wait_max_s);
+    ferry_rpc_pending_stats ps_;
+    memset(&ps_, 0, sizeof ps_);
+    if (rpc != NULL)
+        ferry_rpc_server_pending_stats(rpc, &ps_);
+    pthread_mutex_lock(&s->manifest.mu);
+    stat_add(b, "probe_files_verified", (double)s->manifest.verified);
+    stat_add(b, "probe_files_from_manifest", (double)s->manifest.reused);
+    stat_add(b, "probe_bytes_read", (double)s->manifest.bytes_read);
+    pthread_mutex_unlock(&s->manifest.mu);
+    stat_add(b, "unread_reply_bytes", (double)ps_.bytes);
+    stat_add(b, "unread_reply_bytes_worst_connection", (double)ps_.worst_connection_bytes);
+    stat_add(b, "budget_unread_reply_bytes", (double)ps_.max_bytes);
+    stat_add(b, "replies_refused_unread", (double)ps_.refused);
+    stat_add(b, "replies_cancelled_unread", (double)ps_.cancelled);
+    stat_add(b, "budget_contexts_per_identity", (double)s->lim.id_contexts);
+    stat_add(b, "budget_contexts_bytes_per_identity", (double)s->lim.id_contexts_bytes);
+    stat_add(b, "budget_modules_per_identity", (double)s->lim.id_modules);
+    stat_add(b, "budget_model_bytes_per_identity", (double)s->lim.id_model_bytes);
+    stat_add(b, "budget_jobs", (double)s->lim.jobs);
+    stat_add(b, "budget_jobs_per_identity", (double)s->lim.id_jobs);
+    /* Each identity's account (a trainer sees its own). */
+    pthread_mutex_lock(&s->quotas.mu);
+    for (int i = 0; i < s->quotas.n; i++) {
+        const ferry__ps_quota *qa = s->quotas.q[i];
+        if (sess->role == FERRY_RPC_ROLE_TRAINER && !sess->authority &&
+            strcmp(qa->identity, sess->identity) != 0)
+            continue;
+        char name[FERRY_RPC_IDENTITY_MAX + 40];
+        const atomic_llong *v[] = {&qa->contexts, &qa->context_bytes, &qa->modules,
+                                   &qa->model_bytes, &qa->jobs};
+        static const char *const what[] = {"contexts", "context_bytes", "modules", "model_bytes",
+                                           "jobs"};
+        for (int w = 0; w < 5; w++) {
+            (void)snprintf(name, sizeof name, "identity/%s/%s", qa->identity, what[w]);
+            stat_add(b, name, (double)atomic_load(v[w]));
+        }
+    }
+    pthread_mutex_unlock(&s->quotas.mu);
+    /* A trainer sees its own identity's modules and jobs; readers and admins all. */
+    const char *only =
+        sess->authority || sess->role != FERRY_RPC_ROLE_TRAINER ? NULL : sess->identity;
     int n;
     ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
     for (int i = 0; i < n && b->n < sizeof b->items / sizeof b->items[0]; i++) {
+        if (only != NULL && strcmp(mods[i]->owner, only) != 0)
+            continue;
         char name[FERRY_RPC_NAME_MAX + 16];
         double penalty = 0.0, feasibility = 0.0;
         pthread_rwlock_rdlock(&mods[i]->lock);
@@ -157,8 +245,8 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, const Ferry__V1__StatsReques
             stat_add(b, name, feasibility);
         }
     }
-    free(mods);
-    ferry__ps_jobs_metrics(&s->jobs, stat_add_fn, b);
+    ferry__ps_registry_list_free(mods, n);
+    ferry__ps_jobs_metrics(&s->jobs, only, stat_add_fn, b);
     char text[512], id[sizeof s->server_id];
     server_id_copy(s, id);
     (void)snprintf(text, sizeof text,
@@ -218,7 +306,7 @@ static uint64_t modules_fingerprint(ferry__ps_registry *r) {
         pthread_rwlock_unlock(&mods[i]->lock);
         h = (h ^ v) * 1099511628211ull;
     }
-    free(mods);
+    ferry__ps_registry_list_free(mods, n);
     return h;
 }
 
@@ -228,8 +316,8 @@ static uint64_t modules_fingerprint(ferry__ps_registry *r) {
  * process last wrote whole, at the same step, with no module stepped or set since
  * and the file still there, is a retry of that call: it is answered with that file,
  * neither written again nor charged to the rate (it holds what a new write would). */
-static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint64_t step,
-                                     char *path, size_t cap, uint64_t *bytes) {
+ferry_status ferry__ps_checkpoint_named(ferry__ps_state *s, const char *name, const char *owner,
+                                        uint64_t step, char *path, size_t cap, uint64_t *bytes) {
     char file[160];
     ferry_status st = checkpoint_name(s, name, step, file, sizeof file);
     if (st != FERRY_OK)
@@ -264,8 +352,8 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
                             s->ck_rate, (1.0 - s->ck_tokens) * 60.0 / s->ck_rate);
     }
     s->ck_tokens -= 1.0;
-    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, step, s->checkpoint_keep,
-                                    bytes);
+    st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, owner, step,
+                                    s->checkpoint_keep, bytes);
     s->ck_done[0] = '\0';
     if (st == FERRY_OK && named) {
         (void)snprintf(s->ck_done, sizeof s->ck_done, "%s", file);
@@ -277,12 +365,15 @@ static ferry_status checkpoint_write(ferry__ps_state *s, const char *name, uint6
     return st;
 }
 
-ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__V1__CheckpointRequest *q,
-                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, ferry__ps_session *sess,
+                                     const Ferry__V1__CheckpointRequest *q, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
+    (void)sess; /* role admin: the RPC layer checked it */
     char path[1280];
     uint64_t bytes = 0;
-    ferry_status st = checkpoint_write(s, q->path, q->step, path, sizeof path, &bytes);
+    ferry_status st =
+        ferry__ps_checkpoint_named(s, q->path, NULL, q->step, path, sizeof path, &bytes);
     if (st != FERRY_OK)
         return st;
     Ferry__V1__CheckpointReply r;
@@ -292,13 +383,15 @@ ferry_status ferry__ps_on_checkpoint(ferry__ps_state *s, const Ferry__V1__Checkp
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__V1__ShutdownRequest *q,
-                                   ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, ferry__ps_session *sess,
+                                   const Ferry__V1__ShutdownRequest *q, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
+    (void)sess; /* role admin: the RPC layer checked it */
     if (q->checkpoint) {
         char path[1280];
         uint64_t bytes;
-        ferry_status st = checkpoint_write(s, "", 0, path, sizeof path, &bytes);
+        ferry_status st = ferry__ps_checkpoint_named(s, "", NULL, 0, path, sizeof path, &bytes);
         if (st != FERRY_OK) {
             char why[256]; /* copied: ferry_errorf writes where ferry_error_last points */
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
@@ -316,4 +409,77 @@ ferry_status ferry__ps_on_shutdown(ferry__ps_state *s, const Ferry__V1__Shutdown
     if (st == FERRY_OK)
         s->stop(s->stop_user, (int)grace);
     return st;
+}
+
+/* ---- module lifecycle: ListModules, DeleteModule ---- */
+
+ferry_status ferry__ps_on_list_modules(ferry__ps_state *s, ferry__ps_session *sess,
+                                       const Ferry__V1__ListModulesRequest *q, ferry_rpc_msg *req,
+                                       ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
+    int n;
+    ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
+    Ferry__V1__ModuleInfo *info = calloc((size_t)n + 1, sizeof *info);
+    Ferry__V1__ModuleInfo **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+    Ferry__V1__ModuleConfig **cfgs = calloc((size_t)n + 1, sizeof *cfgs);
+    ferry_status st = info != NULL && ptrs != NULL && cfgs != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+    size_t k = 0, plen = strlen(q->prefix);
+    for (int i = 0; st == FERRY_OK && i < n; i++) {
+        ferry__ps_module *m = mods[i];
+        if (!ferry__ps_may_use(sess, m->owner) || strncmp(m->name, q->prefix, plen) != 0 ||
+            (q->owner[0] != '\0' && (!sess->authority || strcmp(m->owner, q->owner) != 0)))
+            continue;
+        /* The config it was created with: CreateModule with it finds this module. */
+        cfgs[k] = ferry__v1__module_config__unpack(NULL, m->config_len, m->config_packed);
+        if (cfgs[k] == NULL) {
+            st = FERRY_ERR_NOMEM;
+            break;
+        }
+        ferry__v1__module_info__init(&info[k]);
+        info[k].name = m->name;
+        info[k].config = cfgs[k];
+        pthread_rwlock_rdlock(&m->lock);
+        info[k].version = m->version;
+        pthread_rwlock_unlock(&m->lock);
+        for (int p = 0; p < m->P.count; p++)
+            info[k].num_params += (uint64_t)m->P.items[p].numel;
+        info[k].bytes = (uint64_t)m->bytes;
+        info[k].owner = sess->authority ? m->owner : (char *)"";
+        ptrs[k] = &info[k];
+        k++;
+    }
+    Ferry__V1__ListModulesReply r;
+    ferry__v1__list_modules_reply__init(&r);
+    r.n_modules = k;
+    r.modules = ptrs;
+    if (st == FERRY_OK)
+        st = ferry_rpc_msg_set_head(reply, &r.base); /* packs a copy while it all lives */
+    for (size_t i = 0; cfgs != NULL && i < k; i++)
+        ferry__v1__module_config__free_unpacked(cfgs[i], NULL);
+    free(cfgs);
+    free(ptrs);
+    free(info);
+    ferry__ps_registry_list_free(mods, n);
+    return st;
+}
+
+ferry_status ferry__ps_on_delete_module(ferry__ps_state *s, ferry__ps_session *sess,
+                                        const Ferry__V1__DeleteModuleRequest *q, ferry_rpc_msg *req,
+                                        ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
+    ferry__ps_module *m = ferry__ps_module_find(s, sess, q->name);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    int64_t bytes = 0;
+    ferry_status st = ferry__ps_registry_delete(&s->reg, m, &bytes);
+    ferry__ps_module_put(m);
+    if (st != FERRY_OK)
+        return st;
+    pthread_mutex_lock(&s->checkpoint_mu);
+    s->ck_done[0] = '\0'; /* the modules changed: no Checkpoint is a repeat now */
+    pthread_mutex_unlock(&s->checkpoint_mu);
+    Ferry__V1__DeleteModuleReply r;
+    ferry__v1__delete_module_reply__init(&r);
+    r.bytes = (uint64_t)bytes;
+    return ferry_rpc_msg_set_head(reply, &r.base);
 }

@@ -32,6 +32,15 @@ void ferry__ps_limits_resolve(const ferry_ps_config *cfg, ferry__ps_limits *out)
     out->context_bytes = pick(cfg->max_context_bytes, (int64_t)1 << 30);
     out->contexts_bytes = pick(cfg->max_contexts_bytes, phys / 4);
     out->contexts = cfg->max_contexts > 0 ? cfg->max_contexts : 16384;
+    /* One identity's share: half of the contexts' budgets by default (another identity
+     * can always train), the whole of the modules' unless set. */
+    out->id_contexts = cfg->max_contexts_per_identity > 0 ? cfg->max_contexts_per_identity
+                                                          : (out->contexts + 1) / 2;
+    out->id_contexts_bytes = pick(cfg->max_contexts_bytes_per_identity, out->contexts_bytes / 2);
+    out->id_modules = cfg->max_modules_per_identity > 0 ? cfg->max_modules_per_identity : 65536;
+    out->id_model_bytes = pick(cfg->max_model_bytes_per_identity, out->model_bytes);
+    out->jobs = cfg->max_jobs > 0 ? cfg->max_jobs : 1024;
+    out->id_jobs = cfg->max_jobs_per_identity > 0 ? cfg->max_jobs_per_identity : 64;
 }
 
 ferry_status ferry__ps_over_budget(const char *what, int64_t need, const char *budget,

@@ -2,10 +2,12 @@
  * ModuleConfig it was created with), parameter version, parameter block and
  * optimizer state, in one ckfile (common/core/ckfile.h: explicit little-endian
  * sections, each with its length and CRC-32, committed by rename):
- *   "FERRYPS2" format 2: section META (u64 job step | u32 module count), then one
- *   section MODL per module: u32 name length | name | u32 config length | packed
- *   ModuleConfig | u64 version | u64 floats | f32 parameters | u64 optimizer bytes |
- *   optimizer state (ferry_optim_state_save's bytes)
+ *   "FERRYPS3" format 3: section META (u64 job step | u32 module count | u32 owner
+ *   length | owner: the identity whose modules a job checkpoint holds, "" for a whole
+ *   server's), then one section MODL per module: u32 name length | name | u32 owner
+ *   length | owner | u32 config length | packed ferry.v1.ModuleConfig | u64 version |
+ *   u64 floats | f32 parameters | u64 optimizer bytes | optimizer state
+ *   (ferry_optim_state_save's bytes). Format 2 (before ferry.v1) is refused by name.
  * A file is verified whole (every CRC) before any module is touched, so a damaged
  * checkpoint is refused, never half-restored.
  *
@@ -29,8 +31,8 @@
 #include "common/core/log.h"
 #include "server/ps-impl.h"
 
-#define CKPT_MAGIC      "FERRYPS2"
-#define CKPT_FORMAT     2u
+#define CKPT_MAGIC      "FERRYPS3"
+#define CKPT_FORMAT     3u
 #define CKPT_MAX_CONFIG (1u << 20)
 #define CKPT_RESERVE    ((uint64_t)64 << 20) /* left free on the file system */
 
@@ -49,17 +51,20 @@ static ferry_status optim_bytes(const ferry_optim *o, char **buf, size_t *len) {
 
 static ferry_status write_module(ferry__ps_module *m, ferry_ckw *w) {
     uint32_t name_len = (uint32_t)strlen(m->name), config_len = (uint32_t)m->config_len;
+    uint32_t owner_len = (uint32_t)strlen(m->owner);
     pthread_rwlock_rdlock(&m->lock);
     uint64_t version = m->version, numel = (uint64_t)m->P.numel;
     char *ob = NULL;
     size_t olen = 0;
     ferry_status st = optim_bytes(m->opt, &ob, &olen);
-    uint64_t len = 4 + name_len + 4 + config_len + 8 + 8 + numel * 4 + 8 + olen;
+    uint64_t len = 4 + name_len + 4 + owner_len + 4 + config_len + 8 + 8 + numel * 4 + 8 + olen;
     if (st == FERRY_OK)
         st = ferry_ckw_begin(w, FERRY_CK_TAG("MODL"), len);
     if (st == FERRY_OK) {
         ferry_ckw_u32(w, name_len);
         ferry_ckw_bytes(w, m->name, name_len);
+        ferry_ckw_u32(w, owner_len);
+        ferry_ckw_bytes(w, m->owner, owner_len);
         ferry_ckw_u32(w, config_len);
         ferry_ckw_bytes(w, m->config_packed, config_len);
         ferry_ckw_u64(w, version);
@@ -77,7 +82,8 @@ static ferry_status write_module(ferry__ps_module *m, ferry_ckw *w) {
 static uint64_t size_bound(ferry__ps_module **mods, int n) {
     uint64_t total = 16;
     for (int i = 0; i < n; i++)
-        total += 64 + FERRY_RPC_NAME_MAX + mods[i]->config_len + (uint64_t)mods[i]->bytes + 4096;
+        total += 64 + FERRY_RPC_NAME_MAX + FERRY_RPC_IDENTITY_MAX + mods[i]->config_len +
+                 (uint64_t)mods[i]->bytes + 4096;
     return total;
 }
 
@@ -161,7 +167,8 @@ static void retain(int dirfd, const char *dir, const char *current, int keep) {
 }
 
 ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
-                                        uint64_t step, int keep, uint64_t *bytes) {
+                                        const char *owner, uint64_t step, int keep,
+                                        uint64_t *bytes) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
@@ -170,9 +177,15 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
         return ferry_errorf(FERRY_ERR_IO, "cannot open checkpoint directory %s", dir);
     int count;
     ferry__ps_module **mods = ferry__ps_registry_list(r, &count);
-    if (mods == NULL && count > 0) {
-        (void)close(dirfd);
-        return FERRY_ERR_NOMEM;
+    if (owner != NULL) { /* a job's checkpoint: its owner's modules only */
+        int k = 0;
+        for (int i = 0; i < count; i++) {
+            if (strcmp(mods[i]->owner, owner) == 0)
+                mods[k++] = mods[i];
+            else
+                ferry__ps_module_put(mods[i]);
+        }
+        count = k;
     }
     uint32_t n = (uint32_t)count;
     struct statvfs vfs;
@@ -180,7 +193,7 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
     if (fstatvfs(dirfd, &vfs) == 0) {
         uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
         if (avail < need + CKPT_RESERVE) {
-            free(mods);
+            ferry__ps_registry_list_free(mods, count);
             (void)close(dirfd);
             return ferry_errorf(FERRY_ERR_RESOURCE,
                                 "checkpoint %s needs up to %.1f MiB and %.0f MiB must stay free, "
@@ -192,16 +205,21 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
     ferry_ckw *w = NULL;
     ferry_status st = ferry_ckw_open(path, CKPT_MAGIC, CKPT_FORMAT, 1 + n, &w);
     if (st == FERRY_OK) {
-        uint8_t meta[12];
+        uint8_t meta[16 + FERRY_RPC_IDENTITY_MAX];
+        uint32_t ol = owner != NULL ? (uint32_t)strlen(owner) : 0;
         for (int i = 0; i < 8; i++)
             meta[i] = (uint8_t)(step >> (8 * i));
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) {
             meta[8 + i] = (uint8_t)(n >> (8 * i));
-        st = ferry_ckw_section(w, FERRY_CK_TAG("META"), meta, sizeof meta);
+            meta[12 + i] = (uint8_t)(ol >> (8 * i));
+        }
+        if (ol > 0)
+            memcpy(meta + 16, owner, ol);
+        st = ferry_ckw_section(w, FERRY_CK_TAG("META"), meta, 16 + ol);
     }
     for (uint32_t i = 0; i < n && st == FERRY_OK; i++)
         st = write_module(mods[i], w);
-    free(mods);
+    ferry__ps_registry_list_free(mods, count);
     uint64_t size = w != NULL ? ferry_ckw_size(w) : 0;
     if (st == FERRY_OK)
         st = ferry_ckw_commit(w);
@@ -220,19 +238,24 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
 }
 
 /* Recreates (or finds) one module and loads a MODL section into it. */
-static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, const char *path) {
+static ferry_status read_module(ferry__ps_registry *r, ferry__ps_quotas *Q, const ferry_cksec *sec,
+                                const char *path) {
     ferry_ckcur c = ferry_ckcur_of(sec);
     uint32_t name_len = ferry_ckcur_u32(&c);
-    char name[FERRY_RPC_NAME_MAX];
+    char name[FERRY_RPC_NAME_MAX], owner[FERRY_RPC_IDENTITY_MAX];
     const char *np = name_len > 0 && name_len < sizeof name ? ferry_ckcur_bytes(&c, name_len) : NULL;
-    uint32_t config_len = np != NULL ? ferry_ckcur_u32(&c) : 0;
-    const uint8_t *packed = np != NULL && config_len <= CKPT_MAX_CONFIG
-                                ? ferry_ckcur_bytes(&c, config_len)
-                                : NULL;
-    if (np == NULL || packed == NULL || c.bad)
+    uint32_t owner_len = np != NULL ? ferry_ckcur_u32(&c) : 0;
+    const char *op =
+        np != NULL && owner_len < sizeof owner ? ferry_ckcur_bytes(&c, owner_len) : NULL;
+    uint32_t config_len = op != NULL ? ferry_ckcur_u32(&c) : 0;
+    const uint8_t *packed =
+        op != NULL && config_len <= CKPT_MAX_CONFIG ? ferry_ckcur_bytes(&c, config_len) : NULL;
+    if (np == NULL || op == NULL || packed == NULL || c.bad)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: bad module header", path);
     memcpy(name, np, name_len);
     name[name_len] = '\0';
+    memcpy(owner, op, owner_len);
+    owner[owner_len] = '\0';
     Ferry__V1__ModuleConfig *cfg = ferry__v1__module_config__unpack(NULL, config_len, packed);
     if (cfg == NULL)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has a bad config", path, name);
@@ -240,15 +263,18 @@ static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, c
     ferry_rpc_msg_init(&none);
     ferry__ps_module *m = NULL;
     int created = 0;
-    ferry_status st = ferry__ps_registry_create(r, name, cfg, &none, &created, &m);
+    ferry_status st = ferry__ps_registry_create(
+        r, owner, Q != NULL ? ferry__ps_quota_of(Q, owner) : NULL, name, cfg, &none, &created, &m);
     ferry__v1__module_config__free_unpacked(cfg, NULL);
     if (st != FERRY_OK)
         return st;
     uint64_t version = ferry_ckcur_u64(&c), numel = ferry_ckcur_u64(&c);
-    if (c.bad || numel != (uint64_t)m->P.numel ||
-        ferry_ckcur_left(&c) < numel * 4 + 8)
-        return ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has %llu floats, expected %lld",
-                            path, name, (unsigned long long)numel, (long long)m->P.numel);
+    if (c.bad || numel != (uint64_t)m->P.numel || ferry_ckcur_left(&c) < numel * 4 + 8) {
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s' has %llu floats, expected %lld", path,
+                          name, (unsigned long long)numel, (long long)m->P.numel);
+        ferry__ps_module_put(m);
+        return st;
+    }
     pthread_rwlock_wrlock(&m->lock);
     ferry_ckcur_f32s(&c, m->P.data, (size_t)numel);
     uint64_t olen = ferry_ckcur_u64(&c);
@@ -264,43 +290,90 @@ static ferry_status read_module(ferry__ps_registry *r, const ferry_cksec *sec, c
                           ferry_ckcur_left(&c));
     m->version = version;
     pthread_rwlock_unlock(&m->lock);
+    ferry__ps_module_put(m);
     return st;
 }
 
-static ferry_status read_meta(const ferry_ckr *ck, uint64_t *step, uint32_t *n) {
+/* META: the job step, the module count and the owner (cap >= FERRY_RPC_IDENTITY_MAX). */
+static ferry_status read_meta(const ferry_ckr *ck, uint64_t *step, uint32_t *n, char *owner) {
     ferry_ckcur c = ferry_ckr_section(ck, FERRY_CK_TAG("META"));
     *step = ferry_ckcur_u64(&c);
     *n = ferry_ckcur_u32(&c);
-    if (c.bad || ck->n != *n + 1)
+    uint32_t ol = ferry_ckcur_u32(&c);
+    const char *o = !c.bad && ol < FERRY_RPC_IDENTITY_MAX ? ferry_ckcur_bytes(&c, ol) : NULL;
+    if (c.bad || o == NULL || ck->n != *n + 1)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: META says %u modules, the file has %u sections",
                             ck->path, *n, ck->n);
+    memcpy(owner, o, ol);
+    owner[ol] = '\0';
     return FERRY_OK;
 }
 
-ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step) {
-    ferry_ckr ck;
-    ferry_status st = ferry_ckr_read(path, CKPT_MAGIC, CKPT_FORMAT, &ck);
-    uint32_t n = 0;
-    if (st == FERRY_OK) {
-        st = read_meta(&ck, step, &n);
-        ferry_ckr_free(&ck);
+/* A reader's FERRY_ERR_FORMAT for path, saying plainly when the file is a checkpoint of
+ * format 2 (before ferry.v1). */
+static ferry_status old_format(const char *path, ferry_status st) {
+    if (st == FERRY_ERR_FORMAT) {
+        char why[512];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        FILE *f = fopen(path, "rb");
+        char magic[8] = {0};
+        int old = f != NULL && fread(magic, 1, 8, f) == 8 && memcmp(magic, "FERRYPS2", 8) == 0;
+        if (f != NULL)
+            (void)fclose(f);
+        if (old)
+            return ferry_errorf(FERRY_ERR_FORMAT,
+                                "%s is a ferry-ps checkpoint of format 2, written before the "
+                                "ferry.v1 contract: this ferry-ps reads format 3 only",
+                                path);
+        return ferry_errorf(st, "%s", why);
     }
     return st;
 }
 
-ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path, uint64_t *step) {
+/* ferry_ckr_read, saying plainly what a checkpoint of format 2 is. */
+static ferry_status ck_open(const char *path, ferry_ckr *ck) {
+    return old_format(path, ferry_ckr_read(path, CKPT_MAGIC, CKPT_FORMAT, ck));
+}
+
+ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step, char *owner) {
+    /* Streamed: a probe checks a checkpoint of any size in 1 MiB of memory. */
+    uint8_t meta[16 + FERRY_RPC_IDENTITY_MAX];
+    size_t len;
+    uint32_t nsec;
+    ferry_status st =
+        old_format(path, ferry_ck_verify(path, CKPT_MAGIC, CKPT_FORMAT, FERRY_CK_TAG("META"), meta,
+                                         sizeof meta, &len, &nsec));
+    if (st != FERRY_OK)
+        return st;
+    ferry_ckcur c = {meta, meta + len, len == 0};
+    char o[FERRY_RPC_IDENTITY_MAX];
+    *step = ferry_ckcur_u64(&c);
+    uint32_t n = ferry_ckcur_u32(&c), ol = ferry_ckcur_u32(&c);
+    const char *ob = !c.bad && ol < FERRY_RPC_IDENTITY_MAX ? ferry_ckcur_bytes(&c, ol) : NULL;
+    if (c.bad || ob == NULL || nsec != n + 1)
+        return ferry_errorf(FERRY_ERR_FORMAT, "%s: META says %u modules, the file has %u sections",
+                            path, n, nsec);
+    char *out = owner != NULL ? owner : o;
+    memcpy(out, ob, ol);
+    out[ol] = '\0';
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
+                                       uint64_t *step) {
     ferry_ckr ck;
-    ferry_status st = ferry_ckr_read(path, CKPT_MAGIC, CKPT_FORMAT, &ck);
+    ferry_status st = ck_open(path, &ck);
     if (st != FERRY_OK)
         return st;
     uint32_t n = 0;
     uint64_t s = 0;
-    st = read_meta(&ck, &s, &n);
+    char owner[FERRY_RPC_IDENTITY_MAX];
+    st = read_meta(&ck, &s, &n, owner);
     for (uint32_t i = 1; i < ck.n && st == FERRY_OK; i++) {
         if (ck.sec[i].tag != FERRY_CK_TAG("MODL"))
             st = ferry_errorf(FERRY_ERR_FORMAT, "%s: section %u is not a module", path, i + 1);
         else
-            st = read_module(r, &ck.sec[i], path);
+            st = read_module(r, Q, &ck.sec[i], path);
     }
     ferry_ckr_free(&ck);
     if (st == FERRY_OK) {
@@ -333,8 +406,61 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, uint64_t **steps,
-                                            size_t *n) {
+void ferry__ps_manifest_init(ferry__ps_manifest *M) {
+    memset(M, 0, sizeof *M);
+    pthread_mutex_init(&M->mu, NULL);
+}
+
+void ferry__ps_manifest_deinit(ferry__ps_manifest *M) {
+    free(M->e);
+    pthread_mutex_destroy(&M->mu);
+    memset(M, 0, sizeof *M);
+}
+
+/* The entry of dir/name as it is now: from the manifest while the file's size, time and
+ * inode match, else verified (read whole) and recorded. *e receives a copy. M's lock
+ * held. */
+static void manifest_look(ferry__ps_manifest *M, const char *path, const char *name,
+                          const struct stat *sb, ferry__ps_manifest_entry *e) {
+    int64_t mt = (int64_t)sb->st_mtim.tv_sec * 1000000000 + sb->st_mtim.tv_nsec;
+    for (size_t i = 0; i < M->n; i++) {
+        ferry__ps_manifest_entry *x = &M->e[i];
+        if (strcmp(x->name, name) == 0 && x->size == (int64_t)sb->st_size && x->mtime_ns == mt &&
+            x->ino == (uint64_t)sb->st_ino) {
+            *e = *x;
+            M->reused++;
+            return;
+        }
+    }
+    memset(e, 0, sizeof *e);
+    (void)snprintf(e->name, sizeof e->name, "%s", name);
+    e->size = (int64_t)sb->st_size;
+    e->mtime_ns = mt;
+    e->ino = (uint64_t)sb->st_ino;
+    e->ok = ferry__ps_checkpoint_verify(path, &e->step, e->owner) == FERRY_OK;
+    if (!e->ok)
+        FERRY_LOG_WARN("checkpoint %s is not usable: %s", path, ferry_error_last());
+    M->verified++;
+    M->bytes_read += (uint64_t)sb->st_size;
+    for (size_t i = 0; i < M->n; i++) { /* the file changed: replace its entry */
+        if (strcmp(M->e[i].name, name) == 0) {
+            M->e[i] = *e;
+            return;
+        }
+    }
+    if (M->n == M->cap) {
+        size_t cap = M->cap ? 2 * M->cap : 16;
+        ferry__ps_manifest_entry *p = realloc(M->e, cap * sizeof *p);
+        if (p == NULL)
+            return; /* not remembered: verified again next time */
+        M->e = p;
+        M->cap = cap;
+    }
+    M->e[M->n++] = *e;
+}
+
+ferry_status ferry__ps_checkpoint_job_steps(const char *dir, ferry__ps_manifest *M, const char *job,
+                                            const char *owner, uint64_t **steps, size_t *n) {
     *steps = NULL;
     *n = 0;
     DIR *d = opendir(dir);
@@ -342,17 +468,25 @@ ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, ui
         return ferry_errorf(FERRY_ERR_IO, "cannot list checkpoint directory %s", dir);
     size_t cap = 0;
     ferry_status st = FERRY_OK;
+    pthread_mutex_lock(&M->mu);
     for (struct dirent *e; st == FERRY_OK && (e = readdir(d)) != NULL;) {
-        uint64_t s = 0, meta = 0;
+        uint64_t s = 0;
         char path[4096];
+        struct stat sb;
         if (!job_file_step(e->d_name, job, &s) ||
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path)
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path ||
+            lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
-        if (ferry__ps_checkpoint_verify(path, &meta) != FERRY_OK || meta != s) {
-            FERRY_LOG_WARN("checkpoint %s is not usable: %s", path,
-                           meta != s ? "its step differs from its name" : ferry_error_last());
+        ferry__ps_manifest_entry m;
+        manifest_look(M, path, e->d_name, &sb, &m);
+        if (!m.ok)
+            continue;
+        if (m.step != s) {
+            FERRY_LOG_WARN("checkpoint %s is not usable: its step differs from its name", path);
             continue;
         }
+        if (owner != NULL && strcmp(m.owner, owner) != 0)
+            continue; /* another identity's job of the same name: not this one's */
         if (*n == cap) {
             size_t nc = cap ? 2 * cap : 16;
             uint64_t *p = realloc(*steps, nc * sizeof *p);
@@ -365,6 +499,7 @@ ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, ui
         }
         (*steps)[(*n)++] = s;
     }
+    pthread_mutex_unlock(&M->mu);
     (void)closedir(d);
     if (*n > 1)
         qsort(*steps, *n, sizeof **steps, cmp_u64);
@@ -382,7 +517,7 @@ ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap
     for (size_t i = 0; i < n && !*found; i++) {
         uint64_t step;
         (void)snprintf(path, cap, "%s/%s", dir, files[i].name);
-        if (ferry__ps_checkpoint_verify(path, &step) == FERRY_OK)
+        if (ferry__ps_checkpoint_verify(path, &step, NULL) == FERRY_OK)
             *found = 1;
         else
             FERRY_LOG_WARN("skipping checkpoint %s: %s", path, ferry_error_last());

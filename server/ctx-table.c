@@ -17,7 +17,8 @@
 
 #define CTX_BUCKETS 1024 /* power of two; chains stay short for thousands of contexts */
 
-static uint64_t ctx_hash(uint64_t id) {
+static uint64_t ctx_hash(uint64_t sess, uint64_t id) {
+    id ^= sess * 0x9E3779B97F4A7C15ull;
     id ^= id >> 33;
     id *= 0xff51afd7ed558ccdull;
     id ^= id >> 33;
@@ -53,12 +54,18 @@ static void call_free(ferry__ps_call *call) {
 
 static void ctx_free(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     atomic_fetch_sub(&t->bytes, c->bytes);
+    if (c->quota != NULL) {
+        atomic_fetch_sub(&c->quota->context_bytes, c->bytes);
+        atomic_fetch_sub(&c->quota->contexts, 1);
+    }
     for (ferry__ps_call *call = c->calls, *next; call != NULL; call = next) {
         next = call->next;
         call_free(call);
     }
-    for (int i = 0; i < c->nmods; i++)
+    for (int i = 0; i < c->nmods; i++) {
         ferry_grads_deinit(&c->mods[i].G);
+        ferry__ps_module_put(c->mods[i].mod); /* the context's reference */
+    }
     free(c->mods);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -82,7 +89,7 @@ void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t) {
 
 /* Unlinks c from its chain; table lock held. */
 static void unlink_locked(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
-    ferry__ps_ctx **pp = &t->buckets[ctx_hash(c->id) & (uint64_t)(t->nbuckets - 1)];
+    ferry__ps_ctx **pp = &t->buckets[ctx_hash(c->sess, c->id) & (uint64_t)(t->nbuckets - 1)];
     while (*pp != c)
         pp = &(*pp)->next;
     *pp = c->next;
@@ -90,15 +97,37 @@ static void unlink_locked(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     t->count--;
 }
 
-ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int create,
-                                   const char *caller, ferry__ps_ctx **out) {
+ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int create,
+                                   ferry__ps_ctx **out) {
+    return ferry__ps_ctx_acquire_q(t, sess, NULL, id, create, out);
+}
+
+/* A new context's first bytes and its place in the count of its identity's contexts;
+ * table lock held. */
+static ferry_status ctx_quota(ferry__ps_ctx_table *t, ferry__ps_quota *q, uint64_t id) {
+    if (q == NULL)
+        return FERRY_OK;
+    char what[64];
+    (void)snprintf(what, sizeof what, "contexts (a new one, %#llx)", (unsigned long long)id);
+    ferry_status st = ferry__ps_quota_take(&q->contexts, t->lim->id_contexts, what, q->identity,
+                                           "--max-contexts-per-identity");
+    if (st == FERRY_OK &&
+        (st = ferry__ps_quota_charge(&q->context_bytes, (int64_t)sizeof(ferry__ps_ctx),
+                                     t->lim->id_contexts_bytes, "a new context", q->identity,
+                                     "--max-contexts-mb-per-identity")) != FERRY_OK)
+        atomic_fetch_sub(&q->contexts, 1);
+    return st;
+}
+
+ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferry__ps_quota *quota,
+                                     uint64_t id, int create, ferry__ps_ctx **out) {
     if (id == 0)
         return ferry_errorf(FERRY_ERR_INVALID, "context id 0 means no context: this call "
                                                "needs one");
     pthread_mutex_lock(&t->mu);
-    ferry__ps_ctx **head = &t->buckets[ctx_hash(id) & (uint64_t)(t->nbuckets - 1)];
+    ferry__ps_ctx **head = &t->buckets[ctx_hash(sess, id) & (uint64_t)(t->nbuckets - 1)];
     ferry__ps_ctx *c = *head;
-    while (c != NULL && c->id != id)
+    while (c != NULL && (c->id != id || c->sess != sess))
         c = c->next;
     if (c == NULL && create) {
         if (t->count >= t->lim->contexts) {
@@ -116,14 +145,20 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
                                          "the budget of all contexts", t->lim->contexts_bytes, used,
                                          "--max-contexts-mb");
         }
-        if ((c = calloc(1, sizeof *c)) == NULL) {
+        ferry_status qs = ctx_quota(t, quota, id);
+        if (qs != FERRY_OK || (c = calloc(1, sizeof *c)) == NULL) {
             atomic_fetch_sub(&t->bytes, (long long)sizeof *c);
+            if (qs == FERRY_OK && quota != NULL) {
+                atomic_fetch_sub(&quota->contexts, 1);
+                atomic_fetch_sub(&quota->context_bytes, (long long)sizeof *c);
+            }
             pthread_mutex_unlock(&t->mu);
-            return FERRY_ERR_NOMEM;
+            return qs != FERRY_OK ? qs : FERRY_ERR_NOMEM;
         }
         c->bytes = (int64_t)sizeof *c;
         c->id = id;
-        (void)snprintf(c->owner, sizeof c->owner, "%s", caller != NULL ? caller : "");
+        c->sess = sess;
+        c->quota = quota;
         pthread_mutex_init(&c->mu, NULL);
         c->next = *head;
         *head = c;
@@ -135,6 +170,8 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
         c->last_used = ferry_now();
     }
     pthread_mutex_unlock(&t->mu);
+    /* Another session's context with this id is never found: the same answer as for
+     * one that does not exist. */
     if (c == NULL)
         return ferry_errorf(FERRY_ERR_NOT_FOUND,
                             "unknown context %#llx: never opened here by a Forward, already "
@@ -150,17 +187,35 @@ ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int crea
                             "context %#llx was stepped or released while this call waited",
                             (unsigned long long)id);
     }
-    if (caller != NULL && c->owner[0] != '\0' && strcmp(caller, c->owner) != 0) {
-        char owner[sizeof c->owner];
-        memcpy(owner, c->owner, sizeof owner);
-        ferry__ps_ctx_release(t, c);
-        FERRY_LOG_WARN("context %#llx: a call from %s refused (it belongs to %s)",
-                       (unsigned long long)id, caller, owner);
-        return ferry_errorf(FERRY_ERR_DENIED, "context %#llx belongs to another client",
-                            (unsigned long long)id);
-    }
     *out = c;
     return FERRY_OK;
+}
+
+int ferry__ps_ctx_drop_session(ferry__ps_ctx_table *t, uint64_t sess) {
+    ferry__ps_ctx *gone = NULL;
+    int n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (int64_t b = 0; b < t->nbuckets; b++) {
+        for (ferry__ps_ctx *c = t->buckets[b], *next; c != NULL; c = next) {
+            next = c->next;
+            if (c->sess != sess)
+                continue;
+            unlink_locked(t, c);
+            c->dead = 1;
+            n++;
+            if (c->refs == 0) { /* else its last holder frees it */
+                c->next = gone;
+                gone = c;
+            }
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    for (ferry__ps_ctx *c = gone, *next; c != NULL; c = next) {
+        next = c->next;
+        ctx_free(t, c);
+    }
+    atomic_fetch_add(&t->swept, n); /* its trainer went away: as if swept */
+    return n;
 }
 
 ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int64_t bytes,
@@ -175,8 +230,19 @@ ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int6
     } else {
         used = atomic_fetch_add(&t->bytes, (long long)bytes);
         if (used + bytes <= t->lim->contexts_bytes && used + bytes >= used) {
-            c->bytes += bytes;
-            return FERRY_OK;
+            char w[FERRY_RPC_NAME_MAX + 64];
+            (void)snprintf(w, sizeof w, "%s", what);
+            ferry_status st = c->quota == NULL
+                                  ? FERRY_OK
+                                  : ferry__ps_quota_charge(
+                                        &c->quota->context_bytes, bytes, t->lim->id_contexts_bytes,
+                                        w, c->quota->identity, "--max-contexts-mb-per-identity");
+            if (st == FERRY_OK) {
+                c->bytes += bytes;
+                return FERRY_OK;
+            }
+            atomic_fetch_sub(&t->bytes, (long long)bytes);
+            return st;
         }
         atomic_fetch_sub(&t->bytes, (long long)bytes);
         budget = "the budget of all contexts", flag = "--max-contexts-mb";
@@ -209,6 +275,8 @@ static int64_t ctx_bytes(const ferry__ps_ctx *c) {
 void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     int64_t bytes = ctx_bytes(c);
     atomic_fetch_add(&t->bytes, bytes - c->bytes);
+    if (c->quota != NULL)
+        atomic_fetch_add(&c->quota->context_bytes, bytes - c->bytes);
     c->bytes = bytes;
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_lock(&t->mu);
@@ -258,6 +326,7 @@ ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry
     cm->mod = m;
     if ((st = ferry_grads_init(&cm->G, &m->P)) != FERRY_OK)
         return st;
+    ferry__ps_module_ref(m); /* held while the context holds its gradient */
     c->nmods++;
     *out = &cm->G;
     return FERRY_OK;
@@ -343,7 +412,8 @@ ferry_status ferry__ps_ctx_replay_call(ferry__ps_ctx_table *t, const ferry__ps_c
     return st;
 }
 
-void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t id, const ferry_rpc_msg *reply) {
+void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id,
+                                 const ferry_rpc_msg *reply) {
     uint8_t *head = malloc(reply->head_len + 1);
     if (head == NULL)
         return; /* a retry of this Step will be told the context is gone */
@@ -353,19 +423,20 @@ void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t id, const ferr
     ferry__ps_stepped *e = &t->stepped_ring[t->stepped_next];
     t->stepped_next = (t->stepped_next + 1) % FERRY__PS_STEPPED_KEEP;
     free(e->head);
+    e->sess = sess;
     e->id = id;
     e->head = head;
     e->len = reply->head_len;
     pthread_mutex_unlock(&t->mu);
 }
 
-ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t id,
+ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id,
                                          ferry_rpc_msg *reply) {
     Ferry__V1__StepReply *r = NULL;
     pthread_mutex_lock(&t->mu);
     for (int i = 0; i < FERRY__PS_STEPPED_KEEP && id != 0; i++) {
         const ferry__ps_stepped *e = &t->stepped_ring[i];
-        if (e->id == id && e->head != NULL) {
+        if (e->id == id && e->sess == sess && e->head != NULL) {
             r = ferry__v1__step_reply__unpack(NULL, e->len, e->head);
             break;
         }

@@ -156,7 +156,14 @@ static ferry_status partials_backward(ferry__ps_module *m, const Ferry__V1__Back
                                          row_scale, N)) != FERRY_OK)
             return st;
     }
-    float scale = q->n_fparams > 0 ? (float)q->fparams[0] : 1.0f;
+    if (q->args_case != FERRY__V1__BACKWARD_REQUEST__ARGS__NOT_SET &&
+        q->args_case != FERRY__V1__BACKWARD_REQUEST__ARGS_DECODER)
+        return ferry_errorf(FERRY_ERR_INVALID, "decoder '%s': Backward arguments of another kind",
+                            m->name);
+    double ls = q->args_case == FERRY__V1__BACKWARD_REQUEST__ARGS_DECODER && q->decoder != NULL
+                    ? q->decoder->loss_scale
+                    : 0.0;
+    float scale = ls != 0.0 ? (float)ls : 1.0f;
     if (!isfinite(scale))
         return ferry_errorf(FERRY_ERR_NUMERIC, "decoder '%s': Backward scale is %g", m->name,
                             (double)scale);

@@ -29,12 +29,22 @@ static void grads_prepare(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry_grads 
     }
 }
 
-ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__V1__ForwardRequest *q,
-                                  ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry__ps_module *ferry__ps_module_find(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                        const char *name) {
+    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, name);
+    if (m != NULL && !ferry__ps_may_use(sess, m->owner)) {
+        /* Another identity's module: answered as if there were none. */
+        ferry__ps_module_put(m);
+        (void)ferry_errorf(FERRY_ERR_NOT_FOUND, "unknown module '%s'", name);
+        return NULL;
+    }
+    return m;
+}
+
+static ferry_status forward(ferry__ps_state *ps, ferry__ps_session *sess, ferry__ps_module *m,
+                            const Ferry__V1__ForwardRequest *q, ferry_rpc_msg *req,
+                            ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
-    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
-    if (m == NULL)
-        return FERRY_ERR_NOT_FOUND;
     ferry_wire_mode mode;
     if (ferry_wire_mode_find(m->kind->wire, q->mode, &mode) != FERRY_OK) {
         char modes[128];
@@ -49,7 +59,8 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, const Ferry__V1__ForwardR
     memset(&sv, 0, sizeof sv);
     ferry_status st = FERRY_OK;
     if (saving) {
-        if ((st = ferry__ps_ctx_acquire(t, q->ctx_id, 1, ferry_rpc_caller(reply), &c)) != FERRY_OK)
+        if ((st = ferry__ps_ctx_acquire_q(t, sess->serial, sess->quota, q->ctx_id, 1, &c)) !=
+            FERRY_OK)
             return st;
         /* The same Forward again is a retry whose first reply was lost: it replaces a
          * pending one, and after its Backward it only answers. */
@@ -130,14 +141,12 @@ static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferr
     return st;
 }
 
-ferry_status ferry__ps_on_backward(ferry__ps_state *ps, const Ferry__V1__BackwardRequest *q,
-                                   ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+static ferry_status backward(ferry__ps_state *ps, ferry__ps_session *sess, ferry__ps_module *m,
+                             const Ferry__V1__BackwardRequest *q, ferry_rpc_msg *req,
+                             ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
-    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
-    if (m == NULL)
-        return FERRY_ERR_NOT_FOUND;
     ferry__ps_ctx *c;
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, sess->serial, q->ctx_id, 0, &c);
     if (st != FERRY_OK)
         return st;
     ferry__ps_call *call = ferry__ps_ctx_find_call(c, m, q->call_id);
@@ -182,6 +191,30 @@ answer:
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+/* The two context calls on one module: the module is held (referenced) while the call
+ * runs, so a DeleteModule meanwhile frees it only afterwards. */
+ferry_status ferry__ps_on_forward(ferry__ps_state *ps, ferry__ps_session *sess,
+                                  const Ferry__V1__ForwardRequest *q, ferry_rpc_msg *req,
+                                  ferry_rpc_msg *reply) {
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry_status st = forward(ps, sess, m, q, req, reply);
+    ferry__ps_module_put(m);
+    return st;
+}
+
+ferry_status ferry__ps_on_backward(ferry__ps_state *ps, ferry__ps_session *sess,
+                                   const Ferry__V1__BackwardRequest *q, ferry_rpc_msg *req,
+                                   ferry_rpc_msg *reply) {
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry_status st = backward(ps, sess, m, q, req, reply);
+    ferry__ps_module_put(m);
+    return st;
+}
+
 /* Adds a constrained module's penalty gradient to the context's gradients the first
  * time GradNorm or Step needs them, and never again for this context: however many
  * Forward/Backward calls the context made, and whether or not GradNorm ran first,
@@ -214,19 +247,21 @@ static int name_listed(const char *name, char **names, size_t n) {
     return 0;
 }
 
-ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
-                                    ferry_rpc_msg *req, ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_grad_norm(ferry__ps_state *ps, ferry__ps_session *sess,
+                                    const Ferry__V1__GradNormRequest *q, ferry_rpc_msg *req,
+                                    ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     if (q->job != NULL && q->job->job[0] != '\0')
-        return ferry__ps_job_grad_norm(ps, q, reply);
-    return ferry__ps_grad_norm_context(ps, q, reply);
+        return ferry__ps_job_grad_norm(ps, sess, q, reply);
+    return ferry__ps_grad_norm_context(ps, sess->serial, q, reply);
 }
 
-ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
+ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, uint64_t sess,
+                                         const Ferry__V1__GradNormRequest *q,
                                          ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, sess, q->ctx_id, 0, &c);
     if (st != FERRY_OK)
         return st;
     Ferry__V1__GradNormReply r;
@@ -311,16 +346,16 @@ static ferry_status step_check(const Ferry__V1__StepRequest *q) {
     return FERRY_OK;
 }
 
-ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
-                                    ferry_rpc_msg *reply) {
+ferry_status ferry__ps_step_context(ferry__ps_state *ps, uint64_t sess,
+                                    const Ferry__V1__StepRequest *q, ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry__ps_ctx *c;
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, sess, q->ctx_id, 0, &c);
     if (st == FERRY_ERR_NOT_FOUND) { /* stepped already: a retry is answered alike */
         char why[512];
         (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-        if (ferry__ps_ctx_stepped_reply(t, q->ctx_id, reply) == FERRY_OK)
+        if (ferry__ps_ctx_stepped_reply(t, sess, q->ctx_id, reply) == FERRY_OK)
             return FERRY_OK;
         return ferry_errorf(st, "%s", why);
     }
@@ -357,7 +392,7 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__V1__StepRe
     ferry__ps_ctx_retire(t, c, 1);
     r.metrics = ptrs;
     if (st == FERRY_OK && (st = ferry_rpc_msg_set_head(reply, &r.base)) == FERRY_OK)
-        ferry__ps_ctx_remember_step(t, c->id, reply);
+        ferry__ps_ctx_remember_step(t, sess, c->id, reply);
     ferry__ps_ctx_release(t, c);
     free(metrics);
     free(ptrs);
@@ -365,26 +400,27 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__V1__StepRe
     return st;
 }
 
-ferry_status ferry__ps_on_step(ferry__ps_state *ps, const Ferry__V1__StepRequest *q, ferry_rpc_msg *req,
+ferry_status ferry__ps_on_step(ferry__ps_state *ps, ferry__ps_session *sess,
+                               const Ferry__V1__StepRequest *q, ferry_rpc_msg *req,
                                ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     ferry_status st = step_check(q);
     if (st != FERRY_OK)
         return st;
     if (q->job != NULL && q->job->job[0] != '\0')
-        return ferry__ps_job_step(ps, q, reply);
-    return ferry__ps_step_context(ps, q, reply);
+        return ferry__ps_job_step(ps, sess, q, reply);
+    return ferry__ps_step_context(ps, sess->serial, q, reply);
 }
 
-ferry_status ferry__ps_on_release_context(ferry__ps_state *ps,
-                                          const Ferry__V1__ReleaseContextRequest *q, ferry_rpc_msg *req,
-                                          ferry_rpc_msg *reply) {
+ferry_status ferry__ps_on_release_context(ferry__ps_state *ps, ferry__ps_session *sess,
+                                          const Ferry__V1__ReleaseContextRequest *q,
+                                          ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     (void)req; /* the header says it all */
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
     Ferry__V1__ReleaseContextReply r;
     ferry__v1__release_context_reply__init(&r);
-    ferry_status st = ferry__ps_ctx_acquire(t, q->ctx_id, 0, ferry_rpc_caller(reply), &c);
+    ferry_status st = ferry__ps_ctx_acquire(t, sess->serial, q->ctx_id, 0, &c);
     if (st == FERRY_OK) {
         ferry__ps_ctx_retire(t, c, 0);
         ferry__ps_ctx_release(t, c);
@@ -397,11 +433,20 @@ ferry_status ferry__ps_on_release_context(ferry__ps_state *ps,
 
 /* Each method's handler as the RPC layer calls it: the state from the user pointer and
  * the request's header, typed. */
+/* Every method but Hello runs in the caller's session, looked up (and checked against
+ * the caller's credentials) before the handler runs; Hello opens or renews it. */
 #define FERRY__PS_ADAPTER_(id, Name, snake)                                                        \
     static ferry_status handle_##snake(void *user, ferry_rpc_method method, ferry_rpc_msg *req,    \
                                        ferry_rpc_msg *reply) {                                     \
-        (void)method;                                                                              \
-        return ferry__ps_on_##snake(user, req->head, req, reply);                                  \
+        ferry__ps_state *ps = user;                                                                \
+        ferry__ps_session *sess = NULL;                                                            \
+        ferry_status st = FERRY_OK;                                                                \
+        if (method != FERRY_RPC_HELLO)                                                             \
+            st = ferry__ps_session_enter(&ps->sessions, ferry_rpc_caller(reply), #Name, &sess);    \
+        if (st == FERRY_OK)                                                                        \
+            st = ferry__ps_on_##snake(ps, sess, req->head, req, reply);                            \
+        ferry__ps_session_leave(&ps->sessions, sess);                                              \
+        return st;                                                                                 \
     }
 FERRY_RPC_METHOD_MAP(FERRY__PS_ADAPTER_)
 #undef FERRY__PS_ADAPTER_

@@ -1,5 +1,8 @@
-/* jobs.c - training jobs on a server: who belongs to a job (Join), and the
- * consistency its ranks chose. bsp sums the ranks' gradients of a step into one
+/* jobs.c - training jobs on a server: who belongs to a job (the Job method: join,
+ * ready, leave, probe, recover, checkpoint, status), and the consistency its ranks
+ * chose. A job belongs to the identity that made it, and each rank to the session
+ * that holds it: every action and every GradNorm/Step of a job is checked against
+ * both (an admin may act for anyone). bsp sums the ranks' gradients of a step into one
  * and applies it once; ssp lets a rank run at most K steps ahead of the slowest;
  * async applies each rank's step on arrival. Calls that must wait are deferred
  * replies (ferry_rpc_defer), finished by the call that ends the wait or by the
@@ -18,14 +21,18 @@
 
 #define JOB_MAX_WORLD      65536
 #define JOB_DEFAULT_WAIT_S 60.0
+#define JOB_MODEL_KEYS     64
+#define JOB_MODEL_MAX      4096 /* the model signature as "k=v k=v ...", with the NUL */
+#define JOB_CHUNK          64   /* ranks per chunk of a job's rank table */
+#define JOB_METRICS_MAX    32   /* jobs whose own metrics a Stats or /metrics page lists */
 
 typedef struct job_rank {
-    char client[128];
+    uint64_t sess; /* the session holding the rank (ferry__ps_session.serial); 0: none */
     int joined, left;
     uint64_t steps; /* Steps done */
     /* bsp: its arrival at the open barrier */
     int arrived;
-    uint64_t ctx_id;
+    uint64_t ctx_id, ctx_sess; /* its context of the step: id, and the session it is in */
     double loss_sum, tokens;
     int ck; /* asked for a checkpoint after this step */
     ferry_rpc_pending *gn; /* its GradNorm, waiting for the barrier */
@@ -38,7 +45,7 @@ typedef struct job_rank {
     /* recovery: its recover call, waiting for the other ranks */
     ferry_rpc_pending *rec;
     int rec_arrived;
-    char rec_client[128];
+    uint64_t rec_sess; /* the session whose recover arrived (0: an admin's, for it) */
 } job_rank;
 
 /* One Step reply's metrics, kept to answer the later ranks of a bsp step alike. */
@@ -49,14 +56,20 @@ typedef struct job_metric {
 
 struct ferry__ps_job {
     char name[FERRY_RPC_NAME_MAX];
+    char owner[FERRY_RPC_IDENTITY_MAX]; /* the identity that made it */
+    ferry__ps_quota *quota;             /* its account (the job counts against it) */
     uint32_t world;
     ferry__ps_sync sync;
     uint32_t K;
     double wait_s;
-    char model[1024];
+    char model[JOB_MODEL_MAX];
     int ready, finished;
     char failed[512]; /* "" or why the job failed */
-    job_rank *ranks;
+    /* The ranks, in chunks of JOB_CHUNK made when a rank of the chunk first joins: a
+     * job's memory follows the ranks that joined, not the world it declares. */
+    job_rank **chunks;
+    int64_t bytes;     /* what the job holds: itself, the chunk table and the chunks */
+    double idle_since; /* when it finished, failed or was last held by a live session */
     uint32_t joined;
     /* bsp */
     uint64_t bsp_step; /* the step whose barrier is open or was last completed */
@@ -85,6 +98,45 @@ struct ferry__ps_job {
     struct ferry__ps_job *next;
 };
 
+/* ---- the rank table ---- */
+
+static const job_rank absent_rank; /* what a rank of a chunk never made reads as */
+
+/* Rank r for reading: a rank nobody joined reads as all zero. */
+static const job_rank *rank_peek(const ferry__ps_job *job, uint32_t r) {
+    const job_rank *c = r < job->world ? job->chunks[r / JOB_CHUNK] : NULL;
+    return c != NULL ? &c[r % JOB_CHUNK] : &absent_rank;
+}
+
+/* Rank r for writing, or NULL when its chunk was never made (nobody joined it). */
+static job_rank *rank_get(ferry__ps_job *job, uint32_t r) {
+    job_rank *c = r < job->world ? job->chunks[r / JOB_CHUNK] : NULL;
+    return c != NULL ? &c[r % JOB_CHUNK] : NULL;
+}
+
+/* Rank r, its chunk made (and charged to the jobs' bytes) if need be; NULL when out of
+ * memory. */
+/* The first rank >= r whose chunk exists (job->world: none): loops over the ranks
+ * that ever joined cost what those ranks do, not the declared world. */
+static uint32_t rank_skip(const ferry__ps_job *job, uint32_t r) {
+    while (r < job->world && job->chunks[r / JOB_CHUNK] == NULL)
+        r = (r / JOB_CHUNK + 1) * JOB_CHUNK;
+    return r < job->world ? r : job->world;
+}
+
+static job_rank *rank_make(ferry__ps_jobs *j, ferry__ps_job *job, uint32_t r) {
+    job_rank **c = &job->chunks[r / JOB_CHUNK];
+    if (*c == NULL) {
+        if ((*c = calloc(JOB_CHUNK, sizeof **c)) == NULL)
+            return NULL;
+        job->bytes += JOB_CHUNK * (int64_t)sizeof **c;
+        j->bytes += JOB_CHUNK * (int64_t)sizeof **c;
+    }
+    return &(*c)[r % JOB_CHUNK];
+}
+
+static void job_free(ferry__ps_jobs *j, ferry__ps_job *job);
+
 static const char *sync_name(ferry__ps_sync s) {
     return s == FERRY__PS_BSP ? "bsp" : s == FERRY__PS_SSP ? "ssp" : "async";
 }
@@ -102,8 +154,10 @@ void ferry__ps_jobs_init(ferry__ps_jobs *j) {
 }
 
 static void agg_free(ferry__ps_job *job) {
-    for (int i = 0; i < job->nagg; i++)
+    for (int i = 0; i < job->nagg; i++) {
         ferry_grads_deinit(&job->agg[i].G);
+        ferry__ps_module_put(job->agg[i].mod);
+    }
     free(job->agg);
     free(job->agg_ss);
     job->agg = NULL;
@@ -113,8 +167,10 @@ static void agg_free(ferry__ps_job *job) {
 
 /* Finishes every waiting call of job with st and the current error detail. */
 static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *why) {
-    for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *k = &job->ranks[r];
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r);
+        if (k == NULL)
+            continue;
         if (k->gn != NULL) {
             (void)ferry_errorf(st, "%s", why);
             ferry_rpc_pending_finish(k->gn, st, NULL);
@@ -131,8 +187,10 @@ static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *wh
 
 /* Fails the open recover barrier's calls (they retry) and closes it. */
 static void rec_fail(ferry__ps_job *job, ferry_status st, const char *why) {
-    for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *k = &job->ranks[r];
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r);
+        if (k == NULL)
+            continue;
         if (k->rec != NULL) {
             (void)ferry_errorf(st, "%s", why);
             ferry_rpc_pending_finish(k->rec, st, NULL);
@@ -166,15 +224,39 @@ void ferry__ps_jobs_stop(ferry__ps_jobs *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
+/* Frees a job (unlinked already, no call waiting on it) and gives its memory, its place
+ * in the jobs' count and its owner's back. */
+static void job_free(ferry__ps_jobs *j, ferry__ps_job *job) {
+    agg_free(job);
+    free(job->applied_metrics);
+    free(job->rec_set);
+    for (uint32_t c = 0; c < (job->world + JOB_CHUNK - 1) / JOB_CHUNK; c++)
+        free(job->chunks[c]);
+    free(job->chunks);
+    j->bytes -= job->bytes;
+    j->count--;
+    if (job->quota != NULL)
+        atomic_fetch_sub(&job->quota->jobs, 1);
+    free(job);
+}
+
+/* Takes job out of the list and frees it: its waiting calls fail with st and why
+ * first. jobs->mu held. */
+static void job_drop(ferry__ps_jobs *j, ferry__ps_job *job, ferry_status st, const char *why) {
+    job_fail_waiters(job, st, why);
+    rec_fail(job, st, why);
+    ferry__ps_job **pp = &j->list;
+    while (*pp != job)
+        pp = &(*pp)->next;
+    *pp = job->next;
+    job_free(j, job);
+}
+
 void ferry__ps_jobs_deinit(ferry__ps_jobs *j) {
     ferry__ps_jobs_stop(j);
     while (j->list != NULL) {
         ferry__ps_job *next = j->list->next;
-        agg_free(j->list);
-        free(j->list->applied_metrics);
-        free(j->list->rec_set);
-        free(j->list->ranks);
-        free(j->list);
+        job_free(j, j->list);
         j->list = next;
     }
     pthread_mutex_destroy(&j->mu);
@@ -193,7 +275,7 @@ static ferry__ps_job *job_find(ferry__ps_jobs *j, const char *name) {
 static uint64_t job_min_steps(const ferry__ps_job *job, uint32_t *slowest) {
     uint64_t min = UINT64_MAX;
     for (uint32_t r = 0; r < job->world; r++) {
-        const job_rank *k = &job->ranks[r];
+        const job_rank *k = rank_peek(job, r);
         if (k->left)
             continue;
         uint64_t s = k->joined ? k->steps : 0;
@@ -206,13 +288,48 @@ static uint64_t job_min_steps(const ferry__ps_job *job, uint32_t *slowest) {
     return min == UINT64_MAX ? 0 : min;
 }
 
+/* 1 when session sess may act as rank r of job: it holds the rank, or it is an admin. */
+static int acts_as(const ferry__ps_session *sess, const ferry__ps_job *job, uint32_t r) {
+    const job_rank *k = rank_peek(job, r);
+    return sess->authority || (r < job->world && k->joined && k->sess == sess->serial);
+}
+
+/* The refusal of a job that the caller's identity does not own. It says neither who
+ * owns it nor anything else about it. */
+static ferry_status not_yours(const char *name) {
+    return ferry_errorf(FERRY_ERR_DENIED,
+                        "job '%.63s' belongs to another identity: choose another job name", name);
+}
+
+/* The refusal of a rank the calling session does not hold, whether another session
+ * holds it or nobody does (no oracle). */
+static ferry_status not_held(const ferry__ps_job *job, uint32_t r) {
+    return ferry_errorf(FERRY_ERR_DENIED,
+                        "job '%s': this session holds no rank %u (a session acts only as the "
+                        "ranks it joined)",
+                        job->name, r);
+}
+
 /* The job and rank of a GradNorm or Step: FERRY_ERR_NOT_FOUND for an unknown job,
- * FERRY_ERR_INVALID for a rank that did not join, the failure of a failed job. */
-static ferry_status job_of(ferry__ps_jobs *j, const Ferry__V1__JobStep *js, ferry__ps_job **out) {
+ * FERRY_ERR_DENIED for another identity's job or a rank this session does not hold
+ * (joined or not), the failure of a failed job. */
+static ferry_status job_of(ferry__ps_jobs *j, const ferry__ps_session *sess,
+                           const Ferry__V1__JobStep *js, ferry__ps_job **out) {
     ferry__ps_job *job = job_find(j, js->job);
     if (job == NULL)
         return ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%.63s' is unknown here (Join it first)",
                             js->job);
+    if (!ferry__ps_may_use(sess, job->owner))
+        return not_yours(job->name);
+    if (js->rank >= job->world)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u outside [0, %u)", job->name,
+                            js->rank, job->world);
+    /* A rank nobody joined and one another session holds get the same answer. */
+    if (!acts_as(sess, job, js->rank))
+        return not_held(job, js->rank);
+    if (!rank_peek(job, js->rank)->joined) /* an admin acting for a rank */
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined (world %u)",
+                            job->name, js->rank, job->world);
     if (job->recovering)
         return ferry_errorf(FERRY_ERR_BUSY,
                             "job '%s' is rolling back to a checkpoint (a rank or server "
@@ -220,9 +337,6 @@ static ferry_status job_of(ferry__ps_jobs *j, const Ferry__V1__JobStep *js, ferr
                             job->name);
     if (job->failed[0] != '\0')
         return ferry_errorf(FERRY_ERR_TIMEOUT, "%s", job->failed);
-    if (js->rank >= job->world || !job->ranks[js->rank].joined)
-        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined (world %u)",
-                            job->name, js->rank, job->world);
     if (js->step == 0)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "job '%s': rank %u sent job step 0 (steps count "
@@ -234,7 +348,7 @@ static ferry_status job_of(ferry__ps_jobs *j, const Ferry__V1__JobStep *js, ferr
     return FERRY_OK;
 }
 
-/* ---- Join ---- */
+/* ---- Job: membership ---- */
 
 static int job_name_ok(const char *s) {
     size_t n = strlen(s);
@@ -295,39 +409,177 @@ static int model_diff(const char *job, const char *mine, char *buf, size_t cap) 
     return 0;
 }
 
-static ferry_status parse_sync(const char *s, ferry__ps_sync *out) {
-    if (strcmp(s, "bsp") == 0)
-        *out = FERRY__PS_BSP;
-    else if (strcmp(s, "ssp") == 0)
-        *out = FERRY__PS_SSP;
-    else if (strcmp(s, "async") == 0)
-        *out = FERRY__PS_ASYNC;
-    else
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "Join: unknown sync mode '%.32s' (bsp | ssp | async)", s);
+/* The model keys as one "k=v k=v" string, each key and value checked: keys of
+ * [A-Za-z0-9_.-] up to 63 bytes, each once, values of printable non-space bytes up to
+ * 127, at most JOB_MODEL_KEYS. */
+static ferry_status model_text(const Ferry__V1__JobMember *mb, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = '\0';
+    if (mb->n_model > JOB_MODEL_KEYS)
+        return ferry_errorf(FERRY_ERR_INVALID, "Job: a model of %zu keys (at most %d)", mb->n_model,
+                            JOB_MODEL_KEYS);
+    for (size_t i = 0; i < mb->n_model; i++) {
+        const char *k = mb->model[i]->key, *v = mb->model[i]->value;
+        size_t kl = strlen(k), vl = strlen(v);
+        int ok = kl > 0 && kl < 64 && vl < 128 &&
+                 strspn(k, "abcdefghijklmnopqrstuvwxyz"
+                           "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                           "0123456789_.-") == kl;
+        for (size_t c = 0; ok && c < vl; c++)
+            ok = v[c] > ' ' && v[c] <= '~';
+        for (size_t x = 0; ok && x < i; x++)
+            ok = strcmp(mb->model[x]->key, k) != 0;
+        if (!ok)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "Job: model key %zu ('%.63s'): keys of 1..63 bytes of "
+                                "[A-Za-z0-9_.-], each once, values of up to 127 printable bytes "
+                                "without spaces",
+                                i, k);
+        int w = snprintf(out + n, cap - n, "%s%s=%s", n ? " " : "", k, v);
+        if (w < 0 || (size_t)w >= cap - n)
+            return ferry_errorf(FERRY_ERR_INVALID, "Job: the model signature is over %zu bytes",
+                                cap - 1);
+        n += (size_t)w;
+    }
     return FERRY_OK;
 }
 
-static ferry_status job_create(ferry__ps_jobs *j, const Ferry__V1__JoinRequest *q, ferry__ps_sync sync,
-                               ferry__ps_job **out) {
+static const char *sync_mode_name(Ferry__V1__SyncMode m) {
+    return m == FERRY__V1__SYNC_MODE__BSP   ? "bsp"
+           : m == FERRY__V1__SYNC_MODE__SSP ? "ssp"
+                                            : "async";
+}
+
+static ferry_status parse_sync(Ferry__V1__SyncMode m, ferry__ps_sync *out) {
+    switch (m) {
+    case FERRY__V1__SYNC_MODE__BSP:
+        *out = FERRY__PS_BSP;
+        return FERRY_OK;
+    case FERRY__V1__SYNC_MODE__SSP:
+        *out = FERRY__PS_SSP;
+        return FERRY_OK;
+    case FERRY__V1__SYNC_MODE__ASYNC:
+        *out = FERRY__PS_ASYNC;
+        return FERRY_OK;
+    default:
+        return ferry_errorf(FERRY_ERR_INVALID, "Job: unknown sync mode %d (BSP | SSP | ASYNC)",
+                            (int)m);
+    }
+}
+
+/* A member description, checked: world, rank, sync mode, model. */
+static ferry_status member_check(const Ferry__V1__JobMember *mb, ferry__ps_sync *sync, char *model,
+                                 size_t cap) {
+    if (mb == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "Job: join and recover need `member`");
+    if (mb->world < 1 || mb->world > JOB_MAX_WORLD)
+        return ferry_errorf(FERRY_ERR_INVALID, "Job: world %u outside [1, %d]", mb->world,
+                            JOB_MAX_WORLD);
+    if (mb->rank >= mb->world)
+        return ferry_errorf(FERRY_ERR_INVALID, "Job: rank %u outside [0, %u) (world %u)", mb->rank,
+                            mb->world, mb->world);
+    ferry_status st = parse_sync(mb->sync, sync);
+    return st == FERRY_OK ? model_text(mb, model, cap) : st;
+}
+
+static ferry_status job_create(ferry__ps_jobs *j, const ferry__ps_session *sess, const char *name,
+                               const Ferry__V1__JobMember *mb, ferry__ps_sync sync,
+                               const char *model, ferry__ps_job **out) {
+    const char *owner = sess->identity;
+    if (j->count >= j->lim->jobs)
+        return ferry_errorf(FERRY_ERR_RESOURCE,
+                            "job '%s': %d jobs are held, the most this server holds (--max-jobs); "
+                            "finished and abandoned ones are freed after %g s",
+                            name, j->count, j->ttl_s);
+    ferry_status st = sess->quota == NULL
+                          ? FERRY_OK
+                          : ferry__ps_quota_take(&sess->quota->jobs, j->lim->id_jobs, "jobs", owner,
+                                                 "--max-jobs-per-identity");
+    if (st != FERRY_OK)
+        return st;
+    size_t nchunks = (mb->world + JOB_CHUNK - 1) / JOB_CHUNK;
     ferry__ps_job *job = calloc(1, sizeof *job);
-    if (job == NULL || (job->ranks = calloc(q->world, sizeof *job->ranks)) == NULL) {
+    if (job == NULL || (job->chunks = calloc(nchunks, sizeof *job->chunks)) == NULL) {
         free(job);
+        if (sess->quota != NULL)
+            atomic_fetch_sub(&sess->quota->jobs, 1);
         return FERRY_ERR_NOMEM;
     }
-    (void)snprintf(job->name, sizeof job->name, "%s", q->job);
-    job->world = q->world;
+    job->quota = sess->quota;
+    job->bytes = (int64_t)(sizeof *job + nchunks * sizeof *job->chunks);
+    j->bytes += job->bytes;
+    j->count++;
+    job->idle_since = ferry_now();
+    (void)snprintf(job->name, sizeof job->name, "%s", name);
+    (void)snprintf(job->owner, sizeof job->owner, "%s", owner);
+    job->world = mb->world;
     job->sync = sync;
-    job->K = sync == FERRY__PS_SSP ? q->staleness : 0;
-    job->wait_s = q->sync_timeout_ms > 0 ? q->sync_timeout_ms / 1000.0 : JOB_DEFAULT_WAIT_S;
-    (void)snprintf(job->model, sizeof job->model, "%s", q->model);
+    job->K = sync == FERRY__PS_SSP ? mb->staleness : 0;
+    job->wait_s = mb->sync_timeout_ms > 0 ? mb->sync_timeout_ms / 1000.0 : JOB_DEFAULT_WAIT_S;
+    (void)snprintf(job->model, sizeof job->model, "%s", model);
     job->next = j->list;
     j->list = job;
-    char st[32];
-    sync_text(job, st, sizeof st);
-    FERRY_LOG_INFO("job '%s': world %u, %s, sync timeout %.1f s", job->name, job->world, st,
-                   job->wait_s);
+    char mode[32];
+    sync_text(job, mode, sizeof mode);
+    FERRY_LOG_INFO("job '%s' of '%s': world %u, %s, sync timeout %.1f s", job->name, job->owner,
+                   job->world, mode, job->wait_s);
     *out = job;
+    return FERRY_OK;
+}
+
+/* The job as a member describes it agrees with the job here: world, sync mode, model. */
+static ferry_status member_agrees(const ferry__ps_job *job, const Ferry__V1__JobMember *mb,
+                                  ferry__ps_sync sync, const char *model) {
+    char why[512];
+    if (job->world != mb->world)
+        return ferry_errorf(FERRY_ERR_EXISTS,
+                            "job '%s' has world %u; this trainer says world %u (--world)",
+                            job->name, job->world, mb->world);
+    if (job->sync != sync || job->K != (sync == FERRY__PS_SSP ? mb->staleness : 0)) {
+        char have[32];
+        sync_text(job, have, sizeof have);
+        return ferry_errorf(FERRY_ERR_EXISTS, "job '%s' runs --sync %s; this trainer asks %s%s%.0u",
+                            job->name, have, sync_mode_name(mb->sync),
+                            sync == FERRY__PS_SSP ? ":" : "",
+                            sync == FERRY__PS_SSP ? mb->staleness : 0u);
+    }
+    if (model_diff(job->model, model, why, sizeof why))
+        return ferry_errorf(FERRY_ERR_EXISTS, "model differs from job '%s': %s", job->name, why);
+    return FERRY_OK;
+}
+
+/* Rank r for session sess: free, its own already, or held by a session that has ended
+ * or lost its Session stream (its trainer died: the rank is taken over). A rank held by
+ * a live session stays with it. An admin's session never takes a rank over (it acts
+ * for a rank without holding it). jobs->mu held. */
+static ferry_status rank_claim(ferry__ps_state *ps, ferry__ps_job *job, uint32_t r,
+                               const ferry__ps_session *sess, int *taken) {
+    const job_rank *k = rank_peek(job, r);
+    *taken = 0;
+    if (k->joined && k->sess == sess->serial)
+        return FERRY_OK;
+    /* A session is one trainer: it holds at most one rank of a job (so a job's ranks,
+     * and its memory, cost as many sessions as there are ranks). */
+    for (uint32_t x = rank_skip(job, 0); x < job->world && !sess->authority;
+         x = rank_skip(job, x + 1)) {
+        const job_rank *o = rank_peek(job, x);
+        if (x != r && o->joined && o->sess == sess->serial)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "job '%s': this session holds rank %u already (a session holds "
+                                "one rank of a job)",
+                                job->name, x);
+    }
+    if (!k->joined)
+        return FERRY_OK;
+    if (k->sess != 0 && ferry__ps_session_holds(&ps->sessions, k->sess)) {
+        if (sess->authority && strcmp(sess->identity, job->owner) != 0)
+            return FERRY_OK; /* an admin acting for the rank: the holder keeps it */
+        return ferry_errorf(FERRY_ERR_EXISTS,
+                            "rank %u of job '%s' is held by another live session (two trainers "
+                            "with one --rank?)",
+                            r, job->name);
+    }
+    *taken = 1;
     return FERRY_OK;
 }
 
@@ -341,24 +593,39 @@ static void job_file_prefix(const char *job, char *out, size_t cap) {
             *p = '_';
 }
 
-/* probe: this server's complete checkpoints of the job, and where its copy is. */
-static ferry_status job_probe(ferry__ps_state *ps, const Ferry__V1__JoinRequest *q,
+/* probe: this server's complete checkpoints of the job, and where its copy is. A job
+ * unknown here is probed among the caller's identity's checkpoint files. */
+static ferry_status job_probe(ferry__ps_state *ps, const ferry__ps_session *sess, const char *name,
                               ferry_rpc_msg *reply) {
     uint64_t *steps = NULL;
     size_t n = 0;
-    char prefix[FERRY_RPC_NAME_MAX];
-    job_file_prefix(q->job, prefix, sizeof prefix);
+    char prefix[FERRY_RPC_NAME_MAX], owner[FERRY_RPC_IDENTITY_MAX];
+    job_file_prefix(name, prefix, sizeof prefix);
+    pthread_mutex_lock(&ps->jobs.mu);
+    ferry__ps_job *job = job_find(&ps->jobs, name);
+    int mine = job == NULL || ferry__ps_may_use(sess, job->owner);
+    (void)snprintf(owner, sizeof owner, "%s", job != NULL ? job->owner : sess->identity);
+    pthread_mutex_unlock(&ps->jobs.mu);
+    if (!mine)
+        return not_yours(name);
     ferry_status st = FERRY_OK;
     if (ps->checkpoint_dir[0] != '\0')
-        st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, prefix, &steps, &n);
+        st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, &ps->manifest, prefix,
+                                            job == NULL && sess->authority ? NULL : owner, &steps,
+                                            &n);
     if (st != FERRY_OK)
         return st;
-    Ferry__V1__JoinReply r;
-    ferry__v1__join_reply__init(&r);
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
     r.checkpoints = steps;
     r.n_checkpoints = n;
     pthread_mutex_lock(&ps->jobs.mu);
-    ferry__ps_job *job = job_find(&ps->jobs, q->job);
+    job = job_find(&ps->jobs, name); /* looked up again: it may have been made meanwhile */
+    if (job != NULL && !ferry__ps_may_use(sess, job->owner)) {
+        pthread_mutex_unlock(&ps->jobs.mu);
+        free(steps);
+        return not_yours(name);
+    }
     if (job != NULL && job->sync == FERRY__PS_BSP && job->applied > 0) {
         r.has_state = 1;
         r.state_step = job->applied;
@@ -386,53 +653,80 @@ static void steps_text(const uint64_t *s, size_t n, char *buf, size_t cap) {
         (void)snprintf(buf, cap, "none");
 }
 
+/* The intersection of the steps the ranks offered so far with a newly arrived rank's
+ * offer, in place: sorted, then merged, n log n in what was sent. */
+static int cmp_step(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static ferry_status rec_offer(ferry__ps_job *job, const uint64_t *offer, size_t n) {
+    uint64_t *mine = malloc((n ? n : 1) * sizeof *mine);
+    if (mine == NULL)
+        return FERRY_ERR_NOMEM;
+    if (n > 0) /* an empty repeated field is a NULL array */
+        memcpy(mine, offer, n * sizeof *mine);
+    qsort(mine, n, sizeof *mine, cmp_step);
+    if (job->rec_arrived == 0) {
+        free(job->rec_set);
+        job->rec_set = mine;
+        job->rec_n = n;
+        return FERRY_OK;
+    }
+    size_t a = 0, b = 0, m = 0;
+    while (a < job->rec_n && b < n) {
+        if (job->rec_set[a] < mine[b])
+            a++;
+        else if (mine[b] < job->rec_set[a])
+            b++;
+        else {
+            job->rec_set[m++] = job->rec_set[a];
+            a++, b++;
+        }
+    }
+    job->rec_n = m;
+    free(mine);
+    return FERRY_OK;
+}
+
 /* recover: a barrier of all ranks; the last one rolls the job back. Called with
  * jobs->mu held. */
 static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
-                                const Ferry__V1__JoinRequest *q, ferry_rpc_msg *reply) {
-    job_rank *k = &job->ranks[q->rank];
+                                const ferry__ps_session *sess, const Ferry__V1__JobRecover *q,
+                                int taken, ferry_rpc_msg *reply) {
+    uint32_t rank = q->member->rank;
+    job_rank *k = rank_make(&ps->jobs, job, rank);
+    if (k == NULL)
+        return FERRY_ERR_NOMEM;
     if (!job->recovering) {
         char why[256];
         (void)snprintf(why, sizeof why,
                        "job '%s' is rolling back to a checkpoint (rank %u recovers): recover too",
-                       job->name, q->rank);
-        FERRY_LOG_WARN("job '%s': rank %u asks to roll back (%s); waiting for all %u ranks",
-                       job->name, q->rank, q->client_id, job->world);
+                       job->name, rank);
+        FERRY_LOG_WARN("job '%s': rank %u asks to roll back; waiting for all %u ranks", job->name,
+                       rank, job->world);
         job_fail_waiters(job, FERRY_ERR_BUSY, why);
         agg_free(job);
         job->recovering = 1;
         job->rec_since = ferry_now();
     }
     if (k->rec != NULL) { /* a retry from the same rank replaces its first call */
-        (void)ferry_errorf(FERRY_ERR_BUSY, "replaced by a newer recover call of rank %u", q->rank);
+        (void)ferry_errorf(FERRY_ERR_BUSY, "replaced by a newer recover call of rank %u", rank);
         ferry_rpc_pending_finish(k->rec, FERRY_ERR_BUSY, NULL);
         k->rec = NULL;
     }
     /* The steps every rank offered: the intersection. */
     if (!k->rec_arrived) {
-        if (job->rec_arrived == 0) {
-            job->rec_set = malloc((q->n_checkpoints ? q->n_checkpoints : 1) * sizeof(uint64_t));
-            if (job->rec_set == NULL)
-                return FERRY_ERR_NOMEM;
-            if (q->n_checkpoints > 0) /* an empty repeated field is a NULL array */
-                memcpy(job->rec_set, q->checkpoints, q->n_checkpoints * sizeof(uint64_t));
-            job->rec_n = q->n_checkpoints;
-        } else {
-            size_t m = 0;
-            for (size_t i = 0; i < job->rec_n; i++) {
-                for (size_t x = 0; x < q->n_checkpoints; x++) {
-                    if (q->checkpoints[x] == job->rec_set[i]) {
-                        job->rec_set[m++] = job->rec_set[i];
-                        break;
-                    }
-                }
-            }
-            job->rec_n = m;
-        }
+        ferry_status st = rec_offer(job, q->checkpoints, q->n_checkpoints);
+        if (st != FERRY_OK)
+            return st;
         k->rec_arrived = 1;
         job->rec_arrived++;
     }
-    (void)snprintf(k->rec_client, sizeof k->rec_client, "%s", q->client_id);
+    /* Who holds the rank after the roll-back: this session, unless an admin acts for
+     * a rank that a live session of the owner holds. */
+    k->rec_sess =
+        taken || !k->joined || k->sess == sess->serial || !sess->authority ? sess->serial : k->sess;
     if (job->rec_arrived < job->world) {
         ferry_rpc_pending *p = ferry_rpc_defer(reply);
         if (p == NULL)
@@ -445,15 +739,15 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     size_t nmine = 0;
     char prefix[FERRY_RPC_NAME_MAX], why[600], a[200], b[200];
     job_file_prefix(job->name, prefix, sizeof prefix);
-    ferry_status st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, prefix, &mine, &nmine);
+    ferry_status st = ferry__ps_checkpoint_job_steps(ps->checkpoint_dir, &ps->manifest, prefix,
+                                                     job->owner, &mine, &nmine);
     uint64_t best = 0;
     int have = 0;
-    for (size_t i = 0; st == FERRY_OK && i < job->rec_n; i++) {
-        for (size_t x = 0; x < nmine; x++) {
-            if (mine[x] == job->rec_set[i] && (!have || mine[x] > best)) {
-                best = mine[x];
-                have = 1;
-            }
+    for (size_t i = 0; st == FERRY_OK && i < nmine; i++) { /* both ascending: merge */
+        uint64_t s = mine[i];
+        if (bsearch(&s, job->rec_set, job->rec_n, sizeof s, cmp_step) != NULL) {
+            best = s;
+            have = 1;
         }
     }
     char file[FERRY_RPC_NAME_MAX + 48], path[1024 + FERRY_RPC_NAME_MAX + 64];
@@ -470,7 +764,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         (void)snprintf(file, sizeof file, "%s-step%llu.ckpt", prefix, (unsigned long long)best);
         (void)snprintf(path, sizeof path, "%s/%s", ps->checkpoint_dir, file);
         pthread_mutex_lock(&ps->checkpoint_mu);
-        st = ferry__ps_checkpoint_read(&ps->reg, path, NULL);
+        st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, path, NULL);
         ps->ck_done[0] = '\0'; /* parameters rolled back: no Checkpoint is a repeat now */
         pthread_mutex_unlock(&ps->checkpoint_mu);
     }
@@ -480,14 +774,15 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         rec_fail(job, st, why);
         return ferry_errorf(st, "%s", why);
     }
-    /* Every rank is a member again, at step `best`. */
+    /* Every rank is a member again, at step `best`, held by the session that recovered
+     * it. */
     for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *w = &job->ranks[r];
+        job_rank *w = rank_get(job, r); /* every rank arrived: its chunk exists */
         w->joined = 1;
         w->left = 0;
         w->steps = best;
         w->arrived = 0;
-        (void)snprintf(w->client, sizeof w->client, "%s", w->rec_client);
+        w->sess = w->rec_sess;
     }
     job->joined = job->world;
     job->ready = 1;
@@ -504,15 +799,16 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     FERRY_LOG_WARN("job '%s' rolled back to step %llu (%s) after %.1f s; all %u ranks resume",
                    job->name, (unsigned long long)best, path, ferry_now() - job->rec_since,
                    job->world);
-    Ferry__V1__JoinReply r;
-    ferry__v1__join_reply__init(&r);
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
     r.ready = 1;
     r.joined = job->world;
+    r.world = job->world;
     r.min_step = best;
     r.resume_step = best;
     r.resume_file = file;
     for (uint32_t x = 0; x < job->world; x++) {
-        job_rank *w = &job->ranks[x];
+        job_rank *w = rank_get(job, x);
         if (w->rec == NULL)
             continue;
         ferry_rpc_msg m;
@@ -523,7 +819,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     }
     st = ferry_rpc_msg_set_head(reply, &r.base);
     for (uint32_t x = 0; x < job->world; x++)
-        job->ranks[x].rec_arrived = 0;
+        rank_get(job, x)->rec_arrived = 0;
     job->recovering = 0;
     job->rec_arrived = 0;
     free(job->rec_set);
@@ -537,122 +833,268 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
 static void job_leave(ferry__ps_job *job, uint32_t rank);
 static void ssp_release(ferry__ps_job *job);
 
-ferry_status ferry__ps_on_join(ferry__ps_state *ps, const Ferry__V1__JoinRequest *q, ferry_rpc_msg *req,
-                               ferry_rpc_msg *reply) {
-    (void)req;
-    ferry__ps_sync sync = FERRY__PS_BSP;
-    ferry_status st;
-    if (!job_name_ok(q->job))
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "Join: job name must be 1..%d bytes of [A-Za-z0-9_.:/-]",
-                            FERRY_RPC_NAME_MAX - 1);
-    if (q->world < 1 || q->world > JOB_MAX_WORLD)
-        return ferry_errorf(FERRY_ERR_INVALID, "Join: world %u outside [1, %d]", q->world,
-                            JOB_MAX_WORLD);
-    if (q->rank >= q->world)
-        return ferry_errorf(FERRY_ERR_INVALID, "Join: rank %u outside [0, %u) (world %u)", q->rank,
-                            q->world, q->world);
-    if ((st = parse_sync(q->sync, &sync)) != FERRY_OK)
+/* The job's state into a reply (join, ready, leave, status). jobs->mu held. */
+static void state_reply(const ferry__ps_job *job, Ferry__V1__JobReply *r) {
+    r->ready = job->ready;
+    r->joined = job->joined;
+    r->world = job->world;
+    r->finished = job->finished;
+    r->min_step = job_min_steps(job, NULL);
+}
+
+/* checkpoint: the job's checkpoint of a step, written outside the jobs lock. */
+static ferry_status job_checkpoint(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                   const char *name, const Ferry__V1__JobCheckpoint *q,
+                                   ferry_rpc_msg *reply) {
+    char owner[FERRY_RPC_IDENTITY_MAX], file[FERRY_RPC_NAME_MAX + 48];
+    pthread_mutex_lock(&ps->jobs.mu);
+    ferry__ps_job *job = job_find(&ps->jobs, name);
+    ferry_status st = FERRY_OK;
+    if (job == NULL)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%.63s' is unknown here (Join it first)", name);
+    else if (!ferry__ps_may_use(sess, job->owner))
+        st = not_yours(name);
+    else if (q->rank >= job->world || !acts_as(sess, job, q->rank))
+        st = not_held(job, q->rank);
+    else if (q->incarnation != 0 && q->incarnation != ps->incarnation)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND,
+                          "this ferry-ps restarted: it is incarnation %016llx, the caller's "
+                          "step ran against %016llx (its state is a restored one)",
+                          (unsigned long long)ps->incarnation, (unsigned long long)q->incarnation);
+    if (st == FERRY_OK) {
+        (void)snprintf(owner, sizeof owner, "%s", job->owner);
+        char prefix[FERRY_RPC_NAME_MAX];
+        job_file_prefix(name, prefix, sizeof prefix);
+        (void)snprintf(file, sizeof file, "%s-step%llu.ckpt", prefix, (unsigned long long)q->step);
+    }
+    pthread_mutex_unlock(&ps->jobs.mu);
+    if (st != FERRY_OK)
         return st;
-    int action = q->action[0] == '\0' || strcmp(q->action, "join") == 0 ? 0
-                 : strcmp(q->action, "ready") == 0                      ? 1
-                 : strcmp(q->action, "leave") == 0                      ? 2
-                 : strcmp(q->action, "probe") == 0                      ? 3
-                 : strcmp(q->action, "recover") == 0                    ? 4
-                                                                        : -1;
-    if (action < 0)
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "Join: unknown action '%.32s' (join | ready | leave | probe | recover)",
-                            q->action);
-    if (action == 3)
-        return job_probe(ps, q, reply);
-    if (action == 4 && ps->checkpoint_dir[0] == '\0')
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "job '%s' cannot roll back here: this ferry-ps has no --checkpoint-dir",
-                            q->job);
+    char path[1280];
+    uint64_t bytes = 0;
+    if ((st = ferry__ps_checkpoint_named(ps, file, owner, q->step, path, sizeof path, &bytes)) !=
+        FERRY_OK)
+        return st;
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
+    r.checkpoint_path = path;
+    r.checkpoint_bytes = bytes;
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+/* join, ready, leave, status and recover: under the jobs lock. */
+static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                    const Ferry__V1__JobRequest *q, ferry_rpc_msg *reply) {
+    const Ferry__V1__JobMember *mb = q->action_case == FERRY__V1__JOB_REQUEST__ACTION_JOIN
+                                         ? (q->join != NULL ? q->join->member : NULL)
+                                     : q->action_case == FERRY__V1__JOB_REQUEST__ACTION_RECOVER
+                                         ? (q->recover != NULL ? q->recover->member : NULL)
+                                         : NULL;
+    int joining = q->action_case == FERRY__V1__JOB_REQUEST__ACTION_JOIN;
+    int recovering = q->action_case == FERRY__V1__JOB_REQUEST__ACTION_RECOVER;
+    ferry__ps_sync sync = FERRY__PS_BSP;
+    char *model = NULL;
+    ferry_status st = FERRY_OK;
+    if (joining || recovering) {
+        if ((model = malloc(JOB_MODEL_MAX)) == NULL)
+            return FERRY_ERR_NOMEM;
+        st = member_check(mb, &sync, model, JOB_MODEL_MAX);
+    }
+    if (st != FERRY_OK) {
+        free(model);
+        return st;
+    }
     ferry__ps_jobs *j = &ps->jobs;
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = job_find(j, q->job);
-    if (job == NULL && action != 0 && action != 4)
+    if (job == NULL && !joining && !recovering)
         st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here (Join it first)", q->job);
-    else if (job == NULL)
-        st = job_create(j, q, sync, &job);
-    if (st == FERRY_OK && action == 4 && j->stopped)
+    else if (job == NULL && j->stopped)
         st = ferry_errorf(FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
-    char why[512];
-    if (st == FERRY_OK && job->world != q->world)
-        st = ferry_errorf(FERRY_ERR_EXISTS,
-                          "job '%s' has world %u; this trainer says world %u (--world)", job->name,
-                          job->world, q->world);
-    if (st == FERRY_OK &&
-        (job->sync != sync || job->K != (sync == FERRY__PS_SSP ? q->staleness : 0))) {
-        char have[32];
-        sync_text(job, have, sizeof have);
-        st = ferry_errorf(FERRY_ERR_EXISTS, "job '%s' runs --sync %s; this trainer asks %s%s%.0u",
-                          job->name, have, q->sync, sync == FERRY__PS_SSP ? ":" : "",
-                          sync == FERRY__PS_SSP ? q->staleness : 0u);
+    else if (job == NULL && recovering && ps->checkpoint_dir[0] == '\0') /* nothing made */
+        st = ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                          "job '%s' cannot roll back here: this ferry-ps has no --checkpoint-dir",
+                          q->job);
+    else if (job == NULL)
+        st = job_create(j, sess, q->job, mb, sync, model, &job);
+    else if (!ferry__ps_may_use(sess, job->owner))
+        st = not_yours(q->job);
+    else if (joining && job->finished) { /* a new run of the name (e.g. --load): anew */
+        FERRY_LOG_INFO("job '%s' of '%s': finished earlier (all %u ranks left); a join starts "
+                       "it anew",
+                       job->name, job->owner, job->world);
+        job_drop(j, job, FERRY_ERR_NOT_FOUND, "the job finished");
+        st = job_create(j, sess, q->job, mb, sync, model, &job);
     }
-    if (st == FERRY_OK && model_diff(job->model, q->model, why, sizeof why))
-        st = ferry_errorf(FERRY_ERR_EXISTS, "model differs from job '%s': %s", job->name, why);
-    if (st == FERRY_OK && job->finished)
+    if (st == FERRY_OK && recovering && j->stopped)
+        st = ferry_errorf(FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
+
+    if (st == FERRY_OK && mb != NULL)
+        st = member_agrees(job, mb, sync, model);
+    free(model);
+    if (st == FERRY_OK && job->finished && !recovering &&
+        q->action_case != FERRY__V1__JOB_REQUEST__ACTION_STATUS)
         st = ferry_errorf(FERRY_ERR_INVALID,
-                          "job '%s' has finished (all %u ranks left); name a new --job or "
-                          "restart ferry-ps",
+                          "job '%s' has finished (all %u ranks left); a join starts it anew",
                           job->name, job->world);
-    if (st == FERRY_OK && job->failed[0] != '\0' && action != 2 && action != 4)
+    if (st == FERRY_OK && job->failed[0] != '\0' && !recovering &&
+        q->action_case != FERRY__V1__JOB_REQUEST__ACTION_LEAVE &&
+        q->action_case != FERRY__V1__JOB_REQUEST__ACTION_STATUS)
         /* a failed job's ranks leave, or roll it back */
         st = ferry_errorf(FERRY_ERR_TIMEOUT, "%s", job->failed);
-    job_rank *k = st == FERRY_OK ? &job->ranks[q->rank] : NULL;
-    if (st == FERRY_OK && action == 4) {
-        st = job_recover(ps, job, q, reply);
+    uint32_t rank = mb != NULL                                               ? mb->rank
+                    : q->action_case == FERRY__V1__JOB_REQUEST__ACTION_READY ? q->ready->rank
+                    : q->action_case == FERRY__V1__JOB_REQUEST__ACTION_LEAVE ? q->leave->rank
+                                                                             : 0;
+    int taken = 0;
+    if (st == FERRY_OK && (joining || recovering))
+        st = rank_claim(ps, job, rank, sess, &taken);
+    if (st == FERRY_OK && recovering && ps->checkpoint_dir[0] == '\0')
+        st = ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                          "job '%s' cannot roll back here: this ferry-ps has no --checkpoint-dir",
+                          q->job);
+    if (st == FERRY_OK && recovering) {
+        if (taken)
+            FERRY_LOG_WARN("job '%s': rank %u taken over by a new session of '%s' (its last "
+                           "holder is gone)",
+                           job->name, rank, sess->identity);
+        st = job_recover(ps, job, sess, q->recover, taken, reply);
         pthread_mutex_unlock(&j->mu);
         return st;
     }
-    if (st == FERRY_OK && action == 0) {
+    job_rank *k = st == FERRY_OK && rank < job->world
+                      ? (joining ? rank_make(j, job, rank) : rank_get(job, rank))
+                      : NULL;
+    if (st == FERRY_OK && joining && k == NULL)
+        st = FERRY_ERR_NOMEM;
+    if (st == FERRY_OK && joining) {
         if (k->joined && k->left)
-            st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished", q->rank,
+            st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished", rank,
                               job->name);
-        else if (k->joined && strcmp(k->client, q->client_id) != 0)
-            st = ferry_errorf(FERRY_ERR_EXISTS,
-                              "rank %u of job '%s' is already held by %s (two trainers with "
-                              "one --rank?)",
-                              q->rank, job->name, k->client);
-        else if (!k->joined) {
+        else if (!k->joined || taken) {
+            if (!k->joined)
+                job->joined++;
             k->joined = 1;
-            (void)snprintf(k->client, sizeof k->client, "%s", q->client_id);
-            job->joined++;
-            FERRY_LOG_INFO("job '%s': rank %u joined (%s), %u of %u", job->name, q->rank,
-                           q->client_id, job->joined, job->world);
+            if (!sess->authority || strcmp(sess->identity, job->owner) == 0 || taken)
+                k->sess = sess->serial;
+            FERRY_LOG_INFO("job '%s': rank %u %s (session #%llu), %u of %u", job->name, rank,
+                           taken ? "taken over by a new session" : "joined",
+                           (unsigned long long)sess->serial, job->joined, job->world);
         }
-    } else if (st == FERRY_OK) {
-        if (!k->joined || strcmp(k->client, q->client_id) != 0)
-            st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': %s from rank %u, which %s joined",
-                              job->name, q->action, q->rank,
-                              k->joined ? "another client" : "has not");
-        else if (action == 1 && q->rank != 0)
+    } else if (st == FERRY_OK && q->action_case != FERRY__V1__JOB_REQUEST__ACTION_STATUS) {
+        if (rank >= job->world)
+            st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u outside [0, %u)", job->name,
+                              rank, job->world);
+        else if (!acts_as(sess, job, rank))
+            st = not_held(job, rank);
+        else if (!k->joined) /* an admin acting for a rank */
+            st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined", job->name,
+                              rank);
+        else if (q->action_case == FERRY__V1__JOB_REQUEST__ACTION_READY && rank != 0)
             st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': only rank 0 says ready", job->name);
-        else if (action == 1)
+        else if (q->action_case == FERRY__V1__JOB_REQUEST__ACTION_READY)
             job->ready = 1;
         else if (!k->left)
-            job_leave(job, q->rank);
+            job_leave(job, rank);
     }
-    Ferry__V1__JoinReply r;
-    ferry__v1__join_reply__init(&r);
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
+    if (st == FERRY_OK)
+        state_reply(job, &r);
+    pthread_mutex_unlock(&j->mu);
+    return st != FERRY_OK ? st : ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+/* drop: the owner (or an admin) ends the job here at once; its waiting calls fail. */
+static ferry_status job_drop_call(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                  const char *name, ferry_rpc_msg *reply) {
+    ferry__ps_jobs *j = &ps->jobs;
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = job_find(j, name);
+    ferry_status st = job == NULL
+                          ? ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here", name)
+                      : !ferry__ps_may_use(sess, job->owner) ? not_yours(name)
+                                                             : FERRY_OK;
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
     if (st == FERRY_OK) {
-        r.ready = job->ready;
+        char why[FERRY_RPC_NAME_MAX + 64];
+        (void)snprintf(why, sizeof why, "job '%s' was dropped", job->name);
+        FERRY_LOG_WARN("job '%s' of '%s' dropped by '%s' (%u of %u ranks joined)", job->name,
+                       job->owner, sess->identity, job->joined, job->world);
+        r.world = job->world;
         r.joined = job->joined;
-        r.min_step = job_min_steps(job, NULL);
+        job_drop(j, job, FERRY_ERR_BUSY, why);
     }
     pthread_mutex_unlock(&j->mu);
     return st != FERRY_OK ? st : ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
+                              const Ferry__V1__JobRequest *q, ferry_rpc_msg *req,
+                              ferry_rpc_msg *reply) {
+    (void)req;
+    if (!job_name_ok(q->job))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "Job: job name must be 1..%d bytes of [A-Za-z0-9_.:/-]",
+                            FERRY_RPC_NAME_MAX - 1);
+    switch (q->action_case) {
+    case FERRY__V1__JOB_REQUEST__ACTION_PROBE: {
+        ferry_status st = ferry__ps_session_probe_rate(&ps->sessions, sess);
+        return st != FERRY_OK ? st : job_probe(ps, sess, q->job, reply);
+    }
+    case FERRY__V1__JOB_REQUEST__ACTION_CHECKPOINT:
+        return job_checkpoint(ps, sess, q->job, q->checkpoint, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_DROP:
+        return job_drop_call(ps, sess, q->job, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_JOIN:
+    case FERRY__V1__JOB_REQUEST__ACTION_READY:
+    case FERRY__V1__JOB_REQUEST__ACTION_LEAVE:
+    case FERRY__V1__JOB_REQUEST__ACTION_RECOVER:
+    case FERRY__V1__JOB_REQUEST__ACTION_STATUS:
+        return job_member_call(ps, sess, q, reply);
+    default:
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "Job '%s': no action (join | ready | leave | probe | recover | "
+                            "checkpoint | status | drop)",
+                            q->job);
+    }
+}
+
+void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial) {
+    pthread_mutex_lock(&j->mu);
+    for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+            job_rank *k = rank_get(job, r);
+            if (k->sess != serial)
+                continue;
+            k->sess = 0; /* the rank waits for a new session of the owner */
+            FERRY_LOG_INFO("job '%s': the session holding rank %u ended", job->name, r);
+            (void)ferry_errorf(FERRY_ERR_UNAVAILABLE, "the session of rank %u ended", r);
+            if (k->gn != NULL) {
+                ferry_rpc_pending_finish(k->gn, FERRY_ERR_UNAVAILABLE, NULL);
+                k->gn = NULL;
+            }
+            if (k->sp != NULL) {
+                ferry_rpc_msg_deinit(&k->sp_reply);
+                ferry_rpc_pending_finish(k->sp, FERRY_ERR_UNAVAILABLE, NULL);
+                k->sp = NULL;
+            }
+            if (k->rec != NULL) {
+                ferry_rpc_pending_finish(k->rec, FERRY_ERR_UNAVAILABLE, NULL);
+                k->rec = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
 static void job_leave(ferry__ps_job *job, uint32_t rank) {
-    job_rank *k = &job->ranks[rank];
+    job_rank *k = rank_get(job, rank); /* it joined: its chunk exists */
     k->left = 1;
     uint32_t left = 0;
-    for (uint32_t r = 0; r < job->world; r++)
-        left += job->ranks[r].left;
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+        left += rank_peek(job, r)->left;
     FERRY_LOG_INFO("job '%s': rank %u left after %llu steps (%u of %u left)", job->name, rank,
                    (unsigned long long)k->steps, left, job->world);
     if (left == job->world) {
@@ -687,6 +1129,7 @@ static ferry__ps_ctx_mod *agg_entry(ferry__ps_job *job, ferry__ps_module *m) {
     e->mod = m;
     if (ferry_grads_init(&e->G, &m->P) != FERRY_OK)
         return NULL;
+    ferry__ps_module_ref(m); /* held until the step is applied */
     job->nagg++;
     return e;
 }
@@ -701,12 +1144,12 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
     job->agg_loss = job->agg_tokens = job->agg_sumsq = 0.0;
     job->agg_ck = 0;
     for (uint32_t r = 0; r < job->world && st == FERRY_OK; r++) {
-        job_rank *k = &job->ranks[r];
+        job_rank *k = rank_get(job, r); /* every rank arrived: its chunk exists */
         job->agg_ck |= k->ck;
         job->agg_loss += k->loss_sum;
         job->agg_tokens += k->tokens;
         ferry__ps_ctx *c;
-        if ((st = ferry__ps_ctx_acquire(t, k->ctx_id, 0, NULL, &c)) != FERRY_OK) {
+        if ((st = ferry__ps_ctx_acquire(t, k->ctx_sess, k->ctx_id, 0, &c)) != FERRY_OK) {
             char why[256];
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
             return ferry_errorf(st, "bsp step %llu: rank %u's context: %s",
@@ -762,29 +1205,30 @@ static void waiter_names(const ferry__ps_job *job, int arrived, char *buf, size_
     size_t n = 0;
     buf[0] = '\0';
     for (uint32_t r = 0; r < job->world && n + 24 < cap; r++) {
-        if ((job->ranks[r].arrived != 0) == arrived)
+        if ((rank_peek(job, r)->arrived != 0) == arrived)
             n += (size_t)snprintf(buf + n, cap - n, "%s%u", n ? ", " : "", r);
     }
     if (n == 0)
         (void)snprintf(buf, cap, "none");
 }
 
-ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
-                                     ferry_rpc_msg *reply) {
+ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *sess,
+                                     const Ferry__V1__GradNormRequest *q, ferry_rpc_msg *reply) {
     ferry__ps_jobs *j = &ps->jobs;
     const Ferry__V1__JobStep *js = q->job;
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = NULL;
-    ferry_status st = job_of(j, js, &job);
+    ferry_status st = job_of(j, sess, js, &job);
     if (st == FERRY_OK && job->sync != FERRY__PS_BSP) {
         pthread_mutex_unlock(&j->mu);
-        return ferry__ps_grad_norm_context(ps, q, reply);
+        return ferry__ps_grad_norm_context(ps, sess->serial, q, reply);
     }
     uint64_t s = js->step;
-    if (st == FERRY_OK && s == job->bsp_step && job->ranks[js->rank].arrived &&
-        job->ranks[js->rank].ctx_id == q->ctx_id) {
+    if (st == FERRY_OK && s == job->bsp_step && rank_peek(job, js->rank)->arrived &&
+        rank_peek(job, js->rank)->ctx_id == q->ctx_id &&
+        rank_peek(job, js->rank)->ctx_sess == sess->serial) {
         /* The same GradNorm again: a retry after its reply was lost or late. */
-        job_rank *k = &job->ranks[js->rank];
+        job_rank *k = rank_get(job, js->rank);
         if (job->bsp_complete) {
             st = bsp_reply(job, reply);
         } else {
@@ -809,8 +1253,11 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradN
                                              "empty)");
     if (st == FERRY_OK && !(s == job->bsp_step && !job->bsp_complete)) {
         if (s == job->bsp_step + 1 && job->applied == job->bsp_step) { /* opens step s */
-            for (uint32_t r = 0; r < job->world; r++)
-                job->ranks[r].arrived = 0;
+            for (uint32_t r = 0; r < job->world; r++) {
+                job_rank *w = rank_get(job, r);
+                if (w != NULL)
+                    w->arrived = 0;
+            }
             job->bsp_step = s;
             job->bsp_complete = 0;
             job->arrived = 0;
@@ -823,7 +1270,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradN
                               job->bsp_complete ? "summed, not applied yet" : "collecting");
         }
     }
-    job_rank *k = st == FERRY_OK ? &job->ranks[js->rank] : NULL;
+    job_rank *k = st == FERRY_OK ? rank_get(job, js->rank) : NULL; /* joined: it exists */
     if (st == FERRY_OK && k->arrived)
         st = ferry_errorf(FERRY_ERR_EXISTS, "bsp step %llu: rank %u sent GradNorm twice",
                           (unsigned long long)s, js->rank);
@@ -833,6 +1280,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradN
     }
     k->arrived = 1;
     k->ctx_id = q->ctx_id;
+    k->ctx_sess = sess->serial;
     k->loss_sum = js->loss_sum;
     k->tokens = js->tokens;
     k->ck = js->checkpoint;
@@ -862,8 +1310,8 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradN
     }
     double now = ferry_now();
     for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *w = &job->ranks[r];
-        if (w->gn == NULL)
+        job_rank *w = rank_get(job, r);
+        if (w == NULL || w->gn == NULL)
             continue;
         ferry_rpc_msg m;
         ferry_rpc_msg_init(&m);
@@ -936,7 +1384,7 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
             js->rank, (unsigned long long)s, job->name, (unsigned long long)job->applied,
             job->bsp_complete ? "summed" : "is collecting", (unsigned long long)job->bsp_step);
     }
-    job_rank *k = &job->ranks[js->rank];
+    job_rank *k = rank_get(job, js->rank); /* joined: it exists */
     k->steps = s > k->steps ? s : k->steps;
     Ferry__V1__StepReply r;
     ferry__v1__step_reply__init(&r);
@@ -968,8 +1416,8 @@ static void ssp_release(ferry__ps_job *job) {
     uint64_t min = job_min_steps(job, NULL);
     double now = ferry_now();
     for (uint32_t r = 0; r < job->world; r++) {
-        job_rank *k = &job->ranks[r];
-        if (k->sp == NULL || k->sp_step - min > job->K)
+        job_rank *k = rank_get(job, r);
+        if (k == NULL || k->sp == NULL || k->sp_step - min > job->K)
             continue;
         uint64_t lead = k->sp_step - min;
         job->max_lead = lead > job->max_lead ? lead : job->max_lead;
@@ -979,13 +1427,13 @@ static void ssp_release(ferry__ps_job *job) {
     }
 }
 
-ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
-                                ferry_rpc_msg *reply) {
+ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
+                                const Ferry__V1__StepRequest *q, ferry_rpc_msg *reply) {
     ferry__ps_jobs *j = &ps->jobs;
     const Ferry__V1__JobStep *js = q->job;
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = NULL;
-    ferry_status st = job_of(j, js, &job);
+    ferry_status st = job_of(j, sess, js, &job);
     if (st == FERRY_OK && job->sync == FERRY__PS_BSP)
         st = bsp_step(job, q, reply);
     if (st != FERRY_OK || job->sync == FERRY__PS_BSP) {
@@ -994,10 +1442,10 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__V1__StepReques
     }
     pthread_mutex_unlock(&j->mu);
     /* ssp, async: the rank's own gradients, now (jobs never go away while serving). */
-    if ((st = ferry__ps_step_context(ps, q, reply)) != FERRY_OK)
+    if ((st = ferry__ps_step_context(ps, sess->serial, q, reply)) != FERRY_OK)
         return st;
     pthread_mutex_lock(&j->mu);
-    job_rank *k = &job->ranks[js->rank];
+    job_rank *k = rank_get(job, js->rank); /* joined: it exists */
     k->steps = js->step > k->steps ? js->step : k->steps;
     if (job->sync == FERRY__PS_SSP) {
         uint64_t min = job_min_steps(job, NULL);
@@ -1030,16 +1478,55 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__V1__StepReques
 
 /* ---- time-outs, metrics ---- */
 
-void ferry__ps_jobs_expire(ferry__ps_jobs *j) {
+/* 1 when nothing keeps the job: finished or failed, or no live session holds a rank of
+ * it and no call waits on it. jobs->mu held. */
+static int job_idle(ferry__ps_jobs *j, ferry__ps_sessions *S, const ferry__ps_job *job) {
+    if (job->finished || job->failed[0] != '\0')
+        return 1;
+    if (job->recovering)
+        return 0;
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        const job_rank *k = rank_peek(job, r);
+        if (k->gn != NULL || k->sp != NULL || k->rec != NULL ||
+            (k->joined && k->sess != 0 && ferry__ps_session_holds(S, k->sess)))
+            return 0;
+    }
+    (void)j;
+    return 1;
+}
+
+/* Frees the jobs idle (job_idle) for longer than the jobs' TTL; jobs->mu held. */
+static void jobs_collect(ferry__ps_jobs *j, ferry__ps_sessions *S, double now) {
+    for (ferry__ps_job **pp = &j->list; *pp != NULL;) {
+        ferry__ps_job *job = *pp;
+        if (!job_idle(j, S, job)) {
+            job->idle_since = now;
+        } else if (now - job->idle_since > j->ttl_s) {
+            FERRY_LOG_INFO("job '%s' of '%s' freed: %s for %.0f s (--job-ttl)", job->name,
+                           job->owner,
+                           job->finished            ? "finished"
+                           : job->failed[0] != '\0' ? "failed"
+                                                    : "no live trainer held a rank",
+                           now - job->idle_since);
+            *pp = job->next;
+            job_free(j, job);
+            continue;
+        }
+        pp = &job->next;
+    }
+}
+
+void ferry__ps_jobs_expire(ferry__ps_jobs *j, ferry__ps_sessions *S) {
     pthread_mutex_lock(&j->mu);
     double now = ferry_now();
+    jobs_collect(j, S, now);
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
         if (job->recovering && now - job->rec_since > job->wait_s) {
             char missing[128], why[400];
             size_t n = 0;
             missing[0] = '\0';
             for (uint32_t r = 0; r < job->world && n + 24 < sizeof missing; r++) {
-                if (!job->ranks[r].rec_arrived)
+                if (!rank_peek(job, r)->rec_arrived)
                     n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%u", n ? ", " : "",
                                           r);
             }
@@ -1050,8 +1537,8 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j) {
             FERRY_LOG_WARN("%s", why);
             rec_fail(job, FERRY_ERR_TIMEOUT, why);
         }
-        for (uint32_t r = 0; r < job->world; r++) {
-            job_rank *k = &job->ranks[r];
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+            job_rank *k = rank_get(job, r);
             if (k->gn != NULL && now - k->wait_since > job->wait_s) {
                 char missing[128], arrived[128], why[400];
                 waiter_names(job, 0, missing, sizeof missing);
@@ -1081,10 +1568,21 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
-void ferry__ps_jobs_metrics(ferry__ps_jobs *j, ferry__ps_metric_fn add, void *user) {
+void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metric_fn add,
+                            void *user) {
     char name[FERRY_RPC_NAME_MAX + 32];
     pthread_mutex_lock(&j->mu);
+    add(user, "jobs", (double)j->count);
+    add(user, "job_bytes", (double)j->bytes);
+    int listed = 0, unlisted = 0;
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+        if (owner != NULL && strcmp(job->owner, owner) != 0)
+            continue;
+        if (listed == JOB_METRICS_MAX) { /* the page stays bounded whatever the count */
+            unlisted++;
+            continue;
+        }
+        listed++;
 #define JOB_METRIC(fmt, ...)                                                                       \
     do {                                                                                           \
         (void)snprintf(name, sizeof name, "job/%s/" fmt, job->name, __VA_ARGS__);                  \
@@ -1113,11 +1611,20 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, ferry__ps_metric_fn add, void *us
         }
         for (uint32_t r = 0; r < job->world && r < 64; r++) {
             JOB_METRIC("step/%u", r);
-            add(user, name, (double)job->ranks[r].steps);
+            add(user, name, (double)rank_peek(job, r)->steps);
             JOB_METRIC("waited_s/%u", r);
-            add(user, name, job->ranks[r].waited_s);
+            add(user, name, rank_peek(job, r)->waited_s);
         }
 #undef JOB_METRIC
     }
+    if (unlisted > 0)
+        add(user, "jobs_unlisted", (double)unlisted);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void ferry__ps_jobs_totals(ferry__ps_jobs *j, int64_t *count, int64_t *bytes) {
+    pthread_mutex_lock(&j->mu);
+    *count = j->count;
+    *bytes = j->bytes;
     pthread_mutex_unlock(&j->mu);
 }

@@ -225,8 +225,13 @@ static ferry_status stream_carry(lstm_impl *im, uint64_t key, uint64_t ctx, uint
 
 /* ---- Forward and Backward ---- */
 
-static int64_t iparam(const Ferry__V1__ForwardRequest *q, int i) {
-    return q != NULL && (size_t)i < q->n_iparams ? q->iparams[i] : 0;
+/* The call's arguments (ForwardRequest.lstm; absent: all zero). */
+static Ferry__V1__LstmForwardArgs lstm_args(const Ferry__V1__ForwardRequest *q) {
+    Ferry__V1__LstmForwardArgs a;
+    ferry__v1__lstm_forward_args__init(&a);
+    if (q != NULL && q->args_case == FERRY__V1__FORWARD_REQUEST__ARGS_LSTM && q->lstm != NULL)
+        a = *q->lstm;
+    return a;
 }
 
 static ferry_status state_input(const ferry__ps_module *m, ferry_rpc_msg *req, ferry_ctx *ctx,
@@ -282,9 +287,18 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
         LSTM_CTX_BYTES;
     if ((st = ferry__ps_scratch_check(m, scratch, "lstm activations")) != FERRY_OK)
         return st;
-    uint64_t key = (uint64_t)iparam(q, FERRY_WIRE_LSTM_STREAM);
-    int64_t flags = iparam(q, FERRY_WIRE_LSTM_FLAGS), win_T = iparam(q, FERRY_WIRE_LSTM_WINDOW_T),
-            t0 = iparam(q, FERRY_WIRE_LSTM_T0), off = iparam(q, FERRY_WIRE_LSTM_RNG_OFFSET);
+    if (q != NULL && q->args_case != FERRY__V1__FORWARD_REQUEST__ARGS__NOT_SET &&
+        q->args_case != FERRY__V1__FORWARD_REQUEST__ARGS_LSTM)
+        return ferry_errorf(FERRY_ERR_INVALID, "lstm '%s': Forward arguments of another kind",
+                            m->name);
+    Ferry__V1__LstmForwardArgs a = lstm_args(q);
+    uint64_t key = a.stream;
+    /* Window, start and offset come from the wire as uint64: kept below 2^62, so the
+     * sums below cannot wrap. */
+    const uint64_t lim = (uint64_t)1 << 62;
+    int64_t win_T = a.window_t < lim ? (int64_t)a.window_t : -1,
+            t0 = a.t0 < lim ? (int64_t)a.t0 : -1,
+            off = a.rng_offset < lim ? (int64_t)a.rng_offset : -1;
     if (win_T < 0 || t0 < 0 || off < 0 || (win_T > 0 && t0 + T > win_T))
         return ferry_errorf(FERRY_ERR_RANGE,
                             "lstm '%s': steps [%lld, %lld) outside the window of %lld, or a "
@@ -301,7 +315,7 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
     ferry_ctx *ctx = k->ctx;
     ferry_ctx_reset(ctx, q->ctx_id);
     ferry_ctx_set_training(ctx, training);
-    ferry_ctx_set_seed(ctx, (uint64_t)iparam(q, FERRY_WIRE_LSTM_SEED));
+    ferry_ctx_set_seed(ctx, a.seed);
     uint64_t s_seed, s_off;
     ferry_ctx_draw(ctx, off, &s_seed, &s_off); /* the group's masks start at off */
     if (win_T > 0)
@@ -323,7 +337,7 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
         if ((st = ferry_ctx_zeros(ctx, FERRY_DTYPE_F32, ferry_shape_3d(K, B, H), &k->h0)) ==
             FERRY_OK)
             st = ferry_ctx_zeros(ctx, FERRY_DTYPE_F32, ferry_shape_3d(K, B, H), &k->c0);
-        if (st == FERRY_OK && !(flags & FERRY_WIRE_LSTM_RESET))
+        if (st == FERRY_OK && !a.reset)
             st = stream_start(m, im, key, q->ctx_id, q->call_id, B, k->h0->data, k->c0->data);
     }
     if (st == FERRY_OK)
@@ -331,7 +345,7 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
     if (st == FERRY_OK && (st = put(reply, FERRY_WIRE_LSTM_FWD_Y, k->y)) == FERRY_OK &&
         (st = put(reply, FERRY_WIRE_LSTM_FWD_HN, k->hn)) == FERRY_OK)
         st = put(reply, FERRY_WIRE_LSTM_FWD_CN, k->cn);
-    if (st == FERRY_OK && (flags & FERRY_WIRE_LSTM_CARRY))
+    if (st == FERRY_OK && a.carry)
         st = stream_carry(im, key, q->ctx_id, q->call_id, B, k->h0->data, k->c0->data, k->hn->data,
                           k->cn->data);
     if (st != FERRY_OK || !training) {

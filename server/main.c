@@ -1,6 +1,7 @@
 /* main.c - ferry-ps: parses flags into a ferry_ps_config, then create, run (until
  * SIGINT, SIGTERM or a Shutdown call has drained the calls in flight), destroy.
- * Exit codes: 0 clean shutdown, 1 the server failed, 2 bad command line. */
+ * Exit codes: 0 clean shutdown, 1 the server failed, 2 bad command line; the last
+ * line says why (JSON with --log-format json). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,15 +66,35 @@ static int loopback(const char *listen) {
     return 0;
 }
 
-/* Reads the token and TLS files into cfg (their buffers in pem and tok), and
- * refuses a network address without TLS and a token unless told --insecure. */
+/* The metrics bearer token (NULL: /metrics open), refusing an open /metrics on a
+ * non-loopback address unless told --insecure. */
+static ferry_status metrics_security(const char *listen, const char *token_file, bool insecure,
+                                     char **token) {
+    *token = NULL;
+    if (token_file != NULL) {
+        ferry_status st = ferry_token_read(token_file, NULL, token);
+        if (st != FERRY_OK)
+            return st;
+    }
+    if (*token == NULL && !loopback(listen) && !insecure)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "--metrics-listen %s is not loopback: give --metrics-token-file (or "
+                            "--insecure on a network you trust)",
+                            listen);
+    return FERRY_OK;
+}
+
+/* The token files and TLS files into cfg (their buffers in pem, the table in ids and
+ * tab), refusing a network address without TLS and a token unless told --insecure.
+ * The token file is one token (identity "trainer") or a table of identities; the
+ * admin token file one token (identity "admin"). */
 static ferry_status security(ferry_ps_config *cfg, const char *token_file,
                              const char *admin_token_file, const char *tls_cert,
                              const char *tls_key, const char *tls_ca, bool insecure, char **pem,
-                             char **tok) {
+                             ferry_token_table *tab, char **admin, ferry_rpc_identity **ids) {
     ferry_status st;
-    if ((st = ferry_token_read(token_file, "FERRY_TOKEN_FILE", &tok[0])) != FERRY_OK ||
-        (st = ferry_token_read(admin_token_file, "FERRY_ADMIN_TOKEN_FILE", &tok[1])) != FERRY_OK)
+    if ((st = ferry_token_table_read(token_file, "FERRY_TOKEN_FILE", tab)) != FERRY_OK ||
+        (st = ferry_token_read(admin_token_file, "FERRY_ADMIN_TOKEN_FILE", admin)) != FERRY_OK)
         return st;
     if ((tls_cert != NULL) != (tls_key != NULL))
         return ferry_errorf(FERRY_ERR_INVALID, "--tls-cert and --tls-key go together");
@@ -84,14 +105,35 @@ static ferry_status security(ferry_ps_config *cfg, const char *token_file,
         if (files[i] != NULL && (st = ferry_file_read_text(files[i], 1 << 20, &pem[i])) != FERRY_OK)
             return st;
     }
-    if (tok[0] != NULL && tok[1] != NULL && strcmp(tok[0], tok[1]) == 0)
-        return ferry_errorf(FERRY_ERR_INVALID, "the trainer and admin tokens are the same");
-    cfg->trainer_token = tok[0];
-    cfg->admin_token = tok[1];
+    int n = tab->n + (*admin != NULL);
+    if (n > 0 && (*ids = calloc((size_t)n, sizeof **ids)) == NULL)
+        return FERRY_ERR_NOMEM;
+    for (int i = 0; i < tab->n; i++) {
+        (*ids)[i].name = tab->entries[i].name;
+        (*ids)[i].token = tab->entries[i].token;
+        if ((st = ferry_rpc_role_parse(tab->entries[i].role, &(*ids)[i].role)) != FERRY_OK)
+            return st;
+        if (*admin != NULL && strcmp(tab->entries[i].token, *admin) == 0)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "the admin token is also in the token file "
+                                "(identity '%s')",
+                                tab->entries[i].name);
+        if (*admin != NULL && strcmp(tab->entries[i].name, "admin") == 0)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "the token file names an identity 'admin', the name of "
+                                "--admin-token-file's token: rename it, or drop that flag");
+    }
+    if (*admin != NULL) {
+        (*ids)[tab->n].name = "admin";
+        (*ids)[tab->n].role = FERRY_RPC_ROLE_ADMIN;
+        (*ids)[tab->n].token = *admin;
+    }
+    cfg->identities = *ids;
+    cfg->nidentities = n;
     cfg->tls_cert_pem = pem[0];
     cfg->tls_key_pem = pem[1];
     cfg->tls_ca_pem = pem[2];
-    int secured = pem[0] != NULL && (tok[0] != NULL || tok[1] != NULL);
+    int secured = pem[0] != NULL && n > 0;
     if (!loopback(cfg->listen) && !secured && !insecure)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "refusing to serve %s without TLS and a token: anyone who reaches it "
@@ -114,14 +156,17 @@ int main(int argc, char **argv) {
     (void)ferry_rpc_tune_malloc(0);
     ferry_ps_config cfg;
     ferry_ps_config_default(&cfg);
+    cfg.max_sessions = 4096; /* the server's own defaults, shown by --help */
+    cfg.max_sessions_per_identity = 1024;
     cfg.handle_signals = 1;
     int log_level = FERRY_LOG_LEVEL_INFO, max_message_mb = 256;
     int max_module_mb = 0, max_model_mb = 0, max_context_mb = 0, max_contexts_mb = 0;
+    int id_contexts_mb = 0, id_model_mb = 0, pending_reply_mb = 0;
     const char *port_file = NULL;
     const char *token_file = NULL, *admin_token_file = NULL;
     const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
     bool insecure = false;
-    const char *metrics_listen = NULL;
+    const char *metrics_listen = NULL, *metrics_token_file = NULL;
     int log_format = 0;
     const ferry_flag flags[] = {
         {.name = "listen",
@@ -145,8 +190,8 @@ int main(int argc, char **argv) {
          .ptr = &cfg.blas_threads,
          .min = 1,
          .max = 64,
-         .help = "OpenBLAS threads per GEMM (default 1, or OPENBLAS_NUM_THREADS; give more "
-                 "on a machine of its own)"},
+         .defval = "1, or OPENBLAS_NUM_THREADS",
+         .help = "OpenBLAS threads per GEMM (give more on a machine of its own)"},
         {.name = "context-ttl",
          .type = FERRY_FLAG_DOUBLE,
          .ptr = &cfg.context_ttl_s,
@@ -154,6 +199,33 @@ int main(int argc, char **argv) {
          .max = 1e7,
          .metavar = "SECONDS",
          .help = "free a context after this long without a call (its trainer died)"},
+        {.name = "session-ttl",
+         .type = FERRY_FLAG_DOUBLE,
+         .ptr = &cfg.session_ttl_s,
+         .min = 0.001,
+         .max = 1e7,
+         .metavar = "SECONDS",
+         .help = "end a session this long after its last call unless its client holds a "
+                 "Session stream; its contexts go, its job ranks can be taken over"},
+        {.name = "max-sessions",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_sessions,
+         .min = 1,
+         .max = 1000000,
+         .help = "live sessions, all identities"},
+        {.name = "max-calls-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_calls_per_identity,
+         .min = 0,
+         .max = 64,
+         .help = "calls of one identity running at once (0: its fair share of --threads "
+                 "while other identities have work; Hello, Stats and health never wait)"},
+        {.name = "max-sessions-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_sessions_per_identity,
+         .min = 1,
+         .max = 1000000,
+         .help = "live sessions of one identity"},
         {.name = "max-message-mb",
          .type = FERRY_FLAG_INT,
          .ptr = &max_message_mb,
@@ -191,6 +263,64 @@ int main(int argc, char **argv) {
          .min = 0,
          .max = 1 << 24,
          .help = "contexts alive at once (0: 16384)"},
+        {.name = "max-contexts-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_contexts_per_identity,
+         .min = 0,
+         .max = 1 << 24,
+         .help = "live contexts of one identity, all its sessions (0: half of --max-contexts)"},
+        {.name = "max-contexts-mb-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &id_contexts_mb,
+         .min = 0,
+         .max = 1 << 30,
+         .help = "their memory, in MiB (0: half of --max-contexts-mb)"},
+        {.name = "max-modules-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_modules_per_identity,
+         .min = 0,
+         .max = 1 << 24,
+         .help = "modules one identity may create (0: 65536)"},
+        {.name = "max-model-mb-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &id_model_mb,
+         .min = 0,
+         .max = 1 << 30,
+         .help = "their memory, in MiB (0: all of --max-model-mb)"},
+        {.name = "max-jobs",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_jobs,
+         .min = 0,
+         .max = 1 << 20,
+         .help = "jobs held, all identities (0: 1024)"},
+        {.name = "max-jobs-per-identity",
+         .type = FERRY_FLAG_INT,
+         .ptr = &cfg.max_jobs_per_identity,
+         .min = 0,
+         .max = 1 << 20,
+         .help = "jobs of one identity (0: 64)"},
+        {.name = "max-pending-reply-mb",
+         .type = FERRY_FLAG_INT,
+         .ptr = &pending_reply_mb,
+         .min = 0,
+         .max = 1 << 30,
+         .help = "replies sent but not yet read by their clients, in MiB (0: 1024; each "
+                 "connection holds at most one --max-message-mb reply unread)"},
+        {.name = "reply-timeout",
+         .type = FERRY_FLAG_DOUBLE,
+         .ptr = &cfg.reply_timeout_s,
+         .min = 0.0,
+         .max = 1e6,
+         .metavar = "SECONDS",
+         .help = "cancel a reply its client has not read after this long (0: 60)"},
+        {.name = "job-ttl",
+         .type = FERRY_FLAG_DOUBLE,
+         .ptr = &cfg.job_ttl_s,
+         .min = 0.0,
+         .max = 1e7,
+         .metavar = "SECONDS",
+         .help = "free a job this long after it finished or failed, or after its last live "
+                 "trainer went (0: 600)"},
         {.name = "checkpoint-keep",
          .type = FERRY_FLAG_INT,
          .ptr = &cfg.checkpoint_keep,
@@ -234,20 +364,24 @@ int main(int argc, char **argv) {
          .type = FERRY_FLAG_STRING,
          .ptr = &token_file,
          .metavar = "FILE",
-         .help = "the trainer token: calls must carry 'authorization: Bearer <it>' "
-                 "(env FERRY_TOKEN_FILE)"},
+         .help = "the callers: one token (identity 'trainer'), or a table, one "
+                 "'<name> <role> <token>' per line, role reader | trainer | admin; calls carry "
+                 "'authorization: Bearer <token>' (env FERRY_TOKEN_FILE)"},
         {.name = "admin-token-file",
          .type = FERRY_FLAG_STRING,
          .ptr = &admin_token_file,
          .metavar = "FILE",
-         .help = "the admin token, which may also SetParams, Checkpoint and Shutdown "
-                 "(env FERRY_ADMIN_TOKEN_FILE)"},
+         .help = "one admin token (identity 'admin'): also SetParams, Checkpoint, Shutdown, "
+                 "and power over every identity's modules and jobs (env FERRY_ADMIN_TOKEN_FILE)"},
         {.name = "tls-cert",
          .type = FERRY_FLAG_STRING,
          .ptr = &tls_cert,
          .metavar = "PEM",
          .help = "serve TLS with this certificate (chain) ..."},
-        {.name = "tls-key", .type = FERRY_FLAG_STRING, .ptr = &tls_key, .metavar = "PEM",
+        {.name = "tls-key",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &tls_key,
+         .metavar = "PEM",
          .help = "... and this private key"},
         {.name = "tls-ca",
          .type = FERRY_FLAG_STRING,
@@ -258,12 +392,20 @@ int main(int argc, char **argv) {
          .type = FERRY_FLAG_STRING,
          .ptr = &metrics_listen,
          .metavar = "HOST:PORT",
-         .help = "serve Prometheus /metrics and /healthz over HTTP here (no token: keep it "
-                 "on a trusted network)"},
+         .help = "serve Prometheus /metrics and /healthz over HTTP here; a non-loopback "
+                 "address needs --metrics-token-file or --insecure. At most 256 connections, "
+                 "16 per client address, each ended 10 s after it opened"},
+        {.name = "metrics-token-file",
+         .type = FERRY_FLAG_STRING,
+         .ptr = &metrics_token_file,
+         .metavar = "FILE",
+         .help = "/metrics wants 'Authorization: Bearer <token>' with this token (Prometheus: "
+                 "authorization.credentials_file); /healthz stays open"},
         {.name = "insecure",
          .type = FERRY_FLAG_BOOL,
          .ptr = &insecure,
-         .help = "allow a non-loopback --listen without TLS and a token"},
+         .help = "allow a non-loopback --listen without TLS and a token, and a non-loopback "
+                 "--metrics-listen without --metrics-token-file"},
         {.name = "log-level",
          .type = FERRY_FLAG_ENUM,
          .ptr = &log_level,
@@ -286,12 +428,18 @@ int main(int argc, char **argv) {
         "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
         "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
         NULL};
-    ferry_flags fs = {"ferry-ps", "hosts model shards and their optimizers for ferry trainers",
-                      flags, (int)(sizeof flags / sizeof flags[0]), env};
+    ferry_flags fs = {.prog = "ferry-ps",
+                      .summary = "hosts model shards and their optimizers for ferry trainers",
+                      .flags = flags,
+                      .nflags = (int)(sizeof flags / sizeof flags[0]),
+                      .env = env};
+    const char *lf = ferry_flags_peek(argc, argv, "log-format");
+    if (lf != NULL)
+        ferry_log_set_json(strcmp(lf, "json") == 0); /* a bad command line's line too */
     bool help = false;
     if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
-        return 2;
+        ferry_log_fatal("%s", ferry_error_last());
+        return FERRY_EXIT_USAGE;
     }
     if (help)
         return 0;
@@ -303,40 +451,57 @@ int main(int argc, char **argv) {
     cfg.max_model_bytes = (size_t)max_model_mb << 20;
     cfg.max_context_bytes = (size_t)max_context_mb << 20;
     cfg.max_contexts_bytes = (size_t)max_contexts_mb << 20;
+    cfg.max_contexts_bytes_per_identity = (size_t)id_contexts_mb << 20;
+    cfg.max_model_bytes_per_identity = (size_t)id_model_mb << 20;
+    cfg.max_pending_reply_bytes = (size_t)pending_reply_mb << 20;
     if (check_listen(cfg.listen) != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
-        return 2;
+        ferry_log_fatal("%s", ferry_error_last());
+        return FERRY_EXIT_USAGE;
     }
-    char *pem[3] = {NULL, NULL, NULL}, *tok[2] = {NULL, NULL};
+    char *pem[3] = {NULL, NULL, NULL}, *admin = NULL;
+    ferry_token_table tab;
+    ferry_rpc_identity *ids = NULL;
     ferry_status st = security(&cfg, token_file, admin_token_file, tls_cert, tls_key, tls_ca,
-                               insecure, pem, tok);
-    if (st != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
-        return 2;
-    }
-    ferry_ps_server *s;
-    st = ferry_ps_server_create(&cfg, &s);
+                               insecure, pem, &tab, &admin, &ids);
+    ferry_ps_server *s = NULL;
+    int usage = st != FERRY_OK;
+    if (st == FERRY_OK)
+        st = ferry_ps_server_create(&cfg, &s);
     for (int i = 0; i < 3; i++)
         ferry_secret_free(pem[i]); /* the rpc layer keeps its own copies */
-    for (int i = 0; i < 2; i++)
-        ferry_secret_free(tok[i]);
+    ferry_token_table_free(&tab);
+    ferry_secret_free(admin);
+    free(ids);
+    if (usage) {
+        ferry_log_fatal("%s", ferry_error_last());
+        return FERRY_EXIT_USAGE;
+    }
     if (st != FERRY_OK) {
-        fprintf(stderr, "ferry-ps: %s\n",
-                ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));
-        return 1;
+        ferry_log_fatal("%s", ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));
+        return FERRY_EXIT_RUNTIME;
     }
     if (port_file != NULL && write_port_file(port_file, ferry_ps_server_port(s)) != 0) {
-        fprintf(stderr, "ferry-ps: cannot write --port-file %s\n", port_file);
+        ferry_log_fatal("cannot write --port-file %s", port_file);
         ferry_ps_server_destroy(s);
-        return 1;
+        return FERRY_EXIT_RUNTIME;
     }
     ferry_http *http = NULL;
     if (metrics_listen != NULL) {
-        st = ferry_http_start(metrics_listen, metrics_page, healthz, s, &http);
+        char *mtoken = NULL;
+        ferry_http_options hopt = {0};
+        st = metrics_security(metrics_listen, metrics_token_file, insecure, &mtoken);
         if (st != FERRY_OK) {
             fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
             ferry_ps_server_destroy(s);
-            return 1;
+            return 2;
+        }
+        hopt.token = mtoken;
+        st = ferry_http_start_ex(metrics_listen, metrics_page, healthz, s, &hopt, &http);
+        ferry_secret_free(mtoken); /* the HTTP side keeps its own copy */
+        if (st != FERRY_OK) {
+            ferry_log_fatal("%s", ferry_error_last());
+            ferry_ps_server_destroy(s);
+            return FERRY_EXIT_RUNTIME;
         }
         const char *colon = strrchr(metrics_listen, ':');
         FERRY_LOG_INFO("metrics on http://%.*s:%d (/metrics, /healthz)",
@@ -345,7 +510,7 @@ int main(int argc, char **argv) {
     st = ferry_ps_server_run(s);
     ferry_http_stop(http);
     if (st != FERRY_OK)
-        FERRY_LOG_ERROR("%s (%s)", ferry_status_str(st), ferry_error_last());
+        ferry_log_fatal("%s (%s)", ferry_status_str(st), ferry_error_last());
     ferry_ps_server_destroy(s);
-    return st == FERRY_OK ? 0 : 1;
+    return st == FERRY_OK ? 0 : FERRY_EXIT_RUNTIME;
 }

@@ -139,11 +139,75 @@ void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
         const char *l[] = {"module", mods[i]->name, "kind", ferry__ps_kind_name(mods[i]->kind), NULL};
         ferry_prom_sample(p, "ferry_ps_module_bytes", l, (double)mods[i]->bytes);
     }
-    free(mods);
+    ferry__ps_registry_list_free(mods, n);
     counter(p, "ferry_ps_steps_applied_total", "optimizer steps applied, over all modules",
             steps);
+    int64_t njobs, job_bytes;
+    ferry__ps_jobs_totals(&s->jobs, &njobs, &job_bytes);
+    ferry_prom_family(p, "ferry_ps_jobs", "gauge", "jobs held (--max-jobs)");
+    ferry_prom_sample(p, "ferry_ps_jobs", NULL, (double)njobs);
+    ferry_prom_family(p, "ferry_ps_job_bytes", "gauge", "memory the jobs hold");
+    ferry_prom_sample(p, "ferry_ps_job_bytes", NULL, (double)job_bytes);
+    /* The budgets in force, and the bounded queues of the RPC layer. */
+    ferry_prom_family(p, "ferry_ps_budget", "gauge", "a budget in force (its flag: --help)");
+    const struct {
+        const char *name;
+        int64_t v;
+    } budgets[] = {{"module_bytes", s->lim.module_bytes},
+                   {"model_bytes", s->lim.model_bytes},
+                   {"context_bytes", s->lim.context_bytes},
+                   {"contexts_bytes", s->lim.contexts_bytes},
+                   {"contexts", s->lim.contexts},
+                   {"contexts_per_identity", s->lim.id_contexts},
+                   {"contexts_bytes_per_identity", s->lim.id_contexts_bytes},
+                   {"modules_per_identity", s->lim.id_modules},
+                   {"model_bytes_per_identity", s->lim.id_model_bytes},
+                   {"jobs", s->lim.jobs},
+                   {"jobs_per_identity", s->lim.id_jobs}};
+    for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+        const char *l[] = {"budget", budgets[i].name, NULL};
+        ferry_prom_sample(p, "ferry_ps_budget", l, (double)budgets[i].v);
+    }
+    if (rpc != NULL) {
+        ferry_rpc_pending_stats ps_;
+        ferry_rpc_queue_stats qs;
+        ferry_rpc_server_pending_stats(rpc, &ps_);
+        ferry_rpc_server_queue_stats(rpc, &qs);
+        gauge(p, "ferry_ps_unread_reply_bytes", "replies sent but not yet read by their clients",
+              (double)ps_.bytes);
+        gauge(p, "ferry_ps_unread_reply_budget_bytes", "--max-pending-reply-mb",
+              (double)ps_.max_bytes);
+        counter(p, "ferry_ps_replies_refused_unread_total",
+                "replies refused: unread replies held their budget", (double)ps_.refused);
+        counter(p, "ferry_ps_replies_cancelled_unread_total",
+                "replies cancelled: not read within --reply-timeout", (double)ps_.cancelled);
+        gauge(p, "ferry_ps_queue_waiting", "calls waiting for a worker", (double)qs.queued);
+        gauge(p, "ferry_ps_queue_running", "calls running on the workers", (double)qs.running);
+        counter(p, "ferry_ps_queue_refused_total", "calls refused: the work queue was full",
+                (double)qs.refused);
+        gauge(p, "ferry_ps_queue_wait_max_seconds", "the longest a call waited for a worker",
+              qs.wait_max_s);
+    }
+    /* Each identity's account against its share of the budgets. */
+    pthread_mutex_lock(&s->quotas.mu);
+    static const char *const what[] = {"contexts", "context_bytes", "modules", "model_bytes",
+                                       "jobs"};
+    for (int w = 0; w < 5; w++) {
+        char fam[64];
+        (void)snprintf(fam, sizeof fam, "ferry_ps_identity_%s", what[w]);
+        ferry_prom_family(p, fam, "gauge",
+                          "held by one identity (its share: --max-*-per-identity)");
+        for (int i = 0; i < s->quotas.n; i++) {
+            const ferry__ps_quota *q = s->quotas.q[i];
+            const atomic_llong *v[] = {&q->contexts, &q->context_bytes, &q->modules,
+                                       &q->model_bytes, &q->jobs};
+            const char *l[] = {"identity", q->identity, NULL};
+            ferry_prom_sample(p, fam, l, (double)atomic_load(v[w]));
+        }
+    }
+    pthread_mutex_unlock(&s->quotas.mu);
     job_lines jl = {0};
-    ferry__ps_jobs_metrics(&s->jobs, job_collect, &jl);
+    ferry__ps_jobs_metrics(&s->jobs, NULL, job_collect, &jl);
     for (int i = 0; i < jl.n; i++) {
         int first = 1;
         for (int k = 0; k < i; k++)

@@ -37,12 +37,8 @@ static ferry_status unknown_param(const ferry__ps_module *m, const char *name) {
                         m->b >= 0 ? ", bias" : "");
 }
 
-ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__V1__GetParamsRequest *q,
-                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
-    (void)req; /* the header says it all */
-    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
-    if (m == NULL)
-        return FERRY_ERR_NOT_FOUND;
+static ferry_status get_params(ferry__ps_module *m, const Ferry__V1__GetParamsRequest *q,
+                               ferry_rpc_msg *reply) {
     int64_t lo, n;
     ferry_status st = resolve_rows(m, q->row_begin, q->row_count, &lo, &n);
     if (st != FERRY_OK)
@@ -81,11 +77,8 @@ ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, const Ferry__V1__GetPa
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, const Ferry__V1__SetParamsRequest *q,
-                                     ferry_rpc_msg *req, ferry_rpc_msg *reply) {
-    ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, q->module);
-    if (m == NULL)
-        return FERRY_ERR_NOT_FOUND;
+static ferry_status set_params(ferry__ps_module *m, const Ferry__V1__SetParamsRequest *q,
+                               ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     if (req->ntensors == 0)
         return ferry_errorf(FERRY_ERR_INVALID, "SetParams of '%s' carries no tensors", m->name);
     /* Check everything first: a rejected call changes nothing. */
@@ -125,4 +118,28 @@ ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, const Ferry__V1__SetPa
     r.version = ++m->version;
     pthread_rwlock_unlock(&m->lock);
     return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+/* The module is held (referenced) while the call runs. */
+ferry_status ferry__ps_on_get_params(ferry__ps_state *ps, ferry__ps_session *sess,
+                                     const Ferry__V1__GetParamsRequest *q, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
+    (void)req; /* the header says it all */
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry_status st = get_params(m, q, reply);
+    ferry__ps_module_put(m);
+    return st;
+}
+
+ferry_status ferry__ps_on_set_params(ferry__ps_state *ps, ferry__ps_session *sess,
+                                     const Ferry__V1__SetParamsRequest *q, ferry_rpc_msg *req,
+                                     ferry_rpc_msg *reply) {
+    ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
+    if (m == NULL)
+        return FERRY_ERR_NOT_FOUND;
+    ferry_status st = set_params(m, q, req, reply);
+    ferry__ps_module_put(m);
+    return st;
 }

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ferry.pb-c.h" /* Ferry__*Request, Ferry__*Reply */
 #include "common/rpc/contract.h"
@@ -30,7 +31,37 @@ typedef struct ferry__ps_limits {
     int64_t context_bytes;  /* one context; one call's scratch */
     int64_t contexts_bytes; /* all contexts */
     int64_t contexts;       /* live contexts */
+    /* One identity's share (proto/ferry.proto section 5): */
+    int64_t id_contexts, id_contexts_bytes, id_modules, id_model_bytes, id_jobs;
+    int64_t jobs; /* jobs, all identities */
 } ferry__ps_limits;
+
+/* What one identity holds, charged against its share of the budgets (quota.c). An
+ * entry lives as long as the server (identities are the token table's or the CA's
+ * certificates: a bounded set). */
+typedef struct ferry__ps_quota {
+    char identity[FERRY_RPC_IDENTITY_MAX];
+    atomic_llong contexts, context_bytes, modules, model_bytes, jobs;
+} ferry__ps_quota;
+
+typedef struct ferry__ps_quotas {
+    pthread_mutex_t mu;
+    ferry__ps_quota **q;
+    int n, cap;
+} ferry__ps_quotas;
+
+void ferry__ps_quotas_init(ferry__ps_quotas *Q);
+void ferry__ps_quotas_deinit(ferry__ps_quotas *Q);
+/* The entry of identity (made on first use); NULL when out of memory. */
+ferry__ps_quota *ferry__ps_quota_of(ferry__ps_quotas *Q, const char *identity);
+/* Takes one more of a counted thing (contexts, modules, jobs) if the identity stays
+ * within limit: FERRY_ERR_RESOURCE naming it, the flag and the identity otherwise. */
+ferry_status ferry__ps_quota_take(atomic_llong *held, int64_t limit, const char *what,
+                                  const char *identity, const char *flag);
+/* Charges bytes to an identity's byte count within limit (FERRY_ERR_RESOURCE otherwise;
+ * nothing is charged then). */
+ferry_status ferry__ps_quota_charge(atomic_llong *held, int64_t bytes, int64_t limit,
+                                    const char *what, const char *identity, const char *flag);
 
 /* Resolves cfg's budgets (0: the defaults, from the machine's physical memory). */
 void ferry__ps_limits_resolve(const ferry_ps_config *cfg, ferry__ps_limits *out);
@@ -139,6 +170,7 @@ ferry_status ferry__ps_lstm_penalty(const ferry__ps_module *m, float *grad, doub
                                     double *feasibility);
 struct ferry__ps_module {
     char name[FERRY_RPC_NAME_MAX];
+    char owner[FERRY_RPC_IDENTITY_MAX]; /* the identity that created it */
     ferry__ps_module_config cfg;
     const ferry__ps_kind *kind;
     uint8_t *config_packed; /* the request's ModuleConfig, packed (checkpoints) */
@@ -153,6 +185,12 @@ struct ferry__ps_module {
     int64_t bytes;               /* weights + optimizer slots, as charged to the model budget */
     const ferry__ps_limits *lim; /* the server's budgets */
     void *impl;                  /* the kind's own state (lstm) */
+    /* References: the registry's (until DeleteModule), each call using it, each context
+     * and bsp sum holding its gradient. Freed, its bytes given back to the model budget,
+     * when the last goes (ferry__ps_module_put). */
+    atomic_int refs;
+    struct ferry__ps_registry *reg;
+    ferry__ps_quota *quota; /* its owner's account: its count and bytes */
 };
 
 /* FERRY_ERR_RESOURCE unless `bytes` of one call's scratch fit the per-context budget. */
@@ -228,18 +266,31 @@ typedef struct ferry__ps_registry {
 
 void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim);
 void ferry__ps_registry_deinit(ferry__ps_registry *r);
-/* CreateModule: idempotent by name. *created = 1 for a new module, 0 when one with
- * the same configuration exists (its parameters are left alone). FERRY_ERR_EXISTS
- * naming the first differing field otherwise. */
-ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
+/* CreateModule: idempotent by name. *created = 1 for a new module (owned by `owner`),
+ * 0 when owner's module of that name has the same configuration (its parameters are
+ * left alone). FERRY_ERR_EXISTS naming the first differing field otherwise, or saying
+ * that the name is another identity's. */
+ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner,
+                                       ferry__ps_quota *quota, const char *name,
                                        const Ferry__V1__ModuleConfig *cfg, ferry_rpc_msg *req,
                                        int *created, ferry__ps_module **out);
-/* The module named `name`, or NULL with FERRY_ERR_NOT_FOUND set through ferry_errorf. */
+/* (*out is referenced: ferry__ps_module_put it.) */
+/* The module named `name`, referenced (ferry__ps_module_put when done), or NULL with
+ * FERRY_ERR_NOT_FOUND set through ferry_errorf. */
 ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name);
-/* A snapshot of the whole module list in a new array (free it); modules live as
- * long as the registry. NULL with *n = 0 when empty or out of memory. */
+/* A snapshot of the whole module list in a new array, each referenced: release it with
+ * ferry__ps_registry_list_free. NULL with *n = 0 when empty or out of memory. */
 ferry__ps_module **ferry__ps_registry_list(ferry__ps_registry *r, int *n);
+void ferry__ps_registry_list_free(ferry__ps_module **mods, int n);
 int ferry__ps_registry_count(ferry__ps_registry *r);
+/* Takes module m out of the registry (later lookups do not find it; a new module may
+ * take the name) and drops the registry's reference: it is freed, and its bytes given
+ * back, once the calls and contexts using it are done. *bytes receives its size.
+ * FERRY_ERR_NOT_FOUND when m is no longer registered. */
+ferry_status ferry__ps_registry_delete(ferry__ps_registry *r, ferry__ps_module *m, int64_t *bytes);
+/* One more reference to m; ferry__ps_module_put drops one (freeing m at the last). */
+void ferry__ps_module_ref(ferry__ps_module *m);
+void ferry__ps_module_put(ferry__ps_module *m);
 
 /* ---- contexts (ctx-table.c) ---- */
 
@@ -268,7 +319,7 @@ typedef struct ferry__ps_call {
 /* A context that Step ended, remembered (its packed StepReply) so that a retried
  * Step of it is answered alike instead of stepping again. */
 typedef struct ferry__ps_stepped {
-    uint64_t id;
+    uint64_t sess, id;
     uint8_t *head;
     size_t len;
 } ferry__ps_stepped;
@@ -281,7 +332,8 @@ typedef struct ferry__ps_ctx {
     int refs;                /* table lock */
     int dead;                /* table lock: stepped or released; freed at refs == 0 */
     double last_used;        /* table lock */
-    char owner[224];         /* ferry_rpc_caller of its first Forward; "" in-process */
+    uint64_t sess;           /* the session that opened it (ferry__ps_session.serial) */
+    ferry__ps_quota *quota;  /* its identity's account; NULL: not charged */
     ferry__ps_ctx_mod *mods; /* modules touched, in order */
     int nmods, cap;
     ferry__ps_call *calls;      /* saved Forwards awaiting Backward */
@@ -306,12 +358,18 @@ typedef struct ferry__ps_ctx_table {
 ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
                                       const ferry__ps_limits *lim);
 void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t);
-/* Finds (or with create, makes) context id, refreshes its lease, and returns it
- * locked. caller (NULL: not checked): a new context belongs to it, and an existing
- * one that belongs to another caller is refused with FERRY_ERR_DENIED. FERRY_ERR_NOT_FOUND with a message for an unknown, stepped, released or
- * swept context; FERRY_ERR_INVALID for id 0. */
-ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t id, int create,
-                                   const char *caller, ferry__ps_ctx **out);
+/* Finds (or with create, makes) session sess's context id, refreshes its lease, and
+ * returns it locked. Contexts of other sessions are not seen: FERRY_ERR_NOT_FOUND with
+ * the same message as for an unknown, stepped, released or swept context;
+ * FERRY_ERR_INVALID for id 0. */
+ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int create,
+                                   ferry__ps_ctx **out);
+/* The same, a new context charged to the session's identity (quota: its count and
+ * bytes against the identity's share; NULL: not charged). */
+ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferry__ps_quota *quota,
+                                     uint64_t id, int create, ferry__ps_ctx **out);
+/* Drops every context of session sess (it ended); returns how many. */
+int ferry__ps_ctx_drop_session(ferry__ps_ctx_table *t, uint64_t sess);
 /* Re-accounts its memory, unlocks, and drops the reference (freeing a retired one). */
 void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c);
 /* Marks a locked context stepped/released: later calls get NOT_FOUND, and it is
@@ -345,18 +403,92 @@ ferry_status ferry__ps_ctx_finish_call(ferry__ps_ctx *c, ferry__ps_call *call,
 /* Answers a retried Backward of a done call with the kept tensors. */
 ferry_status ferry__ps_ctx_replay_call(ferry__ps_ctx_table *t, const ferry__ps_call *call,
                                        ferry_rpc_msg *reply);
-/* Remembers the Step reply of context id (its packed header). */
-void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t id, const ferry_rpc_msg *reply);
-/* The remembered Step reply of context id into *reply: FERRY_OK, or
- * FERRY_ERR_NOT_FOUND when none is kept. */
-ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t id,
+/* Remembers the Step reply of session sess's context id (its packed header). */
+void ferry__ps_ctx_remember_step(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id,
+                                 const ferry_rpc_msg *reply);
+/* The remembered Step reply of session sess's context id into *reply: FERRY_OK, or
+ * FERRY_ERR_NOT_FOUND when none is kept (for that session). */
+ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id,
                                          ferry_rpc_msg *reply);
 /* Frees contexts idle longer than the TTL (and not in use); returns the count. */
 int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t);
 int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t);
 
+/* ---- sessions (session.c) ----
+ * Hello opens a session bound to the caller's identity; every other call names it and
+ * runs in it (the handler adapter looks it up). Contexts, job ranks and remembered
+ * replies belong to a session by its serial. */
+
+#define FERRY__PS_LOCAL_SESSION                                                                    \
+    UINT64_MAX                     /* the serial of in-process calls (ferry__ps_dispatch)          \
+                                    */
+#define FERRY__PS_SESSION_LEASES 4 /* open Session streams one session may hold */
+
+typedef struct ferry__ps_session {
+    char id[FERRY_RPC_SESSION_LEN + 1]; /* 32 hex digits, the secret the client sends */
+    uint64_t serial;                    /* 1, 2, ... in this process; never reused */
+    char identity[FERRY_RPC_IDENTITY_MAX];
+    ferry_rpc_role role;
+    int authority; /* an admin by token: may act on other identities' objects */
+    char label[64];
+    ferry__ps_quota *quota;          /* its identity's account (ferry__ps_session_open sets it) */
+    double probe_tokens, probe_last; /* Job probes: a token bucket (table lock) */
+    /* table lock: */
+    double created, last_used;
+    int leases, had_lease; /* open Session streams; whether it ever opened one */
+    int refs;              /* the table's, each call's and each lease's */
+    int dead;
+    struct ferry__ps_session *next;
+} ferry__ps_session;
+
+typedef struct ferry__ps_sessions {
+    pthread_mutex_t mu;
+    ferry__ps_session **buckets;
+    int count;
+    uint64_t next_serial, opened, expired;
+    double ttl_s;
+    int max, max_per_identity;
+    ferry__ps_session local; /* in-process calls: identity "local", admin */
+    ferry__ps_quotas *quotas; /* each session's identity's account */
+} ferry__ps_sessions;
+
+ferry_status ferry__ps_sessions_init(ferry__ps_sessions *S, double ttl_s, int max, int max_per_id,
+                                     ferry__ps_quotas *quotas);
+void ferry__ps_sessions_deinit(ferry__ps_sessions *S);
+/* Hello: renews the caller's live session when it names one with its own
+ * credentials, else opens a new one (FERRY_ERR_RESOURCE over --max-sessions or the
+ * per-identity limit). The caller holds a reference: ferry__ps_session_leave. */
+ferry_status ferry__ps_session_open(ferry__ps_sessions *S, const ferry_rpc_caller_info *who,
+                                    ferry__ps_session **out);
+/* Every other call: the session the caller names, checked against its credentials,
+ * referenced until ferry__ps_session_leave; FERRY_ERR_SESSION otherwise. who NULL (an
+ * in-process call): the local session. */
+ferry_status ferry__ps_session_enter(ferry__ps_sessions *S, const ferry_rpc_caller_info *who,
+                                     const char *method, ferry__ps_session **out);
+void ferry__ps_session_leave(ferry__ps_sessions *S, ferry__ps_session *s);
+/* One probe of the session's allowance (10 a second, in bursts of 20):
+ * FERRY_ERR_BUSY when spent. */
+ferry_status ferry__ps_session_probe_rate(ferry__ps_sessions *S, ferry__ps_session *s);
+/* 1 while session `serial` may hold a job rank: a Session stream open, or, for a
+ * client that never opened one, a call within the TTL. */
+int ferry__ps_session_holds(ferry__ps_sessions *S, uint64_t serial);
+/* The lease ops of the RPC layer: a Session stream opened and closed. */
+ferry_status ferry__ps_session_lease_open(ferry__ps_sessions *S, const ferry_rpc_caller_info *who,
+                                          ferry__ps_session **out);
+void ferry__ps_session_lease_close(ferry__ps_sessions *S, ferry__ps_session *s);
+/* Ends the sessions idle past the TTL without a lease; their serials into ended (at
+ * most cap), for the caller to drop what they held. Returns the count. */
+int ferry__ps_sessions_sweep(ferry__ps_sessions *S, uint64_t *ended, int cap);
+void ferry__ps_sessions_counts(ferry__ps_sessions *S, int64_t *live, int64_t *opened,
+                               int64_t *expired, int64_t *leases);
+/* 1 when session s may use an object of identity owner: its own, or s is an admin
+ * by token. */
+static inline int ferry__ps_may_use(const ferry__ps_session *s, const char *owner) {
+    return s->authority || strcmp(s->identity, owner) == 0;
+}
+
 /* ---- jobs (jobs.c) ----
- * A training job's membership and its consistency: N ranks join by name (Join), and
+ * A training job's membership and its consistency: N ranks join by name (Job join), and
  * their GradNorm and Step calls carry (job, rank, step). bsp: GradNorm waits until
  * every rank's context of the step has arrived, then the N contexts' gradients are
  * summed in rank order into the job's gradient of the step, which the first Step of
@@ -372,7 +504,11 @@ typedef struct ferry__ps_job ferry__ps_job;
 typedef struct ferry__ps_jobs {
     pthread_mutex_t mu; /* guards every job; taken before a context or module lock */
     ferry__ps_job *list;
+    int count;     /* jobs held */
+    int64_t bytes; /* their memory: the job records and their rank tables */
     int stopped; /* the server stops: waits are refused */
+    const ferry__ps_limits *lim; /* the server's */
+    double ttl_s; /* a finished or failed job, or one nobody holds, is freed this long after */
 } ferry__ps_jobs;
 
 void ferry__ps_jobs_init(ferry__ps_jobs *j);
@@ -380,16 +516,61 @@ void ferry__ps_jobs_init(ferry__ps_jobs *j);
  * later waits; then frees everything (deinit). */
 void ferry__ps_jobs_stop(ferry__ps_jobs *j);
 void ferry__ps_jobs_deinit(ferry__ps_jobs *j);
-/* Fails the waits that passed their job's sync timeout (the sweep timer). */
-void ferry__ps_jobs_expire(ferry__ps_jobs *j);
+/* Fails the waits that passed their job's sync timeout, and frees the jobs that
+ * finished, failed or were held by no live session for the jobs' TTL (the sweep
+ * timer). */
+struct ferry__ps_sessions;
+void ferry__ps_jobs_expire(ferry__ps_jobs *j, struct ferry__ps_sessions *S);
 
 /* ---- the server's state and its request handlers ---- */
+
+/* Writes every module (owner NULL) or those of identity owner (a job's checkpoint:
+ * the file records the owner) with config, version, parameters and optimizer state,
+ * and the job step it belongs to, into file `name` in directory `dir` (a ckfile, see
+ * checkpoint.c) atomically: a new temporary file (O_EXCL, never a symlink's target),
+ * fsync, rename over the name (which replaces a symlink, never follows it), fsync of
+ * the directory. Refused with FERRY_ERR_RESOURCE when the file system lacks the
+ * room. *bytes receives the size. Afterwards only the newest `keep` ferry-ps
+ * checkpoints in dir are kept (keep <= 0: all). */
+ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
+                                        const char *owner, uint64_t step, int keep,
+                                        uint64_t *bytes);
+/* Verifies a whole checkpoint (every section's CRC) and only then recreates its
+ * modules (charged to their owners' accounts in Q; NULL: uncharged), or loads them into
+ * the existing ones of the same configuration. *step
+ * (may be NULL) receives the job step it belongs to. FERRY_ERR_FORMAT naming the
+ * file and what is wrong; nothing is changed then. */
+ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
+                                       uint64_t *step);
+/* What a probe knows of a directory's checkpoint files: name, size, modification time
+ * and inode, and what verifying the file found (its step and owner, or that it is
+ * damaged). A file is read and CRC-checked once; later probes trust this while its
+ * size, time and inode stay. */
+typedef struct ferry__ps_manifest_entry {
+    char name[256];
+    int64_t size, mtime_ns;
+    uint64_t ino;
+    uint64_t step;
+    char owner[FERRY_RPC_IDENTITY_MAX];
+    int ok;
+} ferry__ps_manifest_entry;
+
+typedef struct ferry__ps_manifest {
+    pthread_mutex_t mu;
+    ferry__ps_manifest_entry *e;
+    size_t n, cap;
+    uint64_t verified, reused; /* files read whole, answers from the manifest */
+    uint64_t bytes_read;       /* what verifying read */
+} ferry__ps_manifest;
 
 /* What every request handler works on: the server's state without its loop. server.c
  * makes it at start-up and registers each method's handler with the RPC server with
  * this state as the handler's user pointer; handlers never call into server.c. */
 typedef struct ferry__ps_state {
     ferry__ps_registry reg;
+    ferry__ps_quotas quotas;
+    ferry__ps_manifest manifest; /* the checkpoint files probes have verified */
+    ferry__ps_sessions sessions;
     ferry__ps_ctx_table ctxs;
     ferry__ps_jobs jobs;
     ferry__ps_limits lim;
@@ -421,8 +602,9 @@ typedef struct ferry__ps_state {
  * parameters (params.c), whole-server calls (admin.c), each registered with the RPC
  * server as ferry__ps_handlers[method] (user: the ferry__ps_state). q is req's header. */
 #define FERRY__PS_HANDLER_DECL_(id, Name, snake)                                                   \
-    ferry_status ferry__ps_on_##snake(ferry__ps_state *ps, const Ferry__V1__##Name##Request *q,        \
-                                      ferry_rpc_msg *req, ferry_rpc_msg *reply);
+    ferry_status ferry__ps_on_##snake(ferry__ps_state *ps, ferry__ps_session *sess,                \
+                                      const Ferry__V1__##Name##Request *q, ferry_rpc_msg *req,     \
+                                      ferry_rpc_msg *reply);
 FERRY_RPC_METHOD_MAP(FERRY__PS_HANDLER_DECL_)
 #undef FERRY__PS_HANDLER_DECL_
 extern const ferry_rpc_handler ferry__ps_handlers[FERRY_RPC_METHOD_COUNT];
@@ -442,17 +624,30 @@ int64_t ferry__ps_rss_bytes(void);
 struct ferry_prom;
 void ferry__ps_prometheus(ferry__ps_state *s, struct ferry_prom *p);
 
-/* The job calls of GradNorm and Step (jobs.c): q->job is set. */
-ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
-                                     ferry_rpc_msg *reply);
-ferry_status ferry__ps_job_step(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
-                                ferry_rpc_msg *reply);
+/* The job calls of GradNorm and Step (jobs.c): q->job is set; the session must hold
+ * the rank. */
+ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *sess,
+                                     const Ferry__V1__GradNormRequest *q, ferry_rpc_msg *reply);
+ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
+                                const Ferry__V1__StepRequest *q, ferry_rpc_msg *reply);
 /* The context's own GradNorm (handlers.c), into reply. */
-ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, const Ferry__V1__GradNormRequest *q,
-                                         ferry_rpc_msg *reply);
+ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, uint64_t sess,
+                                         const Ferry__V1__GradNormRequest *q, ferry_rpc_msg *reply);
 /* The context's own Step (handlers.c), into reply. */
-ferry_status ferry__ps_step_context(ferry__ps_state *ps, const Ferry__V1__StepRequest *q,
-                                    ferry_rpc_msg *reply);
+ferry_status ferry__ps_step_context(ferry__ps_state *ps, uint64_t sess,
+                                    const Ferry__V1__StepRequest *q, ferry_rpc_msg *reply);
+/* The role a method needs (server.c). */
+ferry_rpc_role ferry__ps_method_role(ferry_rpc_method m);
+/* What a session held, dropped when it ends (server.c's sweep): its contexts, its
+ * job ranks and their waiting calls. */
+void ferry__ps_session_ended(ferry__ps_state *ps, uint64_t serial);
+/* Releases the job ranks session serial holds (jobs.c): their waiting calls fail. */
+void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial);
+/* The module `name` if session sess may use it (its identity's, or any for an admin),
+ * referenced (ferry__ps_module_put); NULL with FERRY_ERR_NOT_FOUND set otherwise, the
+ * same answer for a name that does not exist and for another identity's module. */
+ferry__ps_module *ferry__ps_module_find(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                        const char *name);
 /* One optimizer step of a module from cm's gradients: lr (> 0 sets it), the penalty
  * gradient if not yet added (charged to context c of table t when both are given),
  * gradients times scale, version + 1; *version receives it. Takes the write lock. */
@@ -464,32 +659,36 @@ ferry_status ferry__ps_step_module(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
  * module's lock (handlers.c). */
 ferry_status ferry__ps_ctx_mod_penalty(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
                                       ferry__ps_ctx_mod *cm, int locked);
-/* Appends the per-job metrics to a Stats reply: job/<name>/... (jobs.c). */
+/* The jobs held and their memory (jobs.c). */
+void ferry__ps_jobs_totals(ferry__ps_jobs *j, int64_t *count, int64_t *bytes);
+/* Appends the per-job metrics to a Stats reply: "jobs", "job_bytes", then job/<name>/...
+ * of identity owner's jobs (NULL: all), at most 32 jobs ("jobs_unlisted": the rest)
+ * (jobs.c). */
 typedef void (*ferry__ps_metric_fn)(void *user, const char *name, double value);
-void ferry__ps_jobs_metrics(ferry__ps_jobs *j, ferry__ps_metric_fn add, void *user);
+void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metric_fn add,
+                            void *user);
 
 /* ---- checkpoints (checkpoint.c) ---- */
 
-/* Writes every module (config, version, parameters, optimizer state) and the job
- * step it belongs to into file `name` in directory `dir` (a ckfile, see
- * checkpoint.c) atomically: a new temporary file (O_EXCL, never a symlink's target),
- * fsync, rename over the name (which replaces a symlink, never follows it), fsync of
- * the directory. Refused with FERRY_ERR_RESOURCE when the file system lacks the
- * room. *bytes receives the size. Afterwards only the newest `keep` ferry-ps
- * checkpoints in dir are kept (keep <= 0: all). */
-ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
-                                        uint64_t step, int keep, uint64_t *bytes);
-/* Verifies a whole checkpoint (every section's CRC) and only then recreates its
- * modules, or loads them into the existing ones of the same configuration. *step
- * (may be NULL) receives the job step it belongs to. FERRY_ERR_FORMAT naming the
- * file and what is wrong; nothing is changed then. */
-ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, const char *path, uint64_t *step);
-/* Verifies a checkpoint without loading it. */
-ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step);
-/* The steps N of job's complete checkpoints "<job>-step<N>.ckpt" in dir, ascending
- * (*steps malloc'd); damaged ones are logged and left out. */
-ferry_status ferry__ps_checkpoint_job_steps(const char *dir, const char *job, uint64_t **steps,
-                                            size_t *n);
+void ferry__ps_manifest_init(ferry__ps_manifest *M);
+void ferry__ps_manifest_deinit(ferry__ps_manifest *M);
+
+/* Verifies a checkpoint without loading it; *step its job step, owner (NULL, or
+ * FERRY_RPC_IDENTITY_MAX bytes) the identity it holds the modules of ("" for all). */
+ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step, char *owner);
+/* The steps N of job's complete checkpoints "<job>-step<N>.ckpt" in dir that belong
+ * to identity owner (NULL: any), ascending (*steps malloc'd); damaged ones are logged
+ * and left out. */
+ferry_status ferry__ps_checkpoint_job_steps(const char *dir, ferry__ps_manifest *M, const char *job,
+                                            const char *owner, uint64_t **steps, size_t *n);
+/* A checkpoint written on request (admin.c): file `name` in --checkpoint-dir ("" the
+ * default name of `step`), of identity owner's modules (NULL: all), one at a time and
+ * within --checkpoint-rate; a named request repeating the last one written, with no
+ * module changed since, is answered with that file. path receives its path. */
+struct ferry__ps_state;
+ferry_status ferry__ps_checkpoint_named(struct ferry__ps_state *s, const char *name,
+                                        const char *owner, uint64_t step, char *path, size_t cap,
+                                        uint64_t *bytes);
 /* The newest (by mtime) complete ferry-ps checkpoint in dir into path; *found 0 when
  * there is none. Damaged ones are logged and skipped. */
 ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap, int *found);

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/rpc/rpc.h" /* ferry_rpc_identity */
 #include "ferry/status.h"
 
 typedef struct ferry_ps_config {
@@ -32,6 +33,15 @@ typedef struct ferry_ps_config {
     int blas_threads;           /* OpenBLAS threads per GEMM (1..64; 0: 1, or
                                    OPENBLAS_NUM_THREADS when set) */
     double context_ttl_s;       /* a context idle this long is swept (> 0) */
+    double session_ttl_s;       /* a session without a call this long, and without an open
+                                   Session stream, ends (> 0) */
+    int max_sessions;           /* live sessions, all identities (0: 4096) */
+    int max_sessions_per_identity; /* live sessions of one identity (0: 1024) */
+    int max_calls_per_identity;    /* calls of one identity running at once (0: its fair share
+                                      of the threads while other identities have work) */
+    size_t max_pending_reply_bytes; /* replies sent but not yet read by their clients, in
+                                       all (0: 1 GiB; one connection: one reply) */
+    double reply_timeout_s;         /* a reply unread this long is cancelled (0: 60) */
     size_t max_message_bytes;   /* both directions; 0: the rpc layer's default (256 MiB) */
     const char *checkpoint_dir; /* where Checkpoint writes when the request has no path;
                                    NULL: Checkpoint needs an explicit path */
@@ -48,18 +58,28 @@ typedef struct ferry_ps_config {
                                   call's scratch (1 GiB) */
     size_t max_contexts_bytes; /* every context together (a quarter of physical memory) */
     int max_contexts;          /* contexts alive at once (16384) */
+    /* One identity's share (all its sessions together); 0 takes the default: */
+    int max_contexts_per_identity;          /* contexts (half of max_contexts) */
+    size_t max_contexts_bytes_per_identity; /* their memory (half of max_contexts_bytes) */
+    int max_modules_per_identity;           /* modules (65536) */
+    size_t max_model_bytes_per_identity;    /* their memory (all of max_model_bytes) */
+    int max_jobs;                           /* jobs held, all identities (1024) */
+    int max_jobs_per_identity;              /* jobs of one identity (64) */
+    double job_ttl_s;          /* a finished or failed job, or one no live session holds a rank of,
+                                  is freed this long after (0: 600) */
     int checkpoint_keep;       /* ferry-ps checkpoints kept in checkpoint_dir; older ones
                                   are deleted after each write (4) */
     int drain_ms;              /* on stop: health reports NOT_SERVING (and calls are still
                                   served) this long before new calls are refused (0) */
     int checkpoint_rate;       /* Checkpoint calls allowed per minute, in bursts of as many;
                                   more are refused with FERRY_ERR_BUSY (60) */
-    /* Security (all NULL: plaintext, no tokens). Tokens: the trainer token may call
-     * Hello, CreateModule, Join, Forward, Backward, GradNorm, Step, ReleaseContext,
-     * GetParams and Stats; the admin token everything (SetParams, Checkpoint,
-     * Shutdown too). TLS: PEM text; with tls_ca_pem, clients need a certificate it
-     * signed. A context belongs to the caller that opened it (ferry_rpc_caller). */
-    const char *trainer_token, *admin_token;
+    /* Security (all NULL/0: plaintext, no tokens). identities: the token table (name,
+     * role, token; copied): callers are the identity of their token, roles as in
+     * proto/ferry.proto section 2. TLS: PEM text; with tls_ca_pem, clients need a
+     * certificate it signed, and their identity is its subject. Modules and jobs
+     * belong to identities, contexts and job ranks to sessions. */
+    const ferry_rpc_identity *identities;
+    int nidentities;
     const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
 } ferry_ps_config;
 

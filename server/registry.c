@@ -31,63 +31,6 @@ static const ferry__ps_kind *kind_find(const char *name) {
     return k >= 0 ? kinds[k] : NULL;
 }
 
-static ferry_status parse_int(const char *key, const char *v, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end != '\0' || errno == ERANGE)
-        return ferry_errorf(FERRY_ERR_INVALID, "option %s: '%.32s' is not a 64-bit integer", key,
-                            v);
-    *out = x;
-    return FERRY_OK;
-}
-
-/* "key=value,key=value": bias (linear), weight_offset, bias_offset, polar; layers,
- * first_layer and dropout_ppm (lstm). */
-static ferry_status parse_options(const char *opts, int lstm, ferry__ps_module_config *c) {
-    char buf[256];
-    if (strlen(opts) >= sizeof buf)
-        return ferry_errorf(FERRY_ERR_INVALID, "options string longer than %zu bytes",
-                            sizeof buf - 1);
-    memcpy(buf, opts, strlen(opts) + 1);
-    ferry_status st = FERRY_OK;
-    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv != NULL && st == FERRY_OK;
-         kv = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(kv, '=');
-        if (eq == NULL)
-            return ferry_errorf(FERRY_ERR_INVALID, "option '%s' is not key=value", kv);
-        *eq = '\0';
-        int64_t x = 0;
-        if ((st = parse_int(kv, eq + 1, &x)) != FERRY_OK)
-            return st;
-        if (strcmp(kv, FERRY_WIRE_OPTION_NAME(BIAS)) == 0 && (x == 0 || x == 1))
-            c->bias = (int)x;
-        else if (strcmp(kv, FERRY_WIRE_OPTION_NAME(WEIGHT_OFFSET)) == 0 && x >= 0)
-            c->weight_offset = x;
-        else if (strcmp(kv, FERRY_WIRE_OPTION_NAME(BIAS_OFFSET)) == 0 && x >= 0)
-            c->bias_offset = x;
-        else if (strcmp(kv, FERRY_WIRE_OPTION_NAME(POLAR)) == 0 && (x == 0 || x == 1))
-            c->polar = (int)x;
-        else if (lstm && strcmp(kv, FERRY_WIRE_OPTION_NAME(LAYERS)) == 0 && x >= 1 &&
-                 x <= FERRY_LSTM_MAX_LAYERS)
-            c->layers = (int)x;
-        else if (lstm && strcmp(kv, FERRY_WIRE_OPTION_NAME(FIRST_LAYER)) == 0 && x >= 0 &&
-                 x < FERRY_LSTM_MAX_LAYERS)
-            c->first_layer = (int)x;
-        else if (lstm && strcmp(kv, FERRY_WIRE_OPTION_NAME(DROPOUT_PPM)) == 0 && x >= 0 &&
-                 x < 1000000)
-            c->dropout_ppm = x;
-        else
-            return ferry_errorf(FERRY_ERR_INVALID,
-                                "option %s=%lld is unknown or out of range (bias=0|1, "
-                                "weight_offset=N, bias_offset=N, polar=0|1; lstm: layers=1..%d, "
-                                "first_layer=0..%d, dropout_ppm=0..999999)",
-                                kv, (long long)x, FERRY_LSTM_MAX_LAYERS,
-                                FERRY_LSTM_MAX_LAYERS - 1);
-    }
-    return st;
-}
-
 /* The optimizer message, field by field from FERRY_OPTIM_FIELD_MAP: start from the
  * kind's defaults; a proto field of a config field's name overrides it when non-zero
  * (0 means "the default"); then `extra` entries named after config fields set exact
@@ -117,31 +60,84 @@ static ferry_status optim_from_proto(const Ferry__V1__OptimizerConfig *o, ferry_
     return FERRY_OK;
 }
 
-/* ModuleConfig.constraint: absent, "" or "none", or "stiefel" with beta >= 0 on a
- * linear module's weight (D, C); D >= C is checked when the weight is declared. */
-static ferry_status constraint_from_proto(const char *name, const Ferry__V1__ModuleConfig *p,
-                                          ferry__ps_module_config *c) {
-    const Ferry__V1__Constraint *k = p->constraint;
-    if (k == NULL || k->kind[0] == '\0' || strcmp(k->kind, "none") == 0)
+/* A Stiefel message of a linear or lstm config: beta in [0, 1e6]. */
+static ferry_status stiefel_from_proto(const char *name, const Ferry__V1__Stiefel *k,
+                                       ferry__ps_module_config *c) {
+    if (k == NULL)
         return FERRY_OK;
-    if (strcmp(k->kind, "stiefel") != 0)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "module '%s': unknown constraint kind '%s' (none | stiefel)", name,
-                            k->kind);
-    int kind = ferry_wire_kind_find(p->kind);
-    if (kind != FERRY_WIRE_KIND_LINEAR && kind != FERRY_WIRE_KIND_LSTM)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "module '%s': kind %s takes no constraint (a Stiefel constraint is "
-                            "implemented for the weight of a linear module and the weight_hh "
-                            "of an lstm module's layers)",
-                            name, p->kind);
     if (!isfinite(k->beta) || k->beta < 0.0 || k->beta > 1e6)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': Stiefel penalty weight beta %g must be in [0, 1e6]", name,
                             k->beta);
     c->constraint = FERRY_CONSTRAINT_STIEFEL;
     c->beta = k->beta;
+    c->polar = k->polar != 0;
     return FERRY_OK;
+}
+
+/* The kind's own message into c->kind, c->dims (in the order the kinds keep them:
+ * embedding [V, E], decoder [V, H], linear [C, D], dense [R, C], lstm [C, H]), bias,
+ * the constraint and the lstm fields. */
+static ferry_status kind_from_proto(const char *name, const Ferry__V1__ModuleConfig *p,
+                                    ferry__ps_module_config *c) {
+    ferry_wire_kind kind;
+    ferry_status st = FERRY_OK;
+    switch (p->kind_case) {
+    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
+        kind = FERRY_WIRE_KIND_EMBEDDING;
+        c->dims[0] = p->embedding->vocab;
+        c->dims[1] = p->embedding->width;
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
+        kind = FERRY_WIRE_KIND_DECODER;
+        c->dims[0] = p->decoder->vocab;
+        c->dims[1] = p->decoder->hidden;
+        c->bias = 1;
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
+        kind = FERRY_WIRE_KIND_LINEAR;
+        c->dims[0] = p->linear->input;
+        c->dims[1] = p->linear->output;
+        c->bias = !p->linear->no_bias;
+        st = stiefel_from_proto(name, p->linear->stiefel, c);
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
+        kind = FERRY_WIRE_KIND_DENSE;
+        c->dims[0] = p->dense->rows;
+        c->dims[1] = p->dense->cols;
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_LSTM: {
+        const Ferry__V1__LstmConfig *l = p->lstm;
+        kind = FERRY_WIRE_KIND_LSTM;
+        c->dims[0] = l->input;
+        c->dims[1] = l->hidden;
+        c->layers = l->layers > 0 ? (int)l->layers : 1;
+        c->first_layer = l->first_layer <= FERRY_LSTM_MAX_LAYERS ? (int)l->first_layer : -1;
+        c->dropout_ppm = l->dropout_ppm;
+        if (l->layers > FERRY_LSTM_MAX_LAYERS || c->first_layer < 0 ||
+            c->first_layer + c->layers > FERRY_LSTM_MAX_LAYERS)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "module '%s': lstm layers %u from layer %u outside 0..%d", name,
+                                l->layers, l->first_layer, FERRY_LSTM_MAX_LAYERS - 1);
+        if (l->dropout_ppm >= 1000000)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "module '%s': lstm dropout_ppm %u outside [0, 10^6)", name,
+                                l->dropout_ppm);
+        st = stiefel_from_proto(name, l->stiefel, c);
+        break;
+    }
+    default:
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': the config names no kind (embedding | decoder | linear | "
+                            "dense | lstm)",
+                            name);
+    }
+    (void)snprintf(c->kind, sizeof c->kind, "%s", ferry_wire_kinds[kind].name);
+    if (st == FERRY_OK &&
+        (c->dims[0] < 1 || c->dims[1] < 1 || c->dims[0] > INT32_MAX || c->dims[1] > INT32_MAX))
+        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': %s sizes %lld x %lld outside [1, 2^31)",
+                          name, c->kind, (long long)c->dims[0], (long long)c->dims[1]);
+    return st;
 }
 
 static ferry_status config_normalize(const char *name, const Ferry__V1__ModuleConfig *p,
@@ -150,19 +146,9 @@ static ferry_status config_normalize(const char *name, const Ferry__V1__ModuleCo
     memset(c, 0, sizeof *c);
     if (p == NULL)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': CreateModule without a config", name);
-    const ferry__ps_kind *kind = kind_find(p->kind);
-    if (kind == NULL)
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "module '%s': unknown kind '%s' (embedding | decoder | linear | dense | lstm)", name,
-                            p->kind);
-    (void)snprintf(c->kind, sizeof c->kind, "%s", p->kind);
-    if (p->n_dims != 2 || p->dims[0] < 1 || p->dims[1] < 1 || p->dims[0] > INT32_MAX ||
-        p->dims[1] > INT32_MAX)
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "module '%s': %s dims must be two sizes in [1, 2^31) (%s)", name,
-                            p->kind, ferry_wire_kinds[kind->wire].dims);
-    c->dims[0] = p->dims[0];
-    c->dims[1] = p->dims[1];
+    if ((st = kind_from_proto(name, p, c)) != FERRY_OK)
+        return st;
+    const ferry__ps_kind *kind = kind_find(c->kind);
     int linear = kind->wire == FERRY_WIRE_KIND_LINEAR;
     /* Global rows; an lstm module is one row, its packed layers. */
     int64_t R = linear ? c->dims[1] : kind->wire == FERRY_WIRE_KIND_LSTM ? 1 : c->dims[0];
@@ -176,40 +162,21 @@ static ferry_status config_normalize(const char *name, const Ferry__V1__ModuleCo
         return ferry_errorf(FERRY_ERR_RANGE,
                             "module '%s': rows (begin %lld, count %lld) outside [0, %lld)", name,
                             (long long)c->row_begin, (long long)c->row_count, (long long)R);
-    c->init_seed = p->init_seed;
-    c->init_scale = p->init_scale != 0.0 ? p->init_scale : 0.1;
+    const Ferry__V1__Init *in = p->init;
+    c->init_seed = in != NULL ? in->seed : 0;
+    double scale = in != NULL ? in->scale : 0.0;
+    c->init_scale = scale != 0.0 ? scale : 0.1;
     if (!(c->init_scale > 0.0) || !isfinite(c->init_scale))
-        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", name, p->init_scale);
-    if ((st = constraint_from_proto(name, p, c)) != FERRY_OK)
-        return st;
-    if (p->n_iparams != 0 || p->n_fparams != 0)
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "module '%s': kind %s takes no iparams/fparams (use options)", name,
-                            p->kind);
-    c->bias = kind->wire != FERRY_WIRE_KIND_EMBEDDING && kind->wire != FERRY_WIRE_KIND_DENSE;
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init.scale %g", name, scale);
     int64_t cols = linear ? c->dims[0] : c->dims[1];
     c->bias_offset = (R * cols + 15) & ~(int64_t)15; /* as ferry_params_add lays it out */
-    int lstm = kind->wire == FERRY_WIRE_KIND_LSTM;
-    if (lstm) {
-        c->bias = 0;
-        c->layers = 1;
-    }
-    st = parse_options(p->options, lstm, c);
-    if (st == FERRY_OK && lstm && c->bias)
-        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': an lstm module's biases are its "
-                          "layers' (no option bias)", name);
-    if (st == FERRY_OK && lstm && c->first_layer + c->layers > FERRY_LSTM_MAX_LAYERS)
-        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': layers %d..%d outside 0..%d", name,
-                          c->first_layer, c->first_layer + c->layers - 1,
-                          FERRY_LSTM_MAX_LAYERS - 1);
-    if (st == FERRY_OK && c->bias == 1 && kind->wire == FERRY_WIRE_KIND_DENSE)
-        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a dense module has no bias", name);
-    if (st == FERRY_OK && c->bias == 0 && kind->wire == FERRY_WIRE_KIND_DECODER)
-        st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': a decoder always has a bias", name);
-    if (st == FERRY_OK && c->polar && c->constraint != FERRY_CONSTRAINT_STIEFEL)
-        st = ferry_errorf(FERRY_ERR_INVALID, "option polar=1 needs constraint kind 'stiefel'");
-    if (st == FERRY_OK)
-        st = optim_from_proto(p->optimizer, &c->optim);
+    if (in != NULL && in->weight_offset != NULL)
+        c->weight_offset = in->weight_offset->value;
+    if (in != NULL && in->bias_offset != NULL)
+        c->bias_offset = in->bias_offset->value;
+    if (c->weight_offset < 0 || c->bias_offset < 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init offsets must be >= 0", name);
+    st = optim_from_proto(p->optimizer, &c->optim);
     if (st != FERRY_OK) {
         char why[256]; /* ferry_error_last is the buffer ferry_errorf writes: copy it */
         (void)snprintf(why, sizeof why, "%s", ferry_error_last());
@@ -286,6 +253,15 @@ static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_
 static void module_destroy(ferry__ps_module *m) {
     if (m == NULL)
         return;
+    if (m->reg != NULL) { /* its bytes go back to the model budget */
+        pthread_mutex_lock(&m->reg->mu);
+        m->reg->bytes -= m->bytes;
+        pthread_mutex_unlock(&m->reg->mu);
+    }
+    if (m->quota != NULL) { /* and to its owner's share */
+        atomic_fetch_sub(&m->quota->modules, 1);
+        atomic_fetch_sub(&m->quota->model_bytes, m->bytes);
+    }
     if (m->kind != NULL && m->kind->destroy != NULL)
         m->kind->destroy(m);
     ferry_optim_destroy(m->opt);
@@ -439,8 +415,10 @@ void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim)
 }
 
 void ferry__ps_registry_deinit(ferry__ps_registry *r) {
-    for (int i = 0; i < r->count; i++)
-        module_destroy(r->mods[i]);
+    for (int i = 0; i < r->count; i++) {
+        r->mods[i]->reg = NULL; /* the registry goes first: no budget to give back to */
+        ferry__ps_module_put(r->mods[i]);
+    }
     free(r->mods);
     pthread_mutex_destroy(&r->mu);
     memset(r, 0, sizeof *r);
@@ -454,9 +432,20 @@ static ferry__ps_module *find_locked(ferry__ps_registry *r, const char *name) {
     return NULL;
 }
 
+void ferry__ps_module_ref(ferry__ps_module *m) {
+    atomic_fetch_add(&m->refs, 1);
+}
+
+void ferry__ps_module_put(ferry__ps_module *m) {
+    if (m != NULL && atomic_fetch_sub(&m->refs, 1) == 1)
+        module_destroy(m);
+}
+
 ferry__ps_module *ferry__ps_registry_find(ferry__ps_registry *r, const char *name) {
     pthread_mutex_lock(&r->mu);
     ferry__ps_module *m = find_locked(r, name);
+    if (m != NULL)
+        ferry__ps_module_ref(m);
     pthread_mutex_unlock(&r->mu);
     if (m == NULL)
         (void)ferry_errorf(FERRY_ERR_NOT_FOUND, "unknown module '%s'", name);
@@ -467,10 +456,37 @@ ferry__ps_module **ferry__ps_registry_list(ferry__ps_registry *r, int *n) {
     pthread_mutex_lock(&r->mu);
     ferry__ps_module **out = r->count > 0 ? malloc((size_t)r->count * sizeof *out) : NULL;
     *n = out != NULL ? r->count : 0;
-    if (out != NULL)
-        memcpy(out, r->mods, (size_t)r->count * sizeof *out);
+    for (int i = 0; i < *n; i++) {
+        out[i] = r->mods[i];
+        ferry__ps_module_ref(out[i]);
+    }
     pthread_mutex_unlock(&r->mu);
     return out;
+}
+
+void ferry__ps_registry_list_free(ferry__ps_module **mods, int n) {
+    for (int i = 0; i < n; i++)
+        ferry__ps_module_put(mods[i]);
+    free(mods);
+}
+
+ferry_status ferry__ps_registry_delete(ferry__ps_registry *r, ferry__ps_module *m, int64_t *bytes) {
+    pthread_mutex_lock(&r->mu);
+    int i = 0;
+    while (i < r->count && r->mods[i] != m)
+        i++;
+    if (i == r->count) {
+        pthread_mutex_unlock(&r->mu);
+        return ferry_errorf(FERRY_ERR_NOT_FOUND, "module '%s' was deleted already", m->name);
+    }
+    memmove(&r->mods[i], &r->mods[i + 1], (size_t)(r->count - i - 1) * sizeof *r->mods);
+    r->count--;
+    *bytes = m->bytes;
+    pthread_mutex_unlock(&r->mu);
+    FERRY_LOG_INFO("deleted %s '%s' of '%s' (%.1f MiB once its last user is done)",
+                   ferry__ps_kind_name(m->kind), m->name, m->owner, (double)m->bytes / 1048576.0);
+    ferry__ps_module_put(m); /* the registry's reference */
+    return FERRY_OK;
 }
 
 int ferry__ps_registry_count(ferry__ps_registry *r) {
@@ -480,7 +496,26 @@ int ferry__ps_registry_count(ferry__ps_registry *r) {
     return n;
 }
 
-ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
+/* A new module into its owner's share: one more module, its bytes. */
+static ferry_status module_quota(ferry__ps_registry *r, ferry__ps_quota *q, ferry__ps_module *m) {
+    if (q == NULL)
+        return FERRY_OK;
+    ferry_status st = ferry__ps_quota_take(&q->modules, r->lim->id_modules, "modules", q->identity,
+                                           "--max-modules-per-identity");
+    if (st != FERRY_OK)
+        return st;
+    char what[FERRY_RPC_NAME_MAX + 48];
+    (void)snprintf(what, sizeof what, "%s '%s'", ferry__ps_kind_name(m->kind), m->name);
+    if ((st = ferry__ps_quota_charge(&q->model_bytes, m->bytes, r->lim->id_model_bytes, what,
+                                     q->identity, "--max-model-mb-per-identity")) != FERRY_OK)
+        atomic_fetch_sub(&q->modules, 1);
+    else
+        m->quota = q;
+    return st;
+}
+
+ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner,
+                                       ferry__ps_quota *quota, const char *name,
                                        const Ferry__V1__ModuleConfig *cfg, ferry_rpc_msg *req,
                                        int *created, ferry__ps_module **out) {
     ferry__ps_module_config c;
@@ -491,7 +526,15 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
         return st;
     pthread_mutex_lock(&r->mu);
     ferry__ps_module *m = find_locked(r, name);
-    if (m != NULL) {
+    if (m != NULL && strcmp(m->owner, owner) != 0) {
+        /* Module names are one namespace per server: a name stays with whoever created
+         * it first (an admin can delete it). Who that is stays unsaid. */
+        st = ferry_errorf(FERRY_ERR_EXISTS,
+                          "module name '%s' is taken by another identity on this server: "
+                          "choose another name",
+                          name);
+        *created = 0;
+    } else if (m != NULL) {
         char diff[256];
         if (config_diff(&m->cfg, &c, diff, sizeof diff))
             st = ferry_errorf(FERRY_ERR_EXISTS,
@@ -506,21 +549,31 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *name,
             else
                 r->mods = mods, r->cap = cap;
         }
-        if (st == FERRY_OK && (st = module_build(r, name, &c, cfg, req, &m)) == FERRY_OK) {
+        if (st == FERRY_OK && (st = module_build(r, name, &c, cfg, req, &m)) == FERRY_OK &&
+            (st = module_quota(r, quota, m)) != FERRY_OK) {
+            module_destroy(m);
+            m = NULL;
+        }
+        if (st == FERRY_OK) {
+            (void)snprintf(m->owner, sizeof m->owner, "%s", owner);
+            atomic_init(&m->refs, 1); /* the registry's */
+            m->reg = r;
             r->mods[r->count++] = m;
             r->bytes += m->bytes;
             *created = 1;
         }
     }
+    if (st == FERRY_OK)
+        ferry__ps_module_ref(m); /* the caller's */
     pthread_mutex_unlock(&r->mu);
     if (st == FERRY_OK && *created)
-        FERRY_LOG_INFO("created %s '%s': rows [%lld, %lld) of (%lld, %lld), %lld floats, %s lr "
-                       "%g%s",
-                       c.kind, name, (long long)c.row_begin, (long long)(c.row_begin + c.row_count),
-                       (long long)c.dims[0], (long long)c.dims[1], (long long)m->P.numel,
-                       ferry_optim_kind_name(c.optim.kind), c.optim.lr,
-                       c.constraint == FERRY_CONSTRAINT_STIEFEL ? ", Stiefel-constrained weight"
-                                                                : "");
+        FERRY_LOG_INFO(
+            "created %s '%s' for '%s': rows [%lld, %lld) of (%lld, %lld), %lld "
+            "floats, %s lr %g%s",
+            c.kind, name, owner, (long long)c.row_begin, (long long)(c.row_begin + c.row_count),
+            (long long)c.dims[0], (long long)c.dims[1], (long long)m->P.numel,
+            ferry_optim_kind_name(c.optim.kind), c.optim.lr,
+            c.constraint == FERRY_CONSTRAINT_STIEFEL ? ", Stiefel-constrained weight" : "");
     if (st == FERRY_OK)
         *out = m;
     return st;

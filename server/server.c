@@ -30,6 +30,7 @@ struct ferry_ps_server {
     uv_loop_t loop;
     uv_async_t wake;
     uv_timer_t sweep;
+    double last_trim;  /* the last ferry_rpc_release_idle_memory (on_sweep) */
     uv_timer_t drain;  /* --drain-ms: NOT_SERVING before the rpc server stops */
     int drain_grace;   /* the grace the stop asked for, used when the drain ends; -1: none */
     uv_signal_t sigint, sigterm;
@@ -42,6 +43,7 @@ void ferry_ps_config_default(ferry_ps_config *cfg) {
     cfg->listen = "127.0.0.1:7000";
     cfg->threads = 2;
     cfg->context_ttl_s = 60.0;
+    cfg->session_ttl_s = 60.0;
     cfg->shutdown_grace_ms = 5000;
 }
 
@@ -75,6 +77,12 @@ static ferry_status config_check(const ferry_ps_config *cfg, int network) {
     if (!(cfg->context_ttl_s > 0.0) || cfg->context_ttl_s > 1e7)
         return ferry_errorf(FERRY_ERR_INVALID, "context ttl %g s must be in (0, 1e7]",
                             cfg->context_ttl_s);
+    if (!(cfg->session_ttl_s > 0.0) || cfg->session_ttl_s > 1e7)
+        return ferry_errorf(FERRY_ERR_INVALID, "session ttl %g s must be in (0, 1e7]",
+                            cfg->session_ttl_s);
+    if (cfg->max_sessions < 0 || cfg->max_sessions_per_identity < 0 || cfg->nidentities < 0 ||
+        (cfg->nidentities > 0 && cfg->identities == NULL))
+        return ferry_errorf(FERRY_ERR_INVALID, "negative session limits or a bad token table");
     if (cfg->shutdown_grace_ms < 0)
         return ferry_errorf(FERRY_ERR_INVALID, "negative shutdown grace");
     if (cfg->max_contexts < 0 || cfg->checkpoint_keep < 0)
@@ -89,6 +97,55 @@ static ferry_status config_check(const ferry_ps_config *cfg, int network) {
                                                    : "is not writable");
     }
     return FERRY_OK;
+}
+
+/* The role each method needs (proto/ferry.proto section 2). */
+ferry_rpc_role ferry__ps_method_role(ferry_rpc_method m) {
+    switch (m) {
+    case FERRY_RPC_HELLO:
+    case FERRY_RPC_STATS:
+        return FERRY_RPC_ROLE_READER;
+    case FERRY_RPC_SET_PARAMS:
+    case FERRY_RPC_CHECKPOINT:
+    case FERRY_RPC_SHUTDOWN:
+        return FERRY_RPC_ROLE_ADMIN;
+    default:
+        return FERRY_RPC_ROLE_TRAINER;
+    }
+}
+
+/* Session streams: the RPC layer's lease ops over the session table. */
+static ferry_status lease_open(void *user, const ferry_rpc_caller_info *who, void **handle) {
+    ferry__ps_state *ps = user;
+    ferry__ps_session *s;
+    ferry_status st = ferry__ps_session_lease_open(&ps->sessions, who, &s);
+    if (st == FERRY_OK)
+        *handle = s;
+    return st;
+}
+
+static void lease_close(void *user, void *handle) {
+    ferry__ps_state *ps = user;
+    ferry__ps_session_lease_close(&ps->sessions, handle);
+}
+
+void ferry__ps_session_ended(ferry__ps_state *ps, uint64_t serial) {
+    int n = ferry__ps_ctx_drop_session(&ps->ctxs, serial);
+    ferry__ps_jobs_session_ended(&ps->jobs, serial);
+    if (n > 0)
+        FERRY_LOG_INFO("session #%llu ended: %d contexts dropped", (unsigned long long)serial, n);
+}
+
+/* Ends idle sessions, and drops what they held. */
+static void sessions_sweep(ferry__ps_state *ps) {
+    uint64_t ended[256];
+    int n;
+    while ((n = ferry__ps_sessions_sweep(&ps->sessions, ended, 256)) > 0) {
+        for (int i = 0; i < n; i++)
+            ferry__ps_session_ended(ps, ended[i]);
+        if (n < 256)
+            break;
+    }
 }
 
 static void stop_from_shutdown(void *user, int grace_ms) {
@@ -123,10 +180,21 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     pthread_mutex_init(&ps->checkpoint_mu, NULL);
     ferry__ps_limits_resolve(cfg, &ps->lim);
     ferry__ps_registry_init(&ps->reg, &ps->lim); /* both point at ps->lim */
+    ferry__ps_quotas_init(&ps->quotas);
+    ferry__ps_manifest_init(&ps->manifest);
     ferry__ps_jobs_init(&ps->jobs);
-    if ((st = ferry__ps_ctx_table_init(&ps->ctxs, cfg->context_ttl_s, &ps->lim)) != FERRY_OK) {
+    ps->jobs.lim = &ps->lim;
+    ps->jobs.ttl_s = cfg->job_ttl_s > 0.0 ? cfg->job_ttl_s : 600.0;
+    if ((st = ferry__ps_sessions_init(
+             &ps->sessions, cfg->session_ttl_s, cfg->max_sessions > 0 ? cfg->max_sessions : 4096,
+             cfg->max_sessions_per_identity > 0 ? cfg->max_sessions_per_identity : 1024,
+             &ps->quotas)) != FERRY_OK ||
+        (st = ferry__ps_ctx_table_init(&ps->ctxs, cfg->context_ttl_s, &ps->lim)) != FERRY_OK) {
+        ferry__ps_sessions_deinit(&ps->sessions);
         ferry__ps_jobs_deinit(&ps->jobs);
         ferry__ps_registry_deinit(&ps->reg);
+        ferry__ps_quotas_deinit(&ps->quotas);
+        ferry__ps_manifest_deinit(&ps->manifest);
         pthread_mutex_destroy(&ps->checkpoint_mu);
         pthread_mutex_destroy(&ps->id_mu);
         pthread_mutex_destroy(&s->mu);
@@ -154,8 +222,8 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
         FERRY_LOG_INFO("restoring the newest complete checkpoint of %s: %s",
                        ps->checkpoint_dir, newest);
     }
-    if (restore != NULL &&
-        (st = ferry__ps_checkpoint_read(&ps->reg, restore, &ps->restored_step)) != FERRY_OK) {
+    if (restore != NULL && (st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, restore,
+                                                           &ps->restored_step)) != FERRY_OK) {
         ferry_ps_server_destroy(s);
         return st;
     }
@@ -181,11 +249,19 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     rc.max_message_bytes = cfg->max_message_bytes;
     rc.user = &s->ps;
     rc.incarnation = s->ps.incarnation;
-    rc.trainer_token = cfg->trainer_token;
-    rc.admin_token = cfg->admin_token;
-    rc.admin_only[FERRY_RPC_SET_PARAMS] = 1;
-    rc.admin_only[FERRY_RPC_CHECKPOINT] = 1;
-    rc.admin_only[FERRY_RPC_SHUTDOWN] = 1;
+    rc.identities = cfg->identities;
+    rc.nidentities = cfg->nidentities;
+    for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
+        rc.method_role[m] = ferry__ps_method_role((ferry_rpc_method)m);
+    rc.lease.open = lease_open;
+    rc.lease.close = lease_close;
+    /* Hello, Stats and Shutdown never wait on a module or a context: answered at once,
+     * however busy the workers are with other calls. */
+    rc.cheap[FERRY_RPC_HELLO] = rc.cheap[FERRY_RPC_STATS] = rc.cheap[FERRY_RPC_SHUTDOWN] = 1;
+    rc.workers = cfg->threads;
+    rc.max_calls_per_identity = cfg->max_calls_per_identity;
+    rc.max_pending_bytes = (int64_t)cfg->max_pending_reply_bytes;
+    rc.reply_timeout_s = cfg->reply_timeout_s;
     rc.tls_cert_pem = cfg->tls_cert_pem;
     rc.tls_key_pem = cfg->tls_key_pem;
     rc.tls_ca_pem = cfg->tls_ca_pem;
@@ -212,9 +288,10 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
     if (blas == 0 && env != NULL && atoi(env) > 0)
         blas = atoi(env);
     ferry_cpu_set_threads(blas > 0 ? blas : 1);
-    FERRY_LOG_INFO("listening on %s (id %s, incarnation %016llx, %d threads, context ttl %g s)",
+    FERRY_LOG_INFO("listening on %s (id %s, incarnation %016llx, %d threads, context ttl %g s, "
+                   "session ttl %g s, %d identities)",
                    s->address, s->ps.server_id, (unsigned long long)s->ps.incarnation, cfg->threads,
-                   cfg->context_ttl_s);
+                   cfg->context_ttl_s, cfg->session_ttl_s, cfg->nidentities);
     FERRY_LOG_INFO("OpenBLAS: %s, %d thread%s per GEMM (--blas-threads)", ferry_cpu_blas_kernels(),
                    blas > 0 ? blas : 1, blas > 1 ? "s" : "");
     FERRY_LOG_INFO("budgets: module %.0f MiB, all modules %.0f MiB, context %.0f MiB, all "
@@ -250,6 +327,7 @@ const char *ferry_ps_server_address(const ferry_ps_server *s) {
 }
 
 int ferry_ps_server_sweep(ferry_ps_server *s) {
+    sessions_sweep(&s->ps);
     return ferry__ps_ctx_sweep(&s->ps.ctxs);
 }
 
@@ -319,10 +397,22 @@ static void on_wake(uv_async_t *a) {
         uv_walk(a->loop, close_handle, NULL);
 }
 
+#define TRIM_EVERY_S 5.0
+
 static void on_sweep(uv_timer_t *t) {
     ferry_ps_server *s = t->data;
+    sessions_sweep(&s->ps);
     (void)ferry__ps_ctx_sweep(&s->ps.ctxs);
-    ferry__ps_jobs_expire(&s->ps.jobs);
+    ferry__ps_jobs_expire(&s->ps.jobs, &s->ps.sessions);
+    if (s->rpc != NULL)
+        (void)ferry_rpc_server_reap(s->rpc); /* replies nobody reads */
+    /* What freed jobs, modules and replies held goes back to the system, not only to
+     * malloc's free lists (contexts do it as they are swept). */
+    double now = ferry_now();
+    if (now - s->last_trim > TRIM_EVERY_S) {
+        s->last_trim = now;
+        ferry_rpc_release_idle_memory();
+    }
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -402,7 +492,10 @@ void ferry_ps_server_destroy(ferry_ps_server *s) {
     ferry_rpc_server_destroy(s->rpc);
     ferry__ps_jobs_deinit(&s->ps.jobs);
     ferry__ps_ctx_table_deinit(&s->ps.ctxs);
+    ferry__ps_sessions_deinit(&s->ps.sessions);
     ferry__ps_registry_deinit(&s->ps.reg);
+    ferry__ps_quotas_deinit(&s->ps.quotas); /* after everything charged to them */
+    ferry__ps_manifest_deinit(&s->ps.manifest);
     pthread_mutex_destroy(&s->ps.checkpoint_mu);
     pthread_mutex_destroy(&s->ps.id_mu);
     pthread_mutex_destroy(&s->mu);

@@ -1,5 +1,7 @@
 /* test_flags.c - the declarative flag parser: both value syntaxes, every type, the
- * exact one-line error for each kind of bad input, and the aligned --help text. */
+ * exact one-line error for each kind of bad input (with "did you mean" for a near
+ * miss), the aligned --help text (shortest numbers, sentinel defaults, exit status),
+ * and peeking at one flag before parsing. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -61,7 +63,7 @@ static void setup(bool required_data) {
          .help = "update rule"},
     };
     memcpy(table, t, sizeof t);
-    fs = (ferry_flags){"ferry-trainer", "trains a language model", table, 7, NULL};
+    fs = (ferry_flags){"ferry-trainer", "trains a language model", table, 7, NULL, NULL};
 }
 
 /* Parses a NULL-terminated argument list (argv[0] supplied). */
@@ -178,10 +180,11 @@ TEST(help) {
         "  --lr NUM          learning rate (default 20)\n",
         "  --clip NUM        gradient norm clip (default 0.25)\n",
         "  --data DIR        corpus directory (required)\n",
-        "  --tied            tie weights (default false)\n",
+        "  --tied            tie weights\n",
         "  --optimizer NAME  update rule: sgd|adagrad|adadelta|adam|adamw (default adam)\n",
         "  --help            print this help and exit\n",
         "  --version         print the version and exit\n",
+        "\nexit status: " FERRY_FLAGS_EXIT_STATUS "\n",
     };
     const char *p = text;
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -201,4 +204,74 @@ TEST(help) {
     CHECK(help);
 }
 
-FERRY_TEST_MAIN(T(values) T(errors) T(help))
+TEST(did_you_mean) {
+    setup(false);
+    expect_error(FERRY_ERR_INVALID, "unknown flag --epoch (did you mean --epochs?)",
+                 ARGS("--epoch", "3"));
+    expect_error(FERRY_ERR_INVALID, "unknown flag --optmizer (did you mean --optimizer?)",
+                 ARGS("--optmizer=adam"));
+    expect_error(FERRY_ERR_INVALID, "unknown flag --dtaa (did you mean --data?)",
+                 ARGS("--dtaa", "x")); /* a transposition is one edit */
+    expect_error(FERRY_ERR_INVALID, "unknown flag -lr (did you mean --lr?)", ARGS("-lr", "1"));
+    expect_error(FERRY_ERR_INVALID, "unknown flag --hlep (did you mean --help?)", ARGS("--hlep"));
+    /* Too far from every name: no guess. */
+    expect_error(FERRY_ERR_INVALID, "unknown flag --bogus (see --help)", ARGS("--bogus"));
+    expect_error(FERRY_ERR_INVALID, "unknown flag --xyz (see --help)", ARGS("--xyz"));
+    expect_error(FERRY_ERR_INVALID, "unknown flag --learning-rate (see --help)",
+                 ARGS("--learning-rate", "1"));
+}
+
+/* The usage text of one flag table, into text. */
+static void usage_of(const ferry_flag *flags, int n, char *text, size_t cap) {
+    ferry_flags f = {"prog", NULL, flags, n, NULL, "0 ok; 2 usage"};
+    FILE *out = tmpfile();
+    CHECK(out != NULL);
+    ferry_flags_usage(&f, out);
+    rewind(out);
+    size_t len = fread(text, 1, cap - 1, out);
+    text[len] = '\0';
+    CHECK(fclose(out) == 0);
+}
+
+TEST(help_numbers) {
+    float dropout = 0.99f, init = 0.1f;
+    double decay = 0.98999999999999999, ttl = 1e-3;
+    int world = -1;
+    const ferry_flag flags[] = {
+        {.name = "dropout", .type = FERRY_FLAG_FLOAT, .ptr = &dropout, .min = 0, .max = 0.99},
+        {.name = "init", .type = FERRY_FLAG_FLOAT, .ptr = &init, .min = 0, .max = 10},
+        {.name = "decay", .type = FERRY_FLAG_DOUBLE, .ptr = &decay, .min = 0, .max = 1},
+        {.name = "ttl", .type = FERRY_FLAG_DOUBLE, .ptr = &ttl, .min = 0.001, .max = 1e7},
+        {.name = "world",
+         .type = FERRY_FLAG_INT,
+         .ptr = &world,
+         .min = 1,
+         .max = 65536,
+         .defval = "FERRY_WORLD, or 1",
+         .help = "trainers"},
+    };
+    char text[2048];
+    usage_of(flags, 5, text, sizeof text);
+    fprintf(stderr, "%s", text);
+    CHECK(strstr(text, "--dropout NUM   (default 0.99, range [0, 0.99])\n") != NULL);
+    CHECK(strstr(text, "--init NUM      (default 0.1, range [0, 10])\n") != NULL);
+    CHECK(strstr(text, "--decay NUM     (default 0.99, range [0, 1])\n") != NULL);
+    CHECK(strstr(text, "--ttl NUM       (default 0.001, range [0.001, 10000000])\n") != NULL);
+    CHECK(strstr(text, "--world INT    trainers (default FERRY_WORLD, or 1, range [1, 65536])\n") !=
+          NULL);
+    CHECK(strstr(text, "\nexit status: 0 ok; 2 usage\n") != NULL);
+    CHECK(strstr(text, "999999") == NULL && strstr(text, "000001") == NULL);
+}
+
+TEST(peek) {
+    char *argv[] = {(char *)(uintptr_t) "prog",           (char *)(uintptr_t) "--preset",
+                    (char *)(uintptr_t) "medium",         (char *)(uintptr_t) "--log-format=json",
+                    (char *)(uintptr_t) "--preset=large", (char *)(uintptr_t) "--log"};
+    CHECK(strcmp(ferry_flags_peek(6, argv, "preset"), "large") == 0); /* the last one */
+    CHECK(strcmp(ferry_flags_peek(6, argv, "log-format"), "json") == 0);
+    CHECK(ferry_flags_peek(6, argv, "log") == NULL); /* no value follows */
+    CHECK(ferry_flags_peek(3, argv, "log-format") == NULL);
+    CHECK(ferry_flags_peek(6, argv, "pre") == NULL); /* names match whole */
+}
+
+FERRY_TEST_MAIN(T(values) T(errors) T(help) T(did_you_mean) T(help_numbers) T(peek))

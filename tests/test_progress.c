@@ -1,6 +1,7 @@
 /* test_progress.c - the progress reporter's exact plain log lines, the redrawn terminal
- * line (forced TTY mode into a file, so the 100-column fallback applies), mode choice
- * from FERRY_PROGRESS, and h:mm:ss formatting. stderr is captured through a temp file. */
+ * line (forced TTY mode into a file, so the 100-column fallback applies), the ETA of a
+ * resumed epoch, mode choice from FERRY_PROGRESS, and h:mm:ss formatting. stderr is
+ * captured through a temp file. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -169,6 +170,37 @@ TEST(mode_from_env) {
     ferry_progress_destroy(NULL);
 }
 
+/* A resumed epoch (first = 1000) that --max-steps ends at window 1100: the bar's 100%
+ * is 1100, and the ETA extrapolates from the 50 windows this process took in 10 s
+ * (50 left: 10 s), not from all 1050 (0.5 s). */
+TEST(eta_of_a_resumed_short_epoch) {
+    ferry_progress_config cfg = {
+        .mode = FERRY_PROGRESS_PLAIN, .steps = 1100, .first = 1000, .log_interval = 50};
+    ferry_progress *p;
+    CHECK_OK(ferry_progress_create(&cfg, &p));
+    capture_begin();
+    ferry_progress_update(
+        p,
+        &(ferry_progress_stats){
+            .epoch = 2, .step = 1050, .loss = 5, .lr = 1, .tokens_per_s = 2000, .elapsed_s = 10});
+    ferry_progress_update(
+        p,
+        &(ferry_progress_stats){
+            .epoch = 2, .step = 1100, .loss = 5, .lr = 1, .tokens_per_s = 2000, .elapsed_s = 20});
+    ferry_progress_destroy(p);
+    const char *out = capture_end();
+    fprintf(stderr, "%s", out);
+    CHECK(strstr(out, "epoch 2 step 1050/1100 | ") != NULL);
+    CHECK(strstr(out, "| elapsed 0:00:10 | eta 0:00:10\n") != NULL);
+    CHECK(strstr(out, "epoch 2 step 1100/1100 | ") != NULL);
+    CHECK(strstr(out, "| elapsed 0:00:20 | eta 0:00:00\n") != NULL);
+    /* The first step must lie in [0, steps]. */
+    cfg.first = 1101;
+    p = NULL;
+    CHECK_STATUS(ferry_progress_create(&cfg, &p), FERRY_ERR_INVALID);
+    CHECK(p == NULL);
+}
+
 TEST(hms) {
     char buf[32];
     CHECK(strcmp(ferry_progress_hms(0, buf, sizeof buf), "0:00:00") == 0);
@@ -180,4 +212,4 @@ TEST(hms) {
     CHECK(strcmp(ferry_progress_hms(INFINITY, buf, sizeof buf), "-:--:--") == 0);
 }
 
-FERRY_TEST_MAIN(T(plain_lines) T(tty_line) T(mode_from_env) T(hms))
+FERRY_TEST_MAIN(T(plain_lines) T(tty_line) T(eta_of_a_resumed_short_epoch) T(mode_from_env) T(hms))

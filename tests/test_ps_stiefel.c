@@ -12,6 +12,7 @@
 #include <unistd.h> /* rmdir */
 
 #include "check.h"
+#include "session.h"
 #include "ferry.pb-c.h" /* Ferry__V1__StatsRequest: Stats read over a raw client */
 #include "ferry/ferry.h"
 #include "common/rpc/rpc.h"
@@ -220,6 +221,7 @@ TEST(remote_constrained_linear_matches_local) {
 static double stats_value(harness *h, const char *name) {
     ferry_rpc_client *cli;
     CHECK_OK(ferry_rpc_client_create(ferry_ps_server_address(h->srv), NULL, &cli));
+    CHECK_OK(ferry_test_hello(cli, 0, NULL));
     Ferry__V1__StatsRequest q;
     ferry__v1__stats_request__init(&q);
     ferry_rpc_msg req, reply;
@@ -398,7 +400,7 @@ TEST(refusals) {
     remote_config(&rc, "lin", 0.1f);
     rc.constraint.kind = FERRY_REMOTE_CONSTRAINT_NONE;
     rc.constraint.polar_init = 1;
-    expect_create_fails(&h, &rc, FERRY_ERR_INVALID, "polar=1");
+    expect_create_fails(&h, &rc, FERRY_ERR_INVALID, "polar_init needs a Stiefel constraint");
     remote_config(&rc, "lin", 0.1f);
     rc.constraint.beta = -1.0;
     expect_create_fails(&h, &rc, FERRY_ERR_INVALID, "beta");

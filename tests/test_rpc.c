@@ -33,14 +33,12 @@ static void sleep_ms(int ms) {
 }
 
 /* Forward: echo. Tensors move from request to reply without a copy; the reply
- * header returns ctx_id as version and the iparams. Misaligned input fails. */
+ * header returns ctx_id as version. Misaligned input fails. */
 static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     const Ferry__V1__ForwardRequest *q = req->head;
     Ferry__V1__ForwardReply r;
     ferry__v1__forward_reply__init(&r);
     r.version = q->ctx_id;
-    r.n_iparams = q->n_iparams;
-    r.iparams = q->iparams;
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
     for (int i = 0; st == FERRY_OK && i < req->ntensors; i++) {
         if (((uintptr_t)req->tensors[i].data & 63) != 0)
@@ -53,9 +51,12 @@ static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     return st;
 }
 
-/* The Backward gate: a Backward with iparams[0] < 0 is held in its handler until the
- * test opens the gate. in_backward counts the Backward handlers running; arrived
- * counts those that came to the rendezvous (iparams[1]) since the test zeroed it. */
+/* The test server's Backward takes its orders from the request's two numbers:
+ * call_id is how many ms it sleeps, or GATE to be held in its handler until the test
+ * opens the gate; a ctx_id N > 0 sends it to the rendezvous of N handlers first.
+ * in_backward counts the Backward handlers running; arrived counts those that came
+ * to the rendezvous since the test zeroed it. */
+#define GATE UINT64_MAX
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static int gate_open;
@@ -83,21 +84,21 @@ static int await_in_backward(int n) {
     return await_count(&in_backward, n);
 }
 
-/* Backward: with iparams[1] = N, first comes to the rendezvous and waits there until N
- * handlers have come (at most 60 s, then fails): none leaves before all N are in,
- * so they ran at once; then sleeps iparams[0] ms, or with iparams[0] < 0 waits
- * for the gate (at most 120 s, then fails); then answers with an empty reply. */
+/* Backward: with ctx_id = N > 0, first comes to the rendezvous and waits there until
+ * N handlers have come (at most 60 s, then fails): none leaves before all N are in,
+ * so they ran at once; then sleeps call_id ms, or with call_id = GATE waits for the
+ * gate (at most 120 s, then fails); then answers with an empty reply. */
 static ferry_status handle_backward(ferry_rpc_msg *req) {
     const Ferry__V1__BackwardRequest *q = req->head;
     ferry_status st = FERRY_OK;
     atomic_fetch_add(&in_backward, 1);
-    if (q->n_iparams > 1) {
+    if (q->ctx_id > 0) {
         atomic_fetch_add(&arrived, 1);
-        if (!await_count(&arrived, (int)q->iparams[1]))
+        if (!await_count(&arrived, (int)q->ctx_id))
             st = ferry_errorf(FERRY_ERR_TIMEOUT, "never %d Backward handlers at once",
-                              (int)q->iparams[1]);
+                              (int)q->ctx_id);
     }
-    if (st == FERRY_OK && q->n_iparams > 0 && q->iparams[0] < 0) {
+    if (st == FERRY_OK && q->call_id == GATE) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 120;
@@ -108,8 +109,8 @@ static ferry_status handle_backward(ferry_rpc_msg *req) {
         if (!gate_open)
             st = ferry_errorf(FERRY_ERR_TIMEOUT, "the test never opened the gate");
         pthread_mutex_unlock(&gate_mu);
-    } else if (st == FERRY_OK && q->n_iparams > 0) {
-        sleep_ms((int)q->iparams[0]);
+    } else if (st == FERRY_OK && q->call_id > 0) {
+        sleep_ms((int)q->call_id);
     }
     atomic_fetch_sub(&in_backward, 1);
     return st;
@@ -196,9 +197,7 @@ static ferry_rpc_client *connect_to(const char *target, size_t max_bytes) {
 static ferry_status call_backward(ferry_rpc_client *c, int sleep, int deadline_ms) {
     Ferry__V1__BackwardRequest q;
     ferry__v1__backward_request__init(&q);
-    int64_t ms = sleep;
-    q.n_iparams = 1;
-    q.iparams = &ms;
+    q.call_id = sleep < 0 ? GATE : (uint64_t)sleep; /* ms the test server sleeps; -1: the gate */
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
@@ -583,9 +582,7 @@ TEST(fanout) {
      * (sequential ones would meet the 60 s deadline). */
     Ferry__V1__BackwardRequest q;
     ferry__v1__backward_request__init(&q);
-    int64_t ip[2] = {0, N};
-    q.n_iparams = 2;
-    q.iparams = ip;
+    q.ctx_id = N; /* the rendezvous: each handler waits for the other two */
     ferry_rpc_msg req, replies[N];
     ferry_rpc_msg_init(&req);
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base)); /* one request, shared by all three */
@@ -604,7 +601,7 @@ TEST(fanout) {
      * longer waits for company. */
     ferry_rpc_msg plain;
     ferry_rpc_msg_init(&plain);
-    q.n_iparams = 1;
+    q.ctx_id = 0;
     CHECK_OK(ferry_rpc_msg_set_head(&plain, &q.base));
     calls[0].req = &plain;
     Ferry__V1__GradNormRequest g;

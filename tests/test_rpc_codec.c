@@ -34,16 +34,18 @@ static void fill(void *p, size_t n, unsigned seed) {
 static void build(ferry_rpc_msg *m, const size_t *sizes, int n, void **bufs) {
     Ferry__V1__ForwardRequest q;
     ferry__v1__forward_request__init(&q);
-    int64_t ip[3] = {7, -9, 1LL << 40};
-    double fp[2] = {0.5, -3.25};
+    Ferry__V1__LstmForwardArgs args; /* a nested message of the header */
+    ferry__v1__lstm_forward_args__init(&args);
+    args.stream = 7;
+    args.seed = 1ULL << 40;
+    args.t0 = 9;
+    args.carry = 1;
     q.ctx_id = 0x1234567890abcdefULL;
     q.call_id = 42;
     q.module = "dec0";
     q.mode = "partials";
-    q.n_iparams = 3;
-    q.iparams = ip;
-    q.n_fparams = 2;
-    q.fparams = fp;
+    q.args_case = FERRY__V1__FORWARD_REQUEST__ARGS_LSTM;
+    q.lstm = &args;
     ferry_rpc_msg_init(m);
     CHECK_OK(ferry_rpc_msg_set_head(m, &q.base));
     for (int i = 0; i < n; i++) {
@@ -105,9 +107,9 @@ static void check_same(const ferry_rpc_msg *got, const size_t *sizes, int n, voi
     CHECK(q->ctx_id == 0x1234567890abcdefULL);
     CHECK_EQ(q->call_id, 42);
     CHECK(strcmp(q->module, "dec0") == 0 && strcmp(q->mode, "partials") == 0);
-    CHECK_EQ(q->n_iparams, 3);
-    CHECK(q->iparams[2] == 1LL << 40 && q->iparams[1] == -9);
-    CHECK(q->n_fparams == 2 && q->fparams[1] == -3.25);
+    CHECK(q->args_case == FERRY__V1__FORWARD_REQUEST__ARGS_LSTM && q->lstm != NULL);
+    CHECK(q->lstm->seed == 1ULL << 40 && q->lstm->stream == 7 && q->lstm->t0 == 9);
+    CHECK(q->lstm->carry && !q->lstm->reset);
     CHECK_EQ(q->n_tensors, 0);
     CHECK_EQ(got->ntensors, n);
     for (int i = 0; i < n; i++) {
@@ -340,7 +342,7 @@ TEST(protobuf_c_compat) {
     CHECK(memcmp(got.tensors[1].data, bufs[1], 2000) == 0);
     CHECK(memcmp(got.tensors[0].data, bufs[0], 8) == 0);
     const Ferry__V1__ForwardRequest *h = got.head;
-    CHECK(h->n_iparams == 3 && h->iparams[0] == 7);
+    CHECK(h->args_case == FERRY__V1__FORWARD_REQUEST__ARGS_LSTM && h->lstm->stream == 7);
 
     ferry__v1__forward_request__free_unpacked(q, NULL);
     free(flat2);

@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -29,7 +30,9 @@
 
 /* ---- the configuration a checkpoint carries ---- */
 
-typedef enum { K_INT, K_I64, K_FLT, K_DBL, K_STR, K_ENUM } kind;
+/* K_PATH: a string naming a directory, written as an absolute path so that a resume
+ * from another working directory finds it. */
+typedef enum { K_INT, K_I64, K_FLT, K_DBL, K_STR, K_ENUM, K_PATH } kind;
 
 typedef struct cfg_key {
     const char *key; /* the flag's name */
@@ -37,15 +40,19 @@ typedef struct cfg_key {
     size_t off;
     int fixed; /* a flag that contradicts it is an error; else it is a default */
     const char *choices; /* K_ENUM: '|'-separated names */
-    const char *absent;  /* the value of a checkpoint written before the key existed */
+    const char *absent;  /* the value of a checkpoint written before the key existed;
+                            NULL: such a checkpoint is refused, unless optional */
+    int optional;        /* absent: the field keeps the value it had (a default) */
 } cfg_key;
 
 #define F(name, t, field, fixed)                                                                   \
-    { name, t, offsetof(ferry_trainer_config, field), fixed, NULL, NULL }
+    { name, t, offsetof(ferry_trainer_config, field), fixed, NULL, NULL, 0 }
 #define FA(name, t, field, fixed, absent)                                                          \
-    { name, t, offsetof(ferry_trainer_config, field), fixed, NULL, absent }
+    { name, t, offsetof(ferry_trainer_config, field), fixed, NULL, absent, 0 }
+#define FO(name, t, field, fixed)                                                                  \
+    { name, t, offsetof(ferry_trainer_config, field), fixed, NULL, NULL, 1 }
 #define E(name, field, fixed, ch)                                                                  \
-    { name, K_ENUM, offsetof(ferry_trainer_config, field), fixed, ch, NULL }
+    { name, K_ENUM, offsetof(ferry_trainer_config, field), fixed, ch, NULL, 0 }
 static const cfg_key keys[] = {
     F("emsize", K_INT, emsize, 1),
     F("nhid", K_INT, nhid, 1),
@@ -78,9 +85,12 @@ static const cfg_key keys[] = {
     F("checkpoint-every", K_I64, checkpoint_every, 0),
     F("keep-checkpoints", K_INT, keep_checkpoints, 0),
     F("log-interval", K_INT, log_interval, 0),
+    /* The corpus: a default (--data wins); the vocabulary hash in PROG checks it. */
+    FO("data", K_PATH, data, 0),
 };
 #undef F
 #undef FA
+#undef FO
 #undef E
 enum { NKEYS = (int)(sizeof keys / sizeof keys[0]) };
 
@@ -108,7 +118,8 @@ static void key_text(const cfg_key *k, const ferry_trainer_config *cfg, char *bu
     case K_FLT: (void)snprintf(buf, cap, "%.9g", (double)*(const float *)base); break;
     case K_DBL: (void)snprintf(buf, cap, "%.17g", *(const double *)base); break;
     case K_ENUM: (void)enum_name(k->choices, *(const int *)base, buf, cap); break;
-    case K_STR: {
+    case K_STR:
+    case K_PATH: {
         const char *s = *(const char *const *)base;
         (void)snprintf(buf, cap, "%s", s != NULL ? s : "");
         break;
@@ -131,9 +142,12 @@ static char *config_text(const ferry_trainer_config *cfg, size_t *len) {
     FILE *f = open_memstream(&buf, len);
     if (f == NULL)
         return NULL;
-    char v[256];
+    char v[PATH_MAX + 1];
     for (int i = 0; i < NKEYS; i++) {
         key_text(&keys[i], cfg, v, sizeof v);
+        char abs[PATH_MAX];
+        if (keys[i].type == K_PATH && v[0] != '\0' && realpath(v, abs) != NULL)
+            (void)snprintf(v, sizeof v, "%s", abs);
         fprintf(f, "%s=%s\n", keys[i].key, v);
     }
     for (int i = 0; i < FERRY_OPTIM_FIELD_COUNT; i++) {
@@ -182,7 +196,8 @@ static ferry_status set_key(const cfg_key *k, ferry_trainer_config *cfg, const c
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: %s=%s is not one of %s", path, k->key, v,
                             k->choices);
     }
-    case K_STR: {
+    case K_STR:
+    case K_PATH: {
         size_t n = strlen(v) + 1;
         if (n > *left)
             return ferry_errorf(FERRY_ERR_NOMEM, "%s: configuration strings too long", path);
@@ -209,9 +224,11 @@ ferry_status ferry_checkpoint_read_config(const char *path, ferry_trainer_config
     const char *text = ferry_ckcur_bytes(&c, len);
     if (c.bad || text == NULL)
         st = ferry_errorf(FERRY_ERR_FORMAT, "%s has no configuration section", path);
-    char v[256];
+    char v[PATH_MAX + 1];
     for (int i = 0; i < NKEYS && st == FERRY_OK; i++) {
         const char *value = conf_value(text, len, keys[i].key, v, sizeof v) ? v : keys[i].absent;
+        if (value == NULL && keys[i].optional)
+            continue;
         if (value == NULL)
             st = ferry_errorf(FERRY_ERR_FORMAT, "%s: the configuration lacks %s", path,
                               keys[i].key);

@@ -1,8 +1,10 @@
-/* main.c - ferry-trainer: parses flags into a ferry_trainer_config, then runs.
- * Exit codes: 0 done, 1 training failed, 2 bad command line. */
+/* main.c - ferry-trainer: parses flags into a ferry_trainer_config, checks what the
+ * command line alone can tell, then runs. Exit codes: 0 done, 1 training failed, 2 bad
+ * command line; the last line says why (JSON with --log-format json). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -16,16 +18,50 @@
 #include "common/core/flags.h"
 #include "worker/checkpoint.h"
 #include "common/core/log.h"
+#include "worker/model.h" /* ferry_lm_check_stages */
 #include "worker/trainer.h"
 
-static const char *preset_name(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc)
-            return argv[i + 1];
-        if (strncmp(argv[i], "--preset=", 9) == 0)
-            return argv[i] + 9;
+/* The last line of a bad command line; returns the exit code. */
+static int usage_error(const char *fmt, ...) FERRY_PRINTF(1, 2);
+static int usage_error(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ferry_log_fatal("%s", msg);
+    return FERRY_EXIT_USAGE;
+}
+
+/* What the command line alone can tell is wrong, found before anything runs (the
+ * trainer checks the same again where it uses the values). */
+static ferry_status check_usage(const ferry_trainer_config *cfg) {
+    int nservers = 1;
+    for (const char *p = cfg->ps != NULL ? cfg->ps : ""; *p != '\0'; p++)
+        nservers += *p == ',';
+    if (cfg->ps != NULL) {
+        size_t jl = strlen(cfg->job);
+        if (jl == 0 || jl > 48 ||
+            strspn(cfg->job, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+                jl)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "--job '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it prefixes "
+                                "the job's module names)",
+                                cfg->job);
+        ferry_sync_mode mode;
+        int staleness;
+        if (cfg->sync != NULL && ferry_sync_parse(cfg->sync, &mode, &staleness) != FERRY_OK)
+            return FERRY_ERR_INVALID;
+        if (cfg->stages != NULL && cfg->stages[0] != '\0' &&
+            ferry_lm_check_stages(cfg->stages, cfg->nlayers, nservers) != FERRY_OK)
+            return FERRY_ERR_INVALID;
     }
-    return NULL;
+    if (cfg->micro_batches > cfg->bptt)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "--micro-batches %d: a window has %d time steps (--bptt), at most "
+                            "one micro-batch per step",
+                            cfg->micro_batches, cfg->bptt);
+    return FERRY_OK;
 }
 
 static const char *env_get(const char *name) {
@@ -66,19 +102,20 @@ int main(int argc, char **argv) {
     (void)ferry_rpc_tune_malloc(0);
     ferry_trainer_config cfg;
     ferry_trainer_config_default(&cfg);
-    const char *preset = preset_name(argc, argv);
-    if (preset != NULL && !ferry_trainer_config_preset(&cfg, preset)) {
-        fprintf(stderr, "ferry-trainer: --preset: '%s' is not one of small|medium|large\n",
-                preset);
-        return 2;
-    }
+    const char *lf = ferry_flags_peek(argc, argv, "log-format");
+    if (lf != NULL)
+        ferry_log_set_json(strcmp(lf, "json") == 0); /* a bad command line's line too */
+    const char *preset = ferry_flags_peek(argc, argv, "preset");
+    if (preset != NULL && !ferry_trainer_config_preset(&cfg, preset))
+        return usage_error("--preset: '%s' is not one of small|medium|large", preset);
     bool local = false;
     const char *load_auto = NULL;
-    static char ck_strings[1024];
+    static char ck_strings[8192]; /* the checkpoint's strings: --stages, --job, --data, ... */
     int log_level = 2, world = -1, rank = -1, log_format = 0;
+    /* clang-format off */
     const ferry_flag flags[] = {
         {.name = "local", .type = FERRY_FLAG_BOOL, .ptr = &local,
-         .help = "train the whole model in this process (the default without --ps)"},
+         .help = "train the whole model in this process, as without --ps"},
         {.name = "ps", .type = FERRY_FLAG_STRING, .ptr = &cfg.ps, .metavar = "HOST:PORT[,...]",
          .help = "ferry-ps shards hosting the embedding and decoder"},
         {.name = "decoder-mode", .type = FERRY_FLAG_ENUM, .ptr = &cfg.decoder_mode,
@@ -112,10 +149,15 @@ int main(int argc, char **argv) {
          .max = 1e15, .help = "train on the first N tokens only (0 = all)"},
         {.name = "eval-tokens", .type = FERRY_FLAG_INT64, .ptr = &cfg.eval_tokens, .min = 0,
          .max = 1e15, .help = "evaluate on the first N tokens only (0 = all)"},
+        {.name = "eval-batches", .type = FERRY_FLAG_INT64, .ptr = &cfg.eval_batches, .min = 0,
+         .max = 1e15, .metavar = "N", .defval = "all; 10 after --max-steps",
+         .help = "evaluate valid and test on at most N windows each (0 = all)"},
         {.name = "epochs", .type = FERRY_FLAG_INT, .ptr = &cfg.epochs, .min = 1, .max = 1000000,
          .help = "epochs"},
         {.name = "max-steps", .type = FERRY_FLAG_INT64, .ptr = &cfg.max_steps, .min = 0,
-         .max = 1e15, .help = "stop after N optimizer steps in total (0 = no limit)"},
+         .max = 1e15, .metavar = "N",
+         .help = "stop after N optimizer steps in total (0 = no limit); the progress bar counts "
+                 "to N, and a run it cuts short evaluates on --eval-batches windows"},
         {.name = "optimizer", .type = FERRY_FLAG_ENUM, .ptr = &cfg.optimizer,
          .choices = "sgd|adagrad|adadelta|adam|adamw", .help = "update rule"},
         {.name = "clip", .type = FERRY_FLAG_FLOAT, .ptr = &cfg.clip, .min = 0, .max = 1e9,
@@ -173,12 +215,12 @@ int main(int argc, char **argv) {
         {.name = "log-format", .type = FERRY_FLAG_ENUM, .ptr = &log_format,
          .choices = "text|json", .help = "log lines as text or as JSON objects"},
         {.name = "world", .type = FERRY_FLAG_INT, .ptr = &world, .min = 1, .max = 65536,
-         .help = "trainers in the job (default: FERRY_WORLD, SLURM_NTASKS, or 1)"},
+         .defval = "FERRY_WORLD, SLURM_NTASKS, or 1", .help = "trainers in the job"},
         {.name = "rank", .type = FERRY_FLAG_INT, .ptr = &rank, .min = 0, .max = 65535,
-         .help = "this trainer's rank (default: FERRY_RANK, SLURM_PROCID, "
-                 "JOB_COMPLETION_INDEX, or 0)"},
+         .defval = "FERRY_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX, or 0",
+         .help = "this trainer's rank"},
         {.name = "job", .type = FERRY_FLAG_STRING, .ptr = &cfg.job, .metavar = "NAME",
-         .help = "the job's name on the servers (default: FERRY_JOB, or ferry)"},
+         .defval = "FERRY_JOB, or ferry", .help = "the job's name on the servers"},
         {.name = "sync", .type = FERRY_FLAG_STRING, .ptr = &cfg.sync, .metavar = "MODE",
          .help = "bsp | ssp:K | async: a data-parallel job with the LSTM on the servers "
                  "(default bsp when --world > 1)"},
@@ -190,7 +232,11 @@ int main(int argc, char **argv) {
          .min = 1, .max = 1000000, .help = "checkpoints kept beside --save"},
         {.name = "connect-timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.connect_timeout_s,
          .min = 0, .max = 86400, .metavar = "SECONDS",
-         .help = "wait this long for ferry-ps to resolve and accept connections (0: one try)"},
+         .help = "wait this long for ferry-ps to accept connections (0: one try)"},
+        {.name = "resolve-timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &cfg.resolve_timeout_s,
+         .min = 0, .max = 86400, .metavar = "SECONDS",
+         .help = "wait this long for a --ps host name to resolve (0: an unknown host fails at "
+                 "once; a Kubernetes headless Service names a pod once it is ready)"},
         {.name = "metrics-listen", .type = FERRY_FLAG_STRING, .ptr = &cfg.metrics_listen,
          .metavar = "HOST:PORT", .help = "serve Prometheus /metrics and /healthz over HTTP here"},
         {.name = "token-file", .type = FERRY_FLAG_STRING, .ptr = &cfg.token_file,
@@ -209,6 +255,7 @@ int main(int argc, char **argv) {
          .min = 0.001, .max = 86400, .metavar = "SECONDS",
          .help = "how long a rank waits for the others before the job fails"},
     };
+    /* clang-format on */
     /* The optimizer's fields come from its one list (FERRY_OPTIM_FIELD_MAP), after
      * --optimizer. */
     enum { NBASE = (int)(sizeof flags / sizeof flags[0]) };
@@ -236,68 +283,58 @@ int main(int argc, char **argv) {
             }
         }
     }
+    /* clang-format off */
     static const char *const env[] = {
         "FERRY_TOKEN_FILE", "a file with the bearer token for ferry-ps (--token-file wins)",
         "FERRY_WORLD, FERRY_RANK", "the job's size and this rank (--world/--rank win)",
         "SLURM_NTASKS, SLURM_PROCID", "the same under srun",
         "JOB_COMPLETION_INDEX", "the rank in a Kubernetes Indexed Job",
         "FERRY_JOB", "the job name (--job wins)",
-        "FERRY_PROGRESS", "bar | plain | off: the progress display (--progress wins)",
+        "FERRY_PROGRESS", "tty | plain | off: the progress display (--progress wins)",
         "FERRY_LOG", "error | warn | info | debug: the log level",
         "FERRY_LOG_FORMAT", "json: log lines as JSON (--log-format wins)",
         "OPENBLAS_CORETYPE", "OpenBLAS kernels to use (else ferry picks the strongest)",
         "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
         "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
         NULL};
-    ferry_flags fs = {"ferry-trainer", "trains an LSTM language model (locally or with ferry-ps)",
-                      all, n, env};
+    /* clang-format on */
+    ferry_flags fs = {.prog = "ferry-trainer",
+                      .summary = "trains an LSTM language model (locally or with ferry-ps)",
+                      .flags = all,
+                      .nflags = n,
+                      .env = env};
     bool help = false;
-    if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK) {
-        fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
-        return 2;
-    }
+    if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK)
+        return usage_error("%s", ferry_error_last());
     if (help)
         return 0;
     ferry_log_set_level((ferry_log_level)log_level);
     if (log_format == 1)
         ferry_log_set_json(1);
-    if (local && cfg.ps != NULL) {
-        fprintf(stderr, "ferry-trainer: --local and --ps exclude each other\n");
-        return 2;
-    }
+    if (local && cfg.ps != NULL)
+        return usage_error("--local and --ps exclude each other");
     char membership[160];
     if (ferry_trainer_membership(&cfg, world, rank, env_get, membership, sizeof membership) !=
-        FERRY_OK) {
-        fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
-        return 2;
-    }
-    if ((cfg.world > 1 || cfg.sync != NULL) && cfg.ps == NULL) {
-        fprintf(stderr, "ferry-trainer: a job of %d trainers%s needs --ps (the servers hold the "
-                        "job's model)\n", cfg.world, cfg.sync != NULL ? " with --sync" : "");
-        return 2;
-    }
-    if (cfg.micro_batches > 1 && (cfg.ps == NULL || cfg.decoder_mode != 1)) {
-        fprintf(stderr, "ferry-trainer: --micro-batches %d needs --ps and --decoder-mode "
-                        "sharded-softmax (the pipeline overlaps the trainer's LSTM with "
-                        "ferry-ps's decoder)\n", cfg.micro_batches);
-        return 2;
-    }
-    if (cfg.local_vocab > 0 && (cfg.ps == NULL || cfg.decoder_mode != 1)) {
-        fprintf(stderr, "ferry-trainer: --local-vocab %lld needs --ps and --decoder-mode "
-                        "sharded-softmax (it keeps a slice of ferry-ps's decoder here)\n",
-                (long long)cfg.local_vocab);
-        return 2;
-    }
-    if (cfg.stages != NULL && cfg.stages[0] != '\0' && cfg.ps == NULL) {
-        fprintf(stderr, "ferry-trainer: --stages %s needs --ps (the servers that run the "
-                        "layers placed on them)\n", cfg.stages);
-        return 2;
-    }
-    if (cfg.checkpoint_every > 0 && cfg.save == NULL) {
-        fprintf(stderr, "ferry-trainer: --checkpoint-every needs --save PATH (where this "
-                        "trainer keeps its part of each checkpoint)\n");
-        return 2;
-    }
+        FERRY_OK)
+        return usage_error("%s", ferry_error_last());
+    if ((cfg.world > 1 || cfg.sync != NULL) && cfg.ps == NULL)
+        return usage_error("a job of %d trainers%s needs --ps (the servers hold the job's model)",
+                           cfg.world, cfg.sync != NULL ? " with --sync" : "");
+    if (cfg.micro_batches > 1 && (cfg.ps == NULL || cfg.decoder_mode != 1))
+        return usage_error("--micro-batches %d needs --ps and --decoder-mode sharded-softmax (the "
+                           "pipeline overlaps the trainer's LSTM with ferry-ps's decoder)",
+                           cfg.micro_batches);
+    if (cfg.local_vocab > 0 && (cfg.ps == NULL || cfg.decoder_mode != 1))
+        return usage_error("--local-vocab %lld needs --ps and --decoder-mode sharded-softmax (it "
+                           "keeps a slice of ferry-ps's decoder here)",
+                           (long long)cfg.local_vocab);
+    if (cfg.stages != NULL && cfg.stages[0] != '\0' && cfg.ps == NULL)
+        return usage_error("--stages %s needs --ps (the servers that run the layers placed on "
+                           "them)",
+                           cfg.stages);
+    if (cfg.checkpoint_every > 0 && cfg.save == NULL)
+        return usage_error("--checkpoint-every needs --save PATH (where this trainer keeps its "
+                           "part of each checkpoint)");
     /* A restarted trainer of a recovering run resumes by itself. */
     int as_job = cfg.ps != NULL && (cfg.world > 1 || cfg.sync != NULL ||
                                     cfg.checkpoint_every > 0 || cfg.save != NULL ||
@@ -308,8 +345,9 @@ int main(int argc, char **argv) {
         ferry_checkpoint_resolve(cfg.save, as_job ? cfg.rank : -1, resolved, sizeof resolved,
                                  &found) == FERRY_OK &&
         found) {
-        fprintf(stderr, "ferry-trainer: %s holds checkpoints of this run: resuming from them "
-                        "(delete them to start afresh)\n", cfg.save);
+        FERRY_LOG_INFO("%s holds checkpoints of this run: resuming from them (delete them to "
+                       "start afresh)",
+                       cfg.save);
         load_auto = cfg.save;
     }
     const char *load = cfg.load != NULL ? cfg.load : load_auto;
@@ -322,18 +360,19 @@ int main(int argc, char **argv) {
                                       &found) != FERRY_OK ||
              !found)) {
             if (found)
-                fprintf(stderr, "ferry-trainer: --load %s: %s\n", load, ferry_error_last());
+                ferry_log_fatal("--load %s: %s", load, ferry_error_last());
             else
-                fprintf(stderr, "ferry-trainer: cannot open checkpoint %s: no such file, and no "
-                                "complete %s.<step>\n", load, load);
-            return 1;
+                ferry_log_fatal("cannot open checkpoint %s: no such file, and no complete "
+                                "%s.<step>",
+                                load, load);
+            return FERRY_EXIT_RUNTIME;
         }
         ferry_trainer_config file, now;
         ferry_trainer_config_default(&file);
         if (ferry_checkpoint_read_config(resolved, &file, ck_strings, sizeof ck_strings) !=
             FERRY_OK) {
-            fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
-            return 1;
+            ferry_log_fatal("%s", ferry_error_last());
+            return FERRY_EXIT_RUNTIME;
         }
         now = file;
         if (preset != NULL)
@@ -344,21 +383,21 @@ int main(int argc, char **argv) {
                 all[i].ptr = (char *)&now + (p - (char *)&cfg);
         }
         if (ferry_flags_parse(&fs, argc, argv, &help) != FERRY_OK ||
-            ferry_trainer_membership(&now, world, rank, env_get, membership,
-                                     sizeof membership) != FERRY_OK ||
-            ferry_checkpoint_check_config(resolved, &file, &now) != FERRY_OK) {
-            fprintf(stderr, "ferry-trainer: %s\n", ferry_error_last());
-            return 2;
-        }
+            ferry_trainer_membership(&now, world, rank, env_get, membership, sizeof membership) !=
+                FERRY_OK ||
+            ferry_checkpoint_check_config(resolved, &file, &now) != FERRY_OK)
+            return usage_error("%s", ferry_error_last());
         now.load = load;
         cfg = now;
     }
+    if (check_usage(&cfg) != FERRY_OK)
+        return usage_error("%s", ferry_error_last());
     install_signals();
     ferry_status st = ferry_trainer_run(&cfg);
     if (st != FERRY_OK) {
         const char *detail = ferry_error_last();
-        fprintf(stderr, "ferry-trainer: %s\n", detail[0] ? detail : ferry_status_str(st));
-        return 1;
+        ferry_log_fatal("%s", detail[0] ? detail : ferry_status_str(st));
+        return FERRY_EXIT_RUNTIME;
     }
     return 0;
 }

@@ -82,6 +82,16 @@ static ferry_status parse_stages(ferry_lm *lm, const char *spec, int nservers) {
     return FERRY_OK;
 }
 
+ferry_status ferry_lm_check_stages(const char *spec, int nlayers, int nservers) {
+    ferry_lm *lm = calloc(1, sizeof *lm);
+    if (lm == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "out of memory checking --stages");
+    lm->cfg.L = nlayers;
+    ferry_status st = parse_stages(lm, spec, nservers);
+    free(lm);
+    return st;
+}
+
 static int lm_all_local(const ferry_lm *lm) {
     return lm->ngroups == 1 && lm->groups[0].server < 0;
 }

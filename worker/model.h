@@ -106,6 +106,10 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
                                     const ferry_lm_placement *placement, ferry_lm **out);
 void ferry_lm_destroy(ferry_lm *lm);
 int ferry_lm_is_remote(const ferry_lm *lm);
+/* Whether a --stages spec places nlayers layers on nservers servers and the trainer
+ * ("ps0:1,local:1"); FERRY_ERR_INVALID with the message ferry_lm_create_placed would
+ * give. NULL or "" is every layer here. */
+ferry_status ferry_lm_check_stages(const char *spec, int nlayers, int nservers);
 /* Training steps split each window's time steps into M micro-batches that flow
  * through the trainer's LSTM and the servers' decoder as a pipeline (pipeline.h); M = 1
  * is the unpipelined step. Distributed, sharded-softmax decoder only (else

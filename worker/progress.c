@@ -19,6 +19,7 @@
 struct ferry_progress {
     ferry_progress_mode mode;
     int64_t steps;
+    int64_t first; /* steps done before elapsed_s began counting */
     int64_t log_interval;
     double redraw_s;
     ferry_progress_stats last; /* the latest stats given */
@@ -46,12 +47,13 @@ static void format_lr(double lr, char *buf, size_t cap) {
     (void)snprintf(buf, cap, fabs(lr) >= 0.1 || lr == 0 ? "%.3f" : "%.3g", lr);
 }
 
-/* Seconds left in the epoch, extrapolated from the pace so far; -1 when unknown. */
+/* Seconds left until the last step, extrapolated from the pace of the steps this
+ * process took; -1 when unknown. */
 static double eta_s(const ferry_progress *p, const ferry_progress_stats *s) {
-    if (s->step <= 0 || !(s->elapsed_s >= 0))
+    int64_t done = s->step - p->first, left = p->steps - s->step;
+    if (done <= 0 || !(s->elapsed_s >= 0))
         return -1;
-    int64_t left = p->steps - s->step;
-    return left <= 0 ? 0 : s->elapsed_s / (double)s->step * (double)left;
+    return left <= 0 ? 0 : s->elapsed_s / (double)done * (double)left;
 }
 
 /* The PLAIN log line: "epoch 1 step 200/2323 | lr 1.000 | ... | eta 0:14:02". */
@@ -155,11 +157,13 @@ static ferry_progress_mode resolve_mode(ferry_progress_mode mode) {
 
 ferry_status ferry_progress_create(const ferry_progress_config *cfg, ferry_progress **out) {
     FERRY_ASSERT(cfg != NULL && out != NULL);
-    if (cfg->steps < 1 || cfg->log_interval < 0 || !(cfg->redraw_s >= 0))
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "progress: steps must be >= 1 (got %lld), log interval and redraw "
-                            "time >= 0",
-                            (long long)cfg->steps);
+    if (cfg->steps < 1 || cfg->first < 0 || cfg->first > cfg->steps || cfg->log_interval < 0 ||
+        !(cfg->redraw_s >= 0))
+        return ferry_errorf(
+            FERRY_ERR_INVALID,
+            "progress: steps must be >= 1 (got %lld) and at least the first (%lld), "
+            "log interval and redraw time >= 0",
+            (long long)cfg->steps, (long long)cfg->first);
     if (cfg->mode < FERRY_PROGRESS_AUTO || cfg->mode > FERRY_PROGRESS_OFF)
         return ferry_errorf(FERRY_ERR_INVALID, "progress: unknown mode %d", (int)cfg->mode);
     ferry_progress *p = calloc(1, sizeof *p);
@@ -167,6 +171,7 @@ ferry_status ferry_progress_create(const ferry_progress_config *cfg, ferry_progr
         return ferry_errorf(FERRY_ERR_NOMEM, "out of memory creating a progress reporter");
     p->mode = resolve_mode(cfg->mode);
     p->steps = cfg->steps;
+    p->first = cfg->first;
     p->log_interval = cfg->log_interval > 0 ? cfg->log_interval : 200;
     p->redraw_s = cfg->redraw_s > 0 ? cfg->redraw_s : 0.1;
     *out = p;

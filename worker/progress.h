@@ -30,7 +30,10 @@ typedef enum ferry_progress_mode {
 
 typedef struct ferry_progress_config {
     ferry_progress_mode mode;
-    int64_t steps;        /* steps (BPTT windows) per epoch: the bar's 100%; >= 1 */
+    int64_t steps;        /* steps (BPTT windows) this epoch will take: the bar's 100% (the
+                             epoch's windows, or fewer when --max-steps ends it); >= 1 */
+    int64_t first;        /* steps of the epoch done before this process began it (a
+                             resume): the ETA extrapolates from the pace of the others */
     int64_t log_interval; /* PLAIN: a line when step % log_interval == 0; 0 means 200 */
     double redraw_s;      /* TTY: least seconds between redraws; 0 means 0.1 */
 } ferry_progress_config;
@@ -41,7 +44,8 @@ typedef struct ferry_progress_stats {
     double loss;         /* mean cross-entropy (nats/token) over the recent steps */
     double lr;           /* current learning rate */
     double tokens_per_s; /* training throughput */
-    double elapsed_s;    /* seconds since the epoch began; the ETA extrapolates from it */
+    double elapsed_s;    /* seconds since the epoch (or its resumed part) began; the ETA
+                            extrapolates from it */
     const char *note;    /* NULL, or a short text shown after the loss (e.g. the pipeline's
                             busy and bubble fractions) */
 } ferry_progress_stats;
@@ -51,8 +55,9 @@ typedef struct ferry_progress ferry_progress; /* opaque */
 /* Creates a progress reporter in *out; release it with ferry_progress_destroy().
  * AUTO resolves once here: the environment variable FERRY_PROGRESS=plain|tty|off picks
  * that mode, otherwise TTY when isatty(stderr), else PLAIN. An explicit mode in cfg
- * wins over the environment. FERRY_ERR_INVALID for steps < 1, a negative log_interval
- * or redraw_s; FERRY_ERR_NOMEM. *out is unchanged on failure. */
+ * wins over the environment. FERRY_ERR_INVALID for steps < 1, first outside
+ * [0, steps], a negative log_interval or redraw_s; FERRY_ERR_NOMEM. *out is unchanged on failure.
+ */
 ferry_status ferry_progress_create(const ferry_progress_config *cfg, ferry_progress **out);
 
 /* Ends an open TTY line (as ferry_progress_finish) and frees p. NULL is a no-op. */

@@ -96,6 +96,8 @@ void ferry_trainer_config_default(ferry_trainer_config *cfg) {
     cfg->keep_checkpoints = 4;
     cfg->recovery_timeout_s = 300.0;
     cfg->connect_timeout_s = 30.0;
+    cfg->resolve_timeout_s = 0.0;
+    cfg->eval_batches = -1;
 }
 
 /* An environment variable as a non-negative int: 1 and *out set, 0 when unset,
@@ -261,15 +263,18 @@ static void window_tensors(const ferry_window *w, ferry_tensor *in, ferry_tensor
 }
 
 /* Perplexity of a split: exp(mean cross-entropy per token), no dropout, carried
- * state across windows from zero, as in the PTB literature. */
-static ferry_status evaluate(trainer *t, const ferry_batches *b, double *loss_out) {
+ * state across windows from zero, as in the PTB literature; over the first
+ * max_windows windows when max_windows > 0. */
+static ferry_status evaluate(trainer *t, const ferry_batches *b, int64_t max_windows,
+                             double *loss_out) {
     ferry_status st = ferry_lm_reset_state(t->lm, ferry_batch_size(b));
     if (st != FERRY_OK)
         return st;
     ferry_ctx_set_training(t->ctx, 0);
     double total = 0.0;
-    int64_t tokens = 0, nsteps = ferry_batch_nstep(b);
-    for (int64_t start = 0; start < nsteps - 1; start += t->cfg->bptt) {
+    int64_t tokens = 0, nsteps = ferry_batch_nstep(b), win = 0;
+    for (int64_t start = 0; start < nsteps - 1 && (max_windows <= 0 || win < max_windows);
+         start += t->cfg->bptt, win++) {
         ferry_window w;
         ferry_tensor in, tg, *loss;
         double sum = 0.0;
@@ -456,7 +461,15 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
         return st;
     int64_t nwin = ferry_batch_nwindows(t->train, cfg->bptt), nsteps = ferry_batch_nstep(t->train);
     ferry_progress_config pc = {0};
+    /* The bar's end: the epoch's last window, or the one --max-steps stops at (the
+     * loop takes at least one step before it looks). */
+    pc.first = t->win0 < nwin ? t->win0 : nwin;
     pc.steps = nwin;
+    if (cfg->max_steps > 0) {
+        int64_t left = cfg->max_steps - t->step, last = pc.first + (left > 1 ? left : 1);
+        if (last < nwin)
+            pc.steps = last;
+    }
     pc.log_interval = cfg->log_interval;
     pc.mode = (ferry_progress_mode)cfg->progress;
     if ((st = ferry_progress_create(&pc, &t->progress)) != FERRY_OK)
@@ -522,16 +535,29 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
     return st;
 }
 
+/* Evaluates split b on cfg->eval_batches windows (< 0: all after a whole epoch, and
+ * EVAL_BATCHES_SHORT when --max-steps ended the epoch early: `short_run`). */
+#define EVAL_BATCHES_SHORT 10
 static ferry_status eval_and_report(trainer *t, const char *split, const ferry_batches *b,
-                                    double *loss) {
+                                    int short_run, double *loss) {
     double t0 = ferry_now();
+    int64_t all = ferry_batch_nwindows(b, t->cfg->bptt), max = t->cfg->eval_batches;
+    if (max < 0)
+        max = short_run ? EVAL_BATCHES_SHORT : 0;
     ferry_status st = ferry_lm_pull_dense(t->lm); /* the job's weights after the last step */
     if (st == FERRY_OK)
-        st = evaluate(t, b, loss);
+        st = evaluate(t, b, max, loss);
     if (st != FERRY_OK)
         return st;
-    FERRY_LOG_INFO("epoch %d %s: loss %.4f ppl %.2f (%.1f s)", t->epoch, split, *loss, exp(*loss),
-                   ferry_now() - t0);
+    char part[160] = "";
+    if (max > 0 && max < all)
+        (void)snprintf(part, sizeof part, ", on the first %lld of %lld windows: %s", (long long)max,
+                       (long long)all,
+                       t->cfg->eval_batches < 0 ? "--max-steps ended the epoch early, "
+                                                  "--eval-batches 0 evaluates all"
+                                                : "--eval-batches");
+    FERRY_LOG_INFO("epoch %d %s: loss %.4f ppl %.2f (%.1f s%s)", t->epoch, split, *loss, exp(*loss),
+                   ferry_now() - t0, part);
     if (t->metrics != NULL)
         st = ferry_metrics_eval(t->metrics, split, t->epoch, t->step, *loss, exp(*loss));
     return st;
@@ -680,6 +706,20 @@ static void place_blas_threads(trainer *t) {
 static ferry_status recover(trainer *t, const char *why);
 static void metrics_page(void *user, ferry_prom *p);
 static ferry_status apply_progress(trainer *t, const ferry_ck_progress *pr);
+static void describe_params(const trainer *t, char *buf, size_t cap);
+
+/* libferry's connect errors name no flag; the trainer's add the flags that apply. */
+static ferry_status connect_hint(ferry_status st) {
+    const char *flags = st == FERRY_ERR_AUTH ? "--tls-ca, --tls-cert, --tls-key, --token-file"
+                        : st == FERRY_ERR_NOT_FOUND   ? "--resolve-timeout to wait for the name"
+                        : st == FERRY_ERR_UNAVAILABLE ? "--connect-timeout"
+                                                      : NULL;
+    if (flags == NULL)
+        return st;
+    char why[1024];
+    (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+    return ferry_errorf(st, "%s [%s]", why, flags);
+}
 
 static ferry_status trainer_setup(trainer *t) {
     const ferry_trainer_config *cfg = t->cfg;
@@ -725,6 +765,7 @@ static ferry_status trainer_setup(trainer *t) {
         cc.deadline_ms = (int)cfg->deadline_ms;
         cc.wait_for_ready = 1; /* ride out daemons that are still starting */
         cc.connect_timeout_ms = (int)(cfg->connect_timeout_s * 1000.0);
+        cc.resolve_timeout_ms = (int)(cfg->resolve_timeout_s * 1000.0);
         cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
         char *token = NULL;
         if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
@@ -736,7 +777,7 @@ static ferry_status trainer_setup(trainer *t) {
         st = ferry_ps_connect(cfg->ps, &cc, &t->cluster);
         ferry_secret_free(token);
         if (st != FERRY_OK)
-            return st;
+            return connect_hint(st);
         if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
             return st;
         /* A job: several ranks, a sync mode, or checkpoints (the job protocol is what
@@ -862,13 +903,39 @@ static ferry_status trainer_setup(trainer *t) {
          * apply it once); a restarted server refuses it, and the job rolls back. */
         ferry_cluster_set_retry(t->cluster, (int)(cfg->recovery_timeout_s * 1000.0));
     }
-    FERRY_LOG_INFO("model: V=%lld E=%d H=%d L=%d, %lld parameters; %s lr %g, batch %d, bptt %d, "
-                   "clip %g, loss %s, device %s",
-                   (long long)V, cfg->emsize, cfg->nhid, cfg->nlayers, (long long)t->lm->P.numel,
+    char params[160];
+    describe_params(t, params, sizeof params);
+    FERRY_LOG_INFO("model: V=%lld E=%d H=%d L=%d, %s; %s lr %g, batch %d, bptt %d, clip %g, "
+                   "loss %s, device %s",
+                   (long long)V, cfg->emsize, cfg->nhid, cfg->nlayers, params,
                    ferry_optim_kind_name(oc.kind), (double)oc.lr, cfg->batch_size, cfg->bptt,
                    (double)cfg->clip, cfg->loss_scale ? "sum-time" : "mean",
                    ferry_backend_name(t->be));
     return FERRY_OK;
+}
+
+/* "N parameters", and for a distributed model where they are: the whole model's
+ * count (embedding, every LSTM layer, decoder; exact, without the block's alignment
+ * padding) whatever the placement, and the share in this trainer's own block. */
+static void describe_params(const trainer *t, char *buf, size_t cap) {
+    const ferry_lm_config *m = &t->lm->cfg;
+    int64_t total = m->V * m->E + m->V * m->H + m->V, here = 0;
+    for (int l = 0; l < m->L; l++)
+        total += 4 * m->H * ((l == 0 ? m->E : m->H) + m->H) + 8 * m->H;
+    for (int i = 0; i < t->lm->P.count; i++)
+        here += t->lm->P.items[i].numel;
+    if (!ferry_lm_is_remote(t->lm))
+        (void)snprintf(buf, cap, "%lld parameters", (long long)total);
+    else if (t->job != NULL)
+        (void)snprintf(buf, cap,
+                       "%lld parameters, all on the servers (this rank computes with "
+                       "a copy of %lld of them)",
+                       (long long)total, (long long)here);
+    else
+        (void)snprintf(buf, cap,
+                       "%lld parameters, %lld (%.0f%%) in this trainer and the rest on "
+                       "the servers",
+                       (long long)total, (long long)here, 100.0 * (double)here / (double)total);
 }
 
 /* The trainer's /metrics page (--metrics-listen). */
@@ -976,7 +1043,10 @@ static ferry_status save_checkpoint(trainer *t, int epoch, int64_t window) {
                 *p = '_';
     }
     if (t->cluster != NULL && (t->job == NULL || cfg->rank == 0)) {
-        st = ferry_cluster_checkpoint(t->cluster, t->job != NULL ? name : NULL, (uint64_t)t->step);
+        /* A job's checkpoint is the job's own (its owner's modules, by a member); a run
+         * outside a job checkpoints the whole server, which takes the admin token. */
+        st = t->job != NULL ? ferry_job_checkpoint(t->job, (uint64_t)t->step)
+                            : ferry_cluster_checkpoint(t->cluster, NULL, (uint64_t)t->step);
         if (st == FERRY_ERR_UNSUPPORTED && !t->recover) {
             FERRY_LOG_WARN("ferry-ps shards were not checkpointed (%s): start them with "
                            "--checkpoint-dir DIR to keep the embedding and decoder too",
@@ -1198,10 +1268,12 @@ static ferry_status run_epochs(trainer *t, int *stop) {
     const ferry_trainer_config *cfg = t->cfg;
     ferry_status st = FERRY_OK;
     double val = 0.0;
+    int short_run = 0; /* --max-steps ended an epoch early: a short evaluation */
     for (; st == FERRY_OK && t->epoch <= cfg->epochs && !*stop; t->epoch++) {
         int64_t windows = 0;
         if ((st = train_epoch(t, stop, &windows)) != FERRY_OK)
             break;
+        short_run = *stop && windows < ferry_batch_nwindows(t->train, cfg->bptt);
         /* Stopped inside the epoch (--max-steps): a checkpoint of exactly where. */
         if (*stop && !stop_requested && (st = save_checkpoint(t, t->epoch, windows)) != FERRY_OK)
             break;
@@ -1211,7 +1283,7 @@ static ferry_status run_epochs(trainer *t, int *stop) {
             st = save_checkpoint(t, t->epoch, windows);
             return st;
         }
-        if ((st = eval_and_report(t, "valid", t->valid, &val)) != FERRY_OK)
+        if ((st = eval_and_report(t, "valid", t->valid, short_run, &val)) != FERRY_OK)
             break;
         t->lr = (float)ferry_lr_schedule_epoch_end(&t->sched, t->epoch, val, t->lr);
         if ((st = ferry_optim_set_lr(t->opt, t->lr)) != FERRY_OK)
@@ -1221,7 +1293,7 @@ static ferry_status run_epochs(trainer *t, int *stop) {
     }
     if (st == FERRY_OK && !stop_requested) {
         t->epoch--;
-        st = eval_and_report(t, "test", t->test, &val);
+        st = eval_and_report(t, "test", t->test, short_run, &val);
     }
     return st;
 }

@@ -73,6 +73,10 @@ typedef struct ferry_trainer_config {
     const char *token_file, *tls_ca, *tls_cert, *tls_key;
     const char *metrics_listen; /* HOST:PORT: Prometheus /metrics and /healthz, or NULL */
     double connect_timeout_s;   /* how long to wait for the servers to come up */
+    double resolve_timeout_s;   /* how long to wait for a server's name to resolve */
+    /* Windows each valid/test evaluation covers: > 0 at most that many, 0 all, < 0
+     * all after a whole epoch and 10 after --max-steps stopped one short. */
+    int64_t eval_batches;
 } ferry_trainer_config;
 
 /* Fills world, rank and job from the flags or else from the environment a launcher

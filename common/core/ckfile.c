@@ -325,6 +325,113 @@ ferry_status ferry_ckr_read(const char *path, const char magic[8], uint32_t form
     return st;
 }
 
+#define VERIFY_CHUNK ((size_t)1 << 20)
+
+/* n bytes of f into buf (NULL: skipped), their CRC into *crc when crc is not NULL;
+ * 0 when the file ends first. */
+static int stream_read(FILE *f, uint8_t *chunk, uint8_t *buf, uint64_t n, uint32_t *crc) {
+    while (n > 0) {
+        size_t k = n < VERIFY_CHUNK ? (size_t)n : VERIFY_CHUNK;
+        uint8_t *dst = buf != NULL ? buf : chunk;
+        if (fread(dst, 1, k, f) != k)
+            return 0;
+        if (crc != NULL)
+            *crc = crc_update(*crc, dst, k);
+        if (buf != NULL)
+            buf += k;
+        n -= k;
+    }
+    return 1;
+}
+
+ferry_status ferry_ck_verify(const char *path, const char magic[8], uint32_t format,
+                             uint32_t keep_tag, uint8_t *keep, size_t keep_cap, size_t *keep_len,
+                             uint32_t *nsections) {
+    *keep_len = 0;
+    *nsections = 0;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return ferry_errorf(FERRY_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    uint8_t *chunk = malloc(VERIFY_CHUNK), head[16];
+    ferry_status st = FERRY_OK;
+    if (chunk == NULL || fstat(fileno(f), &sb) != 0) {
+        st = chunk == NULL ? FERRY_ERR_NOMEM : ferry_errorf(FERRY_ERR_IO, "cannot stat %s", path);
+        goto done;
+    }
+    uint64_t size = (uint64_t)sb.st_size, left = size;
+    if (size < 16 || fread(head, 1, 16, f) != 16 || memcmp(head, magic, 8) != 0) {
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s is not a %.8s file (bad magic)", path, magic);
+        goto done;
+    }
+    left -= 16;
+    uint32_t fmt = (uint32_t)le_get(head + 8, 4), n = (uint32_t)le_get(head + 12, 4);
+    if (fmt != format) {
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s: format %u, this build reads format %u", path, fmt,
+                          format);
+        goto done;
+    }
+    if (n > size / 16) {
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s is truncated: %u sections cannot fit in %llu bytes",
+                          path, n, (unsigned long long)size);
+        goto done;
+    }
+    int kept = 0;
+    for (uint32_t i = 0; i < n && st == FERRY_OK; i++) {
+        char name[5] = "?";
+        uint8_t sh[12], tail[4];
+        if (left < 12 || fread(sh, 1, 12, f) != 12) {
+            st = ferry_errorf(FERRY_ERR_FORMAT, "%s: truncated before section %u of %u", path,
+                              i + 1, n);
+            break;
+        }
+        left -= 12;
+        uint32_t tag = (uint32_t)le_get(sh, 4);
+        uint64_t len = le_get(sh + 4, 8);
+        ferry_ck_tag_name(tag, name);
+        if (left < len || left - len < 4) {
+            st = ferry_errorf(FERRY_ERR_FORMAT,
+                              "%s: truncated in section %u of %u (%s: %llu bytes, %llu left)", path,
+                              i + 1, n, name, (unsigned long long)len, (unsigned long long)left);
+            break;
+        }
+        int keep_it = !kept && tag == keep_tag;
+        if (keep_it && len > keep_cap) {
+            st = ferry_errorf(FERRY_ERR_FORMAT, "%s: section %u (%s) has %llu bytes, at most %zu",
+                              path, i + 1, name, (unsigned long long)len, keep_cap);
+            break;
+        }
+        uint32_t have = (uint32_t)crc32(0L, Z_NULL, 0);
+        if (!stream_read(f, chunk, keep_it ? keep : NULL, len, &have) ||
+            fread(tail, 1, 4, f) != 4) {
+            st = ferry_errorf(FERRY_ERR_IO, "%s: read failed in section %u", path, i + 1);
+            break;
+        }
+        left -= len + 4;
+        uint32_t want = (uint32_t)le_get(tail, 4);
+        if (want != have) {
+            st = ferry_errorf(FERRY_ERR_FORMAT,
+                              "%s: section %u of %u (%s, %llu bytes) fails its CRC-32 (file "
+                              "%08x, data %08x): the file is damaged",
+                              path, i + 1, n, name, (unsigned long long)len, want, have);
+            break;
+        }
+        if (keep_it) {
+            kept = 1;
+            *keep_len = (size_t)len;
+        }
+    }
+    if (st == FERRY_OK && left != 0)
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s: %llu bytes after the last section", path,
+                          (unsigned long long)left);
+    if (st == FERRY_OK)
+        *nsections = n;
+done:
+    free(chunk);
+    (void)fclose(f);
+    return st;
+}
+
 ferry_ckcur ferry_ckcur_of(const ferry_cksec *s) {
     ferry_ckcur c = {s->p, s->p + s->len, 0};
     return c;

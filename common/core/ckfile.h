@@ -85,6 +85,13 @@ typedef struct ferry_ckr {
  * and what is wrong ("section 3 (PARM): CRC mismatch", "truncated in section 2",
  * "100 bytes after the last section", "format 1, this build reads 2"). */
 ferry_status ferry_ckr_read(const char *path, const char magic[8], uint32_t format, ferry_ckr *r);
+/* Verifies path as ferry_ckr_read does (same checks, same messages) while reading it
+ * in 1 MiB pieces, so that checking a file of any size costs 1 MiB of memory. The
+ * first section tagged keep_tag is copied into keep (at most keep_cap bytes; longer:
+ * FERRY_ERR_FORMAT), its length into *keep_len; *nsections receives the count. */
+ferry_status ferry_ck_verify(const char *path, const char magic[8], uint32_t format,
+                             uint32_t keep_tag, uint8_t *keep, size_t keep_cap, size_t *keep_len,
+                             uint32_t *nsections);
 /* 1 when path starts with magic (a cheap test before a full read). */
 int ferry_ck_has_magic(const char *path, const char magic[8]);
 void ferry_ckr_free(ferry_ckr *r);

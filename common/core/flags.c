@@ -1,6 +1,6 @@
-/* flags.c - the table-driven command-line parser of flags.h: lookup by name, strict
- * number parsing (the whole value must be consumed, ranges checked), enum and bool
- * words, and aligned --help output. */
+/* flags.c - the table-driven command-line parser of flags.h: lookup by name (with a
+ * "did you mean" for a near miss), strict number parsing (the whole value must be
+ * consumed, ranges checked), enum and bool words, and aligned --help output. */
 #include <ctype.h>
 #include <errno.h>
 #include <float.h>
@@ -24,6 +24,65 @@ static const ferry_flag *flag_find(const ferry_flags *fs, const char *name, size
             return &fs->flags[i];
     }
     return NULL;
+}
+
+/* Optimal-string-alignment distance between a (la bytes) and b: insertions,
+ * deletions, substitutions and transpositions of neighbours each cost 1. Names are
+ * short; longer inputs are cut to 63 bytes. */
+static int edit_distance(const char *a, size_t la, const char *b) {
+    enum { N = 64 };
+    size_t lb = strlen(b);
+    la = la < N - 1 ? la : N - 1;
+    lb = lb < N - 1 ? lb : N - 1;
+    int d[N][N];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            int cost = a[i - 1] != b[j - 1];
+            int v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v)
+                v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    }
+    return d[la][lb];
+}
+
+/* The flag name closest to name[0..len) ("help" and "version" included), or NULL when
+ * none is close enough to be a likely typo: at most 1 edit for names of up to 4
+ * bytes, 2 up to 8, 3 beyond. The first of equally close names wins. */
+static const char *flag_suggest(const ferry_flags *fs, const char *name, size_t len) {
+    static const char *const builtin[] = {"help", "version"};
+    int limit = len <= 4 ? 1 : len <= 8 ? 2 : 3, best_d = limit + 1;
+    const char *best = NULL;
+    for (int i = 0; i < fs->nflags + 2; i++) {
+        const char *n = i < fs->nflags ? fs->flags[i].name : builtin[i - fs->nflags];
+        int d = edit_distance(name, len, n);
+        if (d < best_d) {
+            best_d = d;
+            best = n;
+        }
+    }
+    return best;
+}
+
+/* "unknown flag --foo (see --help)", or with a suggestion for a near miss. */
+static ferry_status unknown_flag(const ferry_flags *fs, const char *dashes, const char *name,
+                                 size_t len) {
+    const char *near = flag_suggest(fs, name, len);
+    if (near != NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "unknown flag %s%.*s (did you mean --%s?)", dashes,
+                            (int)len, name, near);
+    return ferry_errorf(FERRY_ERR_INVALID, "unknown flag %s%.*s (see --help)", dashes, (int)len,
+                        name);
 }
 
 /* The idx-th of the '|'-separated choices: its start, and its length in *len; NULL if
@@ -189,7 +248,7 @@ static ferry_status parse_one(const ferry_flags *fs, int argc, char *const argv[
         }
     }
     if (f == NULL)
-        return ferry_errorf(FERRY_ERR_INVALID, "unknown flag --%.*s (see --help)", (int)len, arg);
+        return unknown_flag(fs, "--", arg, len);
     seen[f - fs->flags] = true;
     if (eq != NULL)
         return flag_set(f, eq + 1);
@@ -230,7 +289,7 @@ ferry_status ferry_flags_parse(const ferry_flags *fs, int argc, char *const argv
         if (strncmp(arg, "--", 2) == 0 && arg[2] != '\0' && arg[2] != '=')
             st = parse_one(fs, argc, argv, &i, seen);
         else if (arg[0] == '-' && arg[1] != '\0')
-            st = ferry_errorf(FERRY_ERR_INVALID, "unknown flag %s (see --help)", arg);
+            st = unknown_flag(fs, "-", arg + 1, strlen(arg + 1));
         else
             st = ferry_errorf(FERRY_ERR_INVALID, "unexpected argument '%s' (see --help)", arg);
     }
@@ -243,6 +302,44 @@ ferry_status ferry_flags_parse(const ferry_flags *fs, int argc, char *const argv
 }
 
 /* ---- usage --------------------------------------------------------------------------- */
+
+/* v in the fewest significant digits that read back as the same value: as a float
+ * when is_float (so 0.99f prints 0.99, not 0.99000001), else as a double (0.99, not
+ * 0.98999999999999999). */
+static void format_number(double v, bool is_float, char *buf, size_t cap) {
+    /* Whole digits stay digits below 1e15 ("1000000", not "1e+06"). */
+    int whole = fabs(v) >= 1 && fabs(v) < 1e15 ? (int)floor(log10(fabs(v))) + 1 : 1;
+    for (int prec = whole; prec <= 17; prec++) {
+        (void)snprintf(buf, cap, "%.*g", prec, v);
+        if (is_float ? strtof(buf, NULL) == (float)v : strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+/* Whether the field's value lies in the flag's range (always, without a range). */
+static bool value_in_range(const ferry_flag *f) {
+    double v;
+    switch (f->type) {
+    case FERRY_FLAG_INT:
+        v = *(const int *)f->ptr;
+        break;
+    case FERRY_FLAG_INT64:
+        v = (double)*(const int64_t *)f->ptr;
+        break;
+    case FERRY_FLAG_FLOAT: { /* compared as floats: 0.99f lies above the double 0.99 */
+        float x = *(const float *)f->ptr;
+        return !has_range(f) || (x >= (float)f->min && x <= (float)f->max);
+    }
+    case FERRY_FLAG_DOUBLE:
+        v = *(const double *)f->ptr;
+        if (isnan(v)) /* unset: the program's default, shown nowhere */
+            return true;
+        break;
+    default:
+        return true;
+    }
+    return !has_range(f) || (v >= f->min && v <= f->max);
+}
 
 static const char *flag_metavar(const ferry_flag *f) {
     static const char *by_type[] = {"INT", "INT", "NUM", "NUM", "STR", "", "NAME"};
@@ -260,11 +357,11 @@ static void flag_value(const ferry_flag *f, char *buf, size_t cap) {
         (void)snprintf(buf, cap, "%" PRId64, *(const int64_t *)f->ptr);
         return;
     case FERRY_FLAG_FLOAT:
-        (void)snprintf(buf, cap, "%.9g", (double)*(const float *)f->ptr);
+        format_number((double)*(const float *)f->ptr, true, buf, cap);
         return;
     case FERRY_FLAG_DOUBLE: /* NaN: unset, the default is the program's to say */
         if (!isnan(*(const double *)f->ptr))
-            (void)snprintf(buf, cap, "%.9g", *(const double *)f->ptr);
+            format_number(*(const double *)f->ptr, false, buf, cap);
         else
             buf[0] = '\0';
         return;
@@ -305,9 +402,14 @@ void ferry_flags_usage(const ferry_flags *fs, FILE *out) {
     for (int i = 0; i < fs->nflags; i++) {
         const ferry_flag *f = &fs->flags[i];
         const char *mv = flag_metavar(f);
-        char left[256], val[256];
+        char left[256], val[256], lo[32], hi[32];
         (void)snprintf(left, sizeof left, "--%s%s%s", f->name, mv[0] != '\0' ? " " : "", mv);
-        flag_value(f, val, sizeof val);
+        /* A sentinel default outside the range would read as a contradiction. */
+        FERRY_ASSERT(f->defval != NULL || value_in_range(f));
+        if (f->defval != NULL)
+            (void)snprintf(val, sizeof val, "%s", f->defval);
+        else
+            flag_value(f, val, sizeof val);
         (void)fprintf(out, "  %-*s  %s", width, left, f->help != NULL ? f->help : "");
         if (f->type == FERRY_FLAG_ENUM)
             (void)fprintf(out, ": %s", f->choices);
@@ -315,11 +417,15 @@ void ferry_flags_usage(const ferry_flags *fs, FILE *out) {
         char note[160] = "";
         if (f->required)
             (void)snprintf(note, sizeof note, "required");
-        else if (val[0] != '\0')
-            (void)snprintf(note, sizeof note, "default %.100s", val);
-        if (has_range(f))
-            (void)snprintf(note + strlen(note), sizeof note - strlen(note),
-                           "%srange [%.17g, %.17g]", note[0] != '\0' ? ", " : "", f->min, f->max);
+        else if (val[0] != '\0' && !(f->type == FERRY_FLAG_BOOL && strcmp(val, "false") == 0))
+            (void)snprintf(note, sizeof note, "default %.100s", val); /* a switch: when on */
+        if (has_range(f)) {
+            bool is_float = f->type == FERRY_FLAG_FLOAT;
+            format_number(f->min, is_float, lo, sizeof lo);
+            format_number(f->max, is_float, hi, sizeof hi);
+            (void)snprintf(note + strlen(note), sizeof note - strlen(note), "%srange [%s, %s]",
+                           note[0] != '\0' ? ", " : "", lo, hi);
+        }
         if (note[0] != '\0')
             (void)fprintf(out, " (%s)", note);
         (void)fprintf(out, "\n");
@@ -331,4 +437,21 @@ void ferry_flags_usage(const ferry_flags *fs, FILE *out) {
         for (int i = 0; fs->env[i] != NULL && fs->env[i + 1] != NULL; i += 2)
             (void)fprintf(out, "  %-*s  %s\n", width, fs->env[i], fs->env[i + 1]);
     }
+    (void)fprintf(out, "\nexit status: %s\n",
+                  fs->exit_status != NULL ? fs->exit_status : FERRY_FLAGS_EXIT_STATUS);
+}
+
+const char *ferry_flags_peek(int argc, char *const argv[], const char *name) {
+    const char *value = NULL;
+    size_t len = strlen(name);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, len) != 0)
+            continue;
+        if (a[2 + len] == '=')
+            value = a + 3 + len;
+        else if (a[2 + len] == '\0' && i + 1 < argc)
+            value = argv[++i];
+    }
+    return value;
 }

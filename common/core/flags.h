@@ -50,6 +50,10 @@ typedef struct ferry_flag {
     double min, max;     /* numbers: the inclusive range, checked when min < max */
     bool nonfinite;      /* FLOAT/DOUBLE: accept nan, inf and -inf */
     bool required;       /* parsing fails unless the flag is given */
+    /* --help's "(default ...)" text when the field's initial value is not what the
+     * program uses (a sentinel such as -1 or 0 that it resolves later), e.g.
+     * "1, or OPENBLAS_NUM_THREADS". NULL: the field's value. */
+    const char *defval;
 } ferry_flag;
 
 typedef struct ferry_flags {
@@ -60,7 +64,17 @@ typedef struct ferry_flags {
     /* NULL-terminated "NAME", "what it does" pairs: the environment variables the
      * program reads, listed at the end of --help (may be NULL). */
     const char *const *env;
+    /* --help's last section, what the exit codes mean; NULL: FERRY_FLAGS_EXIT_STATUS. */
+    const char *exit_status;
 } ferry_flags;
+
+/* The exit codes every ferry program uses: 2 when the command line is wrong (main
+ * found it before doing anything), 1 when the work failed. */
+#define FERRY_EXIT_RUNTIME 1
+#define FERRY_EXIT_USAGE   2
+#define FERRY_FLAGS_EXIT_STATUS                                                                    \
+    "0 done; 1 the run failed; 2 bad command line (unknown flag, bad value, flags that "           \
+    "exclude each other)"
 
 /* "--version" prints "<prog> <FERRY_VERSION>" to stdout and stops like --help.
  * Parses argv[1..argc-1] into the fields the table points at. On "--help" or "-h" it
@@ -77,7 +91,16 @@ typedef struct ferry_flags {
 ferry_status ferry_flags_parse(const ferry_flags *fs, int argc, char *const argv[], bool *help);
 
 /* Writes "usage: prog [flags]", the summary, then one aligned line per flag with its
- * help text and its current value as the default, to out. */
+ * help text, its current value as the default (or .defval) and its range, numbers in
+ * their shortest exact form (0.99, not 0.98999999999999999), the environment and the
+ * exit status, to out. A numeric default outside the flag's range without a .defval is
+ * a table mistake (asserted). */
 void ferry_flags_usage(const ferry_flags *fs, FILE *out);
+
+/* The value of the last "--name VALUE" or "--name=VALUE" in argv[1..argc-1], or NULL:
+ * for the few flags a program must know before it parses the rest (--preset, whose
+ * values the other flags override; --log-format, which the error of a bad command
+ * line is written in). Does not validate anything. */
+const char *ferry_flags_peek(int argc, char *const argv[], const char *name);
 
 #endif /* FERRY_FLAGS_H */

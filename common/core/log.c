@@ -104,6 +104,14 @@ static void log_write_json(ferry_log_level level, const char *fmt, va_list ap) {
     (void)fwrite(line, 1, len + 3, stderr);
 }
 
+static void log_json_line(ferry_log_level level, const char *fmt, ...) FERRY_PRINTF(2, 3);
+static void log_json_line(ferry_log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_write_json(level, fmt, ap);
+    va_end(ap);
+}
+
 static void log_write(ferry_log_level level, const char *fmt, va_list ap) {
     char line[2048];
     pthread_rwlock_rdlock(&log_route_lock);
@@ -134,6 +142,31 @@ void ferry_log(ferry_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     log_write(level, fmt, ap);
     va_end(ap);
+}
+
+void ferry_log_fatal(const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_rwlock_rdlock(&log_route_lock);
+    if (log_sink != NULL) {
+        log_sink(log_sink_user, FERRY_LOG_LEVEL_ERROR, msg);
+        pthread_rwlock_unlock(&log_route_lock);
+        return;
+    }
+    pthread_rwlock_unlock(&log_route_lock);
+    if (atomic_load(&log_json)) {
+        log_json_line(FERRY_LOG_LEVEL_ERROR, "%s", msg);
+        return;
+    }
+    char line[2200];
+    int n = snprintf(line, sizeof line, "%s: %s\n", log_prog, msg);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    if (len > 0 && line[len - 1] != '\n')
+        line[len - 1] = '\n'; /* cut: still one whole line */
+    (void)fwrite(line, 1, len, stderr);
 }
 
 void ferry_panic(const char *file, int line, const char *fmt, ...) {

@@ -18,6 +18,13 @@ void ferry_log(ferry_log_level level, const char *fmt, ...) FERRY_PRINTF(2, 3);
             ferry_log(FERRY_LOG_LEVEL_DEBUG, __VA_ARGS__);                       \
     } while (0)
 
+/* The last line of a program that gives up (its main, on a bad command line or a
+ * failed run): "prog: message" on stderr, without timestamp or level tag (it is the
+ * answer to the command), or, when JSON logging is on (ferry_log_set_json), one JSON
+ * object {"ts","level":"error","prog","msg"} like every other line. Written whatever
+ * the log level; to the host program's sink when one is set. Thread-safe. */
+void ferry_log_fatal(const char *fmt, ...) FERRY_PRINTF(1, 2);
+
 /* Reports file, line and message, then aborts. For broken invariants only:
  * user and network input get a status code instead. */
 FERRY_NORETURN void ferry_panic(const char *file, int line, const char *fmt, ...)

@@ -21,6 +21,27 @@ ferry_status ferry_file_read_text(const char *path, size_t max_bytes, char **out
  * logged as a warning. Free with ferry_secret_free. */
 ferry_status ferry_token_read(const char *path, const char *env, char **out);
 
+/* A token file's entries: either one token (the whole file, as ferry_token_read: one
+ * entry named "trainer" with role "trainer") or a table, one identity per line,
+ * "<name> <role> <token>" separated by spaces or tabs; blank lines and lines starting
+ * with '#' are skipped. Names are 1..63 bytes of [A-Za-z0-9_.:@-], roles "reader",
+ * "trainer" or "admin", tokens 16..4096 printable bytes; names and tokens unique.
+ * path NULL: the file named by $env; neither: an empty table. Errors name the file and
+ * line, never a token. */
+typedef struct ferry_token_entry {
+    char name[64];
+    char role[16];
+    char *token; /* in the table's own buffer */
+} ferry_token_entry;
+typedef struct ferry_token_table {
+    ferry_token_entry *entries;
+    int n;
+    char *text; /* the file, holding the tokens */
+    size_t text_len;
+} ferry_token_table;
+ferry_status ferry_token_table_read(const char *path, const char *env, ferry_token_table *out);
+void ferry_token_table_free(ferry_token_table *t); /* overwrites the tokens */
+
 /* Overwrites and frees a secret (NULL is fine). */
 void ferry_secret_free(char *s);
 

@@ -49,9 +49,14 @@ ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_cal
     q.ctx_id = ctx;
     q.call_id = call->call_id;
     q.module = (char *)(uintptr_t)call->m->name;
-    q.mode = (char *)(uintptr_t)ferry_wire_modes[mode].name;
-    q.n_fparams = scale != NULL ? 1 : 0;
-    q.fparams = scale;
+    (void)mode; /* the Forward's mode applies */
+    Ferry__V1__DecoderBackwardArgs args;
+    ferry__v1__decoder_backward_args__init(&args);
+    if (scale != NULL) {
+        args.loss_scale = *scale;
+        q.args_case = FERRY__V1__BACKWARD_REQUEST__ARGS_DECODER;
+        q.decoder = &args;
+    }
     return ferry_rpc_msg_set_head(req, &q.base);
 }
 

@@ -13,6 +13,7 @@
 #include "ferry.pb-c.h"
 #include "common/core/log.h"
 #include "common/core/secret.h"
+#include "common/rpc/probe.h" /* ferry_rpc_probe_tls */
 
 void ferry_cluster_config_default(ferry_cluster_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -53,6 +54,8 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
                                        c->cfg.deadline_ms);
 }
 
+static ferry_status rehello(ferry_cluster *c, int i);
+
 /* Methods a caller may send again after a failure in transit: each is applied once
  * on the server however often it arrives (or changes nothing). */
 static int retry_safe(ferry_rpc_method m) {
@@ -84,6 +87,36 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         calls[i].reply = &replies[i];
     }
     ferry_status st = ferry_rpc_call_many_during(calls, n, deadline_ms, during, arg);
+    /* A server that no longer knows this client's session (it restarted, or the session
+     * expired) refused the call before running it: say Hello there again and send the
+     * call once more. What the old session held is gone; the server says so then. */
+    if (st == FERRY_ERR_SESSION && method != FERRY_RPC_HELLO) {
+        int m = 0;
+        ferry_status hs = FERRY_OK;
+        for (int i = 0; i < n && hs == FERRY_OK; i++) {
+            if (calls[i].status != FERRY_ERR_SESSION)
+                continue;
+            int seen = 0;
+            for (int k = 0; k < m; k++) /* one Hello per server */
+                seen |= servers[idx[k]] == servers[i];
+            if (!seen)
+                hs = rehello(c, servers[i]);
+            idx[m++] = i;
+        }
+        ferry_rpc_fanout *again = hs == FERRY_OK ? calloc((size_t)m, sizeof *again) : NULL;
+        if (again != NULL) {
+            for (int k = 0; k < m; k++)
+                again[k] = calls[idx[k]];
+            (void)ferry_rpc_call_many(again, m, deadline_ms);
+            for (int k = 0; k < m; k++)
+                calls[idx[k]] = again[k];
+            free(again);
+            st = FERRY_OK; /* the first entry that still failed, if any */
+            for (int i = 0; i < n && st == FERRY_OK; i++)
+                if (calls[i].status != FERRY_OK)
+                    st = ferry_errorf(calls[i].status, "%s", calls[i].error);
+        }
+    }
     int retry_ms = atomic_load(&c->retry_ms);
     double t0 = ferry_now();
     long pause_ms = 50;
@@ -146,6 +179,12 @@ ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method
                   retry_safe(method));
 }
 
+ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method, int n,
+                                      const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                      ferry_rpc_msg *replies) {
+    return fanout(c, method, n, servers, reqs, shared, replies, c->cfg.deadline_ms, NULL, NULL, 1);
+}
+
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,
                                          ferry_rpc_msg *replies, int deadline_ms) {
@@ -171,12 +210,42 @@ ferry_status ferry__dist_output_as(ferry_cluster *c, int server, const ferry_rpc
 
 /* ---- connect, Hello ---- */
 
+/* The Hello request every server gets. */
+static void hello_request(ferry_cluster *c, Ferry__V1__HelloRequest *q) {
+    ferry__v1__hello_request__init(q);
+    q->label = c->client_id;
+    q->worker_id = c->cfg.worker_id;
+    q->version = (char *)FERRY_VERSION;
+    q->contract_major = FERRY_CONTRACT_MAJOR;
+}
+
+/* Takes server i's Hello reply: the contract it speaks, its incarnation (a change:
+ * it restarted) and the session it opened or renewed, which the server's RPC client
+ * sends from now on (holding its Session stream open). *changed += 1 on a restart. */
+static ferry_status hello_apply(ferry_cluster *c, int i, const Ferry__V1__HelloReply *r,
+                                int *changed) {
+    const char *target = ferry_rpc_client_target(c->clients[i]);
+    if (r->contract_major != FERRY_CONTRACT_MAJOR)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "%s speaks contract %u.%u; this client speaks %d.%d (ferry.v1)", target,
+                            r->contract_major, r->contract_minor, FERRY_CONTRACT_MAJOR,
+                            FERRY_CONTRACT_MINOR);
+    if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
+        FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx", target,
+                       (unsigned long long)r->incarnation, (unsigned long long)c->incarnation[i]);
+        ++*changed;
+    }
+    c->incarnation[i] = r->incarnation;
+    (void)snprintf(c->identity, sizeof c->identity, "%s", r->identity);
+    /* Context calls now name it: a later restart refuses them instead of serving them
+     * from a new state. */
+    ferry_rpc_client_set_incarnation(c->clients[i], r->incarnation);
+    return ferry_rpc_client_set_session(c->clients[i], r->session, 1);
+}
+
 ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     Ferry__V1__HelloRequest q;
-    ferry__v1__hello_request__init(&q);
-    q.client_id = c->client_id;
-    q.worker_id = c->cfg.worker_id;
-    q.version = (char *)FERRY_VERSION;
+    hello_request(c, &q);
     ferry_rpc_msg req, *replies = calloc((size_t)c->n, sizeof *replies);
     int *servers = calloc((size_t)c->n, sizeof *servers);
     ferry_rpc_msg_init(&req);
@@ -188,20 +257,10 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     if (st == FERRY_OK)
         st = ferry__dist_fanout(c, FERRY_RPC_HELLO, c->n, servers, &req, 1, replies);
     int changed = 0;
-    for (int i = 0; st == FERRY_OK && i < c->n; i++) {
-        const Ferry__V1__HelloReply *r = replies[i].head;
-        if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
-            FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx",
-                           c->clients[i] ? ferry_rpc_client_target(c->clients[i]) : "?",
-                           (unsigned long long)r->incarnation,
-                           (unsigned long long)c->incarnation[i]);
-            changed++;
-        }
-        c->incarnation[i] = r->incarnation;
-        /* Context calls now name it: a later restart refuses them instead of
-         * serving them from a new state. */
-        ferry_rpc_client_set_incarnation(c->clients[i], r->incarnation);
-    }
+    pthread_mutex_lock(&c->hello_mu);
+    for (int i = 0; st == FERRY_OK && i < c->n; i++)
+        st = hello_apply(c, i, replies[i].head, &changed);
+    pthread_mutex_unlock(&c->hello_mu);
     for (int i = 0; replies != NULL && i < c->n; i++)
         ferry_rpc_msg_deinit(&replies[i]);
     ferry_rpc_msg_deinit(&req);
@@ -209,6 +268,30 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     free(servers);
     if (st == FERRY_OK && restarted != NULL)
         *restarted = changed;
+    return st;
+}
+
+/* Hello to server i alone, after a call found its session gone (the server restarted
+ * or the session expired): a new session for the calls that follow. */
+static ferry_status rehello(ferry_cluster *c, int i) {
+    Ferry__V1__HelloRequest q;
+    hello_request(c, &q);
+    ferry_rpc_msg req, reply;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry_rpc_call(c->clients[i], FERRY_RPC_HELLO, &req, &reply, c->cfg.deadline_ms);
+    int changed = 0;
+    pthread_mutex_lock(&c->hello_mu);
+    if (st == FERRY_OK)
+        st = hello_apply(c, i, reply.head, &changed);
+    pthread_mutex_unlock(&c->hello_mu);
+    ferry_rpc_msg_deinit(&reply);
+    ferry_rpc_msg_deinit(&req);
+    if (st == FERRY_OK)
+        FERRY_LOG_INFO("%s: a new session (the last one was gone)",
+                       ferry_rpc_client_target(c->clients[i]));
     return st;
 }
 
@@ -286,7 +369,8 @@ static ferry_status check_target(const char *t, char *host, size_t cap) {
     return FERRY_OK;
 }
 
-/* Resolves host: FERRY_OK, or FERRY_ERR_UNAVAILABLE with the resolver's reason. */
+/* Resolves host: FERRY_OK; FERRY_ERR_NOT_FOUND for a name the resolver says does not
+ * exist; FERRY_ERR_UNAVAILABLE for a temporary failure (no answer from DNS). */
 static ferry_status resolve(const char *target, const char *host) {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
     int e = getaddrinfo(host, NULL, &hints, &ai);
@@ -294,15 +378,81 @@ static ferry_status resolve(const char *target, const char *host) {
         freeaddrinfo(ai);
     if (e == 0)
         return FERRY_OK;
-    return ferry_errorf(FERRY_ERR_UNAVAILABLE, "server '%s': cannot resolve host '%s' (%s)", target,
+    if (e == EAI_AGAIN)
+        return ferry_errorf(FERRY_ERR_UNAVAILABLE, "server '%s': cannot resolve host '%s' (%s)",
+                            target, host, gai_strerror(e));
+    return ferry_errorf(FERRY_ERR_NOT_FOUND, "server '%s': cannot resolve host '%s' (%s)", target,
                         host, gai_strerror(e));
 }
 
+/* ---- TLS failures, told apart ---- */
+
+/* The reason OpenSSL gave inside gRPC's message ("... SSL routines::certificate verify
+ * failed"), into out; "" when there is none. */
+static void ssl_reason(const char *why, char *out, size_t cap) {
+    const char *p = strstr(why, "routines::");
+    p = p != NULL ? p + strlen("routines::") : NULL;
+    (void)snprintf(out, cap, "%.*s", p != NULL ? (int)strcspn(p, ";,)") : 0, p != NULL ? p : "");
+}
+
+/* A call to server i that failed in transit (st, with ferry_error_last): when TLS on
+ * one side only, or a certificate the other side refused, is the cause, a
+ * FERRY_ERR_AUTH that says so and what to do; otherwise st unchanged. gRPC reports a
+ * plaintext client on a TLS port, and a client certificate the server refuses, only
+ * as "Socket closed": one probe of the port (ferry_rpc_probe_tls) tells whether it
+ * speaks TLS. A refused connection is not probed. */
+static ferry_status explain_tls(ferry_cluster *c, int i, ferry_status st) {
+    char why[512], host[256], reason[128];
+    (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+    const char *target = ferry_rpc_client_target(c->clients[i]);
+    const char *colon = strrchr(target, ':');
+    int handshake = strstr(why, "andshake") != NULL, closed = strstr(why, "Socket closed") != NULL;
+    if (st != FERRY_ERR_UNAVAILABLE || (!handshake && !closed) || colon == NULL ||
+        check_target(target, host, sizeof host) != FERRY_OK || host[0] == '\0')
+        return st;
+    int tls = 0;
+    if (ferry_rpc_probe_tls(host, colon + 1, 1000, &tls) != FERRY_OK) {
+        (void)ferry_errorf(st, "%s", why); /* the probe's own failure is not the story */
+        return st;
+    }
+    ssl_reason(why, reason, sizeof reason);
+    if (c->tls == 0 && tls)
+        return ferry_errorf(FERRY_ERR_AUTH,
+                            "%s: TLS mismatch: the server speaks TLS and this client connected "
+                            "without it; connect with TLS, trusting the CA that signed the "
+                            "server's certificate (and, for mutual TLS, with a client "
+                            "certificate and key that the server's CA signed)",
+                            target);
+    if (c->tls != 0 && !tls && handshake)
+        return ferry_errorf(FERRY_ERR_AUTH,
+                            "%s: TLS mismatch: this client connected with TLS and the server "
+                            "does not speak it (%s); connect without TLS, or start the server "
+                            "with a certificate and key",
+                            target, reason[0] != '\0' ? reason : "TLS handshake failed");
+    if (c->tls != 0 && tls && handshake)
+        return ferry_errorf(FERRY_ERR_AUTH,
+                            "%s: TLS: this client refused the server's certificate (%s): it must "
+                            "be signed by the CA this client trusts and name the host it "
+                            "connects to",
+                            target, reason[0] != '\0' ? reason : "handshake failed");
+    if (c->tls != 0 && tls && closed)
+        return ferry_errorf(FERRY_ERR_AUTH,
+                            "%s: TLS: the server closed the connection right after the TLS "
+                            "handshake: it wants mutual TLS, a client certificate signed by its "
+                            "own CA, and %s",
+                            target,
+                            c->tls == 2 ? "refused the one this client sent (another CA?)"
+                                        : "this client sent none");
+    (void)ferry_errorf(st, "%s", why);
+    return st;
+}
+
 /* Says Hello until every server answers or connect_timeout_ms passes, telling apart
- * a host that does not resolve, a refused connection and a server that does not
- * answer. */
+ * a host that does not resolve (retried only for resolve_timeout_ms), a refused
+ * connection, a TLS mismatch (never retried) and a server that does not answer. */
 static ferry_status connect_all(ferry_cluster *c, char **list) {
     double t0 = ferry_now(), limit = c->cfg.connect_timeout_ms / 1000.0;
+    double resolve_limit = c->cfg.resolve_timeout_ms / 1000.0;
     char waiting[600] = "";
     ferry_status st;
     for (;;) {
@@ -317,7 +467,13 @@ static ferry_status connect_all(ferry_cluster *c, char **list) {
             st = ferry_cluster_hello(c, NULL);
             ferry_cluster_set_wait_for_ready(c, c->cfg.wait_for_ready);
         }
-        if (st != FERRY_ERR_UNAVAILABLE)
+        for (int i = 0; st == FERRY_ERR_UNAVAILABLE && i < c->n; i++) {
+            if (strncmp(ferry_error_last(), list[i], strlen(list[i])) == 0 &&
+                ferry_error_last()[strlen(list[i])] == ' ')
+                st = explain_tls(c, i, st); /* "<target> Hello: ..." */
+        }
+        double waited = ferry_now() - t0;
+        if (st != FERRY_ERR_UNAVAILABLE && st != FERRY_ERR_NOT_FOUND)
             break;
         char why[512];
         (void)snprintf(why, sizeof why, "%s", ferry_error_last());
@@ -329,12 +485,15 @@ static ferry_status connect_all(ferry_cluster *c, char **list) {
         } else {
             (void)snprintf(what, sizeof what, "%s", why);
         }
-        if (ferry_now() - t0 >= limit)
-            return ferry_errorf(st, "%s%s", what,
-                                limit > 0 ? " (still, at the end of --connect-timeout)" : "");
+        /* A name that does not resolve is a typo unless resolve_limit says otherwise. */
+        double lim = st == FERRY_ERR_NOT_FOUND ? resolve_limit : limit;
+        if (waited >= lim)
+            return lim > 0 ? ferry_errorf(st, "%s (still, after waiting %g s for the servers)",
+                                          what, lim)
+                           : ferry_errorf(st, "%s", what);
         if (strcmp(waiting, what) != 0) {
-            FERRY_LOG_WARN("waiting for the servers: %s; trying again for up to %.0f s", what,
-                           limit - (ferry_now() - t0));
+            FERRY_LOG_WARN("waiting for the servers: %s; trying again for up to %.3g s", what,
+                           lim - waited);
             (void)snprintf(waiting, sizeof waiting, "%s", what);
         }
         struct timespec ts = {0, 250000000L};
@@ -349,8 +508,9 @@ static ferry_status connect_all(ferry_cluster *c, char **list) {
     return st;
 }
 
-ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
-                              ferry_cluster **out) {
+/* Parses targets and makes one RPC client per server, without any call. */
+static ferry_status cluster_open(const char *targets, const ferry_cluster_config *cfg,
+                                 ferry_cluster **out, char ***list_out) {
     char **list = NULL;
     int n = 0;
     ferry_status st = parse_targets(targets, &list, &n);
@@ -361,6 +521,7 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
         st = FERRY_ERR_NOMEM;
         goto done;
     }
+    pthread_mutex_init(&c->hello_mu, NULL);
     if (cfg != NULL)
         c->cfg = *cfg;
     else
@@ -401,6 +562,7 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
         if (files[i] != NULL)
             st = ferry_file_read_text(files[i], 1 << 20, &pem[i]);
     }
+    c->tls = files[0] == NULL ? 0 : files[1] == NULL ? 1 : 2;
     rc.tls_ca_pem = pem[0];
     rc.tls_cert_pem = pem[1];
     rc.tls_key_pem = pem[2];
@@ -414,14 +576,53 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
     c->cfg.tls_ca_file = c->cfg.tls_cert_file = c->cfg.tls_key_file = NULL;
     if (st != FERRY_OK)
         goto done;
-    if ((st = connect_all(c, list)) != FERRY_OK)
-        goto done;
-    FERRY_LOG_DEBUG("connected to %d ferry-ps servers (%s)", n, targets);
     *out = c;
     c = NULL;
+    if (list_out != NULL) {
+        *list_out = list;
+        list = NULL;
+    }
 done:
     ferry_cluster_destroy(c);
     free_list(list, n);
+    return st;
+}
+
+ferry_status ferry_ps_open(const char *targets, const ferry_cluster_config *cfg,
+                           ferry_cluster **out) {
+    ferry_cluster *c = NULL;
+    char **list = NULL;
+    ferry_status st = cluster_open(targets, cfg, &c, &list);
+    char host[256];
+    for (int i = 0; st == FERRY_OK && i < c->n; i++) {
+        if ((st = check_target(list[i], host, sizeof host)) == FERRY_OK && host[0] != '\0')
+            st = resolve(list[i], host);
+    }
+    int n = c != NULL ? c->n : 0;
+    free_list(list, n);
+    if (st != FERRY_OK) {
+        ferry_cluster_destroy(c);
+        return st;
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
+                              ferry_cluster **out) {
+    ferry_cluster *c = NULL;
+    char **list = NULL;
+    ferry_status st = cluster_open(targets, cfg, &c, &list);
+    if (st != FERRY_OK)
+        return st;
+    int n = c->n;
+    if ((st = connect_all(c, list)) == FERRY_OK) {
+        FERRY_LOG_DEBUG("connected to %d ferry-ps servers (%s)", n, targets);
+        *out = c;
+        c = NULL;
+    }
+    free_list(list, n);
+    ferry_cluster_destroy(c);
     return st;
 }
 
@@ -432,6 +633,7 @@ void ferry_cluster_destroy(ferry_cluster *c) {
         ferry_rpc_client_destroy(c->clients[i]);
     free(c->clients);
     free(c->incarnation);
+    pthread_mutex_destroy(&c->hello_mu);
     free(c);
 }
 
@@ -472,7 +674,8 @@ ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *
 ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving) {
     if (server < 0 || server >= c->n)
         return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
-    return ferry_rpc_health_check(c->clients[server], c->cfg.deadline_ms, serving);
+    ferry_status st = ferry_rpc_health_check(c->clients[server], c->cfg.deadline_ms, serving);
+    return explain_tls(c, server, st);
 }
 
 uint64_t ferry_cluster_retries(const ferry_cluster *c) {
@@ -606,6 +809,125 @@ ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64
      * reply: ferry-ps answers a repeat of the file it wrote last with that file. An
      * unnamed one is not (its BUSY answer to a repeat would be final). */
     return broadcast(c, -1, FERRY_RPC_CHECKPOINT, &q.base, name != NULL && name[0] != '\0');
+}
+
+const char *ferry_cluster_identity(const ferry_cluster *c) {
+    return c->identity;
+}
+
+/* The sizes of a module config as ferry_remote_config.dims orders them, and its kind. */
+static const char *config_dims(const Ferry__V1__ModuleConfig *mc, int64_t *dims) {
+    switch (mc->kind_case) {
+    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
+        dims[0] = mc->embedding->vocab, dims[1] = mc->embedding->width;
+        return "embedding";
+    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
+        dims[0] = mc->decoder->vocab, dims[1] = mc->decoder->hidden;
+        return "decoder";
+    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
+        dims[0] = mc->linear->input, dims[1] = mc->linear->output;
+        return "linear";
+    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
+        dims[0] = mc->dense->rows, dims[1] = mc->dense->cols;
+        return "dense";
+    case FERRY__V1__MODULE_CONFIG__KIND_LSTM:
+        dims[0] = mc->lstm->input, dims[1] = mc->lstm->hidden;
+        return "lstm";
+    default:
+        dims[0] = dims[1] = 0;
+        return "?";
+    }
+}
+
+ferry_status ferry__dist_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                      ferry_rpc_msg *reply) {
+    if (server < 0 || server >= c->n)
+        return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
+    Ferry__V1__ListModulesRequest q;
+    ferry__v1__list_modules_request__init(&q);
+    q.prefix = (char *)(uintptr_t)(prefix != NULL ? prefix : "");
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout(c, FERRY_RPC_LIST_MODULES, 1, &server, &req, 1, reply);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
+ferry_status ferry_cluster_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                        void (*fn)(void *user, const ferry_module_info *m),
+                                        void *user) {
+    ferry_rpc_msg reply;
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry__dist_list_modules(c, server, prefix, &reply);
+    const Ferry__V1__ListModulesReply *r = reply.head;
+    for (size_t i = 0; st == FERRY_OK && i < r->n_modules; i++) {
+        const Ferry__V1__ModuleInfo *m = r->modules[i];
+        ferry_module_info info = {.name = m->name,
+                                  .owner = m->owner,
+                                  .version = m->version,
+                                  .num_params = m->num_params,
+                                  .bytes = m->bytes};
+        if (m->config != NULL) {
+            info.kind = config_dims(m->config, info.dims);
+            info.row_begin = m->config->row_begin;
+            info.row_count = m->config->row_count;
+        } else {
+            info.kind = "?";
+        }
+        fn(user, &info);
+    }
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+/* Sends req (method m) to every server: how many had the thing (answered OK), the
+ * first refusal or failure other than NOT_FOUND, or NOT_FOUND naming it when none had
+ * it. */
+static ferry_status drop_everywhere(ferry_cluster *c, ferry_rpc_method m, const ProtobufCMessage *q,
+                                    const char *what, const char *name, int *servers) {
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_status st = ferry_rpc_msg_set_head(&req, q);
+    int had = 0;
+    char first[512] = "";
+    for (int i = 0; i < c->n && st == FERRY_OK; i++) {
+        ferry_rpc_msg reply;
+        ferry_rpc_msg_init(&reply);
+        ferry_status s = ferry__dist_fanout(c, m, 1, &i, &req, 1, &reply);
+        ferry_rpc_msg_deinit(&reply);
+        if (s == FERRY_OK)
+            had++;
+        else if (s != FERRY_ERR_NOT_FOUND)
+            st = s; /* a refusal or a failure: say it */
+        else if (first[0] == '\0')
+            (void)snprintf(first, sizeof first, "%s", ferry_error_last());
+    }
+    ferry_rpc_msg_deinit(&req);
+    if (servers != NULL)
+        *servers = had;
+    if (st == FERRY_OK && had == 0)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "no server has %s '%s' (%s)", what, name, first);
+    return st;
+}
+
+ferry_status ferry_cluster_delete_module(ferry_cluster *c, const char *name, int *servers) {
+    Ferry__V1__DeleteModuleRequest q;
+    ferry__v1__delete_module_request__init(&q);
+    q.name = (char *)(uintptr_t)name;
+    return drop_everywhere(c, FERRY_RPC_DELETE_MODULE, &q.base, "module", name, servers);
+}
+
+ferry_status ferry_cluster_drop_job(ferry_cluster *c, const char *job, int *servers) {
+    Ferry__V1__JobDrop drop;
+    ferry__v1__job_drop__init(&drop);
+    Ferry__V1__JobRequest q;
+    ferry__v1__job_request__init(&q);
+    q.job = (char *)(uintptr_t)job;
+    q.action_case = FERRY__V1__JOB_REQUEST__ACTION_DROP;
+    q.drop = &drop;
+    return drop_everywhere(c, FERRY_RPC_JOB, &q.base, "job", job, servers);
 }
 
 ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms) {

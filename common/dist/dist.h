@@ -20,12 +20,15 @@
 struct ferry_cluster {
     ferry_cluster_config cfg;
     char client_id[128];
+    char identity[FERRY_RPC_IDENTITY_MAX]; /* who the servers take this client for */
+    pthread_mutex_t hello_mu;              /* Hello's bookkeeping: incarnation, session */
     int n;                         /* servers */
     ferry_rpc_client **clients;    /* (n) */
     uint64_t *incarnation;         /* (n) as of the last Hello; 0 before the first */
     atomic_uint_fast64_t next_ctx; /* low 48 bits of the next context id */
     atomic_int retry_ms;           /* ferry_cluster_set_retry */
     atomic_uint_fast64_t retries;  /* calls sent again */
+    int tls; /* how the clients connect: 0 plaintext, 1 TLS, 2 TLS with a certificate */
 };
 
 typedef struct ferry__dist_shard {
@@ -136,6 +139,11 @@ void ferry__dist_touch(ferry_dist_ctx *dc, int server);
 ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
                                 const int *servers, const ferry_rpc_msg *reqs, int shared,
                                 ferry_rpc_msg *replies);
+/* The same, sending again what failed in transit (within the cluster's retry window)
+ * whatever the method: for calls the server answers alike when repeated. */
+ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method, int n,
+                                      const int *servers, const ferry_rpc_msg *reqs, int shared,
+                                      ferry_rpc_msg *replies);
 /* The same with its own deadline (calls that may wait in a job barrier). */
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,
@@ -147,6 +155,11 @@ ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method
                                        const int *servers, const ferry_rpc_msg *reqs, int shared,
                                        ferry_rpc_msg *replies, int deadline_ms,
                                        void (*during)(void *arg), void *arg);
+
+/* ListModules of one server (prefix NULL: all) into reply (initialized by the caller,
+ * who deinitializes it). */
+ferry_status ferry__dist_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                      ferry_rpc_msg *reply);
 
 /* The reply tensor `name` of a call to server, checked to have the dtype and the
  * shape want (entries < 0 match anything); FERRY_ERR_FORMAT naming the peer. */

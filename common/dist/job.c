@@ -1,6 +1,6 @@
-/* job.c - the client side of a training job: Join on every server (the servers hold
- * the membership and compare what each rank says about the model), rank 0's
- * "ready", the other ranks' wait for it, and Leave. */
+/* job.c - the client side of a training job (the Job method): join on every server
+ * (the servers hold the membership and compare what each rank says about the model),
+ * rank 0's "ready", the other ranks' wait for it, Leave, and the job's checkpoints. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +9,6 @@
 #include "common/dist/dist.h"
 #include "ferry.pb-c.h"
 #include "common/core/log.h"
-
-static const char *const sync_names[] = {"bsp", "ssp", "async"};
 
 ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *staleness) {
     *staleness = 0;
@@ -33,23 +31,99 @@ ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *stal
     return FERRY_OK;
 }
 
-static void join_request(ferry_job *job, const char *action, Ferry__V1__JoinRequest *q) {
-    ferry__v1__join_request__init(q);
-    q->job = job->name;
-    q->world = (uint32_t)job->cfg.world;
-    q->rank = (uint32_t)job->cfg.rank;
-    q->sync = (char *)(uintptr_t)sync_names[job->cfg.sync];
-    q->staleness = (uint32_t)job->cfg.staleness;
-    q->sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
-    q->model = job->model;
-    q->client_id = job->c->client_id;
-    q->action = (char *)(uintptr_t)action;
+/* A Job request under construction: the member description (the model signature split
+ * into keys) and the action's message, all pointing into this struct. */
+typedef struct job_msg {
+    Ferry__V1__JobRequest q;
+    Ferry__V1__JobMember member;
+    Ferry__V1__ModelKey keys[64], *kp[64];
+    char model[sizeof((ferry_job *)0)->model];
+    Ferry__V1__JobJoin join;
+    Ferry__V1__JobReady ready;
+    Ferry__V1__JobLeave leave;
+    Ferry__V1__JobProbe probe;
+    Ferry__V1__JobRecover recover;
+    Ferry__V1__JobCheckpoint checkpoint;
+    Ferry__V1__JobStatus status;
+} job_msg;
+
+/* The member description of this rank: world, rank, sync mode, and the model as
+ * keys ("k=v k=v" split at spaces). */
+static void job_member(ferry_job *job, job_msg *m) {
+    ferry__v1__job_member__init(&m->member);
+    m->member.world = (uint32_t)job->cfg.world;
+    m->member.rank = (uint32_t)job->cfg.rank;
+    m->member.sync = job->cfg.sync == FERRY_SYNC_SSP     ? FERRY__V1__SYNC_MODE__SSP
+                     : job->cfg.sync == FERRY_SYNC_ASYNC ? FERRY__V1__SYNC_MODE__ASYNC
+                                                         : FERRY__V1__SYNC_MODE__BSP;
+    m->member.staleness = (uint32_t)job->cfg.staleness;
+    m->member.sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
+    memcpy(m->model, job->model, sizeof m->model);
+    size_t n = 0;
+    char *save = NULL;
+    for (char *kv = strtok_r(m->model, " ", &save); kv != NULL && n < 64;
+         kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        ferry__v1__model_key__init(&m->keys[n]);
+        if (eq != NULL)
+            *eq = '\0';
+        m->keys[n].key = kv;
+        m->keys[n].value = eq != NULL ? eq + 1 : (char *)"";
+        m->kp[n] = &m->keys[n];
+        n++;
+    }
+    m->member.n_model = n;
+    m->member.model = m->kp;
+}
+
+/* The request of `action` (a FERRY__V1__JOB_REQUEST__ACTION_* value) for this rank. */
+static void job_request(ferry_job *job, int action, job_msg *m) {
+    ferry__v1__job_request__init(&m->q);
+    m->q.job = job->name;
+    m->q.action_case = (Ferry__V1__JobRequest__ActionCase)action;
+    switch (action) {
+    case FERRY__V1__JOB_REQUEST__ACTION_JOIN:
+        ferry__v1__job_join__init(&m->join);
+        job_member(job, m);
+        m->join.member = &m->member;
+        m->q.join = &m->join;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_READY:
+        ferry__v1__job_ready__init(&m->ready);
+        m->ready.rank = (uint32_t)job->cfg.rank;
+        m->q.ready = &m->ready;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_LEAVE:
+        ferry__v1__job_leave__init(&m->leave);
+        m->leave.rank = (uint32_t)job->cfg.rank;
+        m->q.leave = &m->leave;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_PROBE:
+        ferry__v1__job_probe__init(&m->probe);
+        m->q.probe = &m->probe;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_RECOVER:
+        ferry__v1__job_recover__init(&m->recover);
+        job_member(job, m);
+        m->recover.member = &m->member;
+        m->q.recover = &m->recover;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_CHECKPOINT:
+        ferry__v1__job_checkpoint__init(&m->checkpoint);
+        m->checkpoint.rank = (uint32_t)job->cfg.rank;
+        m->q.checkpoint = &m->checkpoint;
+        break;
+    default:
+        ferry__v1__job_status__init(&m->status);
+        m->q.status = &m->status;
+        break;
+    }
 }
 
 /* q on every server of the job's cluster, concurrently; replies[c->n] are
  * initialised here and deinitialised by the caller. */
-static ferry_status join_all(ferry_job *job, const Ferry__V1__JoinRequest *q, int deadline_ms,
-                             ferry_rpc_msg *replies) {
+static ferry_status job_all(ferry_job *job, const Ferry__V1__JobRequest *q, int deadline_ms,
+                            ferry_rpc_msg *replies) {
     ferry_cluster *c = job->c;
     int servers[FERRY_DIST_MAX_SERVERS];
     ferry_rpc_msg req;
@@ -60,7 +134,7 @@ static ferry_status join_all(ferry_job *job, const Ferry__V1__JoinRequest *q, in
     }
     ferry_status st = ferry_rpc_msg_set_head(&req, &q->base);
     if (st == FERRY_OK)
-        st = ferry__dist_fanout_deadline(c, FERRY_RPC_JOIN, c->n, servers, &req, 1, replies,
+        st = ferry__dist_fanout_deadline(c, FERRY_RPC_JOB, c->n, servers, &req, 1, replies,
                                          deadline_ms);
     ferry_rpc_msg_deinit(&req);
     return st;
@@ -71,18 +145,21 @@ static void replies_deinit(ferry_rpc_msg *replies, int n) {
         ferry_rpc_msg_deinit(&replies[i]);
 }
 
-/* Join with `action` on every server; reply fields of the servers combined: ready
- * when every server says so, min_step the smallest. */
-static ferry_status job_call(ferry_job *job, const char *action, int *ready, uint64_t *min_step) {
+/* `action` on every server; reply fields of the servers combined: ready when every
+ * server says so, min_step the smallest. */
+static ferry_status job_call(ferry_job *job, int action, int *ready, uint64_t *min_step) {
     ferry_cluster *c = job->c;
-    Ferry__V1__JoinRequest q;
-    join_request(job, action, &q);
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ERR_NOMEM;
+    job_request(job, action, m);
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
-    ferry_status st = join_all(job, &q, c->cfg.deadline_ms, replies);
+    ferry_status st = job_all(job, &m->q, c->cfg.deadline_ms, replies);
+    free(m);
     int all_ready = 1;
     uint64_t min = UINT64_MAX;
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
-        const Ferry__V1__JoinReply *r = replies[i].head;
+        const Ferry__V1__JobReply *r = replies[i].head;
         all_ready &= r->ready != 0;
         min = r->min_step < min ? r->min_step : min;
     }
@@ -124,7 +201,8 @@ ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, fer
 ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out) {
     ferry_job *job = NULL;
     ferry_status st = ferry_job_create(c, cfg, &job);
-    if (st == FERRY_OK && (st = job_call(job, "join", NULL, NULL)) != FERRY_OK) {
+    if (st == FERRY_OK &&
+        (st = job_call(job, FERRY__V1__JOB_REQUEST__ACTION_JOIN, NULL, NULL)) != FERRY_OK) {
         free(job);
         job = NULL;
     }
@@ -137,16 +215,19 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
     memset(out, 0, sizeof *out);
     if (server < 0 || server >= c->n)
         return ferry_errorf(FERRY_ERR_INVALID, "probe: server %d of %d", server, c->n);
-    Ferry__V1__JoinRequest q;
-    join_request(job, "probe", &q);
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ERR_NOMEM;
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_PROBE, m);
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
-    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &m->q.base);
+    free(m);
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(c, FERRY_RPC_JOIN, 1, &server, &req, 1, &reply);
+        st = ferry__dist_fanout(c, FERRY_RPC_JOB, 1, &server, &req, 1, &reply);
     if (st == FERRY_OK) {
-        const Ferry__V1__JoinReply *r = reply.head;
+        const Ferry__V1__JobReply *r = reply.head;
         out->n = r->n_checkpoints;
         out->steps = malloc((out->n ? out->n : 1) * sizeof *out->steps);
         if (out->steps == NULL)
@@ -170,15 +251,18 @@ void ferry_job_probe_free(ferry_job_probe_result *p) {
 ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, int deadline_ms,
                                uint64_t *resume_step) {
     ferry_cluster *c = job->c;
-    Ferry__V1__JoinRequest q;
-    join_request(job, "recover", &q);
-    q.checkpoints = (uint64_t *)(uintptr_t)offer;
-    q.n_checkpoints = n;
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ERR_NOMEM;
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_RECOVER, m);
+    m->recover.checkpoints = (uint64_t *)(uintptr_t)offer;
+    m->recover.n_checkpoints = n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
-    ferry_status st = join_all(job, &q, deadline_ms, replies);
+    ferry_status st = job_all(job, &m->q, deadline_ms, replies);
+    free(m);
     uint64_t step = 0;
     for (int i = 0; st == FERRY_OK && i < c->n; i++) {
-        const Ferry__V1__JoinReply *r = replies[i].head;
+        const Ferry__V1__JobReply *r = replies[i].head;
         if (i > 0 && r->resume_step != step)
             st = ferry_errorf(FERRY_ERR_EXISTS,
                               "job '%s': the servers rolled back to different steps (%llu on "
@@ -195,7 +279,7 @@ ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, 
 }
 
 ferry_status ferry_job_ready(ferry_job *job) {
-    return job_call(job, "ready", NULL, NULL);
+    return job_call(job, FERRY__V1__JOB_REQUEST__ACTION_READY, NULL, NULL);
 }
 
 ferry_status ferry_job_wait_ready(ferry_job *job) {
@@ -203,7 +287,7 @@ ferry_status ferry_job_wait_ready(ferry_job *job) {
     double t0 = ferry_now();
     for (int polls = 0;; polls++) {
         int ready = 0;
-        ferry_status st = job_call(job, "join", &ready, NULL);
+        ferry_status st = job_call(job, FERRY__V1__JOB_REQUEST__ACTION_STATUS, &ready, NULL);
         if (st != FERRY_OK || ready)
             return st;
         if (ferry_now() - t0 > limit)
@@ -217,11 +301,42 @@ ferry_status ferry_job_wait_ready(ferry_job *job) {
 }
 
 ferry_status ferry_job_leave(ferry_job *job) {
-    return job_call(job, "leave", NULL, NULL);
+    return job_call(job, FERRY__V1__JOB_REQUEST__ACTION_LEAVE, NULL, NULL);
 }
 
 ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step) {
-    return job_call(job, "join", NULL, min_step);
+    return job_call(job, FERRY__V1__JOB_REQUEST__ACTION_STATUS, NULL, min_step);
+}
+
+ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step) {
+    ferry_cluster *c = job->c;
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ERR_NOMEM;
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_CHECKPOINT, m);
+    m->checkpoint.step = step;
+    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
+    int servers[FERRY_DIST_MAX_SERVERS];
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < c->n; i++) {
+        servers[i] = i;
+        ferry_rpc_msg_init(&reqs[i]);
+        ferry_rpc_msg_init(&replies[i]);
+        /* Each server's own incarnation: a server restarted since the step refuses. */
+        m->checkpoint.incarnation = c->incarnation[i];
+        if (st == FERRY_OK)
+            st = ferry_rpc_msg_set_head(&reqs[i], &m->q.base);
+    }
+    free(m);
+    /* Sent again after a stall or a lost reply: the server answers a repeat of the file
+     * it wrote last with that file. */
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout_retry(c, FERRY_RPC_JOB, c->n, servers, reqs, 0, replies);
+    for (int i = 0; i < c->n; i++) {
+        ferry_rpc_msg_deinit(&reqs[i]);
+        ferry_rpc_msg_deinit(&replies[i]);
+    }
+    return st;
 }
 
 const ferry_job_config *ferry_job_get_config(const ferry_job *job) {

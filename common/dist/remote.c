@@ -75,12 +75,22 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
     if (!(cfg->init_scale >= 0.0f))
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init_scale %g", cfg->name,
                             (double)cfg->init_scale);
-    /* The server owns the rest of the constraint's checks (the kinds that take one,
-     * D >= C); what cannot travel on the wire is refused here. */
+    /* The server owns the rest of the constraint's checks (D >= C); what cannot travel
+     * on the wire is refused here: only linear and lstm configs carry a constraint. */
     const ferry_remote_constraint *k = &cfg->constraint;
     if ((int)k->kind < 0 || k->kind > FERRY_REMOTE_CONSTRAINT_STIEFEL)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown constraint kind %d", cfg->name,
                             (int)k->kind);
+    if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !one)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "module '%s': kind %s takes no constraint (a Stiefel constraint is "
+                            "implemented for the weight of a linear module and the weight_hh of "
+                            "an lstm module's layers)",
+                            cfg->name, kind_name(cfg->kind));
+    if (k->kind == FERRY_REMOTE_CONSTRAINT_NONE && k->polar_init)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': constraint.polar_init needs a Stiefel constraint",
+                            cfg->name);
     if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !(k->beta >= 0.0 && k->beta <= 1e6))
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': constraint penalty weight beta %g must be in [0, 1e6]",
@@ -144,44 +154,79 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     Ferry__V1__OptimizerConfig opt;
     Ferry__V1__Metric extra[FERRY_OPTIM_FIELD_COUNT], *ptrs[FERRY_OPTIM_FIELD_COUNT];
     optim_message(&cfg->optim, &opt, extra, ptrs);
-    char options[160];
-    int n = snprintf(options, sizeof options, "%s=%d", FERRY_WIRE_OPTION_NAME(BIAS), m->bias);
-    if (cfg->weight_offset >= 0)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=%lld",
-                      FERRY_WIRE_OPTION_NAME(WEIGHT_OFFSET), (long long)cfg->weight_offset);
-    if (cfg->bias_offset >= 0)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=%lld",
-                      FERRY_WIRE_OPTION_NAME(BIAS_OFFSET), (long long)cfg->bias_offset);
-    if (cfg->constraint.polar_init)
-        n += snprintf(options + n, sizeof options - (size_t)n, ",%s=1",
-                      FERRY_WIRE_OPTION_NAME(POLAR));
-    if (m->kind == FERRY_REMOTE_LSTM) /* its biases are its layers' */
-        (void)snprintf(options, sizeof options, "%s=%d,%s=%d,%s=%ld%s",
-                       FERRY_WIRE_OPTION_NAME(LAYERS), cfg->layers > 0 ? cfg->layers : 1,
-                       FERRY_WIRE_OPTION_NAME(FIRST_LAYER), cfg->first_layer,
-                       FERRY_WIRE_OPTION_NAME(DROPOUT_PPM), lrint((double)cfg->dropout * 1e6),
-                       cfg->constraint.polar_init ? ",polar=1" : "");
-    /* Sent only for a constrained module, so an unconstrained one's config (and the
-     * checkpoints holding it) reads as before. */
-    Ferry__V1__Constraint con;
-    ferry__v1__constraint__init(&con);
-    con.kind =
-        (char *)(uintptr_t)(cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL ? "stiefel"
-                                                                                    : "none");
-    con.beta = cfg->constraint.beta;
+    /* The kind's own config; sizes as the kind names them. */
+    Ferry__V1__EmbeddingConfig emb;
+    Ferry__V1__DecoderConfig dec;
+    Ferry__V1__LinearConfig lin;
+    Ferry__V1__DenseConfig den;
+    Ferry__V1__LstmConfig lstm;
+    Ferry__V1__Stiefel stiefel;
+    ferry__v1__stiefel__init(&stiefel);
+    stiefel.beta = cfg->constraint.beta;
+    stiefel.polar = cfg->constraint.polar_init != 0;
+    Ferry__V1__Stiefel *con =
+        cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL ? &stiefel : NULL;
     Ferry__V1__ModuleConfig mc;
     ferry__v1__module_config__init(&mc);
-    mc.kind = (char *)(uintptr_t)kind_name(m->kind);
-    mc.n_dims = 2;
-    mc.dims = (int64_t *)(uintptr_t)cfg->dims;
+    switch (m->kind) {
+    case FERRY_REMOTE_EMBEDDING:
+        ferry__v1__embedding_config__init(&emb);
+        emb.vocab = cfg->dims[0];
+        emb.width = cfg->dims[1];
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING;
+        mc.embedding = &emb;
+        break;
+    case FERRY_REMOTE_DECODER:
+        ferry__v1__decoder_config__init(&dec);
+        dec.vocab = cfg->dims[0];
+        dec.hidden = cfg->dims[1];
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DECODER;
+        mc.decoder = &dec;
+        break;
+    case FERRY_REMOTE_LINEAR:
+        ferry__v1__linear_config__init(&lin);
+        lin.input = cfg->dims[0];
+        lin.output = cfg->dims[1];
+        lin.no_bias = !m->bias;
+        lin.stiefel = con;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LINEAR;
+        mc.linear = &lin;
+        break;
+    case FERRY_REMOTE_DENSE:
+        ferry__v1__dense_config__init(&den);
+        den.rows = cfg->dims[0];
+        den.cols = cfg->dims[1];
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DENSE;
+        mc.dense = &den;
+        break;
+    case FERRY_REMOTE_LSTM:
+        ferry__v1__lstm_config__init(&lstm);
+        lstm.input = cfg->dims[0];
+        lstm.hidden = cfg->dims[1];
+        lstm.layers = (uint32_t)(cfg->layers > 0 ? cfg->layers : 1);
+        lstm.first_layer = (uint32_t)cfg->first_layer;
+        lstm.dropout_ppm = (uint32_t)lrint((double)cfg->dropout * 1e6);
+        lstm.stiefel = con;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LSTM;
+        mc.lstm = &lstm;
+        break;
+    }
+    Ferry__V1__Offset woff, boff;
+    ferry__v1__offset__init(&woff);
+    ferry__v1__offset__init(&boff);
+    woff.value = cfg->weight_offset;
+    boff.value = cfg->bias_offset;
+    Ferry__V1__Init init;
+    ferry__v1__init__init(&init);
+    init.seed = cfg->init_seed;
+    init.scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
+    init.weight_offset = cfg->weight_offset >= 0 ? &woff : NULL;
+    init.bias_offset = cfg->bias_offset >= 0 ? &boff : NULL;
     int one = m->kind == FERRY_REMOTE_LINEAR || m->kind == FERRY_REMOTE_LSTM;
     mc.row_begin = one ? 0 : sh->row_begin;
     mc.row_count = one ? 0 : sh->row_count;
-    mc.init_seed = cfg->init_seed;
-    mc.init_scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
+    mc.init = &init;
     mc.optimizer = &opt;
-    mc.options = options;
-    mc.constraint = cfg->constraint.kind != FERRY_REMOTE_CONSTRAINT_NONE ? &con : NULL;
     Ferry__V1__CreateModuleRequest q;
     ferry__v1__create_module_request__init(&q);
     q.name = (char *)(uintptr_t)m->name;
@@ -439,4 +484,146 @@ ferry_status ferry_remote_get_params(ferry_remote *m, const char *param, int64_t
 ferry_status ferry_remote_set_params(ferry_remote *m, const char *param, int64_t row_begin,
                                      int64_t row_count, const float *src) {
     return params_io(m, param, row_begin, row_count, NULL, src);
+}
+
+/* ---- attaching to a module by name ---- */
+
+/* The optimizer of a module config as the server reads it: the kind's defaults, the
+ * non-zero fields, then the exact `extra` values (server/registry.c does the same). */
+static ferry_status optim_from_message(const Ferry__V1__OptimizerConfig *o,
+                                       ferry_optim_config *out) {
+    const char *name = o != NULL && o->name[0] != '\0' ? o->name : "sgd";
+    ferry_optim_kind kind;
+    ferry_status st = ferry_optim_parse_kind(strcmp(name, "momentum") == 0 ? "sgd" : name, &kind);
+    if (st != FERRY_OK)
+        return st;
+    ferry_optim_config c = ferry_optim_defaults(kind);
+    for (int i = 0; o != NULL && i < FERRY_OPTIM_FIELD_COUNT; i++) {
+        double v;
+        if (ferry__proto_get_number(&o->base, ferry_optim_fields[i].name, &v) && v != 0.0)
+            ferry_optim_field_set(&c, i, v);
+    }
+    for (size_t k = 0; o != NULL && k < o->n_extra; k++) {
+        int i = ferry_optim_field_find(o->extra[k]->name);
+        if (i >= 0)
+            ferry_optim_field_set(&c, i, o->extra[k]->value);
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+/* A ferry_remote_config from a module config the server reported (name not set). */
+static ferry_status config_from_message(const Ferry__V1__ModuleConfig *mc,
+                                        ferry_remote_config *cfg) {
+    const Ferry__V1__Stiefel *k = NULL;
+    switch (mc->kind_case) {
+    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_EMBEDDING, NULL, mc->embedding->vocab,
+                                    mc->embedding->width);
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_DECODER, NULL, mc->decoder->vocab,
+                                    mc->decoder->hidden);
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_LINEAR, NULL, mc->linear->input,
+                                    mc->linear->output);
+        cfg->bias = !mc->linear->no_bias;
+        k = mc->linear->stiefel;
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_DENSE, NULL, mc->dense->rows,
+                                    mc->dense->cols);
+        break;
+    case FERRY__V1__MODULE_CONFIG__KIND_LSTM:
+        ferry_remote_config_default(cfg, FERRY_REMOTE_LSTM, NULL, mc->lstm->input,
+                                    mc->lstm->hidden);
+        cfg->layers = (int)mc->lstm->layers;
+        cfg->first_layer = (int)mc->lstm->first_layer;
+        cfg->dropout = (float)((double)mc->lstm->dropout_ppm / 1e6);
+        k = mc->lstm->stiefel;
+        break;
+    default:
+        return ferry_errorf(FERRY_ERR_FORMAT, "the server reported a module of no known kind");
+    }
+    if (k != NULL) {
+        cfg->constraint.kind = FERRY_REMOTE_CONSTRAINT_STIEFEL;
+        cfg->constraint.beta = k->beta;
+        cfg->constraint.polar_init = k->polar != 0;
+    }
+    if (mc->init != NULL) {
+        cfg->init_seed = mc->init->seed;
+        cfg->init_scale = (float)mc->init->scale;
+        cfg->weight_offset = mc->init->weight_offset != NULL ? mc->init->weight_offset->value : -1;
+        cfg->bias_offset = mc->init->bias_offset != NULL ? mc->init->bias_offset->value : -1;
+    } else {
+        cfg->init_seed = 0;
+    }
+    return optim_from_message(mc->optimizer, &cfg->optim);
+}
+
+ferry_status ferry_remote_attach(ferry_cluster *c, const char *name, ferry_remote_config *out_cfg,
+                                 ferry_remote **out) {
+    if (name == NULL || name[0] == '\0' || strlen(name) >= FERRY_RPC_NAME_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "attach: a module name of 1..%d bytes",
+                            FERRY_RPC_NAME_MAX - 1);
+    ferry_remote_config cfg;
+    int have = 0, one = 0;
+    ferry_status st = FERRY_OK;
+    for (int s = 0; s < c->n && st == FERRY_OK; s++) {
+        ferry_rpc_msg reply;
+        ferry_rpc_msg_init(&reply);
+        st = ferry__dist_list_modules(c, s, name, &reply);
+        const Ferry__V1__ModuleConfig *mc = NULL;
+        for (size_t i = 0;
+             st == FERRY_OK && i < ((const Ferry__V1__ListModulesReply *)reply.head)->n_modules;
+             i++) {
+            const Ferry__V1__ModuleInfo *m =
+                ((const Ferry__V1__ListModulesReply *)reply.head)->modules[i];
+            if (strcmp(m->name, name) == 0)
+                mc = m->config;
+        }
+        if (st == FERRY_OK && mc != NULL && !have) {
+            st = config_from_message(mc, &cfg);
+            have = st == FERRY_OK;
+            one = cfg.kind == FERRY_REMOTE_LINEAR || cfg.kind == FERRY_REMOTE_LSTM;
+            if (one)
+                cfg.server = s;
+        }
+        if (st == FERRY_OK && mc != NULL && !one) {
+            /* Shard s must hold the rows this client's placement gives server s. */
+            int64_t R = cfg.dims[0], lo = (int64_t)s * R / c->n, hi = (int64_t)(s + 1) * R / c->n;
+            int64_t rc = mc->row_count != 0 ? mc->row_count : R - mc->row_begin;
+            if (mc->row_begin != lo || rc != hi - lo)
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "attach '%s': %s holds rows [%lld, %lld), this client would "
+                                  "place [%lld, %lld) there (another number of servers, or a "
+                                  "decoder with a local slice)",
+                                  name, ferry_rpc_client_target(c->clients[s]),
+                                  (long long)mc->row_begin, (long long)(mc->row_begin + rc),
+                                  (long long)lo, (long long)hi);
+        } else if (st == FERRY_OK && mc == NULL && !one) {
+            st = ferry_errorf(FERRY_ERR_NOT_FOUND, "attach '%s': %s hosts no module of that name",
+                              name, ferry_rpc_client_target(c->clients[s]));
+        }
+        ferry_rpc_msg_deinit(&reply);
+    }
+    if (st == FERRY_OK && !have)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "attach '%s': no server hosts a module of that name",
+                          name);
+    if (st != FERRY_OK)
+        return st;
+    cfg.name = name;
+    if ((st = ferry_remote_create(c, &cfg, out)) != FERRY_OK)
+        return st;
+    if (ferry_remote_created(*out) != 0) { /* a shard vanished meanwhile: do not keep it */
+        ferry_remote_destroy(*out);
+        *out = NULL;
+        return ferry_errorf(FERRY_ERR_NOT_FOUND, "attach '%s': a shard was deleted meanwhile",
+                            name);
+    }
+    cfg.name = (*out)->name;
+    if (out_cfg != NULL)
+        *out_cfg = cfg;
+    return FERRY_OK;
 }

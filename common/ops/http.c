@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <microhttpd.h>
+#include <pthread.h>
+#include <time.h>
 
 #include "common/core/log.h"
 #include "common/ops/http.h"
@@ -128,13 +130,109 @@ int64_t ferry_process_rss_bytes(void) {
 
 /* ---- The server --------------------------------------------------------------------------- */
 
+/* A connection open now, for the absolute request deadline. */
+typedef struct http_conn {
+    int fd;
+    double since;
+    struct http_conn *next, **prev;
+} http_conn;
+
 struct ferry_http {
     struct MHD_Daemon *d;
     ferry_http_metrics_fn metrics;
     ferry_http_health_fn health;
     void *user;
     int port;
+    char *token; /* /metrics wants "Authorization: Bearer <it>"; NULL: open */
+    double deadline_s;
+    /* Open connections (mu), and the thread that ends those older than the deadline: a
+     * client that trickles a byte at a time resets libmicrohttpd's idle timeout, not
+     * this one. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    http_conn *conns;
+    int stop;
+    pthread_t reaper;
+    int reaper_started;
+    uint64_t ended; /* connections ended at the deadline */
 };
+
+/* Connection start and end (MHD_OPTION_NOTIFY_CONNECTION). */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    ferry_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        http_conn *c = calloc(1, sizeof *c);
+        const union MHD_ConnectionInfo *info =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (c == NULL || info == NULL) {
+            free(c);
+            *socket_context = NULL;
+            return;
+        }
+        c->fd = info->connect_fd;
+        c->since = ferry_now();
+        pthread_mutex_lock(&h->mu);
+        c->next = h->conns;
+        if (h->conns != NULL)
+            h->conns->prev = &c->next;
+        c->prev = &h->conns;
+        h->conns = c;
+        pthread_mutex_unlock(&h->mu);
+        *socket_context = c;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != NULL) {
+        http_conn *c = *socket_context;
+        pthread_mutex_lock(&h->mu);
+        *c->prev = c->next;
+        if (c->next != NULL)
+            c->next->prev = c->prev;
+        pthread_mutex_unlock(&h->mu);
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
+/* Every 250 ms: connections open longer than the deadline are shut down (libmicrohttpd
+ * sees the end of the stream and closes them). */
+static void *reaper_main(void *arg) {
+    ferry_http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 250000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        (void)pthread_cond_timedwait(&h->cv, &h->mu, &until);
+        double now = ferry_now();
+        for (http_conn *c = h->conns; c != NULL; c = c->next) {
+            if (c->fd >= 0 && now - c->since > h->deadline_s) {
+                (void)shutdown(c->fd, SHUT_RDWR);
+                c->fd = -1; /* once */
+                h->ended++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* The request's bearer token equals h->token (in time that depends on the lengths only). */
+static int token_ok(const ferry_http *h, struct MHD_Connection *conn) {
+    if (h->token == NULL)
+        return 1;
+    const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (a == NULL || strncmp(a, "Bearer ", 7) != 0)
+        return 0;
+    a += 7;
+    size_t na = strlen(a), nb = strlen(h->token);
+    unsigned char diff = (unsigned char)(na != nb);
+    for (size_t i = 0; i < na; i++)
+        diff |= (unsigned char)(a[i] ^ h->token[i % (nb ? nb : 1)]);
+    return diff == 0;
+}
 
 static enum MHD_Result answer(struct MHD_Connection *conn, unsigned code, const char *type,
                               char *body, size_t len) {
@@ -167,6 +265,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return answer(conn, MHD_HTTP_METHOD_NOT_ALLOWED, text, strdup("GET only\n"), 9);
     if (strcmp(url, "/metrics") == 0) {
+        if (!token_ok(h, conn))
+            return answer(conn, MHD_HTTP_UNAUTHORIZED, text,
+                          strdup("/metrics wants Authorization: Bearer <the metrics token>\n"), 57);
         ferry_prom p = {0};
         h->metrics(h->user, &p);
         if (p.failed || p.buf == NULL) {
@@ -198,6 +299,15 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 ferry_status ferry_http_start(const char *listen, ferry_http_metrics_fn metrics,
                               ferry_http_health_fn health, void *user, ferry_http **out) {
+    return ferry_http_start_ex(listen, metrics, health, user, NULL, out);
+}
+
+ferry_status ferry_http_start_ex(const char *listen, ferry_http_metrics_fn metrics,
+                                 ferry_http_health_fn health, void *user,
+                                 const ferry_http_options *opt, ferry_http **out) {
+    static const ferry_http_options defaults;
+    if (opt == NULL)
+        opt = &defaults;
     const char *colon = listen != NULL ? strrchr(listen, ':') : NULL;
     if (colon == NULL || colon == listen || colon[1] == '\0')
         return ferry_errorf(FERRY_ERR_INVALID, "--metrics-listen '%s': want HOST:PORT",
@@ -234,15 +344,35 @@ ferry_status ferry_http_start(const char *listen, ferry_http_metrics_fn metrics,
     h->metrics = metrics;
     h->health = health;
     h->user = user;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    h->deadline_s = opt->request_deadline_s > 0.0 ? opt->request_deadline_s : 10.0;
+    if (opt->token != NULL && (h->token = strdup(opt->token)) == NULL) {
+        free(h);
+        freeaddrinfo(ai);
+        return FERRY_ERR_NOMEM;
+    }
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    unsigned per_ip = opt->per_address_limit > 0 ? (unsigned)opt->per_address_limit : 16u;
+    unsigned total = opt->connection_limit > 0 ? (unsigned)opt->connection_limit : 256u;
+    unsigned flags = MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
                             ai->ai_addr, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                            MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT, total, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            per_ip, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     freeaddrinfo(ai);
+    if (h->d != NULL && pthread_create(&h->reaper, NULL, reaper_main, h) == 0)
+        h->reaper_started = 1;
+    else if (h->d != NULL) {
+        MHD_stop_daemon(h->d);
+        h->d = NULL;
+    }
     if (h->d == NULL) {
+        free(h->token);
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
         free(h);
         return ferry_errorf(FERRY_ERR_IO, "--metrics-listen %s:%ld: cannot listen (port in use, "
                                           "or not an address of this machine)",
@@ -261,6 +391,24 @@ int ferry_http_port(const ferry_http *h) {
 void ferry_http_stop(ferry_http *h) {
     if (h == NULL)
         return;
-    MHD_stop_daemon(h->d);
+    pthread_mutex_lock(&h->mu);
+    h->stop = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    if (h->reaper_started)
+        pthread_join(h->reaper, NULL);
+    MHD_stop_daemon(h->d); /* closes the rest (their records go in on_connection) */
+    if (h->token != NULL)
+        explicit_bzero(h->token, strlen(h->token));
+    free(h->token);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
     free(h);
+}
+
+uint64_t ferry_http_deadline_ended(ferry_http *h) {
+    pthread_mutex_lock(&h->mu);
+    uint64_t n = h->ended;
+    pthread_mutex_unlock(&h->mu);
+    return n;
 }

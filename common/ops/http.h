@@ -37,10 +37,25 @@ typedef void (*ferry_http_metrics_fn)(void *user, ferry_prom *p);
 /* 1 when /healthz should answer 200 "ok", 0 for 503 "not serving". */
 typedef int (*ferry_http_health_fn)(void *user);
 
+/* How the side door defends itself. 0/NULL fields take the defaults. */
+typedef struct ferry_http_options {
+    const char *token;         /* /metrics wants "Authorization: Bearer <token>"; NULL: open
+                                  (/healthz is always open) */
+    int connection_limit;      /* connections at once (256) */
+    int per_address_limit;     /* connections from one client address (16) */
+    double request_deadline_s; /* a connection older than this is ended, however slowly
+                                  it keeps sending (10 s) */
+} ferry_http_options;
+
 /* Serves on listen ("HOST:PORT", port 0: an ephemeral one). FERRY_ERR_INVALID for a
  * malformed address, FERRY_ERR_IO naming it when it cannot be bound. */
 ferry_status ferry_http_start(const char *listen, ferry_http_metrics_fn metrics,
                               ferry_http_health_fn health, void *user, ferry_http **out);
+ferry_status ferry_http_start_ex(const char *listen, ferry_http_metrics_fn metrics,
+                                 ferry_http_health_fn health, void *user,
+                                 const ferry_http_options *opt, ferry_http **out);
+/* Connections ended so far at the request deadline. */
+uint64_t ferry_http_deadline_ended(ferry_http *h);
 int ferry_http_port(const ferry_http *h);
 /* Stops serving and frees; NULL is fine. */
 void ferry_http_stop(ferry_http *h);

@@ -34,6 +34,22 @@ struct ferry_rpc_client {
     int ncq_idle;
     atomic_int in_flight;
     atomic_uint_fast64_t bytes_sent, bytes_received; /* messages, as encoded */
+    /* The session (ferry_rpc_client_set_session) and its Session stream, under
+     * lease_mu. The stream's one batch completes on lease_cq, which is only polled
+     * without waiting (lease_poll) and drained at destroy. */
+    pthread_mutex_t lease_mu;
+    char session[FERRY_RPC_SESSION_LEN + 1]; /* "" when none */
+    atomic_int want_lease;
+    grpc_completion_queue *lease_cq;
+    grpc_call *lease_call; /* NULL: no stream open */
+    grpc_metadata lease_md[3];
+    grpc_op lease_ops[4];
+    grpc_metadata_array lease_init_md, lease_trail_md;
+    grpc_status_code lease_code;
+    grpc_slice lease_details;
+    grpc_byte_buffer *lease_req_bb;
+    double lease_checked, lease_retry_at; /* ferry_now(): last poll, next (re)open */
+    atomic_int lease_up;                  /* 1 while lease_call runs */
 };
 
 /* One call's batch state: everything the ops point to, alive until completion. */
@@ -50,8 +66,9 @@ typedef struct client_call {
     grpc_slice details;
     const char *error_string;
     grpc_op ops[6];
-    grpc_metadata md[3];  /* incarnation, authorization, ferry-client: those sent */
+    grpc_metadata md[4]; /* incarnation, authorization, ferry-client, ferry-session */
     char md_value[20];
+    char md_session[FERRY_RPC_SESSION_LEN + 1];
     int transport;        /* failed in transit, not by the server's answer */
     int prepared; /* the metadata arrays and details are initialized */
     int started;  /* the batch is running: one completion will come */
@@ -100,6 +117,133 @@ static ferry_status errorf_wrap(ferry_status st, const char *target, const char 
     return ferry_errorf(st, "%s %s: %s: %s", target, what, stage, why);
 }
 
+/* ---- The session's lease stream ------------------------------------------------- */
+
+/* Frees what the ended stream's batch held; lease_mu held. */
+static void lease_reap_locked(ferry_rpc_client *cl) {
+    grpc_metadata_array_destroy(&cl->lease_init_md);
+    grpc_metadata_array_destroy(&cl->lease_trail_md);
+    grpc_slice_unref(cl->lease_details);
+    grpc_byte_buffer_destroy(cl->lease_req_bb);
+    cl->lease_req_bb = NULL;
+    grpc_call_unref(cl->lease_call);
+    cl->lease_call = NULL;
+    atomic_store(&cl->lease_up, 0);
+}
+
+/* Opens the Session stream: initial metadata with the session, one empty
+ * SessionRequest, and the receipt of the status, which comes only when the server
+ * ends the stream or the connection goes. The client never half-closes it. lease_mu
+ * held. */
+static void lease_open_locked(ferry_rpc_client *cl) {
+    if (cl->lease_cq == NULL &&
+        (cl->lease_cq = grpc_completion_queue_create_for_next(NULL)) == NULL)
+        return;
+    cl->lease_call =
+        grpc_channel_create_call(cl->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cl->lease_cq,
+                                 grpc_slice_from_static_string(FERRY_RPC_SESSION_PATH), NULL,
+                                 gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (cl->lease_call == NULL)
+        return;
+    grpc_metadata_array_init(&cl->lease_init_md);
+    grpc_metadata_array_init(&cl->lease_trail_md);
+    cl->lease_details = grpc_empty_slice();
+    grpc_slice empty = grpc_empty_slice();
+    cl->lease_req_bb = grpc_raw_byte_buffer_create(&empty, 1);
+    size_t nmd = 0;
+    cl->lease_md[nmd].key = grpc_slice_from_static_string(FERRY_RPC_SESSION_KEY);
+    cl->lease_md[nmd++].value = grpc_slice_from_static_buffer(cl->session, strlen(cl->session));
+    if (cl->auth != NULL) {
+        cl->lease_md[nmd].key = grpc_slice_from_static_string("authorization");
+        cl->lease_md[nmd++].value = grpc_slice_from_static_buffer(cl->auth, strlen(cl->auth));
+    }
+    if (cl->name != NULL) {
+        cl->lease_md[nmd].key = grpc_slice_from_static_string(FERRY_RPC_CLIENT_KEY);
+        cl->lease_md[nmd++].value = grpc_slice_from_static_buffer(cl->name, strlen(cl->name));
+    }
+    grpc_op *op = cl->lease_ops;
+    memset(cl->lease_ops, 0, sizeof cl->lease_ops);
+    op[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    op[0].data.send_initial_metadata.count = nmd;
+    op[0].data.send_initial_metadata.metadata = cl->lease_md;
+    op[1].op = GRPC_OP_SEND_MESSAGE;
+    op[1].data.send_message.send_message = cl->lease_req_bb;
+    op[2].op = GRPC_OP_RECV_INITIAL_METADATA;
+    op[2].data.recv_initial_metadata.recv_initial_metadata = &cl->lease_init_md;
+    op[3].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op[3].data.recv_status_on_client.trailing_metadata = &cl->lease_trail_md;
+    op[3].data.recv_status_on_client.status = &cl->lease_code;
+    op[3].data.recv_status_on_client.status_details = &cl->lease_details;
+    if (grpc_call_start_batch(cl->lease_call, cl->lease_ops, 4, cl, NULL) != GRPC_CALL_OK) {
+        lease_reap_locked(cl);
+        return;
+    }
+    atomic_store(&cl->lease_up, 1);
+}
+
+/* Notices an ended stream and opens it again (at most once a second) while a session
+ * wants one. Cheap enough for every call: it looks at the queue at most every 50 ms,
+ * and never waits for the lock. */
+static void lease_poll(ferry_rpc_client *cl) {
+    double now = ferry_now();
+    if (!atomic_load(&cl->want_lease) || pthread_mutex_trylock(&cl->lease_mu) != 0)
+        return;
+    if (cl->lease_call != NULL && now - cl->lease_checked >= 0.05) {
+        cl->lease_checked = now;
+        grpc_event ev =
+            grpc_completion_queue_next(cl->lease_cq, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_OP_COMPLETE) {
+            if (cl->lease_code != GRPC_STATUS_OK)
+                FERRY_LOG_DEBUG("%s: Session stream ended: %s", cl->target,
+                                ferry__grpc_code_name(cl->lease_code));
+            lease_reap_locked(cl);
+            cl->lease_retry_at = now + 1.0;
+        }
+    }
+    if (atomic_load(&cl->want_lease) && cl->session[0] != '\0' && cl->lease_call == NULL &&
+        now >= cl->lease_retry_at) {
+        cl->lease_retry_at = now + 1.0;
+        lease_open_locked(cl);
+    }
+    pthread_mutex_unlock(&cl->lease_mu);
+}
+
+/* Ends the stream (cancelled from this side) and waits for its batch; lease_mu held. */
+static void lease_close_locked(ferry_rpc_client *cl) {
+    if (cl->lease_call == NULL)
+        return;
+    grpc_call_cancel(cl->lease_call, NULL);
+    grpc_event ev;
+    do
+        ev = grpc_completion_queue_next(cl->lease_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    while (ev.type != GRPC_OP_COMPLETE);
+    lease_reap_locked(cl);
+}
+
+ferry_status ferry_rpc_client_set_session(ferry_rpc_client *c, const char *session, int lease) {
+    size_t n = session != NULL ? strlen(session) : 0;
+    if (n != 0 && (n != FERRY_RPC_SESSION_LEN || strspn(session, "0123456789abcdef") != n))
+        return ferry_errorf(FERRY_ERR_INVALID, "%s: malformed session id", c->target);
+    pthread_mutex_lock(&c->lease_mu);
+    int same = n > 0 && strcmp(c->session, session) == 0;
+    if (!same) {
+        lease_close_locked(c); /* the old session's stream */
+        memcpy(c->session, n > 0 ? session : "", n + 1);
+    }
+    atomic_store(&c->want_lease, lease && n > 0);
+    if (!atomic_load(&c->want_lease))
+        lease_close_locked(c);
+    c->lease_retry_at = 0.0;
+    pthread_mutex_unlock(&c->lease_mu);
+    lease_poll(c);
+    return FERRY_OK;
+}
+
+int ferry_rpc_client_lease_open(ferry_rpc_client *c) {
+    lease_poll(c);
+    return atomic_load(&c->lease_up);
+}
+
 /* Starts c's 6-op batch on cq, sending c->req_bb. `reg` is the registered
  * method, or NULL to call `path` by name. */
 static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void *reg,
@@ -140,8 +284,19 @@ static ferry_status call_launch(client_call *c, grpc_completion_queue *cq, void 
         c->md[nmd++].value = grpc_slice_from_static_buffer(cl->auth, strlen(cl->auth));
     }
     if (cl->name != NULL) {
-        c->md[nmd].key = grpc_slice_from_static_string("ferry-client");
+        c->md[nmd].key = grpc_slice_from_static_string(FERRY_RPC_CLIENT_KEY);
         c->md[nmd++].value = grpc_slice_from_static_buffer(cl->name, strlen(cl->name));
+    }
+    { /* calls run in the session (Hello renews it; the health service ignores it) */
+        lease_poll(cl);
+        pthread_mutex_lock(&cl->lease_mu);
+        memcpy(c->md_session, cl->session, sizeof c->md_session);
+        pthread_mutex_unlock(&cl->lease_mu);
+        if (c->md_session[0] != '\0') {
+            c->md[nmd].key = grpc_slice_from_static_string(FERRY_RPC_SESSION_KEY);
+            c->md[nmd++].value =
+                grpc_slice_from_static_buffer(c->md_session, strlen(c->md_session));
+        }
     }
     op[n].data.send_initial_metadata.count = nmd;
     op[n].data.send_initial_metadata.metadata = nmd > 0 ? c->md : NULL;
@@ -390,6 +545,7 @@ ferry_status ferry_rpc_client_create(const char *target, const ferry_rpc_client_
         return ferry_errorf(FERRY_ERR_NOMEM, "rpc client: out of memory");
     }
     FERRY_ASSERT(pthread_mutex_init(&cl->mu, NULL) == 0);
+    FERRY_ASSERT(pthread_mutex_init(&cl->lease_mu, NULL) == 0);
     cl->lim =
         (ferry__rpc_limits){.max_message_bytes = max_bytes, .max_tensors = FERRY_RPC_MAX_TENSORS};
     cl->deadline_ms = cfg->deadline_ms > 0 ? cfg->deadline_ms : FERRY_RPC_DEFAULT_DEADLINE_MS;
@@ -432,6 +588,12 @@ void ferry_rpc_client_destroy(ferry_rpc_client *c) {
     if (c == NULL)
         return;
     FERRY_ASSERT(atomic_load(&c->in_flight) == 0);
+    pthread_mutex_lock(&c->lease_mu);
+    lease_close_locked(c);
+    pthread_mutex_unlock(&c->lease_mu);
+    if (c->lease_cq != NULL)
+        cq_destroy(c->lease_cq);
+    pthread_mutex_destroy(&c->lease_mu);
     for (int i = 0; i < c->ncq_idle; i++)
         cq_destroy(c->cq_idle[i]);
     grpc_channel_destroy(c->channel);

@@ -29,12 +29,6 @@ const ferry_wire_tensor ferry_wire_tensors[FERRY_WIRE_TENSOR_COUNT] = {
 #undef TENSOR_
 };
 
-const ferry_wire_option_info ferry_wire_options[FERRY_WIRE_OPTION_COUNT] = {
-#define OPTION_(id, name, meaning) {name, meaning},
-    FERRY_WIRE_OPTION_MAP(OPTION_)
-#undef OPTION_
-};
-
 const ferry_wire_param_info ferry_wire_params[FERRY_WIRE_PARAM_COUNT] = {
 #define PARAM_(id, name, rank, shape) {name, rank, shape},
     FERRY_WIRE_PARAM_MAP(PARAM_)

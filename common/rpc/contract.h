@@ -88,44 +88,11 @@
 /* The parameters of each kind, as CreateModule's initial tensors, GetParams' reply and
  * SetParams' request name them: X(ID, name, rank, shape). Rows are the shard's. */
 #define FERRY_WIRE_PARAM_MAP(X)                                                                    \
-    X(WEIGHT, "weight", 2, "(rows, E | H | C); lstm: (1, N) the group's packed layers")                                                    \
-    X(BIAS, "bias", 1,                                                                             \
-      "(rows); decoder always, linear unless option bias=0, embedding and dense never")
+    X(WEIGHT, "weight", 2, "(rows, E | H | C); lstm: (1, N) the group's packed layers")            \
+    X(BIAS, "bias", 1, "(rows); decoder always, linear unless no_bias, embedding and dense never")
 
-/* CreateModule's ModuleConfig.options keys ("key=value,..."): X(ID, name, meaning). */
-#define FERRY_WIRE_OPTION_MAP(X)                                                                   \
-    X(BIAS, "bias", "linear: 0 or 1 (default 1); a decoder always has one, an embedding none")     \
-    X(WEIGHT_OFFSET, "weight_offset",                                                              \
-      "init: element index of the global weight's (0, 0) in the generator")                        \
-    X(BIAS_OFFSET, "bias_offset", "init: element index of the bias's (0)")                         \
-    X(POLAR, "polar", "1: start a Stiefel-constrained weight at its polar factor")               \
-    X(LAYERS, "layers", "lstm: K, the layers of the group (default 1)")                             \
-    X(FIRST_LAYER, "first_layer", "lstm: the group's first layer in the whole stack (names)")       \
-    X(DROPOUT_PPM, "dropout_ppm", "lstm: dropout between the group's layers, in millionths")
-
-/* The lstm kind's Forward iparams, by position (absent trailing entries are 0): the
- * stream whose state the call starts from and carries, flags, and the trainer's
- * dropout stream (seed, the offset the group's first mask starts at, and the window
- * the call is a block of: T of the whole window and the call's first step; T 0 means
- * the call is the whole window). */
-enum {
-    FERRY_WIRE_LSTM_STREAM = 0,  /* any 64-bit key chosen by the caller */
-    FERRY_WIRE_LSTM_FLAGS = 1,   /* FERRY_WIRE_LSTM_RESET | FERRY_WIRE_LSTM_CARRY */
-    FERRY_WIRE_LSTM_SEED = 2,
-    FERRY_WIRE_LSTM_RNG_OFFSET = 3,
-    FERRY_WIRE_LSTM_WINDOW_T = 4,
-    FERRY_WIRE_LSTM_T0 = 5,
-    FERRY_WIRE_LSTM_IPARAMS = 6,
-};
-enum {
-    FERRY_WIRE_LSTM_RESET = 1, /* start from zeros (without h0/c0) */
-    FERRY_WIRE_LSTM_CARRY = 2, /* keep hn, cn as the stream's state for its next call */
-};
-
-/* The name of parameter or option ID on the wire: FERRY_WIRE_PARAM_NAME(WEIGHT) is
- * "weight", FERRY_WIRE_OPTION_NAME(POLAR) is "polar". */
-#define FERRY_WIRE_PARAM_NAME(id)  (ferry_wire_params[FERRY_WIRE_PARAM_##id].name)
-#define FERRY_WIRE_OPTION_NAME(id) (ferry_wire_options[FERRY_WIRE_OPTION_##id].name)
+/* The name of parameter ID on the wire: FERRY_WIRE_PARAM_NAME(WEIGHT) is "weight". */
+#define FERRY_WIRE_PARAM_NAME(id) (ferry_wire_params[FERRY_WIRE_PARAM_##id].name)
 
 /* clang-format off */
 typedef enum ferry_wire_kind {
@@ -148,13 +115,6 @@ typedef enum ferry_wire_tensor_id {
 #undef FERRY_WIRE_TENSOR_ENUM_
     FERRY_WIRE_TENSOR_COUNT
 } ferry_wire_tensor_id;
-
-typedef enum ferry_wire_option {
-#define FERRY_WIRE_OPTION_ENUM_(id, name, meaning) FERRY_WIRE_OPTION_##id,
-    FERRY_WIRE_OPTION_MAP(FERRY_WIRE_OPTION_ENUM_)
-#undef FERRY_WIRE_OPTION_ENUM_
-    FERRY_WIRE_OPTION_COUNT
-} ferry_wire_option;
 
 typedef enum ferry_wire_param {
 #define FERRY_WIRE_PARAM_ENUM_(id, name, rank, shape) FERRY_WIRE_PARAM_##id,
@@ -200,16 +160,10 @@ typedef struct ferry_wire_param_info {
     const char *shape;
 } ferry_wire_param_info;
 
-typedef struct ferry_wire_option_info {
-    const char *name;
-    const char *meaning;
-} ferry_wire_option_info;
-
 extern const ferry_wire_kind_info ferry_wire_kinds[FERRY_WIRE_KIND_COUNT];
 extern const ferry_wire_mode_info ferry_wire_modes[FERRY_WIRE_MODE_COUNT];
 extern const ferry_wire_tensor ferry_wire_tensors[FERRY_WIRE_TENSOR_COUNT];
 extern const ferry_wire_param_info ferry_wire_params[FERRY_WIRE_PARAM_COUNT];
-extern const ferry_wire_option_info ferry_wire_options[FERRY_WIRE_OPTION_COUNT];
 
 /* The kind named name, or -1. */
 int ferry_wire_kind_find(const char *name);

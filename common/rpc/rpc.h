@@ -39,6 +39,11 @@ extern "C" {
 
 struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.h */
 
+/* The wire contract's version (proto/ferry.proto section 1): major 1 = package ferry.v1;
+ * a minor only adds. */
+#define FERRY_CONTRACT_MAJOR 1
+#define FERRY_CONTRACT_MINOR 1
+
 #define FERRY_RPC_MAX_DIMS                  4
 #define FERRY_RPC_NAME_MAX                  64   /* bytes, with the terminating NUL */
 #define FERRY_RPC_MAX_TENSORS               1024 /* per message */
@@ -61,7 +66,9 @@ struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.
     X(CHECKPOINT, Checkpoint, checkpoint)                                                          \
     X(STATS, Stats, stats)                                                                         \
     X(SHUTDOWN, Shutdown, shutdown)                                                                \
-    X(JOIN, Join, join)
+    X(JOB, Job, job)                                                                               \
+    X(LIST_MODULES, ListModules, list_modules)                                                     \
+    X(DELETE_MODULE, DeleteModule, delete_module)
 
 /* clang-format off */
 typedef enum ferry_rpc_method {
@@ -253,6 +260,54 @@ void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_m
 int ferry_rpc_can_reply_now(const ferry_rpc_msg *reply);
 ferry_status ferry_rpc_reply_now(ferry_rpc_msg *reply);
 
+/* Roles, weakest first: a role may call every method the roles before it may. */
+typedef enum ferry_rpc_role {
+    FERRY_RPC_ROLE_READER = 1,
+    FERRY_RPC_ROLE_TRAINER = 2,
+    FERRY_RPC_ROLE_ADMIN = 3,
+} ferry_rpc_role;
+
+/* "reader", "trainer", "admin" ("?" for another value); ferry_rpc_role_parse the
+ * reverse (FERRY_ERR_INVALID for another name). */
+const char *ferry_rpc_role_name(ferry_rpc_role role);
+ferry_status ferry_rpc_role_parse(const char *name, ferry_rpc_role *out);
+
+#define FERRY_RPC_IDENTITY_MAX 64 /* bytes of an identity name, with the NUL */
+#define FERRY_RPC_SESSION_LEN  32 /* hex digits of a session id */
+#define FERRY_RPC_TOKEN_MAX    4096
+
+/* One entry of the server's token table: whoever sends the token is this identity
+ * with this role. */
+typedef struct ferry_rpc_identity {
+    const char *name; /* 1..63 bytes of [A-Za-z0-9_.:@-] */
+    ferry_rpc_role role;
+    const char *token; /* 1..FERRY_RPC_TOKEN_MAX bytes */
+} ferry_rpc_identity;
+
+/* Who made a call, as the server established it before the handler runs
+ * (ferry_rpc_caller). Nothing here comes from what the client says about itself but
+ * `session` (checked by the application against its own table) and `label`. */
+typedef struct ferry_rpc_caller_info {
+    /* The token's identity, or with mutual TLS the certificate's subject (CN, else its
+     * first DNS/URI SAN); "anonymous" without either. */
+    char identity[FERRY_RPC_IDENTITY_MAX];
+    ferry_rpc_role role; /* the token's; FERRY_RPC_ROLE_ADMIN when no tokens are set */
+    /* 1 when the role comes from an admin token: may act on other identities' objects. */
+    int authority;
+    char session[FERRY_RPC_SESSION_LEN + 1]; /* metadata "ferry-session"; "" if absent/bad */
+    char label[64];                          /* metadata "ferry-client": logs only */
+} ferry_rpc_caller_info;
+
+/* A lease: a client's open Session stream (proto/ferry.proto section 2). */
+typedef struct ferry_rpc_lease_ops {
+    /* Checks the caller's session and records the open stream: FERRY_OK with *handle
+     * set, or an error (its detail from ferry_errorf) that refuses the stream. */
+    ferry_status (*open)(void *user, const ferry_rpc_caller_info *who, void **handle);
+    /* The stream ended (the client went away, or the server stops): exactly once per
+     * successful open, on a server thread. */
+    void (*close)(void *user, void *handle);
+} ferry_rpc_lease_ops;
+
 typedef struct ferry_rpc_server_config {
     const char *listen;       /* "127.0.0.1:0" (port 0: an ephemeral port), "[::]:7000" */
     int threads;              /* completion-queue threads running handlers; 0: 2 */
@@ -262,18 +317,41 @@ typedef struct ferry_rpc_server_config {
      * another (a client that spoke to an earlier process on this address) is refused
      * with FERRY_ERR_NOT_FOUND before its handler runs: whatever it refers to is gone. */
     uint64_t incarnation;
-    /* Bearer tokens (NULL: none). With either set, every call but the health service
-     * must carry metadata "authorization: Bearer <token>" (compared in constant
-     * time): none or an unknown one is refused with FERRY_ERR_AUTH
-     * (UNAUTHENTICATED), a trainer token on a method with admin_only[m] set with
-     * FERRY_ERR_DENIED (PERMISSION_DENIED), before the handler runs. */
-    const char *trainer_token, *admin_token;
-    unsigned char admin_only[FERRY_RPC_METHOD_COUNT];
+    /* The token table (nidentities entries, copied). With entries, every call but the
+     * health service must carry metadata "authorization: Bearer <token>" (compared in
+     * constant time): none or an unknown one is refused with FERRY_ERR_AUTH
+     * (UNAUTHENTICATED), a role below method_role[m] with FERRY_ERR_DENIED
+     * (PERMISSION_DENIED), before the handler runs. Without entries every caller has
+     * role admin (but no authority). */
+    const ferry_rpc_identity *identities;
+    int nidentities;
+    ferry_rpc_role method_role[FERRY_RPC_METHOD_COUNT]; /* 0: reader */
     /* TLS, PEM text (NULL: plaintext). cert and key: serve TLS; ca as well: clients
-     * must present a certificate that ca signed (mutual TLS). */
+     * must present a certificate that ca signed (mutual TLS); a certificate without a
+     * CN or a DNS/URI subject alternative name is refused (UNAUTHENTICATED). */
     const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT]; /* NULL: UNIMPLEMENTED */
-    void *user;                                         /* first argument of every handler */
+    /* Methods answered at once on the threads polling gRPC (cheap, never waiting:
+     * Hello, Stats). Every other method goes through a fair work queue: `workers`
+     * threads (0: `threads`) take the callers' identities in turn, one identity may run
+     * at most max_calls_per_identity calls at once (0: its fair share of the workers
+     * while others have work), and a call over max_queued_calls waiting (0: 4096), or
+     * max_queued_calls_per_identity of its identity (0: 1024), is refused with
+     * FERRY_ERR_RESOURCE. Health checks never queue. */
+    unsigned char cheap[FERRY_RPC_METHOD_COUNT];
+    int workers, max_calls_per_identity, max_queued_calls, max_queued_calls_per_identity;
+    /* Replies sent but not yet taken by their clients (a client that stops reading
+     * holds them in the server): at most max_pending_bytes in all (0: 1 GiB) and
+     * max_pending_bytes_per_connection per connection (0: max_message_bytes; a
+     * connection may always hold one reply); a reply past either is refused with
+     * FERRY_ERR_RESOURCE, and one unread after reply_timeout_s (0: 60) is cancelled by
+     * ferry_rpc_server_reap. */
+    int64_t max_pending_bytes, max_pending_bytes_per_connection;
+    double reply_timeout_s;
+    /* Session streams ("/ferry.v1.Ferry/Session"); NULL open: UNIMPLEMENTED. A stream
+     * needs role reader. */
+    ferry_rpc_lease_ops lease;
+    void *user; /* first argument of every handler and lease op */
 } ferry_rpc_server_config;
 
 /* Binds, starts the threads and serves until shutdown. Unknown methods and
@@ -287,12 +365,9 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
 /* The bound TCP port (the ephemeral one for ":0"). */
 int ferry_rpc_server_port(const ferry_rpc_server *s);
 
-/* Who made the call a handler is answering (reply->call): "<role>:<client>", role
- * "admin", "trainer" or "anyone" (no tokens configured), then the TLS client
- * certificate's identity when mutual TLS is on ("cert=<CN>"), then the client's
- * own name from metadata "ferry-client" (ferry's clients send their Hello id). ""
- * outside a network call. Contexts are owned by it. */
-const char *ferry_rpc_caller(const ferry_rpc_msg *reply);
+/* Who made the call a handler is answering (reply->call), or NULL outside a network
+ * call (an in-process dispatch). Valid until the handler returns. */
+const ferry_rpc_caller_info *ferry_rpc_caller(const ferry_rpc_msg *reply);
 
 /* Per-method call counts and latency, for metrics. Latency buckets are upper bounds
  * in seconds (ferry_rpc_latency_bounds); a server measures from the call's arrival
@@ -305,17 +380,40 @@ typedef struct ferry_rpc_method_stats {
     uint64_t buckets[FERRY_RPC_LATENCY_BUCKETS], over; /* per bucket, not cumulative */
     double sum_s;
 } ferry_rpc_method_stats;
-/* Method slots: ferry's methods 0..FERRY_RPC_METHOD_COUNT-1, then
- * FERRY_RPC_STATS_HEALTH (grpc.health.v1.Health) and FERRY_RPC_STATS_OTHER
- * (unknown paths). */
-#define FERRY_RPC_STATS_HEALTH FERRY_RPC_METHOD_COUNT
-#define FERRY_RPC_STATS_OTHER  (FERRY_RPC_METHOD_COUNT + 1)
-#define FERRY_RPC_STATS_SLOTS  (FERRY_RPC_METHOD_COUNT + 2)
-/* The label of a slot: "Forward", ..., "grpc.health.v1.Health", "unknown". */
+/* Method slots: ferry's unary methods 0..FERRY_RPC_METHOD_COUNT-1, then
+ * FERRY_RPC_STATS_HEALTH (grpc.health.v1.Health), FERRY_RPC_STATS_OTHER (unknown
+ * paths) and FERRY_RPC_STATS_SESSION (Session streams, counted when they end). */
+#define FERRY_RPC_STATS_HEALTH  FERRY_RPC_METHOD_COUNT
+#define FERRY_RPC_STATS_OTHER   (FERRY_RPC_METHOD_COUNT + 1)
+#define FERRY_RPC_STATS_SESSION (FERRY_RPC_METHOD_COUNT + 2)
+#define FERRY_RPC_STATS_SLOTS   (FERRY_RPC_METHOD_COUNT + 3)
+/* The path of the Session stream method. */
+#define FERRY_RPC_SESSION_PATH "/ferry.v1.Ferry/Session"
+/* The label of a slot: "Forward", ..., "grpc.health.v1.Health", "unknown", "Session". */
 const char *ferry_rpc_stats_slot_name(int slot);
 /* The name of a gRPC status code ("OK", "NOT_FOUND", ...). */
 const char *ferry_rpc_code_name(int code);
 void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_method_stats *out);
+
+/* The fair work queue: calls waiting and running, served, refused, and how long the
+ * served ones waited (mean, worst). */
+typedef struct ferry_rpc_queue_stats {
+    int queued, running;
+    uint64_t served, refused;
+    double wait_mean_s, wait_max_s;
+} ferry_rpc_queue_stats;
+void ferry_rpc_server_queue_stats(ferry_rpc_server *s, ferry_rpc_queue_stats *out);
+
+/* Cancels the replies older than the reply timeout that their clients have not read;
+ * returns how many (for a daemon's periodic timer). Thread-safe. */
+int ferry_rpc_server_reap(ferry_rpc_server *s);
+typedef struct ferry_rpc_pending_stats {
+    int64_t bytes, worst_connection_bytes; /* unread reply bytes held: in all, the most one
+                                              connection holds */
+    int64_t max_bytes, max_bytes_per_connection;
+    uint64_t refused, cancelled; /* replies refused over a limit, cancelled unread */
+} ferry_rpc_pending_stats;
+void ferry_rpc_server_pending_stats(ferry_rpc_server *s, ferry_rpc_pending_stats *out);
 
 /* The grpc.health.v1 status the server reports: 1 SERVING (from the start), 0
  * NOT_SERVING (a daemon draining). Thread-safe. */
@@ -357,7 +455,8 @@ typedef struct ferry_rpc_client_config {
     int wait_for_ready;       /* 1: calls wait up to their deadline for the server to
                                  come up; 0: fail fast with FERRY_ERR_UNAVAILABLE */
     const char *token;        /* sent as "authorization: Bearer <token>"; NULL: none */
-    const char *client_name;  /* sent as "ferry-client" metadata; NULL: none */
+    const char *client_name;  /* sent as "ferry-client" metadata (a label for the
+                                 server's logs); NULL: none */
     /* TLS, PEM text: ca set: connect with TLS and verify the server's certificate
      * against it; cert and key as well: present them (mutual TLS). */
     const char *tls_ca_pem, *tls_cert_pem, *tls_key_pem;
@@ -383,6 +482,16 @@ void ferry_rpc_client_set_wait_for_ready(ferry_rpc_client *c, int on);
  * a restored one) refuses them with FERRY_ERR_NOT_FOUND instead of serving them from
  * its new state. 0: not sent. */
 void ferry_rpc_client_set_incarnation(ferry_rpc_client *c, uint64_t incarnation);
+/* The session this client's later calls run in (HelloReply.session): every call but
+ * Hello then carries it as metadata "ferry-session", and Hello too (which renews it
+ * instead of opening another). With `lease`, the client also holds the server's
+ * Session stream open (opened now, and again by a later call once it ended), so that
+ * the server keeps the session while this process lives and learns at once when it
+ * goes away. NULL or "" forgets the session (and closes the stream). Thread-safe;
+ * FERRY_ERR_INVALID for an id that is not FERRY_RPC_SESSION_LEN hex digits. */
+ferry_status ferry_rpc_client_set_session(ferry_rpc_client *c, const char *session, int lease);
+/* 1 while the client's Session stream is open (the server holds it). */
+int ferry_rpc_client_lease_open(ferry_rpc_client *c);
 /* This client's calls of method slot (see ferry_rpc_server_method_stats). */
 void ferry_rpc_client_method_stats(ferry_rpc_client *c, int slot, ferry_rpc_method_stats *out);
 /* grpc.health.v1.Health/Check of service "" on this client's server: *serving is 1

@@ -14,9 +14,13 @@
 #include <string.h>
 #include <time.h>
 
+#include <grpc/support/alloc.h>
+
 #include "common/core/log.h"
+#include "common/rpc/sched.h"
 #include "common/rpc/transport-grpc.h"
 
+#include "ferry.pb-c.h"
 #include "health.pb-c.h"
 
 #define CATCH_ALL       (-1) /* server_call.method of the unregistered slot */
@@ -24,12 +28,35 @@
 /* grpc.health.v1.Health, served here for every daemon: methods after ferry's own. */
 #define HEALTH_CHECK  FERRY_RPC_METHOD_COUNT
 #define HEALTH_WATCH  (FERRY_RPC_METHOD_COUNT + 1)
-#define NMETHODS      (FERRY_RPC_METHOD_COUNT + 2)
+#define SESSION_LEASE (FERRY_RPC_METHOD_COUNT + 2) /* the Session stream (lease ops) */
+#define NMETHODS      (FERRY_RPC_METHOD_COUNT + 3)
 #define HEALTH_SLOTS  2
+#define LEASE_SLOTS   2
 static const char *const health_paths[2] = {"/grpc.health.v1.Health/Check",
                                             "/grpc.health.v1.Health/Watch"};
 
-#define MAX_WATCHERS 64 /* open Health/Watch streams; later ones get one answer */
+#define MAX_WATCHERS 64    /* open Health/Watch streams; later ones get one answer */
+#define PEND_MIN_BYTES   4096  /* replies counted against the unread-reply limits */
+#define REFUSAL_WINDOW_S 10.0  /* refusal log: a window ... */
+#define REFUSAL_LINES    20    /* ... logs this many in full ... */
+#define REFUSAL_KINDS    16    /* ... and counts the rest by this many (status, identity) */
+#define MAX_LEASES   65536 /* open Session streams, all sessions (each session caps its own) */
+
+/* The bytes of replies one connection has not taken yet. */
+typedef struct pend_peer {
+    char *peer; /* grpc_call_get_peer's text: "ipv4:10.0.0.2:53122" */
+    int64_t bytes;
+    int calls;
+    struct pend_peer *next;
+} pend_peer;
+
+/* One line of the token table, owned. */
+typedef struct srv_identity {
+    char name[FERRY_RPC_IDENTITY_MAX];
+    ferry_rpc_role role;
+    char *token;
+    size_t token_len;
+} srv_identity;
 
 struct ferry_rpc_server {
     grpc_server *server;
@@ -38,12 +65,18 @@ struct ferry_rpc_server {
     ferry_rpc_handler handlers[FERRY_RPC_METHOD_COUNT];
     void *user;
     uint64_t incarnation; /* 0: not checked */
-    char *tokens[2];      /* trainer, admin; NULL: none */
-    unsigned char admin_only[FERRY_RPC_METHOD_COUNT];
+    srv_identity *ids;    /* the token table; none: no token checks */
+    int nids;
+    ferry_rpc_role method_role[FERRY_RPC_METHOD_COUNT];
+    ferry_rpc_lease_ops lease;
+    unsigned char cheap[FERRY_RPC_METHOD_COUNT]; /* answered on the polling threads */
+    ferry__rpc_sched *sched; /* every other method: the fair work queue (sched.c) */
     int mtls;             /* clients present certificates */
     atomic_int serving;   /* grpc.health.v1: 1 SERVING, 0 NOT_SERVING */
     struct server_call *watchers[MAX_WATCHERS]; /* open Health/Watch streams (mu) */
     int nwatchers;
+    struct server_call *leases; /* open Session streams, a list through lease_next (mu) */
+    int nleases;
     ferry__rpc_meter meter[FERRY_RPC_STATS_SLOTS];
     ferry__rpc_limits lim;
     int port;
@@ -65,6 +98,29 @@ struct ferry_rpc_server {
     atomic_uint_fast64_t calls, errors, bytes_in, bytes_out;
     atomic_int_fast64_t in_flight;
 
+    /* Replies sent but not yet taken by their client (held until gRPC has written them),
+     * per connection and in all (pend_mu), and the calls holding them: refused past
+     * max_pending_*, cancelled once older than reply_timeout_s (ferry_rpc_server_reap). */
+    /* Refusals in the log: the first REFUSAL_LINES of each REFUSAL_WINDOW_S window in
+     * full, the rest counted by status and identity into one summary line (log_mu). */
+    pthread_mutex_t log_mu;
+    double log_window_start;
+    int log_lines;
+    struct refusal_count {
+        int code;
+        char identity[FERRY_RPC_IDENTITY_MAX];
+        uint64_t n;
+    } log_counts[REFUSAL_KINDS];
+    int log_nkinds;
+    uint64_t log_other; /* refusals of kinds past REFUSAL_KINDS */
+
+    pthread_mutex_t pend_mu;
+    struct pend_peer *peers;
+    struct server_call *pending; /* replies in flight, a list through pend_next */
+    int64_t pend_total, pend_max_total, pend_max_peer;
+    double reply_timeout_s;
+    atomic_uint_fast64_t pend_refused, pend_cancelled;
+
     /* FERRY_RPC_RECORD=DIR: the first RECORD_MAX requests of each method are written
      * to DIR/<Method>-<n>.bin as they arrived (the fuzz targets' seeds). */
     char record_dir[512];
@@ -78,6 +134,8 @@ typedef enum call_state {
     CALL_REPLYING,    /* reply batch started */
     CALL_WATCH_FIRST, /* Health/Watch: the first status is being sent */
     CALL_WATCHING,    /* Health/Watch: open, in srv->watchers, no batch running */
+    CALL_LEASE_FIRST, /* Session: the "open" event is being sent */
+    CALL_LEASE_OPEN,  /* Session: open, in srv->leases, waiting for the client to go */
 } call_state;
 
 /* Everything a call's batches point to lives here until the last one completes. */
@@ -99,8 +157,15 @@ typedef struct server_call {
     int deferred;     /* the handler called ferry_rpc_defer: the reply comes later */
     int early;        /* the handler called ferry_rpc_reply_now: answered, still running */
     atomic_int holds; /* early: the reply batch and the handler, each frees last */
-    char caller[224]; /* ferry_rpc_caller */
+    ferry_rpc_caller_info caller;                 /* ferry_rpc_caller */
+    void *lease_handle;                           /* Session: what lease.open returned */
+    struct server_call *lease_next, **lease_prev; /* srv->leases (mu) */
     double t0;        /* when the call arrived */
+    /* Its reply while unread (pend_charge .. pend_release; srv->pend_mu). */
+    int64_t pend_bytes;
+    struct pend_peer *pend_peer;
+    double pend_since;
+    struct server_call *pend_next, **pend_prev;
     grpc_op ops[4];
 } server_call;
 
@@ -120,8 +185,92 @@ static void cq_maybe_close(ferry_rpc_server *srv) {
         grpc_completion_queue_shutdown(srv->cq);
 }
 
+/* The reply's bytes leave the count (its batch completed or failed). */
+static void pend_release(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    pthread_mutex_lock(&srv->pend_mu);
+    if (c->pend_peer == NULL) {
+        pthread_mutex_unlock(&srv->pend_mu);
+        return;
+    }
+    srv->pend_total -= c->pend_bytes;
+    pend_peer *p = c->pend_peer;
+    p->bytes -= c->pend_bytes;
+    if (--p->calls == 0) { /* the connection holds nothing: forget it */
+        pend_peer **pp = &srv->peers;
+        while (*pp != p)
+            pp = &(*pp)->next;
+        *pp = p->next;
+        gpr_free(p->peer);
+        free(p);
+    }
+    if (c->pend_prev != NULL) {
+        *c->pend_prev = c->pend_next;
+        if (c->pend_next != NULL)
+            c->pend_next->pend_prev = c->pend_prev;
+    }
+    c->pend_prev = NULL;
+    c->pend_peer = NULL;
+    pthread_mutex_unlock(&srv->pend_mu);
+}
+
+/* Counts a reply of n bytes against its connection's and the server's limits before it
+ * is sent: FERRY_ERR_RESOURCE when they would be passed (a connection may always hold
+ * one reply). */
+static ferry_status pend_charge(server_call *c, size_t n) {
+    ferry_rpc_server *srv = c->srv;
+    if (srv->pend_max_total <= 0)
+        return FERRY_OK;
+    char *peer = grpc_call_get_peer(c->call);
+    if (peer == NULL)
+        return FERRY_OK;
+    pthread_mutex_lock(&srv->pend_mu);
+    pend_peer *p = srv->peers;
+    while (p != NULL && strcmp(p->peer, peer) != 0)
+        p = p->next;
+    int64_t held = p != NULL ? p->bytes : 0;
+    ferry_status st = FERRY_OK;
+    if ((held > 0 && held + (int64_t)n > srv->pend_max_peer) ||
+        srv->pend_total + (int64_t)n > srv->pend_max_total) {
+        st = ferry_errorf(FERRY_ERR_RESOURCE,
+                          "reply of %.1f MiB refused: %s replies not yet read hold %.1f MiB (at "
+                          "most %.0f MiB per connection, %.0f MiB in all; --max-pending-reply-mb)",
+                          (double)n / 1048576.0, held > 0 ? "this connection's" : "the",
+                          (double)(held > 0 ? held : srv->pend_total) / 1048576.0,
+                          (double)srv->pend_max_peer / 1048576.0,
+                          (double)srv->pend_max_total / 1048576.0);
+    } else if (p == NULL && (p = calloc(1, sizeof *p)) == NULL) {
+        st = FERRY_ERR_NOMEM;
+    } else {
+        if (p->peer == NULL) {
+            p->peer = peer;
+            peer = NULL;
+            p->next = srv->peers;
+            srv->peers = p;
+        }
+        p->bytes += (int64_t)n;
+        p->calls++;
+        srv->pend_total += (int64_t)n;
+        c->pend_bytes = (int64_t)n;
+        c->pend_peer = p;
+        c->pend_since = ferry_now();
+        c->pend_next = srv->pending;
+        if (srv->pending != NULL)
+            srv->pending->pend_prev = &c->pend_next;
+        c->pend_prev = &srv->pending;
+        srv->pending = c;
+    }
+    pthread_mutex_unlock(&srv->pend_mu);
+    if (peer != NULL)
+        gpr_free(peer);
+    if (st != FERRY_OK)
+        atomic_fetch_add(&srv->pend_refused, 1);
+    return st;
+}
+
 static void call_free(server_call *c) {
     ferry_rpc_server *srv = c->srv;
+    pend_release(c);
     grpc_metadata_array_destroy(&c->req_md);
     if (c->method == CATCH_ALL)
         grpc_call_details_destroy(&c->details);
@@ -197,6 +346,7 @@ static void call_reply(server_call *c, ferry_status st, grpc_status_code code, c
     /* Counted before sending, so a client that has its answer sees it counted. */
     int slot = c->method == HEALTH_CHECK || c->method == HEALTH_WATCH ? FERRY_RPC_STATS_HEALTH
                : c->method == CATCH_ALL                               ? FERRY_RPC_STATS_OTHER
+               : c->method == SESSION_LEASE                           ? FERRY_RPC_STATS_SESSION
                                                                       : c->method;
     ferry__rpc_meter_add(&c->srv->meter[slot], (int)code, ferry_now() - c->t0);
     atomic_fetch_add(&c->srv->calls, 1);
@@ -230,6 +380,8 @@ static ferry_status reply_encode(server_call *c, const ferry__rpc_method_info *m
     if (st == FERRY_OK && w.total > c->srv->lim.max_message_bytes)
         st = ferry_errorf(FERRY_ERR_RANGE, "%s reply of %zu bytes exceeds the %zu-byte limit",
                           mi->name, w.total, c->srv->lim.max_message_bytes);
+    if (st == FERRY_OK && w.total >= PEND_MIN_BYTES)
+        st = pend_charge(c, w.total);
     if (st == FERRY_OK) {
         c->reply_bb = ferry__grpc_bb_owned(&w, reply);
         atomic_fetch_add(&c->srv->bytes_out, w.total);
@@ -238,86 +390,185 @@ static ferry_status reply_encode(server_call *c, const ferry__rpc_method_info *m
     return st;
 }
 
-/* The value of request metadata `key` copied into buf ("" when absent); 1 if found. */
-static int md_get(const server_call *c, const char *key, char *buf, size_t cap) {
-    buf[0] = '\0';
+/* The value of request metadata `key`, or NULL when absent. */
+static const grpc_slice *md_find(const server_call *c, const char *key) {
     for (size_t i = 0; i < c->req_md.count; i++) {
-        const grpc_metadata *md = &c->req_md.metadata[i];
-        if (grpc_slice_str_cmp(md->key, key) != 0)
-            continue;
-        size_t n = GRPC_SLICE_LENGTH(md->value);
-        n = n < cap - 1 ? n : cap - 1;
-        memcpy(buf, GRPC_SLICE_START_PTR(md->value), n);
-        buf[n] = '\0';
-        return 1;
+        if (grpc_slice_str_cmp(c->req_md.metadata[i].key, key) == 0)
+            return &c->req_md.metadata[i].value;
     }
-    return 0;
+    return NULL;
 }
 
-/* a == b in time that depends on the lengths only, not on where they differ. */
-static int same_secret(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
+/* The value of request metadata `key` copied into buf ("" when absent or longer than
+ * cap - 1 bytes: never truncated into another value); 1 if copied. */
+static int md_get(const server_call *c, const char *key, char *buf, size_t cap) {
+    buf[0] = '\0';
+    const grpc_slice *v = md_find(c, key);
+    if (v == NULL || GRPC_SLICE_LENGTH(*v) >= cap)
+        return 0;
+    memcpy(buf, GRPC_SLICE_START_PTR(*v), GRPC_SLICE_LENGTH(*v));
+    buf[GRPC_SLICE_LENGTH(*v)] = '\0';
+    return 1;
+}
+
+/* a[0..na) == b[0..nb) in time that depends on the lengths only, not on where they
+ * differ. */
+static int same_secret(const uint8_t *a, size_t na, const char *b, size_t nb) {
     unsigned char diff = (unsigned char)(na != nb);
     for (size_t i = 0; i < na; i++)
-        diff |= (unsigned char)(a[i] ^ b[i % (nb ? nb : 1)]);
+        diff |= (unsigned char)(a[i] ^ (unsigned char)b[i % (nb ? nb : 1)]);
     return diff == 0 && nb > 0;
 }
 
-/* The client certificate's identity (its CN, or the first name gRPC reports). */
-static void cert_identity(const server_call *c, char *buf, size_t cap) {
+/* Ends the refusal log's window: one line with what it counted. log_mu held. */
+static void refusal_flush_locked(ferry_rpc_server *srv, double now) {
+    uint64_t total = srv->log_other;
+    for (int i = 0; i < srv->log_nkinds; i++)
+        total += srv->log_counts[i].n;
+    if (total > 0) {
+        char line[1024];
+        size_t n = (size_t)snprintf(line, sizeof line,
+                                    "rpc server: %llu more refused calls in "
+                                    "the last %.0f s:",
+                                    (unsigned long long)total, now - srv->log_window_start);
+        for (int i = 0; i < srv->log_nkinds && n < sizeof line - 96; i++)
+            n += (size_t)snprintf(line + n, sizeof line - n, "%s %s x%llu (%s)", i ? "," : "",
+                                  ferry__grpc_code_name((grpc_status_code)srv->log_counts[i].code),
+                                  (unsigned long long)srv->log_counts[i].n,
+                                  srv->log_counts[i].identity);
+        if (srv->log_other > 0 && n < sizeof line - 48)
+            (void)snprintf(line + n, sizeof line - n, ", others x%llu",
+                           (unsigned long long)srv->log_other);
+        FERRY_LOG_WARN("%s", line);
+    }
+    srv->log_window_start = now;
+    srv->log_lines = 0;
+    srv->log_nkinds = 0;
+    srv->log_other = 0;
+}
+
+/* Logs a refused call, at a bounded rate: a client sending refused calls in a loop
+ * costs the log one summary line per window, not a line per call. */
+static void refusal_log(ferry_rpc_server *srv, grpc_status_code code, const char *identity,
+                        const char *fmt, const char *a, const char *b) {
+    double now = ferry_now();
+    pthread_mutex_lock(&srv->log_mu);
+    if (now - srv->log_window_start > REFUSAL_WINDOW_S)
+        refusal_flush_locked(srv, now);
+    int full = srv->log_lines < REFUSAL_LINES;
+    if (full) {
+        srv->log_lines++;
+    } else {
+        int i = 0;
+        while (i < srv->log_nkinds && (srv->log_counts[i].code != (int)code ||
+                                       strcmp(srv->log_counts[i].identity, identity) != 0))
+            i++;
+        if (i == srv->log_nkinds && i < REFUSAL_KINDS) {
+            srv->log_counts[i].code = (int)code;
+            (void)snprintf(srv->log_counts[i].identity, sizeof srv->log_counts[i].identity, "%s",
+                           identity);
+            srv->log_counts[i].n = 0;
+            srv->log_nkinds++;
+        }
+        if (i < srv->log_nkinds)
+            srv->log_counts[i].n++;
+        else
+            srv->log_other++;
+    }
+    pthread_mutex_unlock(&srv->log_mu);
+    if (full)
+        FERRY_LOG_WARN(fmt, a, b);
+}
+
+/* A name that may stand for an identity: 1..63 printable bytes, no spaces. */
+static int identity_ok(const char *s, size_t n) {
+    if (n == 0 || n >= FERRY_RPC_IDENTITY_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] <= ' ' || s[i] > '~')
+            return 0;
+    }
+    return 1;
+}
+
+/* The client certificate's subject into buf: its CN, else its first DNS, else URI
+ * subject alternative name. 0 (buf "") when it has none that identity_ok accepts. */
+static int cert_identity(const server_call *c, char *buf, size_t cap) {
     buf[0] = '\0';
     grpc_auth_context *ac = grpc_call_auth_context(c->call);
     if (ac == NULL)
-        return;
-    grpc_auth_property_iterator it =
-        grpc_auth_context_find_properties_by_name(ac, GRPC_X509_CN_PROPERTY_NAME);
-    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
-    if (p == NULL) {
-        it = grpc_auth_context_peer_identity(ac);
-        p = grpc_auth_property_iterator_next(&it);
+        return 0;
+    static const char *const props[] = {GRPC_X509_CN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME,
+                                        GRPC_PEER_URI_PROPERTY_NAME};
+    for (size_t k = 0; k < sizeof props / sizeof props[0] && buf[0] == '\0'; k++) {
+        grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ac, props[k]);
+        const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+        if (p != NULL && identity_ok(p->value, p->value_length) && p->value_length < cap) {
+            memcpy(buf, p->value, p->value_length);
+            buf[p->value_length] = '\0';
+        }
     }
-    if (p != NULL)
-        (void)snprintf(buf, cap, "%.*s", (int)(p->value_length < 96 ? p->value_length : 96),
-                       p->value);
     grpc_auth_context_release(ac);
+    return buf[0] != '\0';
 }
 
-/* Checks the call's bearer token against the method's role and records who the
- * caller is (c->caller). Refusals name what was wrong, never the token. */
-static ferry_status authorize(server_call *c, char *detail, size_t cap) {
+/* Establishes who makes the call (c->caller): the identity from the bearer token or
+ * the client certificate, the role from the token, the session and label from
+ * metadata; refuses an unknown token, a certificate without a subject, or a role below
+ * what `need` asks for. Refusals name what was wrong, never the token. */
+static ferry_status authorize(server_call *c, const char *mname, ferry_rpc_role need, char *detail,
+                              size_t cap) {
     ferry_rpc_server *srv = c->srv;
-    const char *mname = ferry__rpc_method((ferry_rpc_method)c->method)->name;
-    const char *role = "anyone";
-    if (srv->tokens[0] != NULL || srv->tokens[1] != NULL) {
-        char auth[512];
-        const char *tok = NULL;
-        if (md_get(c, "authorization", auth, sizeof auth) && strncmp(auth, "Bearer ", 7) == 0)
-            tok = auth + 7;
-        int admin = tok != NULL && srv->tokens[1] != NULL && same_secret(tok, srv->tokens[1]);
-        int trainer = tok != NULL && srv->tokens[0] != NULL && same_secret(tok, srv->tokens[0]);
-        if (!admin && !trainer) {
+    ferry_rpc_caller_info *who = &c->caller;
+    memset(who, 0, sizeof *who);
+    (void)snprintf(who->identity, sizeof who->identity, "anonymous");
+    who->role = FERRY_RPC_ROLE_ADMIN;
+    if (srv->nids > 0) {
+        const grpc_slice *v = md_find(c, "authorization");
+        const uint8_t *tok = NULL;
+        size_t n = 0;
+        if (v != NULL && GRPC_SLICE_LENGTH(*v) > 7 &&
+            memcmp(GRPC_SLICE_START_PTR(*v), "Bearer ", 7) == 0) {
+            tok = GRPC_SLICE_START_PTR(*v) + 7;
+            n = GRPC_SLICE_LENGTH(*v) - 7;
+        }
+        const srv_identity *match = NULL;
+        for (int i = 0; tok != NULL && i < srv->nids; i++) { /* every entry: no early exit */
+            if (same_secret(tok, n, srv->ids[i].token, srv->ids[i].token_len))
+                match = &srv->ids[i];
+        }
+        if (match == NULL) {
             (void)snprintf(detail, cap, "%s: %s", mname,
                            tok == NULL ? "no bearer token (metadata authorization: Bearer <token>)"
                                        : "unknown token");
-            FERRY_LOG_WARN("%s refused: %s", mname, detail);
+            refusal_log(srv, GRPC_STATUS_UNAUTHENTICATED, "?", "%s refused: %s", mname, detail);
             return FERRY_ERR_AUTH;
         }
-        if (!admin && srv->admin_only[c->method]) {
-            (void)snprintf(detail, cap, "%s needs the admin token (this is the trainer token)",
-                           mname);
-            FERRY_LOG_WARN("%s refused: %s", mname, detail);
-            return FERRY_ERR_DENIED;
-        }
-        role = admin ? "admin" : "trainer";
+        (void)snprintf(who->identity, sizeof who->identity, "%s", match->name);
+        who->role = match->role;
+        who->authority = match->role == FERRY_RPC_ROLE_ADMIN;
     }
-    char cert[100], client[100];
-    if (srv->mtls)
-        cert_identity(c, cert, sizeof cert);
-    else
-        cert[0] = '\0';
-    (void)md_get(c, "ferry-client", client, sizeof client);
-    (void)snprintf(c->caller, sizeof c->caller, "%s:%s%s%s%s", role, cert[0] ? "cert=" : "", cert,
-                   cert[0] ? "," : "", client);
+    if (srv->mtls && !cert_identity(c, who->identity, sizeof who->identity)) {
+        (void)snprintf(detail, cap,
+                       "%s: the client certificate names no subject (a CN, or a DNS or URI "
+                       "subject alternative name of at most %d printable bytes)",
+                       mname, FERRY_RPC_IDENTITY_MAX - 1);
+        refusal_log(srv, GRPC_STATUS_UNAUTHENTICATED, "?", "%s refused: %s", mname, detail);
+        return FERRY_ERR_AUTH;
+    }
+    if (who->role < need) {
+        (void)snprintf(detail, cap, "%s needs role %s; identity '%s' has role %s", mname,
+                       ferry_rpc_role_name(need), who->identity, ferry_rpc_role_name(who->role));
+        refusal_log(srv, GRPC_STATUS_PERMISSION_DENIED, who->identity, "%s refused: %s", mname,
+                    detail);
+        return FERRY_ERR_DENIED;
+    }
+    (void)md_get(c, FERRY_RPC_SESSION_KEY, who->session, sizeof who->session);
+    if (!md_get(c, FERRY_RPC_CLIENT_KEY, who->label, sizeof who->label))
+        (void)snprintf(who->label, sizeof who->label, "-");
+    for (char *p = who->label; *p != '\0'; p++) /* a label goes into logs: printable only */
+        if (*p < ' ' || *p > '~')
+            *p = '?';
     return FERRY_OK;
 }
 
@@ -347,34 +598,15 @@ static int stale_incarnation(const server_call *c, char *detail, size_t cap) {
     return 0;
 }
 
-static void call_serve(server_call *c) {
+/* Decodes the request, runs the handler and answers (or leaves the answer to a
+ * deferred or early reply): on a worker of the fair queue, or in place for a cheap
+ * method. */
+static void call_execute(void *user, void *item) {
+    (void)user;
+    server_call *c = item;
     ferry_rpc_server *srv = c->srv;
     const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
     char detail[512];
-    if (c->req_bb == NULL) { /* the client half-closed without a message */
-        (void)snprintf(detail, sizeof detail, "%s call without a request message", mi->name);
-        call_reply(c, FERRY_ERR_FORMAT, GRPC_STATUS_INVALID_ARGUMENT, detail);
-        return;
-    }
-    atomic_fetch_add(&srv->bytes_in, grpc_byte_buffer_length(c->req_bb));
-    if (srv->record_dir[0] != '\0') {
-        int n = atomic_fetch_add(&srv->recorded[c->method], 1);
-        if (n < RECORD_MAX) {
-            char path[640];
-            (void)snprintf(path, sizeof path, "%s/%s-%02d.bin", srv->record_dir, mi->name, n);
-            if (ferry__grpc_bb_save(c->req_bb, path) != FERRY_OK)
-                FERRY_LOG_WARN("rpc server: cannot record %s", path);
-        }
-    }
-    ferry_status auth = authorize(c, detail, sizeof detail);
-    if (auth != FERRY_OK) {
-        call_reply(c, auth, ferry__grpc_code_from_status(auth), detail);
-        return;
-    }
-    if (srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail)) {
-        call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
-        return;
-    }
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
@@ -415,7 +647,7 @@ static void call_serve(server_call *c) {
             const char *msg = ferry_error_last();
             (void)snprintf(detail, sizeof detail, "%s",
                            msg[0] != '\0' ? msg : ferry_status_str(st));
-            FERRY_LOG_WARN("%s rejected: %s (%s)", mi->name, ferry_status_str(st), detail);
+            refusal_log(srv, code, c->caller.identity, "%s rejected: %s", mi->name, detail);
         }
     }
     ferry_rpc_msg_deinit(&req);
@@ -423,9 +655,76 @@ static void call_serve(server_call *c) {
     call_reply(c, st, code, st == FERRY_OK ? "" : detail);
 }
 
-const char *ferry_rpc_caller(const ferry_rpc_msg *reply) {
+/* A call of one of ferry's methods: who makes it (refused here when the credentials or
+ * the incarnation are wrong), then the cheap methods at once and every other one
+ * through the fair queue. */
+static void call_serve(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
+    char detail[512];
+    if (c->req_bb == NULL) { /* the client half-closed without a message */
+        (void)snprintf(detail, sizeof detail, "%s call without a request message", mi->name);
+        call_reply(c, FERRY_ERR_FORMAT, GRPC_STATUS_INVALID_ARGUMENT, detail);
+        return;
+    }
+    atomic_fetch_add(&srv->bytes_in, grpc_byte_buffer_length(c->req_bb));
+    if (srv->record_dir[0] != '\0') {
+        int n = atomic_fetch_add(&srv->recorded[c->method], 1);
+        if (n < RECORD_MAX) {
+            char path[640];
+            (void)snprintf(path, sizeof path, "%s/%s-%02d.bin", srv->record_dir, mi->name, n);
+            if (ferry__grpc_bb_save(c->req_bb, path) != FERRY_OK)
+                FERRY_LOG_WARN("rpc server: cannot record %s", path);
+        }
+    }
+    ferry_status auth = authorize(c, mi->name, srv->method_role[c->method], detail, sizeof detail);
+    if (auth != FERRY_OK) {
+        call_reply(c, auth, ferry__grpc_code_from_status(auth), detail);
+        return;
+    }
+    if (srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail)) {
+        call_reply(c, FERRY_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND, detail);
+        return;
+    }
+    if (srv->cheap[c->method] || srv->sched == NULL) {
+        call_execute(srv, c);
+        return;
+    }
+    int q = ferry__rpc_sched_push(srv->sched, c->caller.identity, c);
+    if (q == FERRY__RPC_SCHED_QUEUED)
+        return;
+    if (q == FERRY__RPC_SCHED_STOPPED) { /* the server stops: nothing is run any more */
+        (void)snprintf(detail, sizeof detail, "%s: the server is shutting down", mi->name);
+        call_reply(c, FERRY_ERR_UNAVAILABLE, GRPC_STATUS_UNAVAILABLE, detail);
+        return;
+    }
+    (void)snprintf(detail, sizeof detail,
+                   "%s refused: the server's work queue is full (too many calls waiting, or too "
+                   "many of identity '%s'); try again later",
+                   mi->name, c->caller.identity);
+    call_reply(c, FERRY_ERR_RESOURCE, GRPC_STATUS_RESOURCE_EXHAUSTED, detail);
+}
+
+const ferry_rpc_caller_info *ferry_rpc_caller(const ferry_rpc_msg *reply) {
     const server_call *c = reply->call;
-    return c != NULL ? c->caller : "";
+    return c != NULL ? &c->caller : NULL;
+}
+
+const char *ferry_rpc_role_name(ferry_rpc_role role) {
+    return role == FERRY_RPC_ROLE_READER    ? "reader"
+           : role == FERRY_RPC_ROLE_TRAINER ? "trainer"
+           : role == FERRY_RPC_ROLE_ADMIN   ? "admin"
+                                            : "?";
+}
+
+ferry_status ferry_rpc_role_parse(const char *name, ferry_rpc_role *out) {
+    for (int r = FERRY_RPC_ROLE_READER; r <= FERRY_RPC_ROLE_ADMIN; r++) {
+        if (strcmp(name, ferry_rpc_role_name((ferry_rpc_role)r)) == 0) {
+            *out = (ferry_rpc_role)r;
+            return FERRY_OK;
+        }
+    }
+    return ferry_errorf(FERRY_ERR_INVALID, "unknown role '%.32s' (reader | trainer | admin)", name);
 }
 
 void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_method_stats *out) {
@@ -569,6 +868,121 @@ static void call_health(server_call *c) {
     }
 }
 
+/* ---- Session streams (leases) ----------------------------------------------------- */
+
+/* Unlinks an open lease from srv->leases; mu held. */
+static void lease_unlink_locked(ferry_rpc_server *srv, server_call *c) {
+    if (c->lease_prev == NULL)
+        return;
+    *c->lease_prev = c->lease_next;
+    if (c->lease_next != NULL)
+        c->lease_next->lease_prev = c->lease_prev;
+    c->lease_prev = NULL;
+    c->lease_next = NULL;
+    srv->nleases--;
+}
+
+/* The "open" event is out: wait for the client to go away (RECV_CLOSE_ON_SERVER
+ * completes when it cancels or its connection breaks), unless it went already. */
+static void lease_opened(server_call *c, int ok) {
+    ferry_rpc_server *srv = c->srv;
+    c->state = CALL_LEASE_OPEN;
+    memset(c->ops, 0, sizeof c->ops);
+    c->ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    c->ops[0].data.recv_close_on_server.cancelled = &c->cancelled;
+    if (!ok || grpc_call_start_batch(c->call, c->ops, 1, c, NULL) != GRPC_CALL_OK) {
+        pthread_mutex_lock(&srv->mu);
+        lease_unlink_locked(srv, c);
+        pthread_mutex_unlock(&srv->mu);
+        srv->lease.close(srv->user, c->lease_handle);
+        call_free(c);
+    }
+}
+
+/* The client is gone (or the server ended the stream): the lease ends. */
+static void lease_closed(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    pthread_mutex_lock(&srv->mu);
+    lease_unlink_locked(srv, c);
+    pthread_mutex_unlock(&srv->mu);
+    ferry__rpc_meter_add(&srv->meter[FERRY_RPC_STATS_SESSION], GRPC_STATUS_OK, ferry_now() - c->t0);
+    srv->lease.close(srv->user, c->lease_handle);
+    call_free(c);
+}
+
+/* A Session stream: authorize, let the application check the session, send "open" and
+ * keep the stream. It never counts as in flight (it lasts as long as its client). */
+static void call_lease(server_call *c) {
+    ferry_rpc_server *srv = c->srv;
+    char detail[512];
+    atomic_fetch_sub(&srv->in_flight, 1);
+    atomic_fetch_add(&srv->bytes_in, c->req_bb != NULL ? grpc_byte_buffer_length(c->req_bb) : 0);
+    ferry_status st = authorize(c, "Session", FERRY_RPC_ROLE_READER, detail, sizeof detail);
+    if (st == FERRY_OK && srv->incarnation != 0 && stale_incarnation(c, detail, sizeof detail))
+        st = FERRY_ERR_NOT_FOUND;
+    if (st == FERRY_OK) {
+        pthread_mutex_lock(&srv->mu);
+        int full = srv->nleases >= MAX_LEASES || atomic_load(&srv->shutting_down);
+        pthread_mutex_unlock(&srv->mu);
+        if (full)
+            st = ferry_errorf(FERRY_ERR_RESOURCE, "Session: %s",
+                              atomic_load(&srv->shutting_down) ? "the server is stopping"
+                                                               : "too many open Session streams");
+        else
+            st = srv->lease.open(srv->user, &c->caller, &c->lease_handle);
+        if (st != FERRY_OK)
+            (void)snprintf(detail, sizeof detail, "%s", ferry_error_last());
+    }
+    if (st != FERRY_OK) {
+        atomic_fetch_add(&srv->in_flight, 1); /* call_reply's completion takes it off */
+        call_reply(c, st, ferry__grpc_code_from_status(st), detail);
+        return;
+    }
+    pthread_mutex_lock(&srv->mu);
+    c->lease_next = srv->leases;
+    if (srv->leases != NULL)
+        srv->leases->lease_prev = &c->lease_next;
+    c->lease_prev = &srv->leases;
+    srv->leases = c;
+    srv->nleases++;
+    pthread_mutex_unlock(&srv->mu);
+    Ferry__V1__SessionEvent ev;
+    ferry__v1__session_event__init(&ev);
+    ev.state = "open";
+    uint8_t buf[32];
+    size_t n = ferry__v1__session_event__pack(&ev, buf);
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, n);
+    c->reply_bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    atomic_fetch_add(&srv->bytes_out, n);
+    memset(c->ops, 0, sizeof c->ops);
+    c->ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->ops[1].op = GRPC_OP_SEND_MESSAGE;
+    c->ops[1].data.send_message.send_message = c->reply_bb;
+    c->state = CALL_LEASE_FIRST;
+    if (grpc_call_start_batch(c->call, c->ops, 2, c, NULL) != GRPC_CALL_OK)
+        lease_opened(c, 0);
+}
+
+/* Ends every open Session stream (the server stops): each gets UNAVAILABLE, and its
+ * completion closes the lease. */
+static void leases_end(ferry_rpc_server *srv) {
+    pthread_mutex_lock(&srv->mu);
+    int n = srv->nleases, k = 0;
+    grpc_call **calls = n > 0 ? calloc((size_t)n, sizeof *calls) : NULL;
+    for (server_call *c = srv->leases; c != NULL && calls != NULL && k < n; c = c->lease_next) {
+        grpc_call_ref(c->call); /* c may be freed once mu is released */
+        calls[k++] = c->call;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    for (int i = 0; i < k; i++) {
+        grpc_call_cancel_with_status(calls[i], GRPC_STATUS_UNAVAILABLE, "ferry-ps is shutting down",
+                                     NULL);
+        grpc_call_unref(calls[i]);
+    }
+    free(calls);
+}
+
 ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply) {
     server_call *c = reply->call;
     if (c == NULL)
@@ -594,7 +1008,7 @@ void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_m
     if (st != FERRY_OK) {
         const char *msg = ferry_error_last();
         (void)snprintf(detail, sizeof detail, "%s", msg[0] != '\0' ? msg : ferry_status_str(st));
-        FERRY_LOG_WARN("%s rejected: %s (%s)", mi->name, ferry_status_str(st), detail);
+        refusal_log(c->srv, code, c->caller.identity, "%s rejected: %s", mi->name, detail);
     }
     if (reply != NULL)
         ferry_rpc_msg_deinit(reply);
@@ -622,7 +1036,7 @@ ferry_status ferry_rpc_reply_now(ferry_rpc_msg *reply) {
 
 /* A path without a handler: answer without reading the request. */
 static void call_unimplemented(server_call *c) {
-    char path[128], detail[256];
+    char path[128], detail[512];
     size_t n = GRPC_SLICE_LENGTH(c->details.method);
     if (n >= sizeof path)
         n = sizeof path - 1;
@@ -631,8 +1045,17 @@ static void call_unimplemented(server_call *c) {
     int known = 0;
     for (int m = 0; m < FERRY_RPC_METHOD_COUNT; m++)
         known |= strcmp(path, ferry__rpc_method((ferry_rpc_method)m)->path) == 0;
-    (void)snprintf(detail, sizeof detail,
-                   known ? "method %s has no handler on this server" : "unknown method %s", path);
+    known |= strcmp(path, FERRY_RPC_SESSION_PATH) == 0;
+    if (strncmp(path, "/ferry.Ferry/", 13) == 0)
+        (void)snprintf(detail, sizeof detail,
+                       "%s: this ferry-ps speaks contract 1 (service ferry.v1.Ferry, "
+                       "proto/ferry.proto of ferry 0.3 or later); the client speaks the pre-v1 "
+                       "service ferry.Ferry: upgrade the client",
+                       path);
+    else
+        (void)snprintf(detail, sizeof detail,
+                       known ? "method %s has no handler on this server" : "unknown method %s",
+                       path);
     call_reply(c, FERRY_ERR_UNSUPPORTED, GRPC_STATUS_UNIMPLEMENTED, detail);
 }
 
@@ -640,6 +1063,7 @@ static void call_event(server_call *c, int ok) {
     ferry_rpc_server *srv = c->srv;
     if (c->state == CALL_REPLYING) {
         atomic_fetch_sub(&srv->in_flight, 1);
+        pend_release(c); /* written (or failed): no longer held for the client */
         /* Answered early: the handler may still be running, and frees it if last. */
         if (!c->early || atomic_fetch_sub(&c->holds, 1) == 1)
             call_free(c);
@@ -647,6 +1071,14 @@ static void call_event(server_call *c, int ok) {
     }
     if (c->state == CALL_WATCH_FIRST) {
         watch_opened(c, ok);
+        return;
+    }
+    if (c->state == CALL_LEASE_FIRST) {
+        lease_opened(c, ok);
+        return;
+    }
+    if (c->state == CALL_LEASE_OPEN) {
+        lease_closed(c);
         return;
     }
     if (!ok) { /* shutting down: the slot was never matched with a call */
@@ -663,6 +1095,8 @@ static void call_event(server_call *c, int ok) {
         call_unimplemented(c);
     else if (c->method == HEALTH_CHECK || c->method == HEALTH_WATCH)
         call_health(c);
+    else if (c->method == SESSION_LEASE)
+        call_lease(c);
     else
         call_serve(c);
 }
@@ -783,6 +1217,15 @@ static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_co
             return ferry_errorf(FERRY_ERR_INVALID, "rpc server: cannot register %s",
                                 health_paths[h]);
     }
+    if (cfg->lease.open != NULL) {
+        srv->lease = cfg->lease;
+        srv->registered[SESSION_LEASE] =
+            grpc_server_register_method(srv->server, FERRY_RPC_SESSION_PATH, NULL,
+                                        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        if (srv->registered[SESSION_LEASE] == NULL)
+            return ferry_errorf(FERRY_ERR_INVALID, "rpc server: cannot register %s",
+                                FERRY_RPC_SESSION_PATH);
+    }
     grpc_server_credentials *creds;
     if (cfg->tls_cert_pem != NULL) {
         grpc_ssl_pem_key_cert_pair pair = {cfg->tls_key_pem, cfg->tls_cert_pem};
@@ -808,6 +1251,43 @@ static ferry_status server_bind(ferry_rpc_server *srv, const ferry_rpc_server_co
     return FERRY_OK;
 }
 
+/* Copies the token table, checking names, roles, tokens and that no two tokens or
+ * names repeat. */
+static ferry_status identities_copy(ferry_rpc_server *srv, const ferry_rpc_server_config *cfg) {
+    if (cfg->nidentities < 0 || (cfg->nidentities > 0 && cfg->identities == NULL))
+        return ferry_errorf(FERRY_ERR_INVALID, "rpc server: bad token table");
+    if (cfg->nidentities == 0)
+        return FERRY_OK;
+    if ((srv->ids = calloc((size_t)cfg->nidentities, sizeof *srv->ids)) == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
+    for (int i = 0; i < cfg->nidentities; i++) {
+        const ferry_rpc_identity *e = &cfg->identities[i];
+        size_t tl = e->token != NULL ? strlen(e->token) : 0;
+        if (e->name == NULL || !identity_ok(e->name, strlen(e->name)) || tl == 0 ||
+            tl > FERRY_RPC_TOKEN_MAX || e->role < FERRY_RPC_ROLE_READER ||
+            e->role > FERRY_RPC_ROLE_ADMIN)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "token table entry %d: a name of 1..%d printable bytes, a role "
+                                "and a token of 1..%d bytes",
+                                i + 1, FERRY_RPC_IDENTITY_MAX - 1, FERRY_RPC_TOKEN_MAX);
+        for (int k = 0; k < i; k++) {
+            if (strcmp(srv->ids[k].name, e->name) == 0 ||
+                (srv->ids[k].token_len == tl && memcmp(srv->ids[k].token, e->token, tl) == 0))
+                return ferry_errorf(FERRY_ERR_INVALID, "token table: entries %d and %d share a %s",
+                                    k + 1, i + 1,
+                                    strcmp(srv->ids[k].name, e->name) == 0 ? "name" : "token");
+        }
+        (void)snprintf(srv->ids[i].name, sizeof srv->ids[i].name, "%s", e->name);
+        srv->ids[i].role = e->role;
+        srv->ids[i].token_len = tl;
+        if ((srv->ids[i].token = malloc(tl + 1)) == NULL)
+            return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
+        memcpy(srv->ids[i].token, e->token, tl + 1);
+        srv->nids = i + 1;
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_rpc_server **out) {
     int threads, slots;
     size_t max_bytes;
@@ -821,18 +1301,22 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
     }
     FERRY_ASSERT(pthread_mutex_init(&srv->mu, NULL) == 0);
     FERRY_ASSERT(pthread_cond_init(&srv->cv, NULL) == 0);
+    FERRY_ASSERT(pthread_mutex_init(&srv->pend_mu, NULL) == 0);
+    FERRY_ASSERT(pthread_mutex_init(&srv->log_mu, NULL) == 0);
+    srv->log_window_start = ferry_now();
+    srv->pend_max_total = cfg->max_pending_bytes > 0 ? cfg->max_pending_bytes : (int64_t)1 << 30;
+    srv->pend_max_peer = cfg->max_pending_bytes_per_connection > 0
+                             ? cfg->max_pending_bytes_per_connection
+                             : (int64_t)max_bytes;
+    srv->reply_timeout_s = cfg->reply_timeout_s > 0.0 ? cfg->reply_timeout_s : 60.0;
     srv->user = cfg->user;
     srv->incarnation = cfg->incarnation;
     atomic_init(&srv->serving, 1);
-    memcpy(srv->admin_only, cfg->admin_only, sizeof srv->admin_only);
-    const char *toks[2] = {cfg->trainer_token, cfg->admin_token};
-    for (int i = 0; i < 2; i++) {
-        if (toks[i] != NULL && (srv->tokens[i] = strdup(toks[i])) == NULL) {
-            free(srv->tokens[0]);
-            free(srv->threads);
-            free(srv);
-            return ferry_errorf(FERRY_ERR_NOMEM, "rpc server: out of memory");
-        }
+    memcpy(srv->method_role, cfg->method_role, sizeof srv->method_role);
+    memcpy(srv->cheap, cfg->cheap, sizeof srv->cheap);
+    if ((st = identities_copy(srv, cfg)) != FERRY_OK) {
+        ferry_rpc_server_destroy(srv);
+        return st;
     }
     srv->slots = slots;
     const char *record = getenv("FERRY_RPC_RECORD");
@@ -844,6 +1328,14 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
         (ferry__rpc_limits){.max_message_bytes = max_bytes, .max_tensors = FERRY_RPC_MAX_TENSORS};
     ferry__grpc_init();
     srv->grpc_inited = 1;
+    ferry__rpc_sched_config sc = {.workers = cfg->workers > 0 ? cfg->workers : threads,
+                                  .per_key = cfg->max_calls_per_identity,
+                                  .max_queued = cfg->max_queued_calls,
+                                  .max_queued_key = cfg->max_queued_calls_per_identity,
+                                  .run = call_execute,
+                                  .user = srv};
+    if ((st = ferry__rpc_sched_create(&sc, &srv->sched)) != FERRY_OK)
+        goto fail;
     if ((st = server_bind(srv, cfg)) != FERRY_OK)
         goto fail;
     grpc_server_start(srv->server);
@@ -858,6 +1350,8 @@ ferry_status ferry_rpc_server_create(const ferry_rpc_server_config *cfg, ferry_r
         call_post(srv, HEALTH_CHECK);
         call_post(srv, HEALTH_WATCH);
     }
+    for (int i = 0; srv->registered[SESSION_LEASE] != NULL && i < LEASE_SLOTS; i++)
+        call_post(srv, SESSION_LEASE);
     srv->alive = threads;
     for (; srv->nthreads < threads; srv->nthreads++) {
         int e = pthread_create(&srv->threads[srv->nthreads], NULL, poll_main, srv);
@@ -893,6 +1387,7 @@ void ferry_rpc_server_shutdown(ferry_rpc_server *s, int grace_ms) {
     atomic_store(&s->shutting_down, 1);
     pthread_mutex_unlock(&s->mu);
     watchers_end(s); /* before gRPC cancels them: they end with NOT_SERVING */
+    leases_end(s);   /* a lease lasts as long as its client: never wait for one */
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     if (grace_ms <= 0)
         grpc_server_cancel_all_calls(s->server);
@@ -929,6 +1424,7 @@ void ferry_rpc_server_destroy(ferry_rpc_server *s) {
     FERRY_ASSERT(poll_thread_server != s);
     if (s->started) {
         ferry_rpc_server_shutdown(s, 0);
+        ferry__rpc_sched_stop(s->sched); /* runs what is queued (cancelled: quick) */
         if (s->nthreads == 0)
             poll_loop(s); /* no thread ever started: drain here */
         for (int i = 0; i < s->nthreads; i++)
@@ -939,21 +1435,87 @@ void ferry_rpc_server_destroy(ferry_rpc_server *s) {
                GRPC_QUEUE_SHUTDOWN) {
         }
     }
+    ferry__rpc_sched_destroy(s->sched);
     if (s->server != NULL)
         grpc_server_destroy(s->server);
     if (s->cq != NULL)
         grpc_completion_queue_destroy(s->cq);
     if (s->grpc_inited)
         ferry__grpc_shutdown();
-    for (int i = 0; i < 2; i++) {
-        if (s->tokens[i] != NULL) /* no copy of a secret left in freed memory */
-            explicit_bzero(s->tokens[i], strlen(s->tokens[i]));
-        free(s->tokens[i]);
+    for (int i = 0; i < s->nids; i++) {
+        if (s->ids[i].token != NULL) /* no copy of a secret left in freed memory */
+            explicit_bzero(s->ids[i].token, s->ids[i].token_len);
+        free(s->ids[i].token);
     }
+    free(s->ids);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_lock(&s->log_mu);
+    refusal_flush_locked(s, ferry_now()); /* what the last window counted */
+    pthread_mutex_unlock(&s->log_mu);
+    pthread_mutex_destroy(&s->log_mu);
+    pthread_mutex_destroy(&s->pend_mu);
     free(s->threads);
     free(s);
+}
+
+int ferry_rpc_server_reap(ferry_rpc_server *s) {
+    double now = ferry_now();
+    pthread_mutex_lock(&s->log_mu); /* a window with refusals ends even if no more come */
+    if (now - s->log_window_start > REFUSAL_WINDOW_S)
+        refusal_flush_locked(s, now);
+    pthread_mutex_unlock(&s->log_mu);
+    if (s->reply_timeout_s <= 0.0)
+        return 0;
+    grpc_call *late[64];
+    int n = 0;
+    pthread_mutex_lock(&s->pend_mu);
+    for (server_call *c = s->pending; c != NULL && n < 64; c = c->pend_next) {
+        if (now - c->pend_since > s->reply_timeout_s) {
+            grpc_call_ref(c->call); /* c may be freed once the lock is released */
+            late[n++] = c->call;
+        }
+    }
+    pthread_mutex_unlock(&s->pend_mu);
+    for (int i = 0; i < n; i++) {
+        grpc_call_cancel_with_status(late[i], GRPC_STATUS_DEADLINE_EXCEEDED,
+                                     "the reply was not read in time (--reply-timeout)", NULL);
+        grpc_call_unref(late[i]);
+    }
+    if (n > 0) {
+        atomic_fetch_add(&s->pend_cancelled, (uint64_t)n);
+        FERRY_LOG_WARN("rpc server: %d replies not read within %g s cancelled", n,
+                       s->reply_timeout_s);
+    }
+    return n;
+}
+
+void ferry_rpc_server_pending_stats(ferry_rpc_server *s, ferry_rpc_pending_stats *out) {
+    pthread_mutex_lock(&s->pend_mu);
+    out->bytes = s->pend_total;
+    out->max_bytes = s->pend_max_total;
+    out->max_bytes_per_connection = s->pend_max_peer;
+    int64_t worst = 0;
+    for (const pend_peer *p = s->peers; p != NULL; p = p->next)
+        worst = p->bytes > worst ? p->bytes : worst;
+    out->worst_connection_bytes = worst;
+    pthread_mutex_unlock(&s->pend_mu);
+    out->refused = atomic_load(&s->pend_refused);
+    out->cancelled = atomic_load(&s->pend_cancelled);
+}
+
+void ferry_rpc_server_queue_stats(ferry_rpc_server *s, ferry_rpc_queue_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (s->sched == NULL)
+        return;
+    ferry__rpc_sched_stats_t st;
+    ferry__rpc_sched_stats(s->sched, &st);
+    out->queued = st.queued;
+    out->running = st.running;
+    out->served = st.served;
+    out->refused = st.refused;
+    out->wait_mean_s = st.wait_mean_s;
+    out->wait_max_s = st.wait_max_s;
 }
 
 void ferry_rpc_server_get_stats(const ferry_rpc_server *s, ferry_rpc_server_stats *out) {

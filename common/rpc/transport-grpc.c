@@ -16,13 +16,17 @@
 /* ---- Library lifetime -------------------------------------------------------- */
 
 /* gRPC logs through gpr_log; its errors (bind failures, oversized messages)
- * become ferry warnings so that every line a daemon prints looks the same. */
+ * become ferry warnings so that every line a daemon prints looks the same. A failed
+ * TLS handshake is an information line: the side that made the connection reports
+ * it as its error (a client says why, see cluster.c), and a server goes on serving. */
 _Thread_local int ferry__grpc_quiet;
 
 static void grpc_log_to_ferry(gpr_log_func_args *args) {
     const char *file = strrchr(args->file, '/');
     file = file != NULL ? file + 1 : args->file;
-    if (args->severity == GPR_LOG_SEVERITY_ERROR && !ferry__grpc_quiet)
+    if (args->severity == GPR_LOG_SEVERITY_ERROR && strstr(args->message, "andshake failed"))
+        FERRY_LOG_INFO("grpc: a TLS handshake failed: %s (%s:%d)", args->message, file, args->line);
+    else if (args->severity == GPR_LOG_SEVERITY_ERROR && !ferry__grpc_quiet)
         FERRY_LOG_WARN("grpc: %s (%s:%d)", args->message, file, args->line);
     else
         FERRY_LOG_DEBUG("grpc: %s (%s:%d)", args->message, file, args->line);
@@ -193,6 +197,7 @@ grpc_status_code ferry__grpc_code_from_status(ferry_status st) {
     case FERRY_ERR_RESOURCE:
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
     case FERRY_ERR_AUTH:
+    case FERRY_ERR_SESSION:
         return GRPC_STATUS_UNAUTHENTICATED;
     case FERRY_ERR_DENIED:
         return GRPC_STATUS_PERMISSION_DENIED;
@@ -258,7 +263,9 @@ void ferry__rpc_meter_read(ferry__rpc_meter *m, ferry_rpc_method_stats *out) {
 const char *ferry_rpc_stats_slot_name(int slot) {
     if (slot >= 0 && slot < FERRY_RPC_METHOD_COUNT)
         return ferry_rpc_method_name((ferry_rpc_method)slot);
-    return slot == FERRY_RPC_STATS_HEALTH ? "grpc.health.v1.Health" : "unknown";
+    return slot == FERRY_RPC_STATS_HEALTH    ? "grpc.health.v1.Health"
+           : slot == FERRY_RPC_STATS_SESSION ? "Session"
+                                             : "unknown";
 }
 
 const char *ferry_rpc_code_name(int code) {

@@ -21,6 +21,8 @@
 #define FERRY_RPC_STATUS_KEY "ferry-status"
 /* Request metadata: the server incarnation (16 hex digits) a context call expects. */
 #define FERRY_RPC_INCARNATION_KEY "ferry-incarnation"
+#define FERRY_RPC_SESSION_KEY     "ferry-session"
+#define FERRY_RPC_CLIENT_KEY      "ferry-client"
 
 /* grpc_init/grpc_shutdown, plus routing gRPC's own log lines into ferry_log. */
 void ferry__grpc_init(void);

@@ -78,10 +78,14 @@ typedef struct ferry_cluster_config {
                                  follows connect_timeout_ms. */
     const char *client_id;    /* sent in Hello; NULL: "ferry@<host>:<pid>" */
     int retry_ms;             /* see ferry_cluster_set_retry; 0: no retries */
-    /* Connecting: a malformed HOST:PORT fails at once (FERRY_ERR_INVALID); a host that
-     * does not resolve or a port nobody listens on (FERRY_ERR_UNAVAILABLE) is retried
-     * for up to connect_timeout_ms (0: one try), with a log line saying what it waits
-     * for; a server that accepts but does not answer Hello in deadline_ms is
+    /* Connecting: a malformed HOST:PORT fails at once (FERRY_ERR_INVALID), and so does
+     * a host the resolver says does not exist (FERRY_ERR_NOT_FOUND), unless
+     * resolve_timeout_ms allows it to appear (a Kubernetes headless Service names a pod
+     * only once it is ready). A port nobody listens on, or a resolver that does not
+     * answer (FERRY_ERR_UNAVAILABLE), is retried for up to connect_timeout_ms (0: one
+     * try), with a log line saying what it waits for. TLS on one side only, or a
+     * certificate either side refuses, fails at once (FERRY_ERR_AUTH, saying which);
+     * a server that accepts but does not answer Hello in deadline_ms is
      * FERRY_ERR_TIMEOUT. Each message names the server and which of these it was. */
     int connect_timeout_ms;
     /* Security (NULL: none). token: sent on every call as "authorization: Bearer
@@ -90,6 +94,7 @@ typedef struct ferry_cluster_config {
      * tls_cert_file + tls_key_file: present this certificate (mutual TLS). */
     const char *token;
     const char *tls_ca_file, *tls_cert_file, *tls_key_file;
+    int resolve_timeout_ms; /* see connect_timeout_ms; 0: an unknown host fails at once */
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
@@ -98,11 +103,22 @@ void ferry_cluster_config_default(ferry_cluster_config *cfg);
 /* Connects to the comma-separated servers in targets ("h1:7000,h2:7000"), in that
  * order (server index 0, 1, ...), and says Hello to all of them concurrently,
  * recording each one's incarnation. cfg may be NULL for the defaults. Errors:
- * FERRY_ERR_INVALID for an empty or malformed list (or more than 256 servers), the
- * first failed Hello's status (FERRY_ERR_UNAVAILABLE, FERRY_ERR_TIMEOUT, ...) naming
- * that server, FERRY_ERR_NOMEM; *out is unchanged on failure. */
+ * FERRY_ERR_INVALID for an empty or malformed list (or more than 256 servers),
+ * FERRY_ERR_NOT_FOUND for a host that does not resolve, the first failed Hello's
+ * status (FERRY_ERR_UNAVAILABLE, FERRY_ERR_TIMEOUT, FERRY_ERR_AUTH for a token or TLS
+ * problem, ...) naming that server, FERRY_ERR_NOMEM; *out is unchanged on failure.
+ * See connect_timeout_ms for what is retried. */
 ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
                               ferry_cluster **out);
+
+/* The clients of ferry_ps_connect without any call: no Hello, so no token is needed
+ * and a server that is down or refuses is not an error here. For health checks
+ * (ferry_cluster_health, which needs no token) and tools; the other calls work too,
+ * but without the incarnations Hello records. Errors: FERRY_ERR_INVALID for a
+ * malformed list, FERRY_ERR_NOT_FOUND for a host that does not resolve,
+ * FERRY_ERR_NOMEM, TLS files that cannot be read; *out is unchanged on failure. */
+ferry_status ferry_ps_open(const char *targets, const ferry_cluster_config *cfg,
+                           ferry_cluster **out);
 
 /* Closes the connections. Remote modules and contexts made from the cluster must
  * be destroyed first. Server state (modules, open contexts) is left as it is. NULL
@@ -138,7 +154,8 @@ typedef struct ferry_call_stats {
 } ferry_call_stats;
 ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *method,
                                       ferry_call_stats *out);
-/* grpc.health.v1 Check of one server: *serving 1 when it reports SERVING. */
+/* grpc.health.v1 Check of one server: *serving 1 when it reports SERVING. Needs no
+ * token; a TLS mismatch or refused certificate is FERRY_ERR_AUTH saying which. */
 ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving);
 /* The server's incarnation as of the last Hello (a new random value per start). */
 uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
@@ -183,6 +200,41 @@ ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64
 /* Asks server (or every server, for -1) to shut down: it stops accepting calls and
  * gives those in flight grace_ms. */
 ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms);
+
+/* Who the servers take this client for (its identity, from its token or certificate;
+ * "anonymous" without either), as the last Hello said. */
+const char *ferry_cluster_identity(const ferry_cluster *c);
+
+/* One module a server hosts, as it reports it (ListModules). */
+typedef struct ferry_module_info {
+    const char *name;
+    const char *kind;             /* "embedding", "decoder", "linear", "dense", "lstm" */
+    const char *owner;            /* its identity; "" unless this client is an admin */
+    int64_t dims[2];              /* as ferry_remote_config.dims */
+    int64_t row_begin, row_count; /* the rows this server's shard holds */
+    uint64_t version, num_params, bytes;
+} ferry_module_info;
+
+/* The modules server hosts that this client may use (its identity's; an admin: every
+ * one), whose names start with prefix (NULL or "": all), as fn(user, &info) in creation
+ * order; info's strings live until fn returns. FERRY_ERR_INVALID for a bad index; call
+ * errors. */
+ferry_status ferry_cluster_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                        void (*fn)(void *user, const ferry_module_info *m),
+                                        void *user);
+
+/* Deletes module `name` from every server that hosts it (a module of this client's
+ * identity; with the admin token, anyone's): later calls do not find it, and each
+ * server gives its memory and budget back once the calls and contexts using it are
+ * done. *servers (may be NULL) receives how many servers had it. FERRY_ERR_NOT_FOUND
+ * when none had it (or only another identity's); call errors. */
+ferry_status ferry_cluster_delete_module(ferry_cluster *c, const char *name, int *servers);
+
+/* Ends job `job` on every server that has it (a job of this client's identity; with the
+ * admin token, anyone's): calls waiting in it fail with FERRY_ERR_BUSY, its ranks and
+ * memory are freed, and a later join starts a new job of the name. Its modules and
+ * checkpoints stay. *servers and errors as ferry_cluster_delete_module. */
+ferry_status ferry_cluster_drop_job(ferry_cluster *c, const char *job, int *servers);
 
 /* ---- Remote modules ---------------------------------------------------------- */
 
@@ -283,6 +335,16 @@ void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kin
  * with another configuration (the message names the differing field), call errors; shards created
  * on other servers before the failure stay there. */
 ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
+                                 ferry_remote **out);
+/* A handle on a module that exists on the servers already, by name: its configuration
+ * (kind, sizes, initial-value generator, optimizer, constraint, lstm layers) is read
+ * from the servers (ListModules) and checked to be placed as ferry_remote_create
+ * places it, then the module is found as ferry_remote_create finds it. *cfg (may be
+ * NULL) receives the configuration; its name points into the handle. Errors:
+ * FERRY_ERR_NOT_FOUND when a server lacks it (another identity's module is not seen),
+ * FERRY_ERR_INVALID when its shards are not where this client would put them (another
+ * number of servers) or a decoder keeps a local slice, call errors. */
+ferry_status ferry_remote_attach(ferry_cluster *c, const char *name, ferry_remote_config *cfg,
                                  ferry_remote **out);
 /* Frees the handle; the module stays on its servers. NULL is a no-op. */
 void ferry_remote_destroy(ferry_remote *m);
@@ -523,9 +585,11 @@ typedef struct ferry_job ferry_job;
 /* Parses "bsp", "ssp:K" or "async" into *mode and *staleness. FERRY_ERR_INVALID. */
 ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *staleness);
 
-/* Joins the job on every server of c. Errors (one line, naming the server and what
- * differs): FERRY_ERR_INVALID for a bad config, a finished job; FERRY_ERR_EXISTS for a
- * job with another world, sync mode or model, or a rank another process holds;
+/* Joins the job on every server of c: the first join makes it (the job then belongs to
+ * this client's identity), and this client's session holds the rank. Errors (one
+ * line, naming the server and what differs): FERRY_ERR_INVALID for a bad config, a
+ * finished job; FERRY_ERR_EXISTS for a job with another world, sync mode or model, or a
+ * rank another live session holds; FERRY_ERR_DENIED for another identity's job;
  * FERRY_ERR_TIMEOUT for a failed job; call errors. */
 ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
 /* A handle without joining (a restarted rank recovers instead of joining). */
@@ -554,16 +618,23 @@ ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, 
 
 /* Rank 0: the modules exist and hold their initial values. */
 ferry_status ferry_job_ready(ferry_job *job);
-/* Other ranks: waits (polling Join) until rank 0 said ready on every server, at most
- * the sync timeout: FERRY_ERR_TIMEOUT then. */
+/* Other ranks: waits (polling the job's status) until rank 0 said ready on every
+ * server, at most the sync timeout: FERRY_ERR_TIMEOUT then. */
 ferry_status ferry_job_wait_ready(ferry_job *job);
 /* This rank is done (bsp ranks still waiting for it fail at once). */
 ferry_status ferry_job_leave(ferry_job *job);
 /* Frees the handle (no Leave). NULL is a no-op. */
 void ferry_job_destroy(ferry_job *job);
 const ferry_job_config *ferry_job_get_config(const ferry_job *job);
-/* The fewest steps any rank of the job has done, from server 0 (Join). */
+/* The fewest steps any rank of the job has done (the smallest the servers report). */
 ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step);
+/* Writes the job's checkpoint of job step `step` on every server
+ * ("<job>-step<N>.ckpt" in each --checkpoint-dir: the modules of the job's owner). A
+ * server restarted since the step refuses (FERRY_ERR_NOT_FOUND); sent again after a
+ * failure in transit within the cluster's retry window. Errors: FERRY_ERR_UNSUPPORTED
+ * (a server without --checkpoint-dir), FERRY_ERR_BUSY (--checkpoint-rate),
+ * FERRY_ERR_RESOURCE (no room), FERRY_ERR_IO, call errors. */
+ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step);
 
 /* Ties the open context to step `step` (1, 2, ...) of job: its GradNorm and Step
  * carry (job, rank, step) and this rank's loss_sum and tokens of the step, and wait

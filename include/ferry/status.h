@@ -9,26 +9,27 @@
 extern "C" {
 #endif
 
-#define FERRY_STATUS_MAP(X)                                                  \
-    X(OK,              0,   "success")                                       \
-    X(ERR_NOMEM,      -1,   "out of memory")                                 \
-    X(ERR_INVALID,    -2,   "invalid argument")                              \
-    X(ERR_SHAPE,      -3,   "tensor shape mismatch")                         \
-    X(ERR_IO,         -4,   "I/O error")                                     \
-    X(ERR_RPC,        -5,   "remote call failed")                            \
-    X(ERR_TIMEOUT,    -6,   "deadline exceeded")                             \
-    X(ERR_BUSY,       -7,   "object still in use")                           \
-    X(ERR_BACKEND,    -8,   "backend (BLAS/CUDA) failure")                   \
-    X(ERR_NOT_FOUND,  -9,   "not found")                                     \
-    X(ERR_RANGE,      -10,  "value out of range")                            \
-    X(ERR_FORMAT,     -11,  "malformed input")                               \
-    X(ERR_EXISTS,     -12,  "already exists with a different configuration") \
-    X(ERR_UNAVAILABLE,-13,  "peer unavailable")                              \
-    X(ERR_UNSUPPORTED,-14,  "not supported")                                 \
-    X(ERR_NUMERIC,    -15,  "non-finite value")                              \
-    X(ERR_RESOURCE,   -16,  "resource budget exhausted")                     \
-    X(ERR_AUTH,       -17,  "not authenticated")                             \
-    X(ERR_DENIED,     -18,  "permission denied")
+#define FERRY_STATUS_MAP(X)                                                                        \
+    X(OK, 0, "success")                                                                            \
+    X(ERR_NOMEM, -1, "out of memory")                                                              \
+    X(ERR_INVALID, -2, "invalid argument")                                                         \
+    X(ERR_SHAPE, -3, "tensor shape mismatch")                                                      \
+    X(ERR_IO, -4, "I/O error")                                                                     \
+    X(ERR_RPC, -5, "remote call failed")                                                           \
+    X(ERR_TIMEOUT, -6, "deadline exceeded")                                                        \
+    X(ERR_BUSY, -7, "object still in use")                                                         \
+    X(ERR_BACKEND, -8, "backend (BLAS/CUDA) failure")                                              \
+    X(ERR_NOT_FOUND, -9, "not found")                                                              \
+    X(ERR_RANGE, -10, "value out of range")                                                        \
+    X(ERR_FORMAT, -11, "malformed input")                                                          \
+    X(ERR_EXISTS, -12, "already exists with a different configuration")                            \
+    X(ERR_UNAVAILABLE, -13, "peer unavailable")                                                    \
+    X(ERR_UNSUPPORTED, -14, "not supported")                                                       \
+    X(ERR_NUMERIC, -15, "non-finite value")                                                        \
+    X(ERR_RESOURCE, -16, "resource budget exhausted")                                              \
+    X(ERR_AUTH, -17, "not authenticated")                                                          \
+    X(ERR_DENIED, -18, "permission denied")                                                        \
+    X(ERR_SESSION, -19, "session unknown or expired")
 
 typedef enum ferry_status {
 #define FERRY_STATUS_ENUM_(name, code, text) FERRY_##name = code,

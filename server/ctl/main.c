@@ -1,10 +1,13 @@
 /* ferry-ctl - an operator's CLI for ferry-ps, over libferry's public API:
  *
- *   ferry-ctl --ps HOST:PORT[,...] health | stats | modules | checkpoint [NAME] | shutdown
+ *   ferry-ctl --ps HOST:PORT[,...] health | stats | modules [PREFIX] | drop NAME |
+ *                                  drop-job JOB | checkpoint [NAME] | shutdown
  *
- * with the same token and TLS flags as ferry-trainer (checkpoint and shutdown need
- * the admin token). Exit codes: 0 done (health: every server SERVING), 1 a server
- * refused or did not answer, 2 bad command line. */
+ * with the same token and TLS flags as ferry-trainer (checkpoint and shutdown need the
+ * admin token; modules, drop and drop-job act on the caller's identity's modules and
+ * jobs, with the admin token on everyone's; health needs none: it is the standard
+ * grpc.health.v1 Check, sent without Hello). Exit codes: 0 done (health: every server
+ * SERVING), 1 a server refused, did not answer or is not SERVING, 2 bad command line. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,16 +25,32 @@ static void print_metric(void *user, const char *name, double value) {
     (void)printf("  %-40s %.17g\n", prefix != NULL ? name + strlen(prefix) : name, value);
 }
 
+/* One line per module: name, kind, shape, the shard's rows, size, version, owner. */
+static void print_module(void *user, const ferry_module_info *m) {
+    (void)user;
+    (void)printf("  %-32s %-9s [%lld x %lld] rows %lld..%lld %10.1f MiB  version %llu%s%s\n",
+                 m->name, m->kind, (long long)m->dims[0], (long long)m->dims[1],
+                 (long long)m->row_begin, (long long)(m->row_begin + m->row_count),
+                 (double)m->bytes / 1048576.0, (unsigned long long)m->version,
+                 m->owner[0] != '\0' ? "  owner " : "", m->owner);
+}
+
 static int fail(const char *what) {
-    fprintf(stderr, "ferry-ctl: %s: %s\n", what, ferry_error_last());
-    return 1;
+    ferry_log_fatal("%s: %s", what, ferry_error_last());
+    return FERRY_EXIT_RUNTIME;
+}
+
+static int usage_error(const char *msg) {
+    ferry_log_fatal("%s", msg);
+    return FERRY_EXIT_USAGE;
 }
 
 int main(int argc, char **argv) {
     ferry_log_init("ferry-ctl");
-    ferry_log_set_level(FERRY_LOG_LEVEL_WARN);
+    if (getenv("FERRY_LOG") == NULL)
+        ferry_log_set_level(FERRY_LOG_LEVEL_WARN); /* a tool's output is its answer */
     const char *ps = NULL, *token_file = NULL, *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
-    int deadline_ms = 5000, grace_ms = 5000;
+    int deadline_ms = 5000, grace_ms = 5000, log_format = 0;
     /* The command and its argument come after the flags. */
     int nflags = argc;
     for (int i = 1; i < argc; i++) {
@@ -44,6 +63,7 @@ int main(int argc, char **argv) {
             strcmp(a, "--version") != 0)
             i++; /* its value */
     }
+    /* clang-format off */
     const ferry_flag flags[] = {
         {.name = "ps", .type = FERRY_FLAG_STRING, .ptr = &ps, .metavar = "HOST:PORT[,...]",
          .help = "the ferry-ps servers", .required = true},
@@ -59,37 +79,50 @@ int main(int argc, char **argv) {
          .max = 3600000, .help = "deadline of every call"},
         {.name = "grace-ms", .type = FERRY_FLAG_INT, .ptr = &grace_ms, .min = 0, .max = 600000,
          .help = "shutdown: time the server's calls in flight get"},
+        {.name = "log-format", .type = FERRY_FLAG_ENUM, .ptr = &log_format,
+         .choices = "text|json", .help = "log lines, and the error line, as text or as JSON"},
     };
-    static const char *const env[] = {"FERRY_TOKEN_FILE", "a file with the token (--token-file "
-                                                          "wins)",
-                                      NULL};
-    ferry_flags fs = {"ferry-ctl",
-                      "operates ferry-ps: ferry-ctl [flags] health | stats | modules | "
-                      "checkpoint [NAME] | shutdown",
-                      flags, (int)(sizeof flags / sizeof flags[0]), env};
+    /* clang-format on */
+    /* clang-format off */
+    static const char *const env[] = {
+        "FERRY_TOKEN_FILE", "a file with the token (--token-file wins)",
+        "FERRY_LOG", "error | warn | info | debug: the log level (default warn)",
+        "FERRY_LOG_FORMAT", "json: log lines, and the error line, as JSON (--log-format wins)",
+        NULL};
+    /* clang-format on */
+    ferry_flags fs = {.prog = "ferry-ctl",
+                      .summary = "operates ferry-ps: ferry-ctl [flags] health | stats | "
+                                 "modules [PREFIX] | drop NAME | drop-job JOB | "
+                                 "checkpoint [NAME] | shutdown\n(health is the grpc.health.v1 "
+                                 "Check: no token needed)",
+                      .flags = flags,
+                      .nflags = (int)(sizeof flags / sizeof flags[0]),
+                      .env = env,
+                      .exit_status = "0 done (health: every server SERVING); 1 a server "
+                                     "refused, did not answer or is not SERVING; 2 bad command "
+                                     "line"};
+    const char *lf = ferry_flags_peek(nflags, argv, "log-format");
+    if (lf != NULL)
+        ferry_log_set_json(strcmp(lf, "json") == 0); /* the error line below included */
     bool help = false;
-    if (ferry_flags_parse(&fs, nflags, argv, &help) != FERRY_OK) {
-        fprintf(stderr, "ferry-ctl: %s\n", ferry_error_last());
-        return 2;
-    }
+    if (ferry_flags_parse(&fs, nflags, argv, &help) != FERRY_OK)
+        return usage_error(ferry_error_last());
     if (help)
         return 0;
     const char *cmd = nflags < argc ? argv[nflags] : NULL;
     const char *arg = nflags + 1 < argc ? argv[nflags + 1] : NULL;
-    static const char *const cmds[] = {"health", "stats", "modules", "checkpoint", "shutdown"};
+    static const char *const cmds[] = {"health",   "stats", "modules", "checkpoint",
+                                       "shutdown", "drop",  "drop-job"};
     int which = -1;
-    for (int i = 0; cmd != NULL && i < 5; i++)
+    for (int i = 0; cmd != NULL && i < 7; i++)
         which = strcmp(cmd, cmds[i]) == 0 ? i : which;
-    if (which < 0 || (arg != NULL && which != 3) || nflags + 2 < argc) {
-        fprintf(stderr, "ferry-ctl: want one of health, stats, modules, checkpoint [NAME], "
-                        "shutdown (see --help)\n");
-        return 2;
-    }
+    if (which < 0 || (arg != NULL && which != 2 && which != 3 && which < 5) ||
+        (arg == NULL && which >= 5) || nflags + 2 < argc)
+        return usage_error("want one of health, stats, modules [PREFIX], drop NAME, drop-job JOB, "
+                           "checkpoint [NAME], shutdown (see --help)");
     char *token = NULL;
-    if (ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK) {
-        fprintf(stderr, "ferry-ctl: %s\n", ferry_error_last());
-        return 2;
-    }
+    if (which != 0 && ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK)
+        return usage_error(ferry_error_last());
     ferry_cluster_config cc;
     ferry_cluster_config_default(&cc);
     cc.deadline_ms = deadline_ms;
@@ -99,7 +132,8 @@ int main(int argc, char **argv) {
     cc.tls_cert_file = tls_cert;
     cc.tls_key_file = tls_key;
     ferry_cluster *c = NULL;
-    ferry_status st = ferry_ps_connect(ps, &cc, &c);
+    /* Health sends the standard Check alone: no Hello, so no token. */
+    ferry_status st = which == 0 ? ferry_ps_open(ps, &cc, &c) : ferry_ps_connect(ps, &cc, &c);
     ferry_secret_free(token);
     if (st != FERRY_OK)
         return fail("connect");
@@ -109,7 +143,7 @@ int main(int argc, char **argv) {
         if (which == 0) {
             int serving = 0;
             if (ferry_cluster_health(c, s, &serving) != FERRY_OK) {
-                rc = fail(target);
+                rc = fail(cmd); /* the message names the server */
                 continue;
             }
             (void)printf("%s %s\n", target, serving ? "SERVING" : "NOT_SERVING");
@@ -117,9 +151,9 @@ int main(int argc, char **argv) {
         } else {
             (void)printf("%s (incarnation %016llx)\n", target,
                          (unsigned long long)ferry_cluster_incarnation(c, s));
-            if (ferry_cluster_metrics(c, s, which == 2 ? "version/" : "", print_metric,
-                                      which == 2 ? "version/" : NULL) != FERRY_OK)
-                rc = fail(target);
+            if (which == 2 ? ferry_cluster_list_modules(c, s, arg, print_module, NULL) != FERRY_OK
+                           : ferry_cluster_metrics(c, s, "", print_metric, NULL) != FERRY_OK)
+                rc = fail(cmd);
         }
     }
     if (which == 3) {
@@ -127,6 +161,14 @@ int main(int argc, char **argv) {
             rc = fail("checkpoint");
         else
             (void)printf("checkpoint written on %d servers\n", ferry_cluster_size(c));
+    } else if (which >= 5) {
+        int on = 0;
+        if ((st = which == 5 ? ferry_cluster_delete_module(c, arg, &on)
+                             : ferry_cluster_drop_job(c, arg, &on)) != FERRY_OK)
+            rc = fail(cmd);
+        else
+            (void)printf("%s %s dropped on %d server%s\n", which == 5 ? "module" : "job", arg, on,
+                         on == 1 ? "" : "s");
     } else if (which == 4) {
         if ((st = ferry_cluster_shutdown(c, -1, grace_ms)) != FERRY_OK)
             rc = fail("shutdown");

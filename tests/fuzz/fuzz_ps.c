@@ -119,43 +119,62 @@ static ferry_status call_built(ferry_ps_server *s, ferry_rpc_method m, const Pro
     return st;
 }
 
+/* CreateModule of kind (its two sizes as the kind orders them), optionally
+ * Stiefel-constrained (from its polar factor); an lstm group of `layers` with dropout. */
 static void create_opts(ferry_ps_server *s, const char *name, const char *kind, int64_t d0,
-                        int64_t d1, int64_t row_begin, int64_t row_count, const char *constraint,
-                        const char *options) {
+                        int64_t d1, int64_t row_begin, int64_t row_count, int stiefel,
+                        uint32_t layers) {
     Ferry__V1__CreateModuleRequest q;
     ferry__v1__create_module_request__init(&q);
     Ferry__V1__ModuleConfig mc;
     ferry__v1__module_config__init(&mc);
     Ferry__V1__OptimizerConfig oc;
     ferry__v1__optimizer_config__init(&oc);
-    Ferry__V1__Constraint k;
-    ferry__v1__constraint__init(&k);
-    int64_t dims[2] = {d0, d1};
+    Ferry__V1__Stiefel k;
+    ferry__v1__stiefel__init(&k);
+    k.beta = 0.1;
+    k.polar = 1;
+    Ferry__V1__EmbeddingConfig ec;
+    Ferry__V1__DecoderConfig dc;
+    Ferry__V1__LinearConfig lc;
+    Ferry__V1__DenseConfig nc;
+    Ferry__V1__LstmConfig rc;
+    ferry__v1__embedding_config__init(&ec);
+    ferry__v1__decoder_config__init(&dc);
+    ferry__v1__linear_config__init(&lc);
+    ferry__v1__dense_config__init(&nc);
+    ferry__v1__lstm_config__init(&rc);
+    if (strcmp(kind, "embedding") == 0) {
+        ec.vocab = d0, ec.width = d1;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING, mc.embedding = &ec;
+    } else if (strcmp(kind, "decoder") == 0) {
+        dc.vocab = d0, dc.hidden = d1;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DECODER, mc.decoder = &dc;
+    } else if (strcmp(kind, "linear") == 0) {
+        lc.input = d0, lc.output = d1, lc.stiefel = stiefel ? &k : NULL;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LINEAR, mc.linear = &lc;
+    } else if (strcmp(kind, "dense") == 0) {
+        nc.rows = d0, nc.cols = d1;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DENSE, mc.dense = &nc;
+    } else {
+        rc.input = d0, rc.hidden = d1, rc.layers = layers, rc.dropout_ppm = 300000;
+        rc.stiefel = stiefel ? &k : NULL;
+        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LSTM, mc.lstm = &rc;
+    }
     oc.name = (char *)(uintptr_t) "sgd";
     oc.lr = 0.1;
     oc.momentum = 0.9;
-    mc.kind = (char *)(uintptr_t)kind;
-    mc.n_dims = 2;
-    mc.dims = dims;
     mc.row_begin = row_begin;
     mc.row_count = row_count;
     mc.optimizer = &oc;
-    if (constraint != NULL) {
-        k.kind = (char *)(uintptr_t)constraint;
-        k.beta = 0.1;
-        mc.constraint = &k;
-        mc.options = (char *)(uintptr_t) "polar=1";
-    }
-    if (options != NULL)
-        mc.options = (char *)(uintptr_t)options;
     q.name = (char *)(uintptr_t)name;
     q.config = &mc;
     FUZZ_ASSERT(call_built(s, FERRY_RPC_CREATE_MODULE, &q.base, NULL, NULL) == FERRY_OK);
 }
 
 static void create(ferry_ps_server *s, const char *name, const char *kind, int64_t d0, int64_t d1,
-                   int64_t row_begin, int64_t row_count, const char *constraint) {
-    create_opts(s, name, kind, d0, d1, row_begin, row_count, constraint, NULL);
+                   int64_t row_begin, int64_t row_count, int stiefel) {
+    create_opts(s, name, kind, d0, d1, row_begin, row_count, stiefel, 1);
 }
 
 /* An lstm group's Forward over x (2, 2, 4) from zeros, carrying into stream 7, with
@@ -166,9 +185,14 @@ static void forward_lstm(ferry_ps_server *s, const char *module) {
     q.ctx_id = 1;
     q.call_id = 1;
     q.module = (char *)(uintptr_t)module;
-    int64_t ip[FERRY_WIRE_LSTM_IPARAMS] = {7, FERRY_WIRE_LSTM_RESET | FERRY_WIRE_LSTM_CARRY, 1};
-    q.n_iparams = FERRY_WIRE_LSTM_IPARAMS;
-    q.iparams = ip;
+    Ferry__V1__LstmForwardArgs a;
+    ferry__v1__lstm_forward_args__init(&a);
+    a.stream = 7;
+    a.reset = 1;
+    a.carry = 1;
+    a.seed = 1;
+    q.args_case = FERRY__V1__FORWARD_REQUEST__ARGS_LSTM;
+    q.lstm = &a;
     float x[16];
     for (int i = 0; i < 16; i++)
         x[i] = 0.05f * (float)(i % 7);
@@ -204,16 +228,28 @@ static void forward(ferry_ps_server *s, const char *module, const char *in_name,
 
 /* Rank 0 of a 2-rank job; an in-process server cannot hold a call, so a bsp or ssp
  * wait is refused at once rather than waited for. */
-static void join(ferry_ps_server *s, const char *job, const char *sync) {
-    Ferry__V1__JoinRequest q;
-    ferry__v1__join_request__init(&q);
+static void join(ferry_ps_server *s, const char *job, Ferry__V1__SyncMode sync) {
+    Ferry__V1__ModelKey k;
+    ferry__v1__model_key__init(&k);
+    k.key = (char *)(uintptr_t) "H";
+    k.value = (char *)(uintptr_t) "4";
+    Ferry__V1__ModelKey *kp = &k;
+    Ferry__V1__JobMember mb;
+    ferry__v1__job_member__init(&mb);
+    mb.world = 2;
+    mb.sync = sync;
+    mb.staleness = 1;
+    mb.n_model = 1;
+    mb.model = &kp;
+    Ferry__V1__JobJoin jj;
+    ferry__v1__job_join__init(&jj);
+    jj.member = &mb;
+    Ferry__V1__JobRequest q;
+    ferry__v1__job_request__init(&q);
     q.job = (char *)(uintptr_t)job;
-    q.world = 2;
-    q.sync = (char *)(uintptr_t)sync;
-    q.staleness = 1;
-    q.client_id = (char *)(uintptr_t) "fuzz";
-    q.model = (char *)(uintptr_t) "H=4";
-    FUZZ_ASSERT(call_built(s, FERRY_RPC_JOIN, &q.base, NULL, NULL) == FERRY_OK);
+    q.action_case = FERRY__V1__JOB_REQUEST__ACTION_JOIN;
+    q.join = &jj;
+    FUZZ_ASSERT(call_built(s, FERRY_RPC_JOB, &q.base, NULL, NULL) == FERRY_OK);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -236,21 +272,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ck_dir_empty();
     ferry_ps_server *s;
     FUZZ_ASSERT(ferry__ps_server_create_local(&cfg, &s) == FERRY_OK);
-    create(s, "emb", "embedding", 64, 4, 8, 16, NULL); /* rows [8, 24) */
-    create(s, "dec", "decoder", 64, 4, 0, 32, NULL);   /* vocabulary [0, 32) */
-    create(s, "lin", "linear", 4, 6, 0, 0, NULL);
-    create(s, "st", "linear", 4, 6, 0, 0, "stiefel");
+    create(s, "emb", "embedding", 64, 4, 8, 16, 0); /* rows [8, 24) */
+    create(s, "dec", "decoder", 64, 4, 0, 32, 0);   /* vocabulary [0, 32) */
+    create(s, "lin", "linear", 4, 6, 0, 0, 0);
+    create(s, "st", "linear", 4, 6, 0, 0, 1);
     forward(s, "emb", "ids", FERRY_RPC_DTYPE_I32, 4, 0, NULL);
     forward(s, "dec", "hidden", FERRY_RPC_DTYPE_F32, 4, 4, "targets");
     forward(s, "lin", "x", FERRY_RPC_DTYPE_F32, 3, 4, NULL);
     forward(s, "st", "x", FERRY_RPC_DTYPE_F32, 3, 4, NULL);
-    create(s, "den", "dense", 16, 4, 0, 16, NULL);
+    create(s, "den", "dense", 16, 4, 0, 16, 0);
     forward(s, "den", "unused", FERRY_RPC_DTYPE_F32, 1, 4, NULL); /* a pull reads no input */
-    create_opts(s, "rnn", "lstm", 4, 4, 0, 0, "stiefel", "layers=2,dropout_ppm=300000,polar=1");
+    create_opts(s, "rnn", "lstm", 4, 4, 0, 0, 1, 2);
     forward_lstm(s, "rnn");
-    join(s, "j", "bsp"); /* jobs for GradNorm and Step to name: one of each mode */
-    join(s, "k", "ssp");
-    join(s, "a", "async");
+    join(s, "j", FERRY__V1__SYNC_MODE__BSP); /* jobs for GradNorm and Step: one of each mode */
+    join(s, "k", FERRY__V1__SYNC_MODE__SSP);
+    join(s, "a", FERRY__V1__SYNC_MODE__ASYNC);
 
     ferry_rpc_method m = FUZZ_METHOD;
     ferry__rpc_limits lim = {.max_message_bytes = MESSAGE_LIMIT, .max_tensors = 64};

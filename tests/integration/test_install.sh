@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # libferry as an outside program sees it: `cmake --install` into a temporary prefix,
-# then examples/ built from a separate directory twice, once with nothing but
-# `pkg-config --cflags --libs ferry` and once with CMake's find_package(ferry); both
-# binaries must train against the installed ferry-ps, and neither they nor libferry
-# may need a CUDA library. Every installed public header must compile on its own
+# then examples/ (classic_lm and first_client, the README's "Your first client") built
+# from a separate directory, once with nothing but `pkg-config --cflags --libs ferry`
+# and once with CMake's find_package(ferry); every binary must train against the
+# installed ferry-ps, and neither they nor libferry may need a CUDA library. Every installed public header must compile on its own
 # (C11, and C++ when a C++ compiler is present).
 . "$(dirname "$0")/lib.sh"
 if [ -n "${FERRY_SANITIZE:-}" ]; then
@@ -19,13 +19,14 @@ so=$(find "$PREFIX" -name 'libferry.so' -print -quit)
 [ -n "$so" ] || fail "no libferry.so under $PREFIX"
 LIBDIR=$(dirname "$so")
 for f in "$LIBDIR/libferry.a" "$LIBDIR/pkgconfig/ferry.pc" "$LIBDIR/cmake/ferry/ferryConfig.cmake" \
-    "$PREFIX/include/ferry/ferry.h" "$PREFIX/bin/ferry-ps" "$PREFIX/bin/ferry-trainer"; do
+    "$PREFIX/include/ferry/ferry.h" "$PREFIX/bin/ferry-ps" "$PREFIX/bin/ferry-trainer" \
+    "$PREFIX/bin/ferry-ctl"; do
     [ -e "$f" ] || fail "not installed: $f"
 done
 soname=$(objdump -p "$LIBDIR/libferry.so" | awk '/SONAME/ { print $2 }')
 case "$soname" in libferry.so.*) ;; *) fail "libferry.so has no versioned soname ($soname)" ;; esac
 [ -e "$LIBDIR/$soname" ] || fail "the soname link $soname is not installed"
-ok "installed: $soname, libferry.a, ferry.pc, CMake package, headers, daemons"
+ok "installed: $soname, libferry.a, ferry.pc, CMake package, headers, ferry-ps, ferry-trainer, ferry-ctl"
 
 # Public headers are self-sufficient: each compiles alone, warnings as errors.
 for h in "$PREFIX"/include/ferry/*.h; do
@@ -48,14 +49,21 @@ mkdir -p "$TMP/pc"
 cc -std=c11 -O2 -o "$TMP/pc/classic_lm" "$FERRY_SRC/examples/classic_lm.c" \
     $(pkg-config --cflags --libs ferry) -Wl,-rpath,"$LIBDIR" 2>"$TMP/pc.err" ||
     fail "build with pkg-config: $(head -5 "$TMP/pc.err")"
-ok "classic_lm built with pkg-config --cflags --libs ferry ($(pkg-config --modversion ferry))"
+# The README's command, as a user types it (the loader finds the library through
+# LD_LIBRARY_PATH below, as the README says for a prefix outside the default paths).
+# shellcheck disable=SC2046
+cc -std=c11 -o "$TMP/pc/first_client" "$FERRY_SRC/examples/first_client.c" \
+    $(pkg-config --cflags --libs ferry) 2>"$TMP/pc.err" ||
+    fail "first_client with pkg-config: $(head -5 "$TMP/pc.err")"
+ok "classic_lm and first_client built with pkg-config --cflags --libs ferry ($(pkg-config --modversion ferry))"
 
 # 2. find_package(ferry).
 cmake -S "$FERRY_SRC/examples" -B "$TMP/cm" -DCMAKE_PREFIX_PATH="$PREFIX" \
     -DCMAKE_BUILD_RPATH="$LIBDIR" >"$TMP/cm.log" 2>&1 || fail "configure: $(tail -5 "$TMP/cm.log")"
 cmake --build "$TMP/cm" >>"$TMP/cm.log" 2>&1 || fail "build: $(tail -5 "$TMP/cm.log")"
-[ -x "$TMP/cm/classic_lm" ] || fail "find_package build made no classic_lm"
-ok "classic_lm built out of tree with find_package(ferry)"
+[ -x "$TMP/cm/classic_lm" ] && [ -x "$TMP/cm/first_client" ] ||
+    fail "find_package build made no classic_lm or first_client"
+ok "classic_lm and first_client built out of tree with find_package(ferry)"
 
 # 3. find_package(ferry) and ferry::ferry_static: no libferry.so at run time.
 cmake -S "$FERRY_SRC/examples" -B "$TMP/st" -DCMAKE_PREFIX_PATH="$PREFIX" \
@@ -85,6 +93,13 @@ for bin in "$TMP/pc/classic_lm" "$TMP/cm/classic_lm" "$TMP/st/classic_lm"; do
     last=$(awk '/^step/ { v = $4 } END { print v }' "$TMP/out")
     awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' || fail "$bin: loss $first -> $last"
     ok "$(basename "$(dirname "$bin")")/classic_lm trained against the installed ferry-ps: loss $first -> $last"
+done
+for bin in "$TMP/pc/first_client" "$TMP/cm/first_client" "$TMP/st/first_client"; do
+    LD_LIBRARY_PATH=$LIBDIR "$bin" "127.0.0.1:$PORT" >"$TMP/out" 2>"$TMP/err" ||
+        fail "$bin exited $?: $(tail -3 "$TMP/err")"
+    last=$(awk '/^step 100 loss/ { print $4 }' "$TMP/out")
+    awk -v l="$last" 'BEGIN { exit !(l != "" && l < 1.5) }' || fail "$bin: loss at step 100: '$last'"
+    ok "$(basename "$(dirname "$bin")")/first_client trained against the installed ferry-ps: loss $last at step 100"
 done
 stop_clean "$PS_PID" "the installed ferry-ps" "$TMP/ps.log"
 finish

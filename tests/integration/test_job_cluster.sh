@@ -4,10 +4,10 @@
 # Slurm's variables) logs the losses of one local trainer with batch 20 (each of 30
 # steps within 1e-5 relative, at the metrics file's 9 digits); ssp:1 never
 # lets a rank run more than the bound ahead while the other is stopped (SIGSTOP), the
-# steps read from the servers; async trains with both ranks finishing; bad
-# membership gets one clear line each while the servers keep serving; a bsp rank
-# that never comes makes the other fail naming it. Every process's exit status is
-# checked (the servers: 0 on SIGTERM at the end).
+# steps read from the servers; async trains with both ranks finishing; a finished
+# job is started anew by a join; bad membership gets one clear line each while the
+# servers keep serving; a bsp rank that never comes makes the other fail naming it.
+# Every process's exit status is checked (the servers: 0 on SIGTERM at the end).
 . "$(dirname "$0")/lib.sh"
 STATS=$FERRY_BIN/tests/ferry_stats
 
@@ -55,7 +55,11 @@ S0=$!
 "$TRAINER" "${SSP[@]}" --rank 1 2>"$TMP/s1.log" &
 S1=$!
 step_of() { "$STATS" "127.0.0.1:$P0" "job/ssp/step/$1" | awk '{print $2}'; }
-rank1_at_5() { [ "$(step_of 1 2>/dev/null || echo 0)" -ge 5 ]; }
+rank1_at_5() {
+    local s
+    s=$(step_of 1 2>/dev/null) || s=0
+    [ "${s:-0}" -ge 5 ]
+}
 wait_until "ssp rank 1 to reach step 5" 300 rank1_at_5
 kill -STOP "$S1"
 b=$(step_of 1)
@@ -103,8 +107,21 @@ expect_error "rank out of range" "rank 2 (from --rank) outside [0, 2)" \
 expect_error "a rank that is not a number" "FERRY_RANK='x' is not a number" \
     env FERRY_RANK=x "$TRAINER" --ps "$PSS" --world 2 "${DATA[@]}"
 expect_error "a job without servers" "needs --ps" "$TRAINER" --world 2 --rank 0 "${DATA[@]}"
-expect_error "joining a finished job" "job 'bsp' has finished" \
-    "$TRAINER" --ps "$PSS" --job bsp --world 2 --rank 0 "${DATA[@]}"
+# A finished job's name is started anew by the next join (a new run, e.g. --load):
+# both ranks train again from step 0, and each server applies the new run's steps.
+"$TRAINER" --ps "$PSS" --job bsp --world 2 --rank 1 "${DATA[@]}" --max-steps 2 \
+    2>"$TMP/again1.log" &
+A1=$!
+"$TRAINER" --ps "$PSS" --job bsp --world 2 --rank 0 "${DATA[@]}" --max-steps 2 \
+    2>"$TMP/again0.log" || fail "rank 0 joining the finished job 'bsp': $(tail -3 "$TMP/again0.log")"
+wait "$A1" || fail "rank 1 joining the finished job 'bsp': $(tail -3 "$TMP/again1.log")"
+for l in "$TMP/ps0.log" "$TMP/ps1.log"; do
+    grep -q "job 'bsp' of '.*': finished earlier (all 2 ranks left); a join starts it anew" "$l" ||
+        fail "$(basename "$l"): no new run of the finished job 'bsp': $(grep "'bsp'" "$l" | tail -3)"
+done
+applied=$("$STATS" "127.0.0.1:$P1" job/bsp/applied | awk '{print $2}')
+[ "$applied" = 2 ] || fail "the new run of 'bsp': server 1 applied $applied steps, want 2"
+ok "joining the finished job 'bsp' started it anew: both ranks ran 2 steps, server 1 applied 2"
 # A job whose rank 0 stays up while the others misbehave.
 "$TRAINER" --ps "$PSS" --job held --world 2 --rank 0 --sync-timeout 30 "${DATA[@]}" \
     --max-steps 3 2>"$TMP/h0.log" &
@@ -114,7 +131,7 @@ expect_error "another world" "job 'held' has world 2; this trainer says world 3"
     "$TRAINER" --ps "$PSS" --job held --world 3 --rank 1 "${DATA[@]}"
 expect_error "another model" "model differs from job 'held': H=100 here, H=200 in the job" \
     "$TRAINER" --ps "$PSS" --job held --world 2 --rank 1 --nhid 100 "${DATA[@]}"
-expect_error "two trainers claiming one rank" "rank 0 of job 'held' is already held by" \
+expect_error "two trainers claiming one rank" "rank 0 of job 'held' is held by another live session" \
     "$TRAINER" --ps "$PSS" --job held --world 2 --rank 0 "${DATA[@]}"
 "$TRAINER" --ps "$PSS" --job held --world 2 --rank 1 "${DATA[@]}" --max-steps 3 \
     2>"$TMP/h1.log" || fail "the right rank 1 could not join: $(tail -3 "$TMP/h1.log")"

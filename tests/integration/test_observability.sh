@@ -88,7 +88,7 @@ fi
 "$CTL" --ps "127.0.0.1:$PORT" health >"$TMP/ctl" || fail "ferry-ctl health: $(cat "$TMP/ctl")"
 grep -q "127.0.0.1:$PORT SERVING" "$TMP/ctl" || fail "ferry-ctl health: $(cat "$TMP/ctl")"
 "$CTL" --ps "127.0.0.1:$PORT" modules >"$TMP/ctl" || fail "ferry-ctl modules"
-grep -q "decoder *[0-9]" "$TMP/ctl" || fail "ferry-ctl modules: $(cat "$TMP/ctl")"
+grep -q "^  decoder  *decoder  *\[10000 x 32\] rows 0\.\.10000 .* version [1-9]" "$TMP/ctl" || fail "ferry-ctl modules: $(cat "$TMP/ctl")"
 "$CTL" --ps "127.0.0.1:$PORT" stats >"$TMP/ctl-stats" || fail "ferry-ctl stats exited $?"
 grep -q "contexts_live" "$TMP/ctl-stats" || fail "ferry-ctl stats: $(head -3 "$TMP/ctl-stats")"
 "$CTL" --ps "127.0.0.1:$PORT" checkpoint ctl.ckpt >/dev/null || fail "ferry-ctl checkpoint"

@@ -369,12 +369,17 @@ for v in 0 1; do
 done
 
 # ---- checkpoints that are not this model's, or not this format ---------------------------
-expect_error "ferry-ps --restore of a trainer's file" "is not a FERRYPS2 file (bad magic)" \
+expect_error "ferry-ps --restore of a trainer's file" "is not a FERRYPS3 file (bad magic)" \
     "$PS" --listen 127.0.0.1:0 --restore "$TMP/ref/save/lm.r0.$STEPS"
 cp "$TMP/ref/ck0/rec-step$STEPS.ckpt" "$TMP/v9.ckpt"
 printf '\x09' | dd of="$TMP/v9.ckpt" bs=1 seek=8 conv=notrunc 2>/dev/null
-expect_error "ferry-ps --restore of another format version" "format 9, this build reads format 2" \
+expect_error "ferry-ps --restore of another format version" "format 9, this build reads format 3" \
     "$PS" --listen 127.0.0.1:0 --restore "$TMP/v9.ckpt"
+cp "$TMP/ref/ck0/rec-step$STEPS.ckpt" "$TMP/v2.ckpt"
+printf 'FERRYPS2' | dd of="$TMP/v2.ckpt" bs=1 seek=0 conv=notrunc 2>/dev/null
+expect_error "ferry-ps --restore of a checkpoint from before ferry.v1" \
+    "is a ferry-ps checkpoint of format 2, written before the ferry.v1 contract" \
+    "$PS" --listen 127.0.0.1:0 --restore "$TMP/v2.ckpt"
 start_ps other --restore "$TMP/ref/ck0/rec-step$STEPS.ckpt"
 mkdir -p "$TMP/other"
 expect_error "a job of another model over a restored ferry-ps" \

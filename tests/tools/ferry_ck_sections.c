@@ -1,8 +1,8 @@
-/* ferry_ck_sections.c - splits a checkpoint (ferry-trainer's FERRYCK2 or ferry-ps's
- * FERRYPS2, verified whole first: magic, format, lengths, CRCs) into one file per
- * section, DIR/NN-TAG (00-CONF, 03-PARM, ...), for the shell tests: two runs whose
- * configurations differ only in paths compare their parameters, optimizer state and
- * carried state bit for bit with cmp.
+/* ferry_ck_sections.c - splits a checkpoint (ferry-trainer's FERRYCK2, format 2, or
+ * ferry-ps's FERRYPS3, format 3; verified whole first: magic, format, lengths, CRCs)
+ * into one file per section, DIR/NN-TAG (00-CONF, 03-PARM, ...), for the shell tests:
+ * two runs whose configurations differ only in paths compare their parameters,
+ * optimizer state and carried state bit for bit with cmp.
  *     ferry_ck_sections FILE DIR */
 #include <stdio.h>
 #include <string.h>
@@ -14,16 +14,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: ferry_ck_sections FILE DIR\n");
         return 2;
     }
-    static const char *const magics[] = {"FERRYCK2", "FERRYPS2"};
-    const char *magic = NULL;
-    for (int i = 0; i < 2 && magic == NULL; i++)
-        magic = ferry_ck_has_magic(argv[1], magics[i]) ? magics[i] : NULL;
-    if (magic == NULL) {
-        fprintf(stderr, "ferry_ck_sections: %s is not a FERRYCK2 or FERRYPS2 file\n", argv[1]);
+    static const struct {
+        const char *magic;
+        uint32_t format;
+    } kinds[] = {{"FERRYCK2", 2}, {"FERRYPS3", 3}};
+    int k = -1;
+    for (int i = 0; i < 2 && k < 0; i++)
+        k = ferry_ck_has_magic(argv[1], kinds[i].magic) ? i : -1;
+    if (k < 0) {
+        fprintf(stderr, "ferry_ck_sections: %s is not a FERRYCK2 or FERRYPS3 file\n", argv[1]);
         return 1;
     }
     ferry_ckr ck;
-    if (ferry_ckr_read(argv[1], magic, 2, &ck) != FERRY_OK) {
+    if (ferry_ckr_read(argv[1], kinds[k].magic, kinds[k].format, &ck) != FERRY_OK) {
         fprintf(stderr, "ferry_ck_sections: %s\n", ferry_error_last());
         return 1;
     }
