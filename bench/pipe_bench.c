@@ -78,7 +78,13 @@ static void runner_init(runner *r, const bench_config *c, int steps) {
     ferry_lm_config mc = {c->V, c->E, c->H, c->L, 0.0f, 0.1f, 0.0f, 1};
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
     oc.lr = 0.1;
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL, r->local_vocab};
+    ferry_lm_placement pl = {.cluster = r->cl,
+                             .decoder_mode = FERRY_DECODER_SHARDED,
+                             .optim = oc,
+                             .job = NULL,
+                             .resume = 0,
+                             .stages = NULL,
+                             .local_vocab = r->local_vocab};
     check_ok(ferry_lm_create_placed(be, &mc, r->cl != NULL ? &pl : NULL, &r->lm), "model");
     if (r->micro > 1)
         check_ok(ferry_lm_set_micro_batches(r->lm, r->micro), "micro-batches");

@@ -145,7 +145,13 @@ static void runner_init(runner *r, const char *target, ferry_decoder_mode mode, 
     }
     ferry_lm_config mc = {V_SMALL, E_SMALL, H_SMALL, L_SMALL, 0.0f, 0.1f, 0.0f, 1};
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD); /* lr 1 */
-    ferry_lm_placement pl = {r->cl, mode, oc, NULL, 0, NULL, 0};
+    ferry_lm_placement pl = {.cluster = r->cl,
+                             .decoder_mode = mode,
+                             .optim = oc,
+                             .job = NULL,
+                             .resume = 0,
+                             .stages = NULL,
+                             .local_vocab = 0};
     check_ok(ferry_lm_create_placed(be, &mc, r->cl != NULL ? &pl : NULL, &r->lm), "model");
     check_ok(ferry_optim_create(&r->lm->P, &oc, &r->opt), "optimizer");
     check_ok(ferry_ctx_create(be, &r->ctx), "context");

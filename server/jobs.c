@@ -619,6 +619,7 @@ static ferry_status job_probe(ferry__ps_state *ps, const ferry__ps_session *sess
     ferry__v1__job_reply__init(&r);
     r.checkpoints = steps;
     r.n_checkpoints = n;
+    r.can_checkpoint = ps->checkpoint_dir[0] != '\0';
     pthread_mutex_lock(&ps->jobs.mu);
     job = job_find(&ps->jobs, name); /* looked up again: it may have been made meanwhile */
     if (job != NULL && !ferry__ps_may_use(sess, job->owner)) {

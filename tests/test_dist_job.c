@@ -103,7 +103,13 @@ static void *rank_main(void *arg) {
     ferry_job_config jc = {r->job, r->world, r->rank, FERRY_SYNC_BSP, 0, 20000, "test=1"};
     if (st == FERRY_OK)
         st = ferry_job_join(r->cl, &jc, &r->jb);
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, s->oc, r->jb, 0, s->stages, 0};
+    ferry_lm_placement pl = {.cluster = r->cl,
+                             .decoder_mode = FERRY_DECODER_SHARDED,
+                             .optim = s->oc,
+                             .job = r->jb,
+                             .resume = 0,
+                             .stages = s->stages,
+                             .local_vocab = 0};
     if (st == FERRY_OK)
         st = ferry_lm_create_placed(s->be, &s->mc, &pl, &r->lm);
     if (st == FERRY_OK && s->micro > 1)

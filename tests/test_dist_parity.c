@@ -76,7 +76,13 @@ static void parity(ferry_decoder_mode mode) {
                           0.0f, 7};
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
     oc.lr = 1.0;
-    ferry_lm_placement pl = {cl, mode, oc, NULL, 0, NULL, 0};
+    ferry_lm_placement pl = {.cluster = cl,
+                             .decoder_mode = mode,
+                             .optim = oc,
+                             .job = NULL,
+                             .resume = 0,
+                             .stages = NULL,
+                             .local_vocab = 0};
     run loc, dist;
     run_init(&loc, be, &mc, NULL);
     run_init(&dist, be, &mc, &pl);

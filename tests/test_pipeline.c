@@ -67,7 +67,13 @@ static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M, int
     CHECK_OK(ferry_dist_ctx_create(r->cl, &r->dc));
     ferry_optim_config oc = ferry_optim_defaults(FERRY_OPTIM_SGD);
     oc.lr = LR;
-    ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL, local_vocab};
+    ferry_lm_placement pl = {.cluster = r->cl,
+                             .decoder_mode = FERRY_DECODER_SHARDED,
+                             .optim = oc,
+                             .job = NULL,
+                             .resume = 0,
+                             .stages = NULL,
+                             .local_vocab = local_vocab};
     CHECK_OK(ferry_lm_create_placed(be, mc, &pl, &r->lm));
     CHECK_OK(ferry_lm_set_micro_batches(r->lm, M > 0 ? M : 1));
     CHECK(r->lm->pipe == NULL || M > 1); /* one micro-batch is the unpipelined step */
@@ -259,11 +265,23 @@ TEST(local_vocab_is_checked) {
     /* The whole vocabulary, a negative count, or the logits decoder: one line each. */
     int64_t bad[2] = {100, -1};
     for (int i = 0; i < 2; i++) {
-        ferry_lm_placement pl = {cl, FERRY_DECODER_SHARDED, oc, NULL, 0, NULL, bad[i]};
+        ferry_lm_placement pl = {.cluster = cl,
+                                 .decoder_mode = FERRY_DECODER_SHARDED,
+                                 .optim = oc,
+                                 .job = NULL,
+                                 .resume = 0,
+                                 .stages = NULL,
+                                 .local_vocab = bad[i]};
         CHECK_EQ(ferry_lm_create_placed(ferry_backend_cpu(), &mc, &pl, &lm), FERRY_ERR_INVALID);
         CHECK(strstr(ferry_error_last(), "--local-vocab") != NULL);
     }
-    ferry_lm_placement pl = {cl, FERRY_DECODER_LOGITS, oc, NULL, 0, NULL, 10};
+    ferry_lm_placement pl = {.cluster = cl,
+                             .decoder_mode = FERRY_DECODER_LOGITS,
+                             .optim = oc,
+                             .job = NULL,
+                             .resume = 0,
+                             .stages = NULL,
+                             .local_vocab = 10};
     CHECK_EQ(ferry_lm_create_placed(ferry_backend_cpu(), &mc, &pl, &lm), FERRY_ERR_INVALID);
     CHECK(strstr(ferry_error_last(), "sharded-softmax") != NULL);
     /* The C API: local rows on a module that is no decoder, or leaving no row to a

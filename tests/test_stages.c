@@ -57,7 +57,13 @@ static void run_init(run *r, const ferry_lm_config *mc, const char *stages, int 
         }
         CHECK_OK(ferry_ps_connect(targets, NULL, &r->cl));
         CHECK_OK(ferry_dist_ctx_create(r->cl, &r->dc));
-        ferry_lm_placement pl = {r->cl, FERRY_DECODER_SHARDED, oc, NULL, 0, stages, 0};
+        ferry_lm_placement pl = {.cluster = r->cl,
+                                 .decoder_mode = FERRY_DECODER_SHARDED,
+                                 .optim = oc,
+                                 .job = NULL,
+                                 .resume = 0,
+                                 .stages = stages,
+                                 .local_vocab = 0};
         CHECK_OK(ferry_lm_create_placed(be, mc, &pl, &r->lm));
         CHECK_OK(ferry_lm_set_micro_batches(r->lm, M));
     }
@@ -252,7 +258,13 @@ TEST(stages_are_checked) {
         {"ps0", "not WHERE:LAYERS"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ferry_lm_placement pl = {cl, FERRY_DECODER_SHARDED, oc, NULL, 0, bad[i].spec, 0};
+        ferry_lm_placement pl = {.cluster = cl,
+                                 .decoder_mode = FERRY_DECODER_SHARDED,
+                                 .optim = oc,
+                                 .job = NULL,
+                                 .resume = 0,
+                                 .stages = bad[i].spec,
+                                 .local_vocab = 0};
         ferry_lm *lm;
         CHECK_EQ(ferry_lm_create_placed(ferry_backend_cpu(), &mc, &pl, &lm), FERRY_ERR_INVALID);
         if (strstr(ferry_error_last(), bad[i].msg) == NULL)

@@ -48,6 +48,21 @@ static ferry_status check_usage(const ferry_trainer_config *cfg) {
                                 "--job '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it prefixes "
                                 "the job's module names)",
                                 cfg->job);
+        size_t ml = cfg->model != NULL ? strlen(cfg->model) : 0;
+        if (cfg->model != NULL &&
+            (ml == 0 || ml > 48 ||
+             strspn(cfg->model,
+                    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != ml))
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "--model '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it "
+                                "prefixes the model's module names)",
+                                cfg->model);
+        if (cfg->model != NULL && ferry_trainer_is_job(cfg))
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "--model %s: this run is job '%s' (--world, --sync, --save, "
+                                "--load or --checkpoint-every), whose modules carry the job's "
+                                "name: name it with --job",
+                                cfg->model, cfg->job);
         ferry_sync_mode mode;
         int staleness;
         if (cfg->sync != NULL && ferry_sync_parse(cfg->sync, &mode, &staleness) != FERRY_OK)
@@ -56,6 +71,12 @@ static ferry_status check_usage(const ferry_trainer_config *cfg) {
             ferry_lm_check_stages(cfg->stages, cfg->nlayers, nservers) != FERRY_OK)
             return FERRY_ERR_INVALID;
     }
+    if (cfg->continue_run && cfg->ps == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "--continue needs --ps (it trains the modules the servers hold)");
+    if (cfg->model != NULL && cfg->ps == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "--model needs --ps (it names modules on the "
+                                               "servers)");
     if (cfg->micro_batches > cfg->bptt)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "--micro-batches %d: a window has %d time steps (--bptt), at most "
@@ -221,6 +242,12 @@ int main(int argc, char **argv) {
          .help = "this trainer's rank"},
         {.name = "job", .type = FERRY_FLAG_STRING, .ptr = &cfg.job, .metavar = "NAME",
          .defval = "FERRY_JOB, or ferry", .help = "the job's name on the servers"},
+        {.name = "model", .type = FERRY_FLAG_STRING, .ptr = &cfg.model, .metavar = "NAME",
+         .help = "outside a job: the prefix of this model's module names on the servers "
+                 "(NAME/encoder), so that models share a server"},
+        {.name = "continue", .type = FERRY_FLAG_BOOL, .ptr = &cfg.continue_run,
+         .help = "train the modules ferry-ps already holds (an earlier run's parameters); "
+                 "without it a new run refuses them"},
         {.name = "sync", .type = FERRY_FLAG_STRING, .ptr = &cfg.sync, .metavar = "MODE",
          .help = "bsp | ssp:K | async: a data-parallel job with the LSTM on the servers "
                  "(default bsp when --world > 1)"},
@@ -336,9 +363,7 @@ int main(int argc, char **argv) {
         return usage_error("--checkpoint-every needs --save PATH (where this trainer keeps its "
                            "part of each checkpoint)");
     /* A restarted trainer of a recovering run resumes by itself. */
-    int as_job = cfg.ps != NULL && (cfg.world > 1 || cfg.sync != NULL ||
-                                    cfg.checkpoint_every > 0 || cfg.save != NULL ||
-                                    cfg.load != NULL);
+    int as_job = ferry_trainer_is_job(&cfg);
     char resolved[2048];
     int found = 0;
     if (cfg.load == NULL && cfg.checkpoint_every > 0 &&

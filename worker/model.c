@@ -255,6 +255,13 @@ static ferry_status lm_init_local(ferry_lm *lm, const ferry_params *full) {
     return st;
 }
 
+/* The prefix of this model's module names: the job's name, else --model, else none. */
+static const char *lm_prefix(const ferry_lm_placement *pl) {
+    if (pl->job != NULL)
+        return ferry_job_get_config(pl->job)->name;
+    return pl->model != NULL ? pl->model : "";
+}
+
 /* A remote group: its lstm module on its server, starting from the values its
  * layers have in the whole model (drawn at their offsets in the full layout, the
  * constrained weight_hh at their polar factor), sent as its packed block. */
@@ -276,9 +283,9 @@ static ferry_status lm_create_group(ferry_lm *lm, ferry_lm_group *G, const ferry
     if (st != FERRY_OK)
         return st;
     char name[FERRY_PARAM_NAME_MAX];
-    (void)snprintf(name, sizeof name, "%s%slstm_l%d-%d",
-                   pl->job != NULL ? ferry_job_get_config(pl->job)->name : "",
-                   pl->job != NULL ? "/" : "", G->first, G->first + G->count - 1);
+    const char *prefix = lm_prefix(pl);
+    (void)snprintf(name, sizeof name, "%s%slstm_l%d-%d", prefix, prefix[0] != '\0' ? "/" : "",
+                   G->first, G->first + G->count - 1);
     ferry_remote_config rc;
     ferry_remote_config_default(&rc, FERRY_REMOTE_LSTM, name, C, cfg->H);
     rc.server = G->server;
@@ -322,6 +329,37 @@ static ferry_status lm_attach_slice(ferry_lm *lm, float *gw, float *gb) {
                                           ferry_params_data(&lm->P, lm->dec_b), gw, gb);
 }
 
+/* A new run must have made every shard of its modules: one that ferry-ps already held
+ * carries an earlier run's parameters, and training them is a decision. */
+static ferry_status lm_check_fresh(const ferry_lm *lm, const ferry_lm_placement *pl) {
+    const ferry_remote *mods[3 + FERRY_LSTM_MAX_LAYERS];
+    int n = 0;
+    mods[n++] = lm->emb_remote;
+    mods[n++] = lm->dec_remote;
+    mods[n++] = lm->dense_remote;
+    for (int g = 0; g < lm->ngroups; g++)
+        mods[n++] = lm->groups[g].remote;
+    for (int i = 0; i < n; i++) {
+        const ferry_remote *m = mods[i];
+        if (m == NULL || ferry_remote_created(m) == ferry_remote_shards(m))
+            continue;
+        const char *prefix = lm_prefix(pl);
+        if (pl->job != NULL)
+            return ferry_errorf(FERRY_ERR_EXISTS,
+                                "ferry-ps already holds '%s' of job '%s' (an earlier run's "
+                                "parameters): --load DIR continues a saved run, --continue "
+                                "trains from what the servers hold, `ferry-ctl drop-job %s` "
+                                "starts the job over, or name another --job",
+                                ferry_remote_name(m), prefix, prefix);
+        return ferry_errorf(FERRY_ERR_EXISTS,
+                            "ferry-ps already holds '%s' (an earlier run's parameters): "
+                            "--continue trains from what the servers hold, `ferry-ctl drop %s` "
+                            "starts over, or give this model its own --model NAME",
+                            ferry_remote_name(m), ferry_remote_name(m));
+    }
+    return FERRY_OK;
+}
+
 static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
                                      const ferry_lm_placement *pl) {
     const ferry_lm_config *cfg = &lm->cfg;
@@ -333,9 +371,10 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     /* A job's modules are its own: "<job>/encoder", so jobs sharing servers never
      * share parameters. */
     char enc[FERRY_PARAM_NAME_MAX] = "encoder", dec[FERRY_PARAM_NAME_MAX] = "decoder";
-    if (pl->job != NULL) {
-        (void)snprintf(enc, sizeof enc, "%s/encoder", ferry_job_get_config(pl->job)->name);
-        (void)snprintf(dec, sizeof dec, "%s/decoder", ferry_job_get_config(pl->job)->name);
+    const char *prefix = lm_prefix(pl);
+    if (prefix[0] != '\0') {
+        (void)snprintf(enc, sizeof enc, "%s/encoder", prefix);
+        (void)snprintf(dec, sizeof dec, "%s/decoder", prefix);
     }
     ferry_remote_config_default(&rc, FERRY_REMOTE_EMBEDDING, enc, cfg->V, cfg->E);
     rc.init_seed = cfg->seed;
@@ -361,9 +400,11 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
             return st;
     }
     if (pl->job == NULL)
-        return FERRY_OK;
+        return rank == 0 && pl->fresh ? lm_check_fresh(lm, pl) : FERRY_OK;
     lm->job = pl->job;
     if ((st = lm_create_dense(lm, pl)) != FERRY_OK)
+        return st;
+    if (rank == 0 && pl->fresh && !pl->resume && (st = lm_check_fresh(lm, pl)) != FERRY_OK)
         return st;
     if (pl->resume)
         return FERRY_OK; /* the roll-back sets the values; the trainer pulls then */

@@ -59,6 +59,15 @@ typedef struct ferry_lm_placement {
      * vocabulary (ferry_remote_decoder_set_local): the decoder's work split over the
      * trainer's core and the servers'. Sharded softmax only; 0: all on the servers. */
     int64_t local_vocab;
+    /* The prefix of the module names outside a job ("NAME/encoder", so that two
+     * models share a server); NULL or "": the bare names. A job's modules carry the
+     * job's name instead. */
+    const char *model;
+    /* 1: the modules must be new. The creating trainer (rank 0, or a run outside a
+     * job) refuses modules that ferry-ps already holds — an earlier run's trained
+     * parameters — with FERRY_ERR_EXISTS, before it says ready: continuing them is
+     * asked for (fresh = 0), never silent. */
+    int fresh;
 } ferry_lm_placement;
 
 /* A group of consecutive LSTM layers, run here or on a server. */

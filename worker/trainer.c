@@ -116,6 +116,11 @@ static int env_int(const char *(*get)(const char *), const char *name, int *out)
     return 1;
 }
 
+int ferry_trainer_is_job(const ferry_trainer_config *cfg) {
+    return cfg->ps != NULL && (cfg->world > 1 || cfg->sync != NULL || cfg->checkpoint_every > 0 ||
+                               cfg->save != NULL || cfg->load != NULL);
+}
+
 ferry_status ferry_trainer_membership(ferry_trainer_config *cfg, int world_flag, int rank_flag,
                                       const char *(*get)(const char *), char *why, size_t cap) {
     static const char *const world_vars[] = {"FERRY_WORLD", "SLURM_NTASKS"};
@@ -566,6 +571,34 @@ static ferry_status eval_and_report(trainer *t, const char *split, const ferry_b
 /* Joins the data-parallel job: the model as this rank builds it goes to the servers,
  * which refuse a rank whose model differs from the job's; this rank's columns of the
  * global batch. */
+/* --save with --ps makes the run a job: the embedding and decoder live on the
+ * servers, so a checkpoint is the servers' files and this trainer's together. Said
+ * once, and refused before any step when a server cannot write its part (a --load
+ * would find nothing to restore). */
+static ferry_status check_can_save(trainer *t) {
+    const ferry_trainer_config *cfg = t->cfg;
+    if (cfg->world == 1 && cfg->sync == NULL)
+        FERRY_LOG_INFO("--save with --ps: this run is job '%s' of one rank; the LSTM's master "
+                       "copy lives on the servers too (pulled and pushed every step), and each "
+                       "checkpoint is every server's file in its --checkpoint-dir plus %s",
+                       cfg->job, cfg->save);
+    for (int i = 0; i < ferry_cluster_size(t->cluster); i++) {
+        ferry_job_probe_result pr;
+        ferry_status st = ferry_job_probe(t->job, i, &pr);
+        int can = pr.can_checkpoint;
+        ferry_job_probe_free(&pr);
+        if (st != FERRY_OK)
+            return st;
+        if (!can)
+            return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                                "--save needs every ferry-ps to write its part of the "
+                                "checkpoints, and %s has no --checkpoint-dir: start it with "
+                                "--checkpoint-dir DIR (or train without --ps)",
+                                ferry_cluster_target(t->cluster, i));
+    }
+    return FERRY_OK;
+}
+
 static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_optim_config *oc,
                              int resume) {
     const ferry_trainer_config *cfg = t->cfg;
@@ -618,7 +651,7 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
     FERRY_LOG_INFO("job '%s': rank %d of %d (%s), --sync %s, batch columns [%d, %d) of %d",
                    cfg->job, cfg->rank, cfg->world, cfg->membership,
                    cfg->sync != NULL ? cfg->sync : "bsp", t->c0, t->c1, cfg->batch_size);
-    return FERRY_OK;
+    return cfg->save != NULL && cfg->rank == 0 ? check_can_save(t) : FERRY_OK;
 }
 
 /* ---- BLAS threads beside servers on the same machine ---- */
@@ -782,21 +815,24 @@ static ferry_status trainer_setup(trainer *t) {
             return st;
         /* A job: several ranks, a sync mode, or checkpoints (the job protocol is what
          * ties the servers' checkpoints to the trainers'). */
-        int as_job = cfg->world > 1 || cfg->sync != NULL || cfg->checkpoint_every > 0 ||
-                     cfg->save != NULL || cfg->load != NULL;
+        int as_job = ferry_trainer_is_job(cfg);
         if (as_job && (st = job_join(t, &mc, &oc, cfg->load != NULL)) != FERRY_OK)
             return st;
         t->recover = as_job && cfg->checkpoint_every > 0;
-        ferry_lm_placement pl = {
-            t->cluster,      (ferry_decoder_mode)cfg->decoder_mode, oc,
-            t->job,          t->job != NULL && cfg->load != NULL,   cfg->stages,
-            cfg->local_vocab};
+        ferry_lm_placement pl = {.cluster = t->cluster,
+                                 .decoder_mode = (ferry_decoder_mode)cfg->decoder_mode,
+                                 .optim = oc,
+                                 .job = t->job,
+                                 .resume = t->job != NULL && cfg->load != NULL,
+                                 .stages = cfg->stages,
+                                 .local_vocab = cfg->local_vocab,
+                                 .model = cfg->model,
+                                 .fresh = !cfg->continue_run && cfg->load == NULL};
         st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
-        if (st == FERRY_OK && t->job == NULL &&
-            (!ferry_remote_created(t->lm->emb_remote) || !ferry_remote_created(t->lm->dec_remote)))
-            FERRY_LOG_WARN("ferry-ps already hosts 'encoder'/'decoder' of this shape: training "
-                           "continues from their current parameters (restart ferry-ps for a "
-                           "fresh model)");
+        if (st == FERRY_OK && cfg->continue_run &&
+            ferry_remote_created(t->lm->emb_remote) < ferry_remote_shards(t->lm->emb_remote))
+            FERRY_LOG_INFO("--continue: training from the parameters ferry-ps holds for '%s'",
+                           ferry_remote_name(t->lm->emb_remote));
         FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
                        cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
         if (st == FERRY_OK && cfg->local_vocab > 0)

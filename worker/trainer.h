@@ -56,6 +56,12 @@ typedef struct ferry_trainer_config {
      * with the loss scaled by the global batch. */
     int world, rank;         /* N >= 1, 0 <= rank < N */
     const char *job;         /* the job's name on the servers */
+    /* Outside a job: the prefix of the model's module names on the servers
+     * ("NAME/encoder"; NULL: the bare names), so that models share a server. */
+    const char *model;
+    /* 1: train the modules ferry-ps already holds (an earlier run's parameters); 0:
+     * a new run refuses them (FERRY_ERR_EXISTS) unless it resumes (--load). */
+    int continue_run;
     const char *sync;        /* bsp | ssp:K | async; NULL: bsp */
     double sync_timeout_s;   /* how long a rank waits for the others */
     const char *membership;  /* where world and rank came from, for the log */
@@ -86,6 +92,9 @@ typedef struct ferry_trainer_config {
  * not given). getenv_fn is getenv (tests pass their own). FERRY_ERR_INVALID naming
  * the variable for a value that is not a number or a rank outside [0, world).
  * `why` (cap bytes) receives where each came from. */
+/* 1 when the run is a job on the servers: --ps with several ranks, a sync mode, or
+ * checkpoints (the job protocol ties the servers' checkpoints to the trainers'). */
+int ferry_trainer_is_job(const ferry_trainer_config *cfg);
 ferry_status ferry_trainer_membership(ferry_trainer_config *cfg, int world_flag, int rank_flag,
                                       const char *(*getenv_fn)(const char *), char *why,
                                       size_t cap);

@@ -236,6 +236,7 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
             memcpy(out->steps, r->checkpoints, out->n * sizeof *out->steps);
         out->has_state = r->has_state;
         out->state_step = r->state_step;
+        out->can_checkpoint = r->can_checkpoint;
     }
     ferry_rpc_msg_deinit(&reply);
     ferry_rpc_msg_deinit(&req);

@@ -248,6 +248,40 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     return st;
 }
 
+/* A create that failed on some server leaves nothing behind: the shards this call
+ * made on the others (the replies that say "created") are deleted again. Shards that
+ * were there before stay. The first error is the one reported. */
+static void undo_created(ferry_cluster *c, const char *name, int k, const int *servers,
+                         const ferry_rpc_msg *replies, ferry_status failed) {
+    char why[1024];
+    (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+    Ferry__V1__DeleteModuleRequest q;
+    ferry__v1__delete_module_request__init(&q);
+    q.name = (char *)(uintptr_t)name;
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    for (int s = 0; st == FERRY_OK && s < k; s++) {
+        const Ferry__V1__CreateModuleReply *r = replies[s].head;
+        if (r == NULL || !r->created)
+            continue;
+        ferry_rpc_msg reply;
+        ferry_rpc_msg_init(&reply);
+        if (ferry__dist_fanout(c, FERRY_RPC_DELETE_MODULE, 1, &servers[s], &req, 1, &reply) ==
+            FERRY_OK)
+            FERRY_LOG_INFO("module '%s': the shard made on %s deleted again (the create failed "
+                           "elsewhere)",
+                           name, ferry_cluster_target(c, servers[s]));
+        else
+            FERRY_LOG_WARN("module '%s': the shard made on %s stays (%s): ferry-ctl drop %s "
+                           "removes it",
+                           name, ferry_cluster_target(c, servers[s]), ferry_error_last(), name);
+        ferry_rpc_msg_deinit(&reply);
+    }
+    ferry_rpc_msg_deinit(&req);
+    (void)ferry_errorf(failed, "%s", why);
+}
+
 ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
                                  ferry_remote **out) {
     ferry_status st = config_check(c, cfg);
@@ -297,6 +331,8 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
         st = ferry__dist_fanout(c, FERRY_RPC_CREATE_MODULE, k, servers, reqs, 0, replies);
     for (int s = 0; st == FERRY_OK && s < k; s++)
         m->created += ((const Ferry__V1__CreateModuleReply *)replies[s].head)->created ? 1 : 0;
+    if (st != FERRY_OK && replies != NULL)
+        undo_created(c, m->name, k, servers, replies, st);
     for (int s = 0; reqs != NULL && replies != NULL && s < k; s++) {
         ferry_rpc_msg_deinit(&reqs[s]);
         ferry_rpc_msg_deinit(&replies[s]);
@@ -332,6 +368,10 @@ void ferry_remote_destroy(ferry_remote *m) {
 
 int ferry_remote_created(const ferry_remote *m) {
     return m->created;
+}
+
+const char *ferry_remote_name(const ferry_remote *m) {
+    return m->name;
 }
 
 int ferry_remote_shards(const ferry_remote *m) {

@@ -367,6 +367,8 @@ ferry_status ferry_remote_decoder_set_local(ferry_remote *dec, ferry_backend *be
 /* How many of the module's shards this create made new (the rest existed). */
 int ferry_remote_created(const ferry_remote *m);
 int ferry_remote_shards(const ferry_remote *m);
+/* The module's name on the servers. */
+const char *ferry_remote_name(const ferry_remote *m);
 /* Shard i's global rows and its server index. */
 void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, int64_t *row_count,
                         int *server);
@@ -610,6 +612,7 @@ typedef struct ferry_job_probe_result {
     size_t n;
     int has_state;       /* the server holds the job's parameters (else: fresh) */
     uint64_t state_step; /* at this step */
+    int can_checkpoint;  /* the server writes checkpoints (it has a --checkpoint-dir) */
 } ferry_job_probe_result;
 ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out);
 void ferry_job_probe_free(ferry_job_probe_result *p);

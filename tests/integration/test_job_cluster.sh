@@ -4,9 +4,10 @@
 # Slurm's variables) logs the losses of one local trainer with batch 20 (each of 30
 # steps within 1e-5 relative, at the metrics file's 9 digits); ssp:1 never
 # lets a rank run more than the bound ahead while the other is stopped (SIGSTOP), the
-# steps read from the servers; async trains with both ranks finishing; a finished
-# job is started anew by a join; bad membership gets one clear line each while the
-# servers keep serving; a bsp rank that never comes makes the other fail naming it.
+# steps read from the servers; async trains with both ranks finishing; a new run of
+# a finished job is refused the modules the earlier run left; bad membership gets one
+# clear line each while the servers keep serving; a bsp rank that never comes makes
+# the other fail naming it.
 # Every process's exit status is checked (the servers: 0 on SIGTERM at the end).
 . "$(dirname "$0")/lib.sh"
 STATS=$FERRY_BIN/tests/ferry_stats
@@ -107,21 +108,8 @@ expect_error "rank out of range" "rank 2 (from --rank) outside [0, 2)" \
 expect_error "a rank that is not a number" "FERRY_RANK='x' is not a number" \
     env FERRY_RANK=x "$TRAINER" --ps "$PSS" --world 2 "${DATA[@]}"
 expect_error "a job without servers" "needs --ps" "$TRAINER" --world 2 --rank 0 "${DATA[@]}"
-# A finished job's name is started anew by the next join (a new run, e.g. --load):
-# both ranks train again from step 0, and each server applies the new run's steps.
-"$TRAINER" --ps "$PSS" --job bsp --world 2 --rank 1 "${DATA[@]}" --max-steps 2 \
-    2>"$TMP/again1.log" &
-A1=$!
-"$TRAINER" --ps "$PSS" --job bsp --world 2 --rank 0 "${DATA[@]}" --max-steps 2 \
-    2>"$TMP/again0.log" || fail "rank 0 joining the finished job 'bsp': $(tail -3 "$TMP/again0.log")"
-wait "$A1" || fail "rank 1 joining the finished job 'bsp': $(tail -3 "$TMP/again1.log")"
-for l in "$TMP/ps0.log" "$TMP/ps1.log"; do
-    grep -q "job 'bsp' of '.*': finished earlier (all 2 ranks left); a join starts it anew" "$l" ||
-        fail "$(basename "$l"): no new run of the finished job 'bsp': $(grep "'bsp'" "$l" | tail -3)"
-done
-applied=$("$STATS" "127.0.0.1:$P1" job/bsp/applied | awk '{print $2}')
-[ "$applied" = 2 ] || fail "the new run of 'bsp': server 1 applied $applied steps, want 2"
-ok "joining the finished job 'bsp' started it anew: both ranks ran 2 steps, server 1 applied 2"
+expect_error "a new run of a finished job" "ferry-ps already holds 'bsp/" \
+    "$TRAINER" --ps "$PSS" --job bsp --world 2 --rank 0 "${DATA[@]}"
 # A job whose rank 0 stays up while the others misbehave.
 "$TRAINER" --ps "$PSS" --job held --world 2 --rank 0 --sync-timeout 30 "${DATA[@]}" \
     --max-steps 3 2>"$TMP/h0.log" &
