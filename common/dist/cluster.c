@@ -63,45 +63,6 @@ static int retry_safe(ferry_rpc_method m) {
            m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS;
 }
 
-/* A server that no longer knows this client's session (it restarted, or the session
- * expired) refused the call before running it: say Hello there again and send the
- * call once more. What the old session held is gone; the server says so then. Works
- * on the entries of calls whose status is FERRY_ERR_SESSION (idx: n ints of scratch);
- * returns the first entry's status that is not FERRY_OK, or FERRY_OK. */
-static ferry_status new_sessions(ferry_cluster *c, ferry_rpc_method method, int n,
-                                 const int *servers, ferry_rpc_fanout *calls, int *idx,
-                                 int deadline_ms) {
-    ferry_status st = FERRY_ERR_SESSION;
-    if (method == FERRY_RPC_HELLO)
-        return st;
-    int m = 0;
-    ferry_status hs = FERRY_OK;
-    for (int i = 0; i < n && hs == FERRY_OK; i++) {
-        if (calls[i].status != FERRY_ERR_SESSION)
-            continue;
-        int seen = 0;
-        for (int k = 0; k < m; k++) /* one Hello per server */
-            seen |= servers[idx[k]] == servers[i];
-        if (!seen)
-            hs = rehello(c, servers[i]);
-        idx[m++] = i;
-    }
-    ferry_rpc_fanout *again = hs == FERRY_OK ? calloc((size_t)m, sizeof *again) : NULL;
-    if (again == NULL)
-        return hs != FERRY_OK ? hs : FERRY_ERR_NOMEM;
-    for (int k = 0; k < m; k++)
-        again[k] = calls[idx[k]];
-    (void)ferry_rpc_call_many(again, m, deadline_ms);
-    for (int k = 0; k < m; k++)
-        calls[idx[k]] = again[k];
-    free(again);
-    st = FERRY_OK; /* the first entry that still failed, if any */
-    for (int i = 0; i < n && st == FERRY_OK; i++)
-        if (calls[i].status != FERRY_OK)
-            st = ferry_errorf(calls[i].status, "%s", calls[i].error);
-    return st;
-}
-
 /* The fan-out behind every ferry__dist_fanout*: calls that failed in transit go again
  * (within the cluster's retry window) when retry_ok. */
 static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, const int *servers,
@@ -126,8 +87,36 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         calls[i].reply = &replies[i];
     }
     ferry_status st = ferry_rpc_call_many_during(calls, n, deadline_ms, during, arg);
-    if (st == FERRY_ERR_SESSION)
-        st = new_sessions(c, method, n, servers, calls, idx, deadline_ms);
+    /* A server that no longer knows this client's session (it restarted, or the session
+     * expired) refused the call before running it: say Hello there again and send the
+     * call once more. What the old session held is gone; the server says so then. */
+    if (st == FERRY_ERR_SESSION && method != FERRY_RPC_HELLO) {
+        int m = 0;
+        ferry_status hs = FERRY_OK;
+        for (int i = 0; i < n && hs == FERRY_OK; i++) {
+            if (calls[i].status != FERRY_ERR_SESSION)
+                continue;
+            int seen = 0;
+            for (int k = 0; k < m; k++) /* one Hello per server */
+                seen |= servers[idx[k]] == servers[i];
+            if (!seen)
+                hs = rehello(c, servers[i]);
+            idx[m++] = i;
+        }
+        ferry_rpc_fanout *again = hs == FERRY_OK ? calloc((size_t)m, sizeof *again) : NULL;
+        if (again != NULL) {
+            for (int k = 0; k < m; k++)
+                again[k] = calls[idx[k]];
+            (void)ferry_rpc_call_many(again, m, deadline_ms);
+            for (int k = 0; k < m; k++)
+                calls[idx[k]] = again[k];
+            free(again);
+            st = FERRY_OK; /* the first entry that still failed, if any */
+            for (int i = 0; i < n && st == FERRY_OK; i++)
+                if (calls[i].status != FERRY_OK)
+                    st = ferry_errorf(calls[i].status, "%s", calls[i].error);
+        }
+    }
     int retry_ms = atomic_load(&c->retry_ms);
     double t0 = ferry_now();
     long pause_ms = 50;
@@ -138,7 +127,9 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         for (int i = 0; i < n; i++) {
             if (calls[i].status == FERRY_OK)
                 continue;
-            if (!calls[i].transport)
+            /* A server that came back while the call was retried answers it with
+             * "unknown session": say Hello there again and go on retrying. */
+            if (!calls[i].transport && calls[i].status != FERRY_ERR_SESSION)
                 m = -1;
             if (m < 0)
                 break;
@@ -147,6 +138,16 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         double spent = ferry_now() - t0;
         if (m <= 0 || spent * 1000.0 + (double)pause_ms > retry_ms)
             break;
+        for (int k = 0; k < m; k++) {
+            if (calls[idx[k]].status != FERRY_ERR_SESSION)
+                continue;
+            int seen = 0;
+            for (int q = 0; q < k; q++)
+                seen |=
+                    calls[idx[q]].status == FERRY_ERR_SESSION && servers[idx[q]] == servers[idx[k]];
+            if (!seen)
+                (void)rehello(c, servers[idx[k]]); /* failing, the call fails again */
+        }
         if (attempt == 1)
             FERRY_LOG_WARN("%s; sending it again (same ids) for up to %.0f s", ferry_error_last(),
                            retry_ms / 1000.0);
@@ -171,10 +172,6 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         for (int k = 0; k < m; k++)
             calls[idx[k]] = again[k];
         free(again);
-        /* A server that restarted while the call was in transit answers the call sent
-         * again with "unknown session". */
-        if (st == FERRY_ERR_SESSION)
-            st = new_sessions(c, method, n, servers, calls, idx, dl);
         if (st == FERRY_OK)
             FERRY_LOG_WARN("%s %s answered after %d %s (%.1f s)",
                            ferry_rpc_client_target(calls[idx[0]].client),

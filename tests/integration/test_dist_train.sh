@@ -252,7 +252,8 @@ expect_error "--local-vocab without --ps" "needs --ps" \
     "$TRAINER" --local-vocab 10 --data "$FERRY_SRC/data/ptb" --max-steps 1
 
 # The trainer stops cleanly on SIGTERM mid-epoch too (and checkpoints).
-start_daemon ps-sig
+mkdir -p "$TMP/ck-sig"
+start_daemon_ck ps-sig "$TMP/ck-sig"
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
     --save "$TMP/sig.ck" 2>"$TMP/t-sig.log" &
 TPID=$!

@@ -380,8 +380,8 @@ printf 'FERRYPS2' | dd of="$TMP/v2.ckpt" bs=1 seek=0 conv=notrunc 2>/dev/null
 expect_error "ferry-ps --restore of a checkpoint from before ferry.v1" \
     "is a ferry-ps checkpoint of format 2, written before the ferry.v1 contract" \
     "$PS" --listen 127.0.0.1:0 --restore "$TMP/v2.ckpt"
-start_ps other --restore "$TMP/ref/ck0/rec-step$STEPS.ckpt"
-mkdir -p "$TMP/other"
+mkdir -p "$TMP/other" "$TMP/other-ck"
+start_ps other --restore "$TMP/ref/ck0/rec-step$STEPS.ckpt" --checkpoint-dir "$TMP/other-ck"
 expect_error "a job of another model over a restored ferry-ps" \
     "module 'rec/encoder' already exists with a different config" \
     "$TRAINER" --ps "127.0.0.1:$PORT" --job rec "${DATA[@]}" --nhid 64 --max-steps 3 \
