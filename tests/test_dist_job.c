@@ -1,10 +1,14 @@
 /* test_dist_job.c - a bsp job against the local trainer: N ranks, each with batch
  * B/N (its columns of the global batch) and the loss scaled by B, against 2 in-process
  * ferry-ps over real gRPC, must reproduce one local trainer with batch B step for
- * step (same seed, dropout off, clipping on): the job's loss within 1e-5 relative of
- * the local loss over 50 steps, every rank logging the same figure, and every
- * parameter (embedding and decoder by GetParams, the LSTM pulled from the servers'
- * dense module) within 1e-5 relative of the local model's. N = 2 and 4 with SGD, N = 2
+ * step (same seed, dropout off, clipping on): the job's loss within 1e-7 relative of
+ * the local loss at each of 50 steps (README: "2 x 10 reproduces 1 x 20 to 1e-7"),
+ * every rank logging the same figure (bit for bit), and every parameter element
+ * (embedding and decoder by GetParams, the LSTM pulled from the servers' dense module,
+ * layers on the servers from their lstm module) within 1e-5 relative of the local
+ * model's: |a - b| <= 1e-5 (|b| + 0.1), so elements smaller than the init scale 0.1
+ * get 1e-6 absolute (a split batch sums the same gradient in another order, and an
+ * element near 0 has no relative precision to keep). N = 2 and 4 with SGD, N = 2
  * with Stiefel-constrained recurrent weights (rank 0 adds the penalty's gradient
  * once), and with Adam. Then the job's membership rules, and a missing rank.
  *
@@ -23,6 +27,7 @@
 #include "worker/batch.h"
 #include "worker/corpus.h"
 #include "worker/model.h"
+#include "worker/pipeline.h"
 
 #define STEPS 50
 #define GB    20 /* the global batch */
@@ -141,7 +146,7 @@ static void rank_free(rank_run *r) {
     ferry_cluster_destroy(r->cl);
 }
 
-/* Largest |a-b| / max|b| over a tensor: the relative error of the whole tensor. */
+/* Largest |a-b| / max|b| over a tensor: reported, not checked. */
 static double tensor_rel(const float *a, const float *b, int64_t n) {
     double d = 0.0, m = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -151,15 +156,26 @@ static double tensor_rel(const float *a, const float *b, int64_t n) {
     return d / (m > 0.0 ? m : 1.0);
 }
 
+/* Parameters start in U(-0.1, 0.1): an element's tolerance is tol relative to
+ * max(|b|, ~0.1), see the header. */
+#define PARAM_SCALE 0.1
+
+/* Every element of a against b (the local model's) within tol (see PARAM_SCALE);
+ * returns tensor_rel for the report. */
+static double param_check(const char *name, const float *a, const float *b, int64_t n, double tol) {
+    CHECK_CLOSE_F(name, a, b, n, tol * PARAM_SCALE, tol);
+    return tensor_rel(a, b, n);
+}
+
 static double compare_remote(ferry_remote *m, const char *param, const ferry_lm *local,
-                             const char *local_name) {
+                             const char *local_name, double tol) {
     int idx = ferry_params_find(&local->P, local_name);
     CHECK(idx >= 0);
     const ferry_param *p = &local->P.items[idx];
     float *buf = malloc((size_t)p->numel * sizeof *buf);
     CHECK(buf != NULL);
     CHECK_OK(ferry_remote_get_params(m, param, 0, p->shape.dim[0], buf));
-    double rel = tensor_rel(buf, ferry_params_data(&local->P, idx), p->numel);
+    double rel = param_check(local_name, buf, ferry_params_data(&local->P, idx), p->numel, tol);
     free(buf);
     return rel;
 }
@@ -240,15 +256,15 @@ static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind 
     double worst = 0.0;
     for (int step = 0; step < STEPS; step++) {
         for (int r = 1; r < world; r++) /* every rank logs the job's figure */
-            CHECK(runs[r].loss[step] == runs[0].loss[step]);
-        CHECK(runs[0].tokens[step] == (double)(BPTT * GB));
+            CHECK_BITS_EQ(runs[r].loss[step], runs[0].loss[step]);
+        CHECK_BITS_EQ(runs[0].tokens[step], (double)(BPTT * GB));
         double rel = fabs(runs[0].loss[step] - ref[step]) / fabs(ref[step]);
-        if (rel > 1e-5 || getenv("JOB_VERBOSE") != NULL)
+        if (rel > 1e-7 || getenv("JOB_VERBOSE") != NULL)
             fprintf(stderr, "  step %d: local %.9g job %.9g (rel %.3g)\n", step + 1, ref[step],
                     runs[0].loss[step], rel);
         worst = fmax(worst, rel);
     }
-    CHECK(worst <= 1e-5);
+    CHECK(worst <= 1e-7);
     CHECK(ref[STEPS - 1] < ref[0]); /* it trained */
 
     /* Parameters: the servers' embedding and decoder, and every rank's LSTM as pulled
@@ -263,15 +279,18 @@ static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind 
             pworst = (name);                                                                       \
         }                                                                                          \
     } while (0)
-    PARAM_REL("encoder.weight", compare_remote(lm0->emb_remote, "weight", loc, "encoder.weight"));
-    PARAM_REL("decoder.weight", compare_remote(lm0->dec_remote, "weight", loc, "decoder.weight"));
-    PARAM_REL("decoder.bias", compare_remote(lm0->dec_remote, "bias", loc, "decoder.bias"));
+    PARAM_REL("encoder.weight",
+              compare_remote(lm0->emb_remote, "weight", loc, "encoder.weight", param_tol));
+    PARAM_REL("decoder.weight",
+              compare_remote(lm0->dec_remote, "weight", loc, "decoder.weight", param_tol));
+    PARAM_REL("decoder.bias",
+              compare_remote(lm0->dec_remote, "bias", loc, "decoder.bias", param_tol));
     for (int i = 0; i < lm0->P.count; i++) {
         const ferry_param *p = &lm0->P.items[i];
         int j = ferry_params_find(&loc->P, p->name);
         CHECK(j >= 0);
-        PARAM_REL(p->name, tensor_rel(ferry_params_data(&lm0->P, i), ferry_params_data(&loc->P, j),
-                                      p->numel));
+        PARAM_REL(p->name, param_check(p->name, ferry_params_data(&lm0->P, i),
+                                       ferry_params_data(&loc->P, j), p->numel, param_tol));
         for (int r = 1; r < world; r++)
             CHECK(memcmp(ferry_params_data(&runs[r].lm->P, i), ferry_params_data(&lm0->P, i),
                          (size_t)p->numel * sizeof(float)) == 0);
@@ -288,19 +307,27 @@ static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind 
             const ferry_param *p = &G->view.items[i];
             int j = ferry_params_find(&loc->P, p->name);
             CHECK(j >= 0);
-            PARAM_REL(p->name, tensor_rel(w + p->offset, ferry_params_data(&loc->P, j), p->numel));
+            PARAM_REL(p->name, param_check(p->name, w + p->offset, ferry_params_data(&loc->P, j),
+                                           p->numel, param_tol));
         }
         free(w);
     }
     fprintf(stderr,
             "  %d ranks x batch %d (%s%s%s%s, M=%d): %d steps, loss %.4f -> %.4f, worst loss rel "
-            "%.3g, worst parameter rel %.3g (%s)\n",
+            "%.3g, worst parameter |a-b|/max|b| %.3g (%s)\n",
             world, GB / world, ferry_optim_kind_name(kind), stiefel > 0 ? ", Stiefel" : "",
-            stages != NULL ? ", --stages " : "", stages != NULL ? stages : "", micro > 1 ? micro : 1,
-            STEPS,
-            ref[0] / (BPTT * GB), ref[STEPS - 1] / (BPTT * GB), worst, pw, pworst);
-    CHECK(pw <= param_tol);
+            stages != NULL ? ", --stages " : "", stages != NULL ? stages : "",
+            micro > 1 ? micro : 1, STEPS, ref[0] / (BPTT * GB), ref[STEPS - 1] / (BPTT * GB), worst,
+            pw, pworst);
 
+    /* With micro-batches every rank ran its pipe every step, in that many chunks. */
+    for (int r = 0; r < world && micro > 1; r++) {
+        ferry_lm_pipe_stats ps;
+        CHECK(runs[r].lm->pipe != NULL);
+        ferry_lm_pipe_take_stats(runs[r].lm->pipe, &ps);
+        CHECK_EQ(ps.steps, STEPS);
+        CHECK_EQ(ferry_lm_pipe_micro(runs[r].lm->pipe), micro);
+    }
     /* Every server applied each step once and holds no context. */
     ferry_ps_stats st;
     for (int i = 0; i < SERVERS; i++) {
@@ -336,9 +363,10 @@ TEST(bsp_stiefel_matches_local) {
 
 /* Adam divides each update by sqrt(v): an element whose gradient is nearly zero moves
  * by about lr whatever its sign, so the last-bit differences of a split batch move a
- * few weights by a visible fraction of lr (measured: losses within 6e-9, parameters
- * within 1.7e-4 of max |W|, with or without the constraint). The parameters are
- * checked at 1e-3 here; SGD above at 1e-5. */
+ * few weights by a visible fraction of lr (measured: losses within 1e-8, parameter
+ * elements within 1.9e-5 absolute, 1.9e-4 of max |W|, with or without the
+ * constraint). The parameters are checked at 1e-3 here (|a - b| <= 1e-3 (|b| + 0.1));
+ * SGD above at 1e-5. */
 TEST(bsp_adam_stiefel_matches_local) {
     bsp_matches_local(2, 0.1f, FERRY_OPTIM_ADAM, 1e-3, 1e-3, "bsp-adam");
 }
@@ -441,7 +469,9 @@ TEST(bsp_missing_rank_times_out) {
     double waited = ferry_now() - t0;
     fprintf(stderr, "  after %.1f s: %s\n", waited, ferry_error_last());
     CHECK(strstr(ferry_error_last(), "rank 1 missing") != NULL);
-    CHECK(waited >= 1.4 && waited < 6.0);
+    /* It waited for the missing rank (--sync-timeout 1.5 s) before failing. A lower
+     * bound only: a loaded machine makes the wait longer, never shorter. */
+    CHECK(waited >= 1.4);
     ferry_job *again = NULL;
     CHECK_STATUS(ferry_job_join(cl, &jc, &again), FERRY_ERR_TIMEOUT); /* the job failed */
     CHECK(again == NULL);

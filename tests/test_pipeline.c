@@ -1,13 +1,19 @@
 /* test_pipeline.c - the micro-batched (pipelined) distributed step against the
  * unpipelined one. Two runs from the same seed, each against its own in-process
- * ferry-ps servers over real gRPC: M = 1 and M micro-batches. Over 50 steps of PTB
- * their losses must agree within 1e-5 relative, and afterwards every parameter (the
- * trainer's LSTM, the servers' embedding and decoder) within 1e-5 in norm: with
- * dropout off and on (the masks of a micro-batch are the whole window's at its time
- * steps), with a Stiefel-constrained LSTM, uneven micro-batches and two shards.
- * M = 1 must stay the unpipelined step bit for bit. The same holds with a slice of
- * the decoder's vocabulary in the trainer (--local-vocab), pipelined or not, against
- * the run with every decoder row on the servers. */
+ * ferry-ps servers over real gRPC: the unpipelined step (no pipe) and M micro-batches.
+ * Over 50 steps of PTB their losses must agree within 1e-5 relative, and afterwards
+ * every parameter element (the trainer's LSTM, the servers' embedding and decoder)
+ * within 1e-5 (|a - b| <= 1e-5 (1 + |b|)): with dropout off and on (the masks of a
+ * micro-batch are the whole window's at its time steps), with a Stiefel-constrained
+ * LSTM, uneven micro-batches and two shards. That the pipelined run was pipelined is
+ * read off its counters: its pipe ran every step, and each server got M decoder
+ * Forwards and Backwards per step where the unpipelined run sent one. The pipeline
+ * with one micro-batch (the pipe forced on with M = 1) must be the unpipelined step
+ * bit for bit: every loss and every parameter, compared by their bits; and
+ * ferry_lm_set_micro_batches(lm, 1) leaves no pipe (the trainer's default is the
+ * unpipelined step). The same holds with a slice of the decoder's vocabulary in the
+ * trainer (--local-vocab), pipelined or not, against the run with every decoder row on
+ * the servers. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +23,7 @@
 #include "worker/batch.h"
 #include "worker/corpus.h"
 #include "worker/model.h"
+#include "worker/pipeline.h"
 
 #define STEPS 50
 /* At lr 1 any two summation orders drift apart past 1e-5 after ~25 steps (rounding
@@ -45,6 +52,8 @@ static ferry_ps_server *server_up(void) {
     return srv;
 }
 
+/* M micro-batches; M = 1 is the unpipelined step (no pipe), M = 0 the pipe forced on
+ * with one micro-batch. */
 static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M, int64_t local_vocab) {
     ferry_backend *be = ferry_backend_cpu();
     char targets[256] = "";
@@ -66,7 +75,10 @@ static void run_init(run *r, int nservers, const ferry_lm_config *mc, int M, int
                              .stages = NULL,
                              .local_vocab = local_vocab};
     CHECK_OK(ferry_lm_create_placed(be, mc, &pl, &r->lm));
-    CHECK_OK(ferry_lm_set_micro_batches(r->lm, M));
+    CHECK_OK(ferry_lm_set_micro_batches(r->lm, M > 0 ? M : 1));
+    CHECK(r->lm->pipe == NULL || M > 1); /* one micro-batch is the unpipelined step */
+    if (M == 0)                          /* the pipelined code path with a single micro-batch */
+        CHECK_OK(ferry_lm_pipe_create(1, &r->lm->pipe));
     CHECK_OK(ferry_optim_create(&r->lm->P, &oc, &r->opt));
     CHECK_OK(ferry_ctx_create(be, &r->ctx));
 }
@@ -81,19 +93,46 @@ static void run_deinit(run *r, int nservers) {
         ferry_ps_server_destroy(r->srv[i]);
 }
 
-static double remote_rel(ferry_remote *a, ferry_remote *b, const char *param, int64_t rows,
-                         int64_t cols) {
-    float *x = malloc((size_t)(rows * cols) * sizeof *x), *y = malloc((size_t)(rows * cols) * sizeof *y);
-    CHECK(x != NULL && y != NULL);
-    CHECK_OK(ferry_remote_get_params(a, param, 0, rows, x));
-    CHECK_OK(ferry_remote_get_params(b, param, 0, rows, y));
-    double rel = ferry_norm_rel(x, y, rows * cols);
+/* A copy of rows x cols of a module's parameter, read from its servers. */
+static float *remote_read(ferry_remote *m, const char *param, int64_t rows, int64_t cols) {
+    float *x = malloc((size_t)(rows * cols) * sizeof *x);
+    CHECK(x != NULL);
+    CHECK_OK(ferry_remote_get_params(m, param, 0, rows, x));
+    return x;
+}
+
+/* Two runs' copies of one parameter: with tol 0 they must be bit-identical, else every
+ * element within tol (|a - b| <= tol (1 + |b|)). Returns ||a - b|| / ||b||. */
+static double compare(const char *what, const float *a, const float *b, int64_t n, double tol) {
+    if (tol == 0.0)
+        CHECK_SAME_BITS(what, a, b, n);
+    else
+        CHECK_CLOSE_F(what, a, b, n, tol, tol);
+    return ferry_norm_rel(a, b, n);
+}
+
+/* compare() of a module's parameter in two runs, read from their servers. */
+static double remote_compare(ferry_remote *a, ferry_remote *b, const char *param, int64_t rows,
+                             int64_t cols, double tol) {
+    float *x = remote_read(a, param, rows, cols), *y = remote_read(b, param, rows, cols);
+    double rel = compare(param, x, y, rows * cols, tol);
     free(x);
     free(y);
     return rel;
 }
 
-/* Returns the worst relative difference seen (losses and parameters). */
+/* Calls of `method` this run's client sent to server i. */
+static uint64_t calls_to(run *r, int i, const char *method) {
+    ferry_call_stats cs;
+    CHECK_OK(ferry_cluster_call_stats(r->cl, i, method, &cs));
+    return cs.calls;
+}
+
+/* Runs the reference (unpipelined) and a run with M micro-batches (M = 0: the pipe
+ * forced on with one; M = 1: unpipelined too, to compare a local vocabulary slice)
+ * for STEPS steps. tol > 0: every step's loss within tol relative, every parameter
+ * element within tol (compare()); tol = 0: every loss and parameter bit-identical.
+ * Returns the worst relative difference seen (losses, and parameters in norm). */
 static double pipeline_case(int nservers, float dropout, float stiefel, int M, int64_t local_vocab,
                             double tol) {
     ferry_backend *be = ferry_backend_cpu();
@@ -108,6 +147,7 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
     run ref, pipe;
     run_init(&ref, nservers, &mc, 1, 0);
     run_init(&pipe, nservers, &mc, M, local_vocab);
+    CHECK(ref.lm->pipe == NULL && (pipe.lm->pipe != NULL) == (M != 1));
 
     double worst = 0.0, first = 0.0, last = 0.0;
     for (int s = 0; s < STEPS; s++) {
@@ -123,9 +163,11 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
         double rel = fabs(rp.loss_sum - rr.loss_sum) / fabs(rr.loss_sum);
         worst = rel > worst ? rel : worst;
         if (rel > tol)
-            fprintf(stderr, "  step %d: M=1 %.9g M=%d %.9g (rel %.3g)\n", s + 1, rr.loss_sum, M,
-                    rp.loss_sum, rel);
+            fprintf(stderr, "  step %d: unpipelined %.9g M=%d %.9g (rel %.3g)\n", s + 1,
+                    rr.loss_sum, M, rp.loss_sum, rel);
         CHECK(rel <= tol);
+        if (tol == 0.0)
+            CHECK_BITS_EQ(rp.loss_sum, rr.loss_sum);
         if (s == 0)
             first = rr.loss_sum;
         last = rr.loss_sum;
@@ -133,20 +175,36 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
     CHECK(last < first); /* it trained */
     /* The trainer's block: the LSTM (first), then a local decoder slice if any (read
      * back with the servers' rows below). */
-    double lstm = ferry_norm_rel(pipe.lm->P.data, ref.lm->P.data, ref.lm->P.numel);
-    double enc = remote_rel(pipe.lm->emb_remote, ref.lm->emb_remote, "weight", V, 64);
-    double decw = remote_rel(pipe.lm->dec_remote, ref.lm->dec_remote, "weight", V, 64);
-    double decb = remote_rel(pipe.lm->dec_remote, ref.lm->dec_remote, "bias", V, 1);
+    double lstm = compare("lstm", pipe.lm->P.data, ref.lm->P.data, ref.lm->P.numel, tol);
+    double enc = remote_compare(pipe.lm->emb_remote, ref.lm->emb_remote, "weight", V, 64, tol);
+    double decw = remote_compare(pipe.lm->dec_remote, ref.lm->dec_remote, "weight", V, 64, tol);
+    double decb = remote_compare(pipe.lm->dec_remote, ref.lm->dec_remote, "bias", V, 1, tol);
     fprintf(stderr,
-            "  %d server%s, dropout %.1f, stiefel %.1f, M=%d, local vocab %lld: loss "
+            "  %d server%s, dropout %.1f, stiefel %.1f, M=%d%s, local vocab %lld: loss "
             "%.4f -> %.4f, worst loss rel %.3g; params rel lstm %.3g encoder %.3g decoder "
             "%.3g/%.3g\n",
-            nservers, nservers > 1 ? "s" : "", (double)dropout, (double)stiefel, M,
-            (long long)local_vocab, first / 400.0, last / 400.0, worst, lstm, enc, decw, decb);
-    CHECK(lstm <= tol && enc <= tol && decw <= tol && decb <= tol);
+            nservers, nservers > 1 ? "s" : "", (double)dropout, (double)stiefel, M > 0 ? M : 1,
+            pipe.lm->pipe != NULL ? " (pipelined)" : "", (long long)local_vocab, first / 400.0,
+            last / 400.0, worst, lstm, enc, decw, decb);
     worst = fmax(worst, fmax(fmax(lstm, enc), fmax(decw, decb)));
 
-    /* Every step freed its context; the decoder saw one Forward per micro-batch. */
+    /* A pipelined run ran its pipe every step, and it was cut into micro-batches:
+     * each server got M decoder Forwards and Backwards per step where the unpipelined
+     * run sent one of each (the embedding's calls are the same in both runs). */
+    int micro = M > 0 ? M : 1;
+    if (pipe.lm->pipe != NULL) {
+        ferry_lm_pipe_stats ps;
+        ferry_lm_pipe_take_stats(pipe.lm->pipe, &ps);
+        CHECK_EQ(ps.steps, STEPS);
+        CHECK_EQ(ferry_lm_pipe_micro(pipe.lm->pipe), micro);
+    }
+    for (int i = 0; i < nservers; i++) {
+        CHECK_EQ(calls_to(&pipe, i, "Forward") - calls_to(&ref, i, "Forward"),
+                 (uint64_t)(micro - 1) * STEPS);
+        CHECK_EQ(calls_to(&pipe, i, "Backward") - calls_to(&ref, i, "Backward"),
+                 (uint64_t)(micro - 1) * STEPS);
+    }
+    /* Every step freed its context. */
     for (int i = 0; i < nservers; i++) {
         ferry_ps_stats st;
         CHECK_OK(ferry_cluster_stats(pipe.cl, i, &st));
@@ -160,8 +218,9 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
     return worst;
 }
 
+/* The pipeline's code path with one micro-batch against the unpipelined step. */
 TEST(one_micro_batch_is_the_unpipelined_step) {
-    CHECK(pipeline_case(1, 0.5f, 0.0f, 1, 0, 0.0) == 0.0); /* bit for bit */
+    CHECK(pipeline_case(1, 0.5f, 0.0f, 0, 0, 0.0) == 0.0); /* bit for bit */
 }
 
 TEST(dropout_off_matches) {

@@ -98,12 +98,13 @@ TEST(idle_context_is_swept_and_its_memory_freed) {
     CHECK_OK(ferry_cluster_stats(cl, 0, &st));
     CHECK_EQ(st.contexts_live, 1);
     CHECK(st.context_bytes >= (int64_t)(N * 40 * sizeof(float)));
-    /* ... until the sweep frees it, a little after the 1 s TTL. */
+    /* ... until the sweep frees it, after the 1 s TTL (a lower bound; the wait for the
+     * sweep gives up after 60 s). */
     double t0 = ferry_now();
     do {
         sleep_ms(100);
         CHECK_OK(ferry_cluster_stats(cl, 0, &st));
-    } while (st.contexts_live != 0 && ferry_now() - t0 < 5.0);
+    } while (st.contexts_live != 0 && ferry_now() - t0 < 60.0);
     CHECK(ferry_now() - t0 > 0.9);
     CHECK_EQ(st.contexts_live, 0);
     CHECK_EQ(st.context_bytes, 0);
@@ -309,7 +310,7 @@ TEST(shutdown_call_stops_the_server) {
     ferry_ps_stats st;
     double t0 = ferry_now();
     ferry_status r;
-    while ((r = ferry_cluster_stats(cl, 0, &st)) == FERRY_OK && ferry_now() - t0 < 5.0)
+    while ((r = ferry_cluster_stats(cl, 0, &st)) == FERRY_OK && ferry_now() - t0 < 60.0)
         sleep_ms(50);
     CHECK(r == FERRY_ERR_UNAVAILABLE || r == FERRY_ERR_TIMEOUT);
     ferry_cluster_destroy(cl);

@@ -445,7 +445,7 @@ static void wait_swept(psd *d) {
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    CHECK_EQ(stat_value(d, "contexts_live"), 0.0);
+    CHECK_BITS_EQ(stat_value(d, "contexts_live"), 0.0);
 }
 
 #define E_DIM 16
@@ -896,13 +896,34 @@ TEST(hostile_requests) {
             ncases, (double)rss0 / 1048576.0, (double)rss1 / 1048576.0);
     CHECK(ncases >= 30);
     CHECK(rss1 <= rss0 + rss0 / 10);
-    CHECK_EQ(stat_value(&d, "context_bytes"), 0.0);
+    CHECK_BITS_EQ(stat_value(&d, "context_bytes"), 0.0);
     daemon_stop(&d);
 }
 
+/* Module `name`'s 6 weights (a 3 x 2 linear) into w, through GetParams. */
+static void get_weight6(psd *d, const char *name, float w[6]) {
+    ferry_rpc_msg reply;
+    ferry_rpc_msg_init(&reply);
+    Ferry__V1__GetParamsRequest q;
+    ferry__v1__get_params_request__init(&q);
+    q.module = STR(name);
+    buf b = {0};
+    put_head(&b, &q.base);
+    CHECK_OK(send_raw(d, FERRY_RPC_GET_PARAMS, &b, &reply));
+    const ferry_rpc_tensor *t = ferry_rpc_msg_find(&reply, "weight");
+    CHECK(t != NULL && t->nbytes == 6 * sizeof(float));
+    memcpy(w, t->data, 6 * sizeof(float));
+    ferry_rpc_msg_deinit(&reply);
+    free(b.p);
+}
+
 /* A checkpoint holds any number of modules: 4200 (the old format stopped at 4096
- * and said OK), restored by a second psd. */
+ * and said OK), restored by a second psd. Modules on both sides of 4096 get weights
+ * of their own (0.25 + their index) and must come back with exactly those bits; one
+ * left at its initial values must come back bit-identical too. */
 TEST(checkpoint_of_4200_modules) {
+    static const int marked[] = {0, 4095, 4096, 4097, 4150, 4199};
+    const int nmarked = (int)(sizeof marked / sizeof marked[0]);
     psd d;
     daemon_start(&d, NULL);
     for (int i = 0; i < 4200; i++) {
@@ -910,7 +931,13 @@ TEST(checkpoint_of_4200_modules) {
         (void)snprintf(name, sizeof name, "m%04d", i);
         CHECK_OK(create(&d, name, "linear", 2, 3, 0, 0, NULL));
     }
-    CHECK_OK(set_params(&d, "m4199", 0, 3, 2, 0.25f));
+    for (int k = 0; k < nmarked; k++) {
+        char name[32];
+        (void)snprintf(name, sizeof name, "m%04d", marked[k]);
+        CHECK_OK(set_params(&d, name, 0, 3, 2, 0.25f + (float)marked[k]));
+    }
+    float init[6];
+    get_weight6(&d, "m4123", init);
     CHECK_OK(checkpoint(&d, "all.ckpt"));
     char path[256], keep[256];
     (void)snprintf(path, sizeof path, "%s/ckpt/all.ckpt", d.dir);
@@ -922,21 +949,17 @@ TEST(checkpoint_of_4200_modules) {
 
     psd r;
     daemon_start(&r, keep);
-    CHECK_EQ(stat_value(&r, "modules"), 4200.0);
-    ferry_rpc_msg reply;
-    ferry_rpc_msg_init(&reply);
-    Ferry__V1__GetParamsRequest q;
-    ferry__v1__get_params_request__init(&q);
-    q.module = STR("m4199");
-    buf b = {0};
-    put_head(&b, &q.base);
-    CHECK_OK(send_raw(&r, FERRY_RPC_GET_PARAMS, &b, &reply));
-    const ferry_rpc_tensor *w = ferry_rpc_msg_find(&reply, "weight");
-    CHECK(w != NULL && w->nbytes == 6 * sizeof(float));
-    for (int i = 0; i < 6; i++)
-        CHECK_EQ(((const float *)w->data)[i], 0.25f);
-    ferry_rpc_msg_deinit(&reply);
-    free(b.p);
+    CHECK_BITS_EQ(stat_value(&r, "modules"), 4200.0);
+    float w[6];
+    for (int k = 0; k < nmarked; k++) {
+        char name[32];
+        (void)snprintf(name, sizeof name, "m%04d", marked[k]);
+        get_weight6(&r, name, w);
+        for (int i = 0; i < 6; i++)
+            CHECK_BITS_EQ(w[i], 0.25f + (float)marked[k]);
+    }
+    get_weight6(&r, "m4123", w);
+    CHECK(memcmp(w, init, sizeof w) == 0);
     daemon_stop(&r);
     CHECK(unlink(keep) == 0);
 }

@@ -2,7 +2,10 @@
  * 127.0.0.1:0 with a test handler table, ferry clients, and every failure the
  * layer promises to report precisely (unknown methods, oversize and malformed
  * messages, handler errors, deadlines, dead peers, shutdown with calls in
- * flight), plus concurrent fan-out and concurrent callers. */
+ * flight), plus concurrent fan-out and concurrent callers. No check depends on how
+ * fast the machine is: a call is held in its handler by a gate the test opens, and
+ * concurrency is shown by handlers that wait for each other (lower bounds on a
+ * deadline's wait are kept: load only makes a wait longer). */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -48,12 +51,69 @@ static ferry_status handle_forward(ferry_rpc_msg *req, ferry_rpc_msg *reply) {
     return st;
 }
 
-/* Backward: sleeps call_id ms, then answers with an empty reply. */
+/* The test server's Backward takes its orders from the request's two numbers:
+ * call_id is how many ms it sleeps, or GATE to be held in its handler until the test
+ * opens the gate; a ctx_id N > 0 sends it to the rendezvous of N handlers first.
+ * in_backward counts the Backward handlers running; arrived counts those that came
+ * to the rendezvous since the test zeroed it. */
+#define GATE UINT64_MAX
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_open;
+static atomic_int in_backward, arrived;
+
+static void gate_set(int open) {
+    pthread_mutex_lock(&gate_mu);
+    gate_open = open;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+/* Waits (polling, at most 60 s) until *count >= n. */
+static int await_count(atomic_int *count, int n) {
+    for (int i = 0; i < 12000; i++) {
+        if (atomic_load(count) >= n)
+            return 1;
+        sleep_ms(5);
+    }
+    return 0;
+}
+
+/* Waits until at least n Backward handlers are running. */
+static int await_in_backward(int n) {
+    return await_count(&in_backward, n);
+}
+
+/* Backward: with ctx_id = N > 0, first comes to the rendezvous and waits there until
+ * N handlers have come (at most 60 s, then fails): none leaves before all N are in,
+ * so they ran at once; then sleeps call_id ms, or with call_id = GATE waits for the
+ * gate (at most 120 s, then fails); then answers with an empty reply. */
 static ferry_status handle_backward(ferry_rpc_msg *req) {
     const Ferry__V1__BackwardRequest *q = req->head;
-    if (q->call_id > 0)
+    ferry_status st = FERRY_OK;
+    atomic_fetch_add(&in_backward, 1);
+    if (q->ctx_id > 0) {
+        atomic_fetch_add(&arrived, 1);
+        if (!await_count(&arrived, (int)q->ctx_id))
+            st = ferry_errorf(FERRY_ERR_TIMEOUT, "never %d Backward handlers at once",
+                              (int)q->ctx_id);
+    }
+    if (st == FERRY_OK && q->call_id == GATE) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 120;
+        pthread_mutex_lock(&gate_mu);
+        int rc = 0;
+        while (!gate_open && rc == 0)
+            rc = pthread_cond_timedwait(&gate_cv, &gate_mu, &until);
+        if (!gate_open)
+            st = ferry_errorf(FERRY_ERR_TIMEOUT, "the test never opened the gate");
+        pthread_mutex_unlock(&gate_mu);
+    } else if (st == FERRY_OK && q->call_id > 0) {
         sleep_ms((int)q->call_id);
-    return FERRY_OK;
+    }
+    atomic_fetch_sub(&in_backward, 1);
+    return st;
 }
 
 /* GradNorm: modules[0] picks an error; otherwise sum_squares = 2.5. */
@@ -137,7 +197,7 @@ static ferry_rpc_client *connect_to(const char *target, size_t max_bytes) {
 static ferry_status call_backward(ferry_rpc_client *c, int sleep, int deadline_ms) {
     Ferry__V1__BackwardRequest q;
     ferry__v1__backward_request__init(&q);
-    q.call_id = (uint64_t)sleep; /* the test server sleeps this many ms */
+    q.call_id = sleep < 0 ? GATE : (uint64_t)sleep; /* ms the test server sleeps; -1: the gate */
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
     ferry_rpc_msg_init(&reply);
@@ -214,7 +274,7 @@ TEST(echo_sizes) {
     CHECK_EQ(stats.calls, 8);
     CHECK_EQ(stats.errors, 0);
     CHECK(stats.bytes_in > (9u << 20) && stats.bytes_out > (9u << 20));
-    for (int i = 0; i < 100 && stats.in_flight != 0; i++) { /* the last close may lag */
+    for (int i = 0; i < 6000 && stats.in_flight != 0; i++) { /* the last close may lag */
         sleep_ms(10);
         ferry_rpc_server_get_stats(srv, &stats);
     }
@@ -465,15 +525,18 @@ TEST(deadline) {
     ferry_rpc_server *srv = start_server(0, 1, target, sizeof target);
     ferry_rpc_client *c = connect_to(target, 0);
     CHECK_OK(call_backward(c, 0, 0)); /* connected */
+    /* The handler is held at the gate: only the deadline can end the call. */
+    gate_set(0);
     double t0 = ferry_now();
-    CHECK_STATUS(call_backward(c, 1000, 200), FERRY_ERR_TIMEOUT);
+    CHECK_STATUS(call_backward(c, -1, 200), FERRY_ERR_TIMEOUT);
     double dt = ferry_now() - t0;
-    CHECK(dt >= 0.19 && dt < 0.6);
+    CHECK(dt >= 0.19); /* it waited out its deadline (a lower bound: load only adds) */
     char want[128];
     (void)snprintf(want, sizeof want, "%s Backward: DEADLINE_EXCEEDED (deadline 200 ms)", target);
     CHECK(strcmp(ferry_error_last(), want) == 0);
+    gate_set(1);
     ferry_rpc_client_destroy(c);
-    ferry_rpc_server_destroy(srv); /* waits for the sleeping handler */
+    ferry_rpc_server_destroy(srv); /* waits for the handler */
 }
 
 /* A port nobody listens on: bound once, then closed. */
@@ -493,9 +556,9 @@ TEST(unavailable) {
     (void)snprintf(target, sizeof target, "127.0.0.1:%d", dead_port());
     ferry_rpc_client *c = connect_to(target, 0);
     for (int i = 0; i < 2; i++) {
-        double t0 = ferry_now();
-        CHECK_STATUS(call_backward(c, 0, 5000), FERRY_ERR_UNAVAILABLE);
-        CHECK(ferry_now() - t0 < 1.5); /* fails fast, far from the deadline */
+        /* UNAVAILABLE, not DEADLINE_EXCEEDED: it failed on the refused connection, not
+         * by waiting out the 60 s deadline. */
+        CHECK_STATUS(call_backward(c, 0, 60000), FERRY_ERR_UNAVAILABLE);
         CHECK(strstr(ferry_error_last(), "Backward: UNAVAILABLE: ") != NULL);
         CHECK(strncmp(ferry_error_last(), target, strlen(target)) == 0);
     }
@@ -515,9 +578,11 @@ TEST(fanout) {
         cl[i] = connect_to(targets[i], 0);
         CHECK_OK(call_backward(cl[i], 0, 0));
     }
+    /* Each handler waits until all N run at once: only concurrent calls get past it
+     * (sequential ones would meet the 60 s deadline). */
     Ferry__V1__BackwardRequest q;
     ferry__v1__backward_request__init(&q);
-    q.call_id = 200; /* the test server sleeps this many ms */
+    q.ctx_id = N; /* the rendezvous: each handler waits for the other two */
     ferry_rpc_msg req, replies[N];
     ferry_rpc_msg_init(&req);
     CHECK_OK(ferry_rpc_msg_set_head(&req, &q.base)); /* one request, shared by all three */
@@ -527,14 +592,18 @@ TEST(fanout) {
         calls[i] = (ferry_rpc_fanout){
             .client = cl[i], .method = FERRY_RPC_BACKWARD, .req = &req, .reply = &replies[i]};
     }
-    double t0 = ferry_now();
-    CHECK_OK(ferry_rpc_call_many(calls, N, 2000));
-    double dt = ferry_now() - t0;
-    CHECK(dt >= 0.19 && dt < 0.45); /* concurrent: not 3 x 200 ms */
+    atomic_store(&arrived, 0);
+    CHECK_OK(ferry_rpc_call_many(calls, N, 60000)); /* concurrent: all three at once */
     for (int i = 0; i < N; i++)
         CHECK(calls[i].status == FERRY_OK && calls[i].error[0] == '\0' && replies[i].head != NULL);
 
-    /* Mixed outcomes: each entry gets its own status and message. */
+    /* Mixed outcomes: each entry gets its own status and message. The Backward no
+     * longer waits for company. */
+    ferry_rpc_msg plain;
+    ferry_rpc_msg_init(&plain);
+    q.ctx_id = 0;
+    CHECK_OK(ferry_rpc_msg_set_head(&plain, &q.base));
+    calls[0].req = &plain;
     Ferry__V1__GradNormRequest g;
     ferry__v1__grad_norm_request__init(&g);
     char *nope[1] = {(char *)(uintptr_t) "nope"};
@@ -557,6 +626,7 @@ TEST(fanout) {
     CHECK(replies[1].head == NULL && replies[1].ntensors == 0);
 
     ferry_rpc_msg_deinit(&bad);
+    ferry_rpc_msg_deinit(&plain);
     ferry_rpc_msg_deinit(&req);
     for (int i = 0; i < N; i++) {
         ferry_rpc_msg_deinit(&replies[i]);
@@ -572,15 +642,12 @@ typedef struct slow_call {
     ferry_rpc_client *c;
     int sleep_ms;
     ferry_status st;
-    double took;
     char error[256];
 } slow_call;
 
 static void *run_slow(void *p) {
     slow_call *s = p;
-    double t0 = ferry_now();
-    s->st = call_backward(s->c, s->sleep_ms, 5000);
-    s->took = ferry_now() - t0;
+    s->st = call_backward(s->c, s->sleep_ms, 60000);
     (void)snprintf(s->error, sizeof s->error, "%s", ferry_error_last());
     return NULL;
 }
@@ -590,17 +657,18 @@ TEST(shutdown_drains) {
     ferry_rpc_server *srv = start_server(0, 2, target, sizeof target);
     ferry_rpc_client *c = connect_to(target, 0);
     CHECK_OK(call_backward(c, 0, 0));
-    slow_call s = {.c = c, .sleep_ms = 300};
+    gate_set(0);
+    slow_call s = {.c = c, .sleep_ms = -1}; /* held at the gate */
     pthread_t th;
     CHECK(pthread_create(&th, NULL, run_slow, &s) == 0);
-    sleep_ms(100);
-    double t0 = ferry_now();
-    ferry_rpc_server_shutdown(srv, 2000);
-    ferry_rpc_server_shutdown(srv, 2000); /* idempotent */
-    CHECK_STATUS(ferry_rpc_server_wait(srv, 10), FERRY_ERR_TIMEOUT);
-    CHECK_OK(ferry_rpc_server_wait(srv, 3000));
-    double dt = ferry_now() - t0;
-    CHECK(dt > 0.1 && dt < 1.0); /* the call finished; no grace period was needed */
+    CHECK(await_in_backward(1)); /* the call is in its handler */
+    ferry_rpc_server_shutdown(srv, 600000);
+    ferry_rpc_server_shutdown(srv, 600000);                          /* idempotent */
+    CHECK_STATUS(ferry_rpc_server_wait(srv, 10), FERRY_ERR_TIMEOUT); /* the call holds it */
+    gate_set(1);
+    /* Done when the call is: a server that waited out its 10-minute grace would not
+     * be done within the minute. */
+    CHECK_OK(ferry_rpc_server_wait(srv, 60000));
     pthread_join(th, NULL);
     CHECK_OK(s.st);
     ferry_rpc_server_destroy(srv);
@@ -613,16 +681,20 @@ TEST(shutdown_cancels_after_grace) {
     ferry_rpc_server *srv = start_server(0, 2, target, sizeof target);
     ferry_rpc_client *c = connect_to(target, 0);
     CHECK_OK(call_backward(c, 0, 0));
-    slow_call s = {.c = c, .sleep_ms = 1500};
+    gate_set(0);
+    slow_call s = {.c = c, .sleep_ms = -1}; /* held at the gate */
     pthread_t th;
     CHECK(pthread_create(&th, NULL, run_slow, &s) == 0);
-    sleep_ms(100);
+    CHECK(await_in_backward(1)); /* the call is in its handler */
     ferry_rpc_server_shutdown(srv, 150);
     pthread_join(th, NULL);
-    /* The peer went away mid-call: UNAVAILABLE (or CANCELLED, as FERRY_ERR_RPC). */
+    /* The call ended while its handler was still held: cancelled after the grace
+     * period, not after the handler. The peer went away mid-call: UNAVAILABLE (or
+     * CANCELLED, as FERRY_ERR_RPC). */
+    CHECK_EQ(atomic_load(&in_backward), 1);
     CHECK(s.st == FERRY_ERR_UNAVAILABLE || s.st == FERRY_ERR_RPC);
     CHECK(strstr(s.error, "Backward: ") != NULL);
-    CHECK(s.took < 1.0);           /* cancelled after the grace period, not after the handler */
+    gate_set(1);
     ferry_rpc_server_destroy(srv); /* returns once the handler is done */
     ferry_rpc_client_destroy(c);
 }

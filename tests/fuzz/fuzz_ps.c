@@ -7,11 +7,18 @@
  * Backward, GradNorm, Step and ReleaseContext have state to work on. The input is
  * decoded as the method's request, exactly as the rpc layer does, dispatched, and
  * the reply encoded under the message limit. The server must never crash, leak or
- * touch memory it does not own (ASan/UBSan), and must still answer Hello. */
+ * touch memory it does not own (ASan/UBSan), and must still answer Hello. The server
+ * has a --checkpoint-dir (a directory of this process's, emptied before and after
+ * every input, so that no input restores another's checkpoint) and no checkpoint
+ * rate limit, so Checkpoint requests get past the directory check and write; after
+ * one that was answered OK, a server started on that directory must restore what it
+ * wrote. */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ferry.pb-c.h"
 #include "common/rpc/rpc.h"
@@ -32,6 +39,40 @@
     } while (0)
 
 #define MESSAGE_LIMIT (1u << 20)
+
+/* ---- the checkpoint directory ---- */
+
+static char ck_dir[64];
+
+/* Removes every file in ck_dir (the server writes plain files only). */
+static void ck_dir_empty(void) {
+    DIR *d = opendir(ck_dir);
+    FUZZ_ASSERT(d != NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char path[400];
+        (void)snprintf(path, sizeof path, "%s/%s", ck_dir, e->d_name);
+        (void)unlink(path);
+    }
+    (void)closedir(d);
+}
+
+static void ck_dir_remove(void) {
+    ck_dir_empty();
+    (void)rmdir(ck_dir);
+}
+
+/* The process's checkpoint directory, made on first use and removed at exit. */
+static const char *ck_dir_get(void) {
+    if (ck_dir[0] == '\0') {
+        (void)snprintf(ck_dir, sizeof ck_dir, "/tmp/ferry-fuzz-ck-XXXXXX");
+        FUZZ_ASSERT(mkdtemp(ck_dir) != NULL);
+        FUZZ_ASSERT(atexit(ck_dir_remove) == 0);
+    }
+    return ck_dir;
+}
 
 static ferry_status call(ferry_ps_server *s, ferry_rpc_method m, ferry_rpc_msg *req) {
     ferry_rpc_msg reply;
@@ -226,6 +267,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cfg.max_context_bytes = 8u << 20; /* an lstm call holds an autograd context (4.3 MiB) */
     cfg.max_contexts_bytes = 16u << 20;
     cfg.max_contexts = 64;
+    cfg.checkpoint_dir = ck_dir_get();
+    cfg.checkpoint_rate = 1 << 30; /* per minute: never the reason for a refusal */
+    ck_dir_empty();
     ferry_ps_server *s;
     FUZZ_ASSERT(ferry__ps_server_create_local(&cfg, &s) == FERRY_OK);
     create(s, "emb", "embedding", 64, 4, 8, 16, 0); /* rows [8, 24) */
@@ -248,8 +292,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ferry__rpc_limits lim = {.max_message_bytes = MESSAGE_LIMIT, .max_tensors = 64};
     ferry_rpc_msg req;
     ferry_rpc_msg_init(&req);
+    ferry_status st = FERRY_ERR_INVALID;
     if (ferry__rpc_decode_flat(data, size, ferry__rpc_method(m)->request, &lim, &req) == FERRY_OK)
-        (void)call(s, m, &req); /* any status: what matters is that nothing breaks */
+        st = call(s, m, &req); /* any status: what matters is that nothing breaks */
     ferry_rpc_msg_deinit(&req);
 
     Ferry__V1__HelloRequest h;
@@ -257,5 +302,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(call_built(s, FERRY_RPC_HELLO, &h.base, NULL, NULL) == FERRY_OK);
     FUZZ_ASSERT(atomic_load(&ferry__ps_server_contexts(s)->bytes) >= 0);
     ferry_ps_server_destroy(s);
+    if (m == FERRY_RPC_CHECKPOINT && st == FERRY_OK) {
+        /* What was written and answered OK is what a restart restores. */
+        ferry_ps_server *r;
+        FUZZ_ASSERT(ferry__ps_server_create_local(&cfg, &r) == FERRY_OK);
+        ferry_ps_server_destroy(r);
+    }
+    ck_dir_empty();
     return 0;
 }

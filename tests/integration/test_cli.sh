@@ -120,7 +120,10 @@ sys.exit(1)"; then
     took=$((($(date +%s%N) - t0) / 1000000))
     grep -q "cannot resolve host 'nosuchhost.invalid'.*\[--resolve-timeout" "$TMP/err" ||
         fail "unknown host: $(cat "$TMP/err")"
-    [ "$took" -lt 5000 ] || fail "an unknown host took $took ms (the connect timeout is 30 s)"
+    # At once: not retried until the 30 s connect timeout (no wall-clock limit: load
+    # only makes a run slower; a wait would say "still, after waiting").
+    grep -q "waiting for the servers\|still, after waiting" "$TMP/err" &&
+        fail "an unknown host was waited for: $(cat "$TMP/err")"
     ok "an unknown host fails in $took ms with the default --connect-timeout 30 (--resolve-timeout waits)"
 else
     echo "skipped: this resolver does not say 'no such name' for nosuchhost.invalid"
@@ -145,8 +148,9 @@ grep -q "model: V=10000 E=16 H=16 L=2, $((10000 * 16 * 2 + 10000 + 2 * layer0)) 
     fail "the local parameter count: $(grep model: "$TMP/plain.log")"
 FERRY_PROGRESS=tty "$TRAINER" --local "${SMALL[@]}" --max-steps 30 --eval-batches 0 \
     2>"$TMP/tty.log" || fail "trainer (tty): $(tail -3 "$TMP/tty.log")"
-tr '\r' '\n' <"$TMP/tty.log" | grep -q "^epoch 1 \[=*\] 30/30 | .*eta 0:00:00" ||
-    fail "the bar does not end full at 30/30: $(tr '\r' '\n' <"$TMP/tty.log" | grep 30/ | tail -1)"
+tr '\r' '\n' <"$TMP/tty.log" >"$TMP/tty.lines"
+grep -q "^epoch 1 \[=*\] 30/30 | .*eta 0:00:00" "$TMP/tty.lines" ||
+    fail "the bar does not end full at 30/30: $(grep 30/ "$TMP/tty.lines" | tail -1)"
 grep -q "epoch 1 valid: loss [0-9.]* ppl [0-9.]* ([0-9.]* s)$" "$TMP/tty.log" ||
     fail "--eval-batches 0: $(grep valid "$TMP/tty.log")"
 ok "--max-steps 30: progress 10/30, 20/30, 30/30 (bar full, ETA 0), valid and test on 10 of 40 windows (--eval-batches 0: all)"
@@ -158,8 +162,7 @@ want=$((10000 * 16 * 2 + 10000 + 4 * layer0)) here=$((2 * layer0))
 grep -q "model: V=10000 E=16 H=16 L=4, $want parameters, $here ([0-9]*%) in this trainer and the rest on the servers;" \
     "$TMP/staged.log" || fail "staged parameter count: $(grep model: "$TMP/staged.log")"
 ok "a 4-layer model staged over ferry-ps and the trainer: $want parameters, $here in the trainer"
-kill "$PS_PID"
-wait "$PS_PID" 2>/dev/null || true
+stop_clean "$PS_PID" "ferry-ps" "$TMP/cli.log"
 
 # ---- --load finds the corpus ---------------------------------------------------------------
 mkdir -p "$TMP/run/corpus" "$TMP/elsewhere"

@@ -100,7 +100,10 @@ PS_PID=$S0_PID stop_ps ps-s0
 
 # A split model checkpoints and resumes exactly: 3 layers (0 and 1 on the servers,
 # Stiefel-constrained, dropout on), --save at step 30, both servers restarted from
-# their checkpoint directories, --load to step 60: the losses of the uninterrupted run.
+# their checkpoint directories, --load (and --save) to step 60: the losses of the
+# uninterrupted run, and at step 60 the trainer's part and both servers' checkpoints
+# those of an uninterrupted run with --save, bit for bit (with --ps, --save makes the
+# run a job: the run without it is another code path, compared on losses).
 split=(--nlayers 3 --emsize 64 --nhid 64 --dropout 0.3 --stiefel 0.1 --lr 0.5
        --data "$FERRY_SRC/data/ptb" --train-tokens 60000 --eval-tokens 5000 --epochs 1
        --log-interval 10 --progress off)
@@ -110,11 +113,22 @@ split_ps() { # split_ps TAG DIR: two servers on DIR/0, DIR/1; sets SPS and SPIDS
     start_daemon_ck "$1-1" "$2/1"; SPS="$SPS,127.0.0.1:$PORT"; SPIDS="$SPIDS $PS_PID"
 }
 start_daemon_ck() { start_ps "$1" --shutdown-grace-ms 500 --checkpoint-dir "$2"; }
-split_stop() { kill -TERM $SPIDS; wait $SPIDS || true; }
+newest_ckpt() { ls -t "$1"/*.ckpt | head -1; } # newest_ckpt DIR: its newest checkpoint
+split_stop() { # both servers of split_ps, each exiting 0 on SIGTERM
+    local p
+    for p in $SPIDS; do
+        stop_clean "$p" "a ferry-ps of split_ps ($SPS)"
+    done
+}
 split_ps sa "$TMP/ck-a"
 "$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 60 \
     --metrics-out "$TMP/m-split-a.jsonl" 2>"$TMP/t-split-a.log" ||
     fail "split run exited $?: $(tail -3 "$TMP/t-split-a.log")"
+split_stop
+split_ps sa2 "$TMP/ck-a2"
+"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 60 \
+    --save "$TMP/split-a2.ck" --metrics-out "$TMP/m-split-a2.jsonl" 2>"$TMP/t-split-a2.log" ||
+    fail "split run with --save exited $?: $(tail -3 "$TMP/t-split-a2.log")"
 split_stop
 split_ps sb "$TMP/ck-b"
 "$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 30 \
@@ -123,13 +137,18 @@ split_ps sb "$TMP/ck-b"
 split_stop
 split_ps sc "$TMP/ck-b"
 "$TRAINER" --ps "$SPS" --load "$TMP/split.ck" --data "$FERRY_SRC/data/ptb" --max-steps 60 \
-    --metrics-out "$TMP/m-split-b.jsonl" 2>"$TMP/t-split-b2.log" ||
+    --save "$TMP/split.ck" --metrics-out "$TMP/m-split-b.jsonl" 2>"$TMP/t-split-b2.log" ||
     fail "split resume exited $?: $(tail -3 "$TMP/t-split-b2.log")"
 split_stop
 [ "$(train_losses "$TMP/m-split-a.jsonl")" = "$(train_losses "$TMP/m-split-b.jsonl")" ] &&
     [ "$(train_losses "$TMP/m-split-a.jsonl" | wc -l)" -eq 6 ] ||
     fail "split resume differs: $(paste <(train_losses "$TMP/m-split-a.jsonl") <(train_losses "$TMP/m-split-b.jsonl"))"
-ok "--stages: saved at step 30, servers restarted, resumed to 60 with the uninterrupted losses"
+same_state "$TMP/split-a2.ck.r0.60" "$TMP/split.ck.r0.60" "--stages resume: the trainer's part at step 60"
+for s in 0 1; do
+    same_state "$(newest_ckpt "$TMP/ck-a2/$s")" "$(newest_ckpt "$TMP/ck-b/$s")" \
+        "--stages resume: server $s's checkpoint at step 60"
+done
+ok "--stages: saved at step 30, servers restarted, resumed to 60 with the uninterrupted losses and state (trainer and servers, bit for bit)"
 
 # A pipeline is one replica of a data-parallel job: 2 ranks of a bsp job, each with
 # layer 0 on server 1 (shared: the ranks' gradients are summed there), layer 1 on
@@ -152,7 +171,9 @@ ok "--stages ps1:1,ps0:1,local:1 --micro-batches 2 in a 2-rank bsp job: both ran
 # A slice of the decoder's vocabulary in the trainer (--local-vocab): pipelined, it
 # trains as the local trainer does (dropout off: losses within 1e-5 relative); in a
 # 2-rank bsp job both ranks log those losses too (the slice rides in the job's dense
-# block); with dropout and Stiefel it saves at step 30 and resumes exactly to 60.
+# block); with dropout and Stiefel it saves at step 30 and resumes exactly to 60 (the
+# uninterrupted run's losses; the state at step 60, trainer's and server's, that of an
+# uninterrupted run with --save, bit for bit).
 lv=(--nlayers 2 --emsize 64 --nhid 64 --data "$FERRY_SRC/data/ptb" --train-tokens 60000
     --eval-tokens 5000 --epochs 1 --log-interval 20 --progress off)
 start_daemon ps-lv
@@ -161,15 +182,18 @@ start_daemon ps-lv
     fail "--local-vocab: trainer exited $?: $(tail -3 "$TMP/t-lv.log")"
 grep -q "decoder: vocabulary rows 0-6999 on the servers, 7000-9999 here" "$TMP/t-lv.log" ||
     fail "no decoder placement line: $(grep decoder "$TMP/t-lv.log")"
-"$TRAINER" --local "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
+"$TRAINER" --local "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 --save "$TMP/gt-off.ck" \
     --metrics-out "$TMP/m-lv-local.jsonl" 2>"$TMP/t-lv-local.log" || fail "local trainer exited $?"
-# The LSTM's weight gradients on a helper thread change nothing, to the last digit.
+# The LSTM's weight gradients on a helper thread change nothing, to the last bit: the
+# same losses and, at step 60, the same state.
 "$TRAINER" --local --grad-thread on "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
-    --metrics-out "$TMP/m-gt-local.jsonl" 2>"$TMP/t-gt-local.log" || fail "--grad-thread on exited $?"
+    --save "$TMP/gt-on.ck" --metrics-out "$TMP/m-gt-local.jsonl" 2>"$TMP/t-gt-local.log" ||
+    fail "--grad-thread on exited $?"
 grep -q "weight gradients form on a helper thread" "$TMP/t-gt-local.log" || fail "no helper line"
-[ "$(train_losses "$TMP/m-gt-local.jsonl")" = "$(train_losses "$TMP/m-lv-local.jsonl")" ] ||
-    fail "--grad-thread on differs: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-gt-local.jsonl"))"
-ok "--local --grad-thread on: the local trainer's losses, bit for bit"
+same_listing "--grad-thread on against the local trainer" "$(train_losses "$TMP/m-gt-local.jsonl")" \
+    "$(train_losses "$TMP/m-lv-local.jsonl")" 3
+same_state "$TMP/gt-off.ck.60" "$TMP/gt-on.ck.60" "--grad-thread on at step 60"
+ok "--local --grad-thread on: the local trainer's losses, and at step 60 its parameters and optimizer state bit for bit"
 close_losses() { # close_losses A B: the same number (3) of losses, each within 1e-5
     paste <(train_losses "$1") <(train_losses "$2") |
         awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ }
@@ -200,6 +224,12 @@ start_daemon_ck lva "$TMP/ck-lva"
     --metrics-out "$TMP/m-lva.jsonl" 2>"$TMP/t-lva.log" ||
     fail "--local-vocab run exited $?: $(tail -3 "$TMP/t-lva.log")"
 stop_ps lva
+mkdir -p "$TMP/ck-lva2"
+start_daemon_ck lva2 "$TMP/ck-lva2"
+"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps 60 --log-interval 10 \
+    --save "$TMP/lva2.ck" --metrics-out "$TMP/m-lva2.jsonl" 2>"$TMP/t-lva2.log" ||
+    fail "--local-vocab run with --save exited $?: $(tail -3 "$TMP/t-lva2.log")"
+stop_ps lva2
 start_daemon_ck lvb "$TMP/ck-lvb"
 "$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps 30 --log-interval 10 \
     --save "$TMP/lv.ck" --metrics-out "$TMP/m-lvb.jsonl" 2>"$TMP/t-lvb1.log" ||
@@ -207,13 +237,17 @@ start_daemon_ck lvb "$TMP/ck-lvb"
 stop_ps lvb
 start_daemon_ck lvc "$TMP/ck-lvb"
 "$TRAINER" --ps "127.0.0.1:$PORT" --load "$TMP/lv.ck" --micro-batches 2 \
-    --data "$FERRY_SRC/data/ptb" --max-steps 60 --metrics-out "$TMP/m-lvb.jsonl" \
+    --data "$FERRY_SRC/data/ptb" --max-steps 60 --save "$TMP/lv.ck" \
+    --metrics-out "$TMP/m-lvb.jsonl" \
     2>"$TMP/t-lvb2.log" || fail "--local-vocab resume exited $?: $(tail -3 "$TMP/t-lvb2.log")"
 stop_ps lvc
 [ "$(train_losses "$TMP/m-lva.jsonl")" = "$(train_losses "$TMP/m-lvb.jsonl")" ] &&
     [ "$(train_losses "$TMP/m-lva.jsonl" | wc -l)" -eq 6 ] ||
     fail "--local-vocab resume differs: $(paste <(train_losses "$TMP/m-lva.jsonl") <(train_losses "$TMP/m-lvb.jsonl"))"
-ok "--local-vocab: saved at step 30 (the slice in the trainer's part), resumed to 60 exactly"
+same_state "$TMP/lva2.ck.r0.60" "$TMP/lv.ck.r0.60" "--local-vocab resume: the trainer's part at step 60"
+same_state "$(newest_ckpt "$TMP/ck-lva2")" "$(newest_ckpt "$TMP/ck-lvb")" \
+    "--local-vocab resume: the server's checkpoint at step 60"
+ok "--local-vocab: saved at step 30 (the slice in the trainer's part), resumed to 60 exactly (losses, and the trainer's and the server's state bit for bit)"
 expect_error "--local-vocab without --ps" "needs --ps" \
     "$TRAINER" --local-vocab 10 --data "$FERRY_SRC/data/ptb" --max-steps 1
 
@@ -223,11 +257,7 @@ start_daemon_ck ps-sig "$TMP/ck-sig"
 "$TRAINER" --ps "127.0.0.1:$PORT" --data "$FERRY_SRC/data/ptb" --log-interval 5 \
     --save "$TMP/sig.ck" 2>"$TMP/t-sig.log" &
 TPID=$!
-for _ in $(seq 600); do
-    grep -q "step 10/" "$TMP/t-sig.log" && break
-    sleep 0.05
-done
-grep -q "step 10/" "$TMP/t-sig.log" || fail "trainer made no progress: $(tail -3 "$TMP/t-sig.log")"
+wait_until "the trainer to reach step 10" 300 logged "$TMP/t-sig.log" "step 10/" "$TPID"
 kill -TERM "$TPID"
 rc=0
 wait "$TPID" || rc=$?

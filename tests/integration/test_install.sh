@@ -69,7 +69,9 @@ ok "classic_lm and first_client built out of tree with find_package(ferry)"
 cmake -S "$FERRY_SRC/examples" -B "$TMP/st" -DCMAKE_PREFIX_PATH="$PREFIX" \
     -DFERRY_EXAMPLES_STATIC=ON >"$TMP/st.log" 2>&1 || fail "configure static: $(tail -5 "$TMP/st.log")"
 cmake --build "$TMP/st" >>"$TMP/st.log" 2>&1 || fail "build static: $(tail -5 "$TMP/st.log")"
-ldd "$TMP/st/classic_lm" | grep -q 'libferry\.so' && fail "the ferry::ferry_static build loads libferry.so"
+ldd "$TMP/st/classic_lm" >"$TMP/ldd-st" || fail "ldd $TMP/st/classic_lm: $(cat "$TMP/ldd-st")"
+grep -q 'libc\.so' "$TMP/ldd-st" || fail "ldd listed no libc for the static client: $(cat "$TMP/ldd-st")"
+grep -q 'libferry\.so' "$TMP/ldd-st" && fail "the ferry::ferry_static build loads libferry.so"
 ok "classic_lm built against ferry::ferry_static (libferry.a; no libferry.so at run time)"
 
 # No CUDA at link or run time: not in libferry, not in the clients.
@@ -99,6 +101,5 @@ for bin in "$TMP/pc/first_client" "$TMP/cm/first_client" "$TMP/st/first_client";
     awk -v l="$last" 'BEGIN { exit !(l != "" && l < 1.5) }' || fail "$bin: loss at step 100: '$last'"
     ok "$(basename "$(dirname "$bin")")/first_client trained against the installed ferry-ps: loss $last at step 100"
 done
-kill -TERM "$PS_PID"
-wait "$PS_PID" || fail "installed ferry-ps exited $? after SIGTERM"
+stop_clean "$PS_PID" "the installed ferry-ps" "$TMP/ps.log"
 finish

@@ -4,9 +4,14 @@
 # runs scripts/slurm-job.sh, which starts 2 ferry-ps as one job step and 3
 # ferry-trainer ranks as another, every rank taking its rank and the world size from
 # Slurm's environment; the job must train to the end with every rank logging the
-# same (bsp) losses. Traffic stays on 127.0.0.1. The cluster is stopped and removed
-# afterwards. Needs root and slurm-wlm (scripts/test.sh installs it; skipped, saying
-# so, without it).
+# same (bsp) train loss at each of the 15 steps (full precision, from each rank's
+# metrics file) and the same validation loss. Every rank's exit status reaches the
+# test through sbatch --wait (the job fails if a rank does); the two ferry-ps are
+# ended by slurm-job.sh cancelling their job step (Slurm kills them), so theirs says
+# nothing and is not checked. The trainer is reached through a small wrapper in
+# $TMP/bin (slurm-job.sh's FERRY_BIN) that adds a metrics file per rank. Traffic
+# stays on 127.0.0.1. The cluster is stopped and removed afterwards. Needs root and
+# slurm-wlm (scripts/test.sh installs it; skipped, saying so, without it).
 . "$(dirname "$0")/lib.sh"
 
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: configuring Slurm needs root"; exit 77; }
@@ -19,13 +24,20 @@ bash "$SL" start >"$TMP/slurm-start.log" 2>&1 || fail "slurm-local.sh start: $(c
 trap 'bash "$SL" stop >/dev/null 2>&1 || true; cleanup' EXIT
 ok "one-node Slurm cluster up: $(sinfo -h -o '%P %D %T' | head -1)"
 
-# Whatever the build directory holds (the daemons under sanitizers too).
-export FERRY_BIN_DIR=$FERRY_BIN
+# Whatever the build directory holds (the daemons under sanitizers too); the trainer
+# through its wrapper.
+mkdir -p "$TMP/bin"
+cat >"$TMP/bin/ferry-trainer" <<WRAP
+#!/usr/bin/env bash
+exec "$FERRY_BIN/worker/ferry-trainer" "\$@" --metrics-out "$TMP/m\$SLURM_PROCID.jsonl"
+WRAP
+chmod +x "$TMP/bin/ferry-trainer"
+ln -s "$FERRY_BIN/server/ferry-ps" "$TMP/bin/ferry-ps"
 cd "$TMP"
-FERRY_BIN=$FERRY_BIN_DIR FERRY_HOST=127.0.0.1 FERRY_PORT=$((20000 + RANDOM % 20000)) \
+FERRY_BIN=$TMP/bin FERRY_HOST=127.0.0.1 FERRY_PORT=$((20000 + RANDOM % 20000)) \
     FERRY_PROGRESS=plain timeout 300 sbatch --wait --ntasks=3 --output="$TMP/slurm-%j.out" \
     "$FERRY_SRC/scripts/slurm-job.sh" --data "$FERRY_SRC/data/ptb" --train-tokens 45000 \
-    --eval-tokens 2000 --epochs 1 --batch-size 21 --max-steps 15 --log-interval 5 \
+    --eval-tokens 2000 --epochs 1 --batch-size 21 --max-steps 15 --log-interval 1 \
     >"$TMP/sbatch.log" 2>&1 || fail "sbatch: $(cat "$TMP/sbatch.log"; tail -20 "$TMP"/slurm-*.out)"
 out=$(ls "$TMP"/slurm-*.out)
 for r in 0 1 2; do
@@ -33,9 +45,14 @@ for r in 0 1 2; do
         fail "rank $r did not take its rank from Slurm: $(grep "job '" "$out" | head)"
 done
 [ "$(grep -c "ferry-trainer: done: 15 steps in" "$out")" -eq 3 ] || fail "not every rank finished: $(tail -20 "$out")"
-[ "$(grep "epoch 1 valid" "$out" | sed 's/.*valid: //; s/ (.*//' | sort -u | wc -l)" -eq 1 ] ||
+[ "$(grep -c "epoch 1 valid" "$out")" -eq 3 ] &&
+    [ "$(grep "epoch 1 valid" "$out" | sed 's/.*valid: //; s/ (.*//' | sort -u | wc -l)" -eq 1 ] ||
     fail "the ranks disagree on the validation loss: $(grep "epoch 1 valid" "$out")"
-ok "sbatch ran 2 ferry-ps and 3 ranks (ranks from Slurm), all 15 steps, one validation loss"
+for r in 1 2; do
+    same_listing "rank $r's train losses against rank 0's" "$(train_losses "$TMP/m$r.jsonl")" \
+        "$(train_losses "$TMP/m0.jsonl")" 15
+done
+ok "sbatch ran 2 ferry-ps and 3 ranks (ranks from Slurm), all 15 steps with the same train loss on every rank ($(train_losses "$TMP/m0.jsonl" | tail -1) at step 15), one validation loss"
 bash "$SL" stop >/dev/null 2>&1
 pgrep -r R,S,D -x slurmctld >/dev/null && fail "slurmctld still runs after stop"
 [ -e /etc/slurm/slurm.conf ] && fail "slurm.conf left behind"

@@ -165,7 +165,7 @@ EOF
 sed 's/^/    http: /' "$TMP/http.out"
 [ "$(num http healthz_ok)" = "$(num http healthz_probes)" ] || fail "http: /healthz answered $(num http healthz_ok) of $(num http healthz_probes) probes"
 [ "$(num http slow_ended)" -gt 0 ] || fail "http: no slow connection ended by the 10 s request deadline"
-curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MPORT/metrics" | grep -q 200 ||
+[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MPORT/metrics")" = 200 ] ||
     fail "http: /metrics without a token (loopback, no --metrics-token-file) not served"
 ok "http: /healthz answered $(num http healthz_ok)/$(num http healthz_probes) beside 70 slow clients ($(num http slow_ended) ended at the deadline)"
 

@@ -193,7 +193,7 @@ WPID=$!
 for _ in $(seq 100); do grep -q SERVING "$TMP/watch" 2>/dev/null && break; sleep 0.05; done
 sleep 0.3
 kill -TERM "$PS_PID"
-wait "$WPID"
+wait "$WPID" || fail "the Watch client exited $?: $(cat "$TMP/watch")"
 wait "$PS_PID" || fail "ferry-ps exited non-zero after draining"
 [ "$(tr '\n' ' ' <"$TMP/watch")" = "SERVING NOT_SERVING END OK " ] || fail "Watch: $(cat "$TMP/watch")"
 ok "grpc.health.v1.Health/Watch: SERVING, stays open, NOT_SERVING on SIGTERM (--drain-ms), then ends OK"
@@ -206,6 +206,5 @@ r=$(client call Checkpoint; client call Checkpoint; client call Checkpoint)
 echo "$r" | tail -1 | grep -q "^ABORTED: Checkpoint refused: more than 2 per minute" ||
     fail "the third checkpoint within a minute: $(echo "$r" | tail -1)"
 ok "--checkpoint-rate 2: the third Checkpoint within a minute is refused ($(echo "$r" | tail -1 | cut -c1-70)...)"
-kill "$PS_PID"
-wait "$PS_PID" 2>/dev/null || true
+stop_clean "$PS_PID" "ferry-ps (checkpoint rate)" "$TMP/rate.log"
 finish

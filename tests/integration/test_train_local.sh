@@ -21,26 +21,25 @@ ok "metrics file has train and eval events"
 ls "$TMP"/lm.ck.300 >/dev/null 2>&1 || fail "no checkpoint lm.ck.300 written: $(ls "$TMP")"
 
 # Exact resume: a run stopped with SIGTERM mid-epoch and resumed with --load alone
-# (the checkpoint carries the configuration, the batch position, the carried LSTM
-# state and the learning rate; dropout masks follow the step) logs the losses of an
-# uninterrupted run, step for step, and its metrics file holds both parts.
+# (and --save, for its final state: the checkpoint carries the configuration, the
+# batch position, the carried LSTM state and the learning rate; dropout masks follow
+# the step) logs the losses of an uninterrupted run, step for step, and its metrics
+# file holds both parts; at step 400 both runs' checkpoints hold the same state bit
+# for bit (same_state).
 RUN=(--local --data "$FERRY_SRC/data/ptb" --train-tokens 20000 --eval-tokens 2000 --epochs 2
     --emsize 64 --nhid 64 --bptt 10 --batch-size 8 --dropout 0.3 --max-steps 400
     --log-interval 1 --progress off)
-"$TRAINER" "${RUN[@]}" --metrics-out "$TMP/a.jsonl" 2>"$TMP/a.log" ||
+"$TRAINER" "${RUN[@]}" --save "$TMP/a.ck" --metrics-out "$TMP/a.jsonl" 2>"$TMP/a.log" ||
     fail "uninterrupted run: $(tail -3 "$TMP/a.log")"
 "$TRAINER" "${RUN[@]}" --save "$TMP/b.ck" --metrics-out "$TMP/b.jsonl" 2>"$TMP/b.log" &
 BP=$!
-for _ in $(seq 1000); do
-    grep -q '"step":180,' "$TMP/b.jsonl" 2>/dev/null && break
-    sleep 0.01
-done
+wait_until "the run to log step 180" 300 logged "$TMP/b.jsonl" '"step":180,' "$BP"
 kill -TERM "$BP"
 wait "$BP" || fail "SIGTERM: exit $?: $(tail -3 "$TMP/b.log")"
 grep -q "stopping on signal" "$TMP/b.log" || fail "no stop line"
 cut=$(grep -o 'stopping on signal after step [0-9]*' "$TMP/b.log" | grep -o '[0-9]*$')
 "$TRAINER" --load "$TMP/b.ck" --data "$FERRY_SRC/data/ptb" --metrics-out "$TMP/b.jsonl" \
-    --progress off 2>"$TMP/b2.log" || fail "resume: $(tail -3 "$TMP/b2.log")"
+    --save "$TMP/b.ck" --progress off 2>"$TMP/b2.log" || fail "resume: $(tail -3 "$TMP/b2.log")"
 grep -q "resumed from $TMP/b.ck.$cut: epoch [12] at window [0-9]*, step $cut" "$TMP/b2.log" ||
     fail "no resume line: $(grep -i resum "$TMP/b2.log")"
 grep -q '"event":"resume"' "$TMP/b.jsonl" || fail "no resume event in the metrics file"
@@ -48,7 +47,8 @@ grep -q '"event":"resume"' "$TMP/b.jsonl" || fail "no resume event in the metric
     fail "the metrics file holds $(train_losses "$TMP/b.jsonl" | wc -l) train events, not 400"
 cmp -s <(train_losses "$TMP/a.jsonl") <(train_losses "$TMP/b.jsonl") ||
     fail "resumed losses differ: $(diff <(train_losses "$TMP/a.jsonl") <(train_losses "$TMP/b.jsonl") | head -4)"
-ok "SIGTERM at step $cut of 400 (epoch 1 of 2, dropout on), --load alone: the same 400 losses, both parts in one metrics file"
+same_state "$TMP/a.ck.400" "$TMP/b.ck.400" "the resumed run at step 400"
+ok "SIGTERM at step $cut of 400 (epoch 1 of 2, dropout on), --load (and --save): the same 400 losses, both parts in one metrics file, and at step 400 the same parameters, optimizer and carried state bit for bit"
 
 # The README's example: --preset medium --save, then --load alone.
 "$TRAINER" --preset medium --data "$FERRY_SRC/data/ptb" --train-tokens 4000 --eval-tokens 700 \

@@ -47,6 +47,20 @@ int ferry_check_close_f(const char *what, const float *a, const float *b, long n
     return 1;
 }
 
+int ferry_check_bits_f(const char *what, const float *a, const float *b, long n) {
+    long first = -1, count = 0;
+    for (long i = 0; i < n; i++) {
+        if (memcmp(&a[i], &b[i], sizeof *a) != 0) {
+            first = first < 0 ? i : first;
+            count++;
+        }
+    }
+    if (count > 0)
+        fprintf(stderr, "  %s: %ld of %ld elements differ, the first %ld: %a != %a\n", what, count,
+                n, first, (double)a[first], (double)b[first]);
+    return count == 0;
+}
+
 int ferry_check_json(const struct ferry_json *node, const char *path, const float *got, long n,
                      double atol, double rtol) {
     double *want = NULL;
