@@ -40,7 +40,17 @@ MPORT=$(sed -n 's/.*metrics on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/ps.lo
 
 # The state every case must leave: no jobs, contexts, unread replies or modules of
 # the case (modules are deleted by an admin, as an operator would), and the RSS back
-# within 10% of the case's start.
+# within 10% of the case's start (15% in a sanitized build).
+# ASan keeps freed memory in its quarantine (256 MiB by default) and never gives it
+# back: in a sanitized build ferry-ps runs with a small quarantine that is released,
+# so that RSS still says whether the cases leave memory behind.
+# (Its size classes still cache some: the bound there is 15%, and its leak check at
+# exit stands beside it.)
+RSS_SLACK=1.10
+if [ -n "${FERRY_SANITIZE:-}" ]; then
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-}:quarantine_size_mb=8:allocator_release_to_os_interval_ms=500"
+    RSS_SLACK=1.15
+fi
 settle() {
     local what=$1 rss0=$2 rss
     for m in $(ctl modules | awk '/^  / { print $1 }'); do
@@ -57,7 +67,7 @@ settle() {
     sleep 5.5 # the sweep gives freed memory back to the system every 5 s
     rss=$(stat rss_bytes)
     kill -0 "$PID" || fail "$what: ferry-ps died"
-    "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if b <= a*1.10 else 1)" "$rss0" "$rss" ||
+    "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if b <= a*float(sys.argv[3]) else 1)" "$rss0" "$rss" "$RSS_SLACK" ||
         fail "$what: RSS $((rss0 >> 20)) MiB at the start, $((rss >> 20)) MiB after"
     ok "$what: ferry-ps serving, RSS $((rss0 >> 20)) -> $((rss >> 20)) MiB"
 }
