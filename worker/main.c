@@ -40,23 +40,10 @@ static ferry_status check_usage(const ferry_trainer_config *cfg) {
     for (const char *p = cfg->ps != NULL ? cfg->ps : ""; *p != '\0'; p++)
         nservers += *p == ',';
     if (cfg->ps != NULL) {
-        size_t jl = strlen(cfg->job);
-        if (jl == 0 || jl > 48 ||
-            strspn(cfg->job, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
-                jl)
-            return ferry_errorf(FERRY_ERR_INVALID,
-                                "--job '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it prefixes "
-                                "the job's module names)",
-                                cfg->job);
-        size_t ml = cfg->model != NULL ? strlen(cfg->model) : 0;
-        if (cfg->model != NULL &&
-            (ml == 0 || ml > 48 ||
-             strspn(cfg->model,
-                    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != ml))
-            return ferry_errorf(FERRY_ERR_INVALID,
-                                "--model '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it "
-                                "prefixes the model's module names)",
-                                cfg->model);
+        if (ferry_trainer_check_name("--job", cfg->job, "job") != FERRY_OK ||
+            (cfg->model != NULL &&
+             ferry_trainer_check_name("--model", cfg->model, "model") != FERRY_OK))
+            return FERRY_ERR_INVALID;
         if (cfg->model != NULL && ferry_trainer_is_job(cfg))
             return ferry_errorf(FERRY_ERR_INVALID,
                                 "--model %s: this run is job '%s' (--world, --sync, --save, "

@@ -116,6 +116,17 @@ static int env_int(const char *(*get)(const char *), const char *name, int *out)
     return 1;
 }
 
+ferry_status ferry_trainer_check_name(const char *flag, const char *name, const char *what) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 48 ||
+        strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != n)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "%s '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it prefixes the "
+                            "%s's module names)",
+                            flag, name, what);
+    return FERRY_OK;
+}
+
 int ferry_trainer_is_job(const ferry_trainer_config *cfg) {
     return cfg->ps != NULL && (cfg->world > 1 || cfg->sync != NULL || cfg->checkpoint_every > 0 ||
                                cfg->save != NULL || cfg->load != NULL);
@@ -618,13 +629,8 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
                                        &jc.staleness);
     if (st != FERRY_OK)
         return st;
-    size_t jl = strlen(cfg->job);
-    if (jl == 0 || jl > 48 || strspn(cfg->job, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                               "0123456789_.-") != jl)
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "--job '%.64s': 1..48 characters of [A-Za-z0-9_.-] (it prefixes the "
-                            "job's module names)",
-                            cfg->job);
+    if ((st = ferry_trainer_check_name("--job", cfg->job, "job")) != FERRY_OK)
+        return st;
     if (!(cfg->sync_timeout_s > 0.0) || cfg->sync_timeout_s > 86400.0)
         return ferry_errorf(FERRY_ERR_INVALID, "--sync-timeout %g s outside (0, 86400]",
                             cfg->sync_timeout_s);

@@ -95,6 +95,9 @@ typedef struct ferry_trainer_config {
 /* 1 when the run is a job on the servers: --ps with several ranks, a sync mode, or
  * checkpoints (the job protocol ties the servers' checkpoints to the trainers'). */
 int ferry_trainer_is_job(const ferry_trainer_config *cfg);
+/* A --job or --model name: 1..48 characters of [A-Za-z0-9_.-] (it prefixes module
+ * names on the servers); FERRY_ERR_INVALID naming the flag otherwise. */
+ferry_status ferry_trainer_check_name(const char *flag, const char *name, const char *what);
 ferry_status ferry_trainer_membership(ferry_trainer_config *cfg, int world_flag, int rank_flag,
                                       const char *(*getenv_fn)(const char *), char *why,
                                       size_t cap);

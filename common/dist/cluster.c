@@ -884,6 +884,29 @@ ferry_status ferry_cluster_list_modules(ferry_cluster *c, int server, const char
     return st;
 }
 
+/* Sends req (method m) to server i alone; the reply is not kept. */
+static ferry_status send_one(ferry_cluster *c, ferry_rpc_method m, int i,
+                             const ferry_rpc_msg *req) {
+    ferry_rpc_msg reply;
+    ferry_rpc_msg_init(&reply);
+    ferry_status st = ferry__dist_fanout(c, m, 1, &i, req, 1, &reply);
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+ferry_status ferry__dist_delete_module_on(ferry_cluster *c, int server, const char *name) {
+    Ferry__V1__DeleteModuleRequest q;
+    ferry__v1__delete_module_request__init(&q);
+    q.name = (char *)(uintptr_t)name;
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
+    if (st == FERRY_OK)
+        st = send_one(c, FERRY_RPC_DELETE_MODULE, server, &req);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
 /* Sends req (method m) to every server: how many had the thing (answered OK), the
  * first refusal or failure other than NOT_FOUND, or NOT_FOUND naming it when none had
  * it. */
@@ -895,10 +918,7 @@ static ferry_status drop_everywhere(ferry_cluster *c, ferry_rpc_method m, const 
     int had = 0;
     char first[512] = "";
     for (int i = 0; i < c->n && st == FERRY_OK; i++) {
-        ferry_rpc_msg reply;
-        ferry_rpc_msg_init(&reply);
-        ferry_status s = ferry__dist_fanout(c, m, 1, &i, &req, 1, &reply);
-        ferry_rpc_msg_deinit(&reply);
+        ferry_status s = send_one(c, m, i, &req);
         if (s == FERRY_OK)
             had++;
         else if (s != FERRY_ERR_NOT_FOUND)

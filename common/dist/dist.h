@@ -137,6 +137,8 @@ void ferry__dist_touch(ferry_dist_ctx *dc, int server);
  * to servers[i] with reqs[shared ? 0 : i] and answers into replies[i] (initialized
  * by the caller, who deinitializes them). Returns the first failure's status with
  * its detail naming the peer. */
+/* DeleteModule of `name` on one server (the shard there). */
+ferry_status ferry__dist_delete_module_on(ferry_cluster *c, int server, const char *name);
 ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
                                 const int *servers, const ferry_rpc_msg *reqs, int shared,
                                 ferry_rpc_msg *replies);

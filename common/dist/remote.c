@@ -255,20 +255,11 @@ static void undo_created(ferry_cluster *c, const char *name, int k, const int *s
                          const ferry_rpc_msg *replies, ferry_status failed) {
     char why[1024];
     (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-    Ferry__V1__DeleteModuleRequest q;
-    ferry__v1__delete_module_request__init(&q);
-    q.name = (char *)(uintptr_t)name;
-    ferry_rpc_msg req;
-    ferry_rpc_msg_init(&req);
-    ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
-    for (int s = 0; st == FERRY_OK && s < k; s++) {
+    for (int s = 0; s < k; s++) {
         const Ferry__V1__CreateModuleReply *r = replies[s].head;
         if (r == NULL || !r->created)
             continue;
-        ferry_rpc_msg reply;
-        ferry_rpc_msg_init(&reply);
-        if (ferry__dist_fanout(c, FERRY_RPC_DELETE_MODULE, 1, &servers[s], &req, 1, &reply) ==
-            FERRY_OK)
+        if (ferry__dist_delete_module_on(c, servers[s], name) == FERRY_OK)
             FERRY_LOG_INFO("module '%s': the shard made on %s deleted again (the create failed "
                            "elsewhere)",
                            name, ferry_cluster_target(c, servers[s]));
@@ -276,9 +267,7 @@ static void undo_created(ferry_cluster *c, const char *name, int k, const int *s
             FERRY_LOG_WARN("module '%s': the shard made on %s stays (%s): ferry-ctl drop %s "
                            "removes it",
                            name, ferry_cluster_target(c, servers[s]), ferry_error_last(), name);
-        ferry_rpc_msg_deinit(&reply);
     }
-    ferry_rpc_msg_deinit(&req);
     (void)ferry_errorf(failed, "%s", why);
 }
 
