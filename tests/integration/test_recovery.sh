@@ -142,25 +142,26 @@ run_job() {
     done
 }
 
-# The last step's files and loss must equal the reference's, byte for byte.
+# The last step's files and loss must equal the reference's (REF, default the
+# undisturbed run $TMP/ref), byte for byte.
 same_as_ref() {
-    local dir=$1 what=$2
+    local dir=$1 what=$2 ref=${REF:-$TMP/ref}
     for s in 0 1; do
-        cmp -s "$TMP/ref/ck$s/rec-step$STEPS.ckpt" "$dir/ck$s/rec-step$STEPS.ckpt" ||
+        cmp -s "$ref/ck$s/rec-step$STEPS.ckpt" "$dir/ck$s/rec-step$STEPS.ckpt" ||
             fail "$what: server $s's state at step $STEPS differs from the undisturbed run"
     done
     for r in 0 1; do
-        cmp -s "$TMP/ref/save/lm.r$r.$STEPS" "$dir/save/lm.r$r.$STEPS" ||
+        cmp -s "$ref/save/lm.r$r.$STEPS" "$dir/save/lm.r$r.$STEPS" ||
             fail "$what: rank $r's part at step $STEPS differs from the undisturbed run"
     done
     local a b
-    a=$(train_losses "$TMP/ref/m0.jsonl" | tail -1)
+    a=$(train_losses "$ref/m0.jsonl" | tail -1)
     b=$(train_losses "$dir/m0.jsonl" | tail -1)
     [ -n "$a" ] && [ "$a" = "$b" ] || fail "$what: last loss $b, undisturbed $a"
     # Each rank's final evaluations (valid, then test: split, epoch, step, loss) as in
     # the undisturbed run, whatever was evaluated twice.
     for r in 0 1; do
-        a=$(evals "$TMP/ref/m$r.jsonl")
+        a=$(evals "$ref/m$r.jsonl")
         b=$(evals "$dir/m$r.jsonl")
         [ -n "$a" ] && [ "$a" = "$b" ] || fail "$what: rank $r evaluated
  $b
@@ -257,18 +258,28 @@ rm -rf "$d"
 
 # A server killed while the ranks evaluate after the last step: the job rolls back to
 # (or stands at) step 40, and both ranks evaluate as an undisturbed run does, with the
-# right epoch. The final evaluation is short: up to 3 runs, one must land the kill in it.
+# right epoch. The evaluation of the other runs takes tens of milliseconds, less than a
+# loaded machine may take to see the last step's files and send the kill (CI missed it
+# three runs in a row): these runs evaluate 20 times as many tokens, against an
+# undisturbed run that does too. Up to 3 runs; one must land the kill in it.
+DATA0=("${DATA[@]}")
+for i in "${!DATA[@]}"; do
+    [ "${DATA[$i]}" = --eval-tokens ] && DATA[i + 1]=$((DATA[i + 1] * 20))
+done
+[ "${DATA[*]}" != "${DATA0[*]}" ] || fail "no --eval-tokens in DATA to lengthen"
+run_job "$TMP/ref-end"
 for attempt in 1 2 3; do
     rm -rf "$TMP/end-ps1"
     run_job "$TMP/end-ps1" ps1 end
-    cat "$TMP/end-ps1"/r*.log | grep -q "recovered in" && break
+    grep -q "recovered in" "$TMP/end-ps1"/r*.log && break
     echo "  server 1 killed at the end, run $attempt: the ranks had finished already; again"
 done
-cat "$TMP/end-ps1"/r*.log | grep -q "recovered in" ||
+DATA=("${DATA0[@]}")
+grep -q "recovered in" "$TMP/end-ps1"/r*.log ||
     fail "server 1 killed after the last step: no rank recovered in 3 runs"
-same_as_ref "$TMP/end-ps1" "server 1 killed during the final evaluation"
+REF=$TMP/ref-end same_as_ref "$TMP/end-ps1" "server 1 killed during the final evaluation"
 ok "server 1 SIGKILLed during the final evaluation, restarted: $(cat "$TMP/end-ps1"/r*.log | grep -o 'recovered in [0-9.]* s[^:;]*' | head -1); both ranks evaluated as undisturbed, bit-identical"
-rm -rf "$TMP/end-ps1"
+rm -rf "$TMP/end-ps1" "$TMP/ref-end"
 
 # Two processes at once, at a random step: a server and a rank, then both ranks.
 for pair in ps1+r0 r0+r1; do
