@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common/nn/constraint.h"
+#include "ferry/optim.h"
 #include "ferry/params.h"
 
 /* *sqnorm_C = ||W^T W - I||_F^2 and *penalty = beta * *sqnorm_C (either may be NULL). */
@@ -25,14 +26,8 @@ ferry_status ferry_stiefel_penalty_grad_rows(ferry_backend *be, int64_t n, int64
                                              const float *W, float beta, float *dW_accumulate,
                                              float *scratch);
 
-/* For every Stiefel-constrained parameter of P: adds 4 beta W C(W) to its dense gradient
- * in G (creating it if the parameter had none this step, since the penalty always
- * contributes), and reports sum beta ||C||^2 in *penalty and the drift
- * sqrt(sum ||C||^2) in *drift (either may be NULL). Call it once per step, before
- * clipping, on the process that owns the parameters. Errors from the backend or
- * FERRY_ERR_NOMEM. */
-ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads *G, double *penalty,
-                                             double *drift);
+/* ferry_stiefel_add_penalty_grads, the pass over a parameter block an optimizer step
+ * runs, is public: ferry/optim.h. */
 
 /* The same over a block laid out as P (which need not be allocated): values at
  * data + offset, gradients added at grad + offset (grad NULL: measure only). ferry-ps's lstm module keeps its layers' parameters

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the layering of the sources (scripts/check-layers.py: no #include reaches up
-# or closes a cycle), builds ferry and runs the whole test suite twice: a Release
+# or closes a cycle) and the public headers (scripts/check-exports.py: every function
+# marked FERRY_API, no comment citing a private one), builds ferry and runs the whole test suite twice: a Release
 # build with warnings as errors (its test_install installs libferry into a temporary
 # prefix and builds examples/ against it out of tree), then a Debug build under
 # AddressSanitizer + UndefinedBehaviorSanitizer; then every libFuzzer target for a
@@ -13,6 +14,8 @@ jobs=$(nproc)
 
 echo "== layers (scripts/check-layers.py) =="
 python3 scripts/check-layers.py
+echo "== the public API's marks and comments (scripts/check-exports.py) =="
+python3 scripts/check-exports.py
 
 echo "== release build (-Werror) =="
 cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON >/dev/null

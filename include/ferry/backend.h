@@ -14,6 +14,8 @@
 #ifndef FERRY_BACKEND_PUBLIC_H
 #define FERRY_BACKEND_PUBLIC_H
 
+#include "ferry/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,21 +47,21 @@ typedef enum ferry_optim_kind {
  * backend is registered (ferry_cuda_register, ferry/cuda.h). FERRY_ERR_UNSUPPORTED
  * (with a message) when no such backend is registered, FERRY_ERR_INVALID for a name
  * that is neither. */
-ferry_status ferry_backend_create(const char *device, ferry_backend **out);
-void ferry_backend_destroy(ferry_backend *be); /* NULL is a no-op */
-const char *ferry_backend_name(const ferry_backend *be);
+FERRY_API ferry_status ferry_backend_create(const char *device, ferry_backend **out);
+FERRY_API void ferry_backend_destroy(ferry_backend *be); /* NULL is a no-op */
+FERRY_API const char *ferry_backend_name(const ferry_backend *be);
 /* 1 if the backend's memory is directly addressable by the host (CPU). */
-int ferry_backend_is_host(const ferry_backend *be);
+FERRY_API int ferry_backend_is_host(const ferry_backend *be);
 /* The process-wide CPU backend (created on first use, never destroyed). */
-ferry_backend *ferry_backend_cpu(void);
+FERRY_API ferry_backend *ferry_backend_cpu(void);
 
 /* ---- memory ---- */
 
-ferry_status ferry_backend_alloc(ferry_backend *be, size_t nbytes, void **out);
-void ferry_backend_free(ferry_backend *be, void *ptr);
-ferry_status ferry_backend_copy(ferry_backend *be, void *dst, const void *src, size_t nbytes,
-                                ferry_copy_kind kind);
-ferry_status ferry_backend_sync(ferry_backend *be);
+FERRY_API ferry_status ferry_backend_alloc(ferry_backend *be, size_t nbytes, void **out);
+FERRY_API void ferry_backend_free(ferry_backend *be, void *ptr);
+FERRY_API ferry_status ferry_backend_copy(ferry_backend *be, void *dst, const void *src,
+                                          size_t nbytes, ferry_copy_kind kind);
+FERRY_API ferry_status ferry_backend_sync(ferry_backend *be);
 
 /* ---- the CPU backend's OpenBLAS ---- */
 
@@ -71,14 +73,14 @@ ferry_status ferry_backend_sync(ferry_backend *be);
  * 1.7x slower. Returns if nothing needs doing, or when OPENBLAS_CORETYPE (the user's
  * choice always wins) or FERRY_NO_REEXEC is set. Logs nothing: see
  * ferry_cpu_blas_kernels. */
-void ferry_cpu_ensure_blas_kernels(char **argv);
+FERRY_API void ferry_cpu_ensure_blas_kernels(char **argv);
 /* The kernels OpenBLAS runs and who chose them, for a log line: "SkylakeX (ferry's pick
  * for this CPU; OpenBLAS chose Haswell)", "Haswell (OPENBLAS_CORETYPE=Haswell)", ... */
-const char *ferry_cpu_blas_kernels(void);
+FERRY_API const char *ferry_cpu_blas_kernels(void);
 /* Sets OpenBLAS's thread count (1 = single-threaded GEMMs). */
-void ferry_cpu_set_threads(int n);
+FERRY_API void ferry_cpu_set_threads(int n);
 /* OpenBLAS's thread count now. */
-int ferry_cpu_threads(void);
+FERRY_API int ferry_cpu_threads(void);
 
 #ifdef __cplusplus
 }

@@ -10,12 +10,14 @@
 #ifndef FERRY_CUDA_PUBLIC_H
 #define FERRY_CUDA_PUBLIC_H
 
+#include "ferry/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Makes ferry_backend_create accept "cuda" and "cuda:N". Thread-safe; idempotent. */
-void ferry_cuda_register(void);
+FERRY_API void ferry_cuda_register(void);
 
 #ifdef __cplusplus
 }

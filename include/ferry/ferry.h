@@ -51,6 +51,8 @@
 #ifndef FERRY_FERRY_H
 #define FERRY_FERRY_H
 
+#include "ferry/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -98,7 +100,7 @@ typedef struct ferry_cluster_config {
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
-void ferry_cluster_config_default(ferry_cluster_config *cfg);
+FERRY_API void ferry_cluster_config_default(ferry_cluster_config *cfg);
 
 /* Connects to the comma-separated servers in targets ("h1:7000,h2:7000"), in that
  * order (server index 0, 1, ...), and says Hello to all of them concurrently,
@@ -108,8 +110,8 @@ void ferry_cluster_config_default(ferry_cluster_config *cfg);
  * status (FERRY_ERR_UNAVAILABLE, FERRY_ERR_TIMEOUT, FERRY_ERR_AUTH for a token or TLS
  * problem, ...) naming that server, FERRY_ERR_NOMEM; *out is unchanged on failure.
  * See connect_timeout_ms for what is retried. */
-ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
-                              ferry_cluster **out);
+FERRY_API ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *cfg,
+                                        ferry_cluster **out);
 
 /* The clients of ferry_ps_connect without any call: no Hello, so no token is needed
  * and a server that is down or refuses is not an error here. For health checks
@@ -117,19 +119,19 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
  * but without the incarnations Hello records. Errors: FERRY_ERR_INVALID for a
  * malformed list, FERRY_ERR_NOT_FOUND for a host that does not resolve,
  * FERRY_ERR_NOMEM, TLS files that cannot be read; *out is unchanged on failure. */
-ferry_status ferry_ps_open(const char *targets, const ferry_cluster_config *cfg,
-                           ferry_cluster **out);
+FERRY_API ferry_status ferry_ps_open(const char *targets, const ferry_cluster_config *cfg,
+                                     ferry_cluster **out);
 
 /* Closes the connections. Remote modules and contexts made from the cluster must
  * be destroyed first. Server state (modules, open contexts) is left as it is. NULL
  * is a no-op. */
-void ferry_cluster_destroy(ferry_cluster *c);
+FERRY_API void ferry_cluster_destroy(ferry_cluster *c);
 
-int ferry_cluster_size(const ferry_cluster *c);                       /* servers */
-const char *ferry_cluster_target(const ferry_cluster *c, int server); /* "h:p" */
+FERRY_API int ferry_cluster_size(const ferry_cluster *c);                       /* servers */
+FERRY_API const char *ferry_cluster_target(const ferry_cluster *c, int server); /* "h:p" */
 /* 0: later calls to a server that is down fail at once (UNAVAILABLE) instead of
  * waiting for it up to their deadline. Call while no call is in flight. */
-void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
+FERRY_API void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
 /* retry_ms > 0: a Forward, Backward, GradNorm, Step, ReleaseContext, GetParams or
  * Stats that fails in transit (its deadline passed, or the server could not be
  * reached) is sent again, with the same context and call ids, after a short pause
@@ -138,33 +140,33 @@ void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
  * it arrives (proto/ferry.proto section 6), so a stall or a lost connection costs time, not the
  * step. A server that restarted meanwhile refuses the retry (NOT_FOUND: its contexts are gone). 0
  * (the default): no retries. Thread-safe. */
-void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms);
+FERRY_API void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms);
 /* Calls sent again so far (see ferry_cluster_set_retry). */
-uint64_t ferry_cluster_retries(const ferry_cluster *c);
+FERRY_API uint64_t ferry_cluster_retries(const ferry_cluster *c);
 
 /* This process's calls of one method ("Forward", ...) to one server: how many, how
  * many failed, and their latency (from sending to the fan-out's last answer) per
  * bucket of ferry_call_latency_bounds (seconds, upper bounds; not cumulative). */
 #define FERRY_CALL_LATENCY_BUCKETS 14
-extern const double ferry_call_latency_bounds[FERRY_CALL_LATENCY_BUCKETS];
+FERRY_API extern const double ferry_call_latency_bounds[FERRY_CALL_LATENCY_BUCKETS];
 typedef struct ferry_call_stats {
     uint64_t calls, errors;
     uint64_t buckets[FERRY_CALL_LATENCY_BUCKETS], over;
     double sum_s;
 } ferry_call_stats;
-ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *method,
-                                      ferry_call_stats *out);
+FERRY_API ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *method,
+                                                ferry_call_stats *out);
 /* grpc.health.v1 Check of one server: *serving 1 when it reports SERVING. Needs no
  * token; a TLS mismatch or refused certificate is FERRY_ERR_AUTH saying which. */
-ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving);
+FERRY_API ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving);
 /* The server's incarnation as of the last Hello (a new random value per start). */
-uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
+FERRY_API uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server);
 
 /* Says Hello to every server again. *restarted (may be NULL) receives how many
  * servers report a new incarnation since the previous Hello: they restarted and
  * lost whatever was not checkpointed. Errors as ferry_ps_connect. It updates the
  * incarnations: do not run it while another thread reads them. */
-ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted);
+FERRY_API ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted);
 
 typedef struct ferry_ps_stats {
     int64_t contexts_live; /* contexts held now */
@@ -175,11 +177,11 @@ typedef struct ferry_ps_stats {
 } ferry_ps_stats;
 
 /* The counters of one server. FERRY_ERR_INVALID for a bad index; call errors. */
-ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out);
+FERRY_API ferry_status ferry_cluster_stats(ferry_cluster *c, int server, ferry_ps_stats *out);
 
 /* Message bytes sent to and received from all servers so far (headers and tensors as
  * encoded; gRPC's own framing not counted). */
-void ferry_cluster_bytes(ferry_cluster *c, uint64_t *sent, uint64_t *received);
+FERRY_API void ferry_cluster_bytes(ferry_cluster *c, uint64_t *sent, uint64_t *received);
 
 /* Every counter of one server's Stats whose name starts with prefix (NULL or "":
  * all), as fn(user, name, value) in the server's order: the fields above, "version/
@@ -187,23 +189,23 @@ void ferry_cluster_bytes(ferry_cluster *c, uint64_t *sent, uint64_t *received);
  * "job/<name>/min_step", "job/<name>/applied" (bsp), "job/<name>/max_lead" (ssp: the
  * most steps a rank was ahead of the slowest when its Step returned),
  * "job/<name>/waited_s/<rank>". FERRY_ERR_INVALID for a bad index; call errors. */
-ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *prefix,
-                                   void (*fn)(void *user, const char *name, double value),
-                                   void *user);
+FERRY_API ferry_status ferry_cluster_metrics(ferry_cluster *c, int server, const char *prefix,
+                                             void (*fn)(void *user, const char *name, double value),
+                                             void *user);
 
 /* Asks every server to write a checkpoint (all modules, parameters and optimizer
  * state) into its --checkpoint-dir, concurrently. name: a file name, or NULL/"" for
  * the server's default ("ferry-ps-<port>-step<step>.ckpt"). FERRY_ERR_UNSUPPORTED
  * from a server started without --checkpoint-dir. */
-ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64_t step);
+FERRY_API ferry_status ferry_cluster_checkpoint(ferry_cluster *c, const char *name, uint64_t step);
 
 /* Asks server (or every server, for -1) to shut down: it stops accepting calls and
  * gives those in flight grace_ms. */
-ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms);
+FERRY_API ferry_status ferry_cluster_shutdown(ferry_cluster *c, int server, int grace_ms);
 
 /* Who the servers take this client for (its identity, from its token or certificate;
  * "anonymous" without either), as the last Hello said. */
-const char *ferry_cluster_identity(const ferry_cluster *c);
+FERRY_API const char *ferry_cluster_identity(const ferry_cluster *c);
 
 /* One module a server hosts, as it reports it (ListModules). */
 typedef struct ferry_module_info {
@@ -219,22 +221,24 @@ typedef struct ferry_module_info {
  * one), whose names start with prefix (NULL or "": all), as fn(user, &info) in creation
  * order; info's strings live until fn returns. FERRY_ERR_INVALID for a bad index; call
  * errors. */
-ferry_status ferry_cluster_list_modules(ferry_cluster *c, int server, const char *prefix,
-                                        void (*fn)(void *user, const ferry_module_info *m),
-                                        void *user);
+FERRY_API ferry_status ferry_cluster_list_modules(ferry_cluster *c, int server, const char *prefix,
+                                                  void (*fn)(void *user,
+                                                             const ferry_module_info *m),
+                                                  void *user);
 
 /* Deletes module `name` from every server that hosts it (a module of this client's
  * identity; with the admin token, anyone's): later calls do not find it, and each
  * server gives its memory and budget back once the calls and contexts using it are
  * done. *servers (may be NULL) receives how many servers had it. FERRY_ERR_NOT_FOUND
  * when none had it (or only another identity's); call errors. */
-ferry_status ferry_cluster_delete_module(ferry_cluster *c, const char *name, int *servers);
+FERRY_API ferry_status ferry_cluster_delete_module(ferry_cluster *c, const char *name,
+                                                   int *servers);
 
 /* Ends job `job` on every server that has it (a job of this client's identity; with the
  * admin token, anyone's): calls waiting in it fail with FERRY_ERR_BUSY, its ranks and
  * memory are freed, and a later join starts a new job of the name. Its modules and
  * checkpoints stay. *servers and errors as ferry_cluster_delete_module. */
-ferry_status ferry_cluster_drop_job(ferry_cluster *c, const char *job, int *servers);
+FERRY_API ferry_status ferry_cluster_drop_job(ferry_cluster *c, const char *job, int *servers);
 
 /* ---- Remote modules ---------------------------------------------------------- */
 
@@ -323,8 +327,8 @@ typedef struct ferry_remote_config {
 
 /* Zeroes *cfg (no constraint) and sets kind, name, dims, bias 1, server -1,
  * init_scale 0.1, offsets -1 and SGD's defaults. */
-void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind, const char *name,
-                                 int64_t dim0, int64_t dim1);
+FERRY_API void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind,
+                                           const char *name, int64_t dim0, int64_t dim1);
 
 /* Creates the module on its servers concurrently (CreateModule, idempotent by
  * name). Shard s of k (k = cluster size) owns global rows [s*R/k, (s+1)*R/k) of
@@ -334,8 +338,8 @@ void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kin
  * for a bad config (or V smaller than the cluster), FERRY_ERR_EXISTS when a server has the name
  * with another configuration (the message names the differing field), call errors; shards created
  * on other servers before the failure stay there. */
-ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
-                                 ferry_remote **out);
+FERRY_API ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cfg,
+                                           ferry_remote **out);
 /* A handle on a module that exists on the servers already, by name: its configuration
  * (kind, sizes, initial-value generator, optimizer, constraint, lstm layers) is read
  * from the servers (ListModules) and checked to be placed as ferry_remote_create
@@ -344,10 +348,10 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
  * FERRY_ERR_NOT_FOUND when a server lacks it (another identity's module is not seen),
  * FERRY_ERR_INVALID when its shards are not where this client would put them (another
  * number of servers) or a decoder keeps a local slice, call errors. */
-ferry_status ferry_remote_attach(ferry_cluster *c, const char *name, ferry_remote_config *cfg,
-                                 ferry_remote **out);
+FERRY_API ferry_status ferry_remote_attach(ferry_cluster *c, const char *name,
+                                           ferry_remote_config *cfg, ferry_remote **out);
 /* Frees the handle; the module stays on its servers. NULL is a no-op. */
-void ferry_remote_destroy(ferry_remote *m);
+FERRY_API void ferry_remote_destroy(ferry_remote *m);
 
 /* A decoder's local slice (config local_rows > 0): its weight (local_rows, H) and
  * bias (local_rows), global rows [V - local_rows, V), and the accumulators that every
@@ -360,18 +364,18 @@ void ferry_remote_destroy(ferry_remote *m);
  * context's gradients); a Backward needs them. ferry_remote_get_params/set_params
  * reach the slice's rows too. Set it before the first call; FERRY_ERR_INVALID for a
  * module without local rows. */
-ferry_status ferry_remote_decoder_set_local(ferry_remote *dec, ferry_backend *be,
-                                            const float *weight, const float *bias,
-                                            float *grad_weight, float *grad_bias);
+FERRY_API ferry_status ferry_remote_decoder_set_local(ferry_remote *dec, ferry_backend *be,
+                                                      const float *weight, const float *bias,
+                                                      float *grad_weight, float *grad_bias);
 
 /* How many of the module's shards this create made new (the rest existed). */
-int ferry_remote_created(const ferry_remote *m);
-int ferry_remote_shards(const ferry_remote *m);
+FERRY_API int ferry_remote_created(const ferry_remote *m);
+FERRY_API int ferry_remote_shards(const ferry_remote *m);
 /* The module's name on the servers. */
-const char *ferry_remote_name(const ferry_remote *m);
+FERRY_API const char *ferry_remote_name(const ferry_remote *m);
 /* Shard i's global rows and its server index. */
-void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, int64_t *row_count,
-                        int *server);
+FERRY_API void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin,
+                                  int64_t *row_count, int *server);
 
 /* Reads (get) or overwrites (set) global rows [row_begin, row_begin + row_count) of
  * parameter "weight" or "bias" across shards, concurrently. Rows are dim 0 of the
@@ -380,30 +384,31 @@ void ferry_remote_shard(const ferry_remote *m, int shard, int64_t *row_begin, in
  * (rows) for the bias. set bumps each touched shard's version. Errors:
  * FERRY_ERR_RANGE for rows outside [0, R), FERRY_ERR_NOT_FOUND for an unknown
  * parameter, FERRY_ERR_NUMERIC for a non-finite value (set), call errors. */
-ferry_status ferry_remote_get_params(ferry_remote *m, const char *param, int64_t row_begin,
-                                     int64_t row_count, float *out);
-ferry_status ferry_remote_set_params(ferry_remote *m, const char *param, int64_t row_begin,
-                                     int64_t row_count, const float *src);
+FERRY_API ferry_status ferry_remote_get_params(ferry_remote *m, const char *param,
+                                               int64_t row_begin, int64_t row_count, float *out);
+FERRY_API ferry_status ferry_remote_set_params(ferry_remote *m, const char *param,
+                                               int64_t row_begin, int64_t row_count,
+                                               const float *src);
 
 /* ---- Distributed-autograd contexts -------------------------------------------- */
 
 typedef struct ferry_dist_ctx ferry_dist_ctx;
 
-ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out);
+FERRY_API ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out);
 /* Releases a context still open (best effort) and frees the object. NULL: no-op. */
-void ferry_dist_ctx_destroy(ferry_dist_ctx *dc);
+FERRY_API void ferry_dist_ctx_destroy(ferry_dist_ctx *dc);
 
 /* Opens a new context and returns its id: worker_id << 48 | a per-process counter.
  * A previous context that was neither stepped nor released is released first
  * (best effort: a failure is logged, and the servers' TTL sweep frees it anyway). */
-uint64_t ferry_dist_ctx_begin(ferry_dist_ctx *dc);
+FERRY_API uint64_t ferry_dist_ctx_begin(ferry_dist_ctx *dc);
 /* The open context's id, or 0 when none is open. */
-uint64_t ferry_dist_ctx_id(const ferry_dist_ctx *dc);
+FERRY_API uint64_t ferry_dist_ctx_id(const ferry_dist_ctx *dc);
 
 /* Sum of squares of every gradient the servers hold for this context (GradNorm on
  * every server the context touched, concurrently). FERRY_ERR_INVALID when no context
  * is open; call errors (FERRY_ERR_NOT_FOUND if a server swept the context). */
-ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq);
+FERRY_API ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq);
 
 /* Steps every module the context touched, on every server concurrently: gradients
  * times grad_scale (the clipping coefficient; 1 for none), learning rate lr (0: the
@@ -411,7 +416,7 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq);
  * so does this object, whatever the outcome. FERRY_ERR_INVALID (the context is
  * released instead) for grad_scale <= 0 or a negative lr; FERRY_ERR_INVALID when no
  * context is open; call errors. */
-ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr);
+FERRY_API ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr);
 
 /* The distributed step with global clipping: GradNorm on every touched server, plus
  * local_sumsq (the caller's own gradients), gives the global norm; the clipping
@@ -420,8 +425,9 @@ ferry_status ferry_dist_ctx_step(ferry_dist_ctx *dc, float grad_scale, double lr
  * (coefficient 1). Then Step with it. *coef and *norm (either may be NULL) receive
  * the coefficient, for the caller's local step, and the global norm. A non-finite
  * norm gives FERRY_ERR_NUMERIC and releases the context without stepping. */
-ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
-                                      double lr, float *coef, double *norm);
+FERRY_API ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq,
+                                                float max_norm, double lr, float *coef,
+                                                double *norm);
 
 /* ferry_dist_ctx_clip_step in two halves, so that the caller's own optimizer step
  * runs while the servers step:
@@ -438,13 +444,14 @@ ferry_status ferry_dist_ctx_clip_step(ferry_dist_ctx *dc, double local_sumsq, fl
  * and is called once after each successful start. Meanwhile calls with dc get
  * FERRY_ERR_BUSY, and begin, release, step and grad_sumsq wait for the Step first
  * (logging a failure nobody asked for); the cluster must outlive it. */
-ferry_status ferry_dist_ctx_step_start(ferry_dist_ctx *dc, double local_sumsq, float max_norm,
-                                       double lr, float *coef, double *norm);
-ferry_status ferry_dist_ctx_step_wait(ferry_dist_ctx *dc);
+FERRY_API ferry_status ferry_dist_ctx_step_start(ferry_dist_ctx *dc, double local_sumsq,
+                                                 float max_norm, double lr, float *coef,
+                                                 double *norm);
+FERRY_API ferry_status ferry_dist_ctx_step_wait(ferry_dist_ctx *dc);
 
 /* Drops the context on every touched server without stepping (evaluation, an
  * abandoned step). Servers that no longer know it are fine. */
-ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc);
+FERRY_API ferry_status ferry_dist_ctx_release(ferry_dist_ctx *dc);
 
 /* One value a server reported with a Step. */
 typedef struct ferry_dist_metric {
@@ -460,10 +467,11 @@ typedef struct ferry_dist_metric {
  * and stays valid until dc's next Step or ferry_dist_ctx_destroy (ferry_dist_ctx_begin keeps it).
  * Returns their count: 0 before any Step, and after a Step that failed or was not
  * sent. */
-int ferry_dist_ctx_metrics(const ferry_dist_ctx *dc, const ferry_dist_metric **out);
+FERRY_API int ferry_dist_ctx_metrics(const ferry_dist_ctx *dc, const ferry_dist_metric **out);
 /* *value = the metric `name` of the last Step. FERRY_ERR_NOT_FOUND (with a message)
  * when that Step reported none of that name. */
-ferry_status ferry_dist_ctx_metric(const ferry_dist_ctx *dc, const char *name, double *value);
+FERRY_API ferry_status ferry_dist_ctx_metric(const ferry_dist_ctx *dc, const char *name,
+                                             double *value);
 
 /* ---- Calls -------------------------------------------------------------------- *
  * dc is the open context, or NULL for evaluation (nothing is saved and there is no
@@ -474,50 +482,56 @@ ferry_status ferry_dist_ctx_metric(const ferry_dist_ctx *dc, const char *name, d
  * Only the distinct ids cross the wire, each to the shard that owns it; inside a
  * context every shard is called (so that every shard steps), outside only those
  * owning some id. */
-ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc, const int32_t *ids,
-                                            int64_t n, float *out, uint64_t *call_id);
+FERRY_API ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                                      const int32_t *ids, int64_t n, float *out,
+                                                      uint64_t *call_id);
 /* grad (n, E): the gradient of out. Summed per distinct id here (in the order of
  * ids, as a local embedding's backward sums) and sent to the owning shards, which
  * keep a row-sparse gradient in the context. */
-ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
-                                             const float *grad);
+FERRY_API ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc,
+                                                       uint64_t call_id, const float *grad);
 
 /* Softmax cross-entropy of the decoder's logits h W^T + b against targets, without
  * the (N, V) logits crossing the wire: every shard returns per-row partials of its
  * slice and they are combined here in double. hidden (N, H), targets (N) in [0, V).
  * loss_rows (N, may be NULL) receives -log softmax(target) per row; *loss_sum (may
  * be NULL) their sum in double. */
-ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, const float *hidden,
-                                       const int32_t *targets, int64_t N, float *loss_rows,
-                                       double *loss_sum, uint64_t *call_id);
+FERRY_API ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                                 const float *hidden, const int32_t *targets,
+                                                 int64_t N, float *loss_rows, double *loss_sum,
+                                                 uint64_t *call_id);
 /* The gradient of L = sum_n scale * row_scale[n] * loss_rows[n] (row_scale NULL: all
  * 1) with respect to hidden: dh (N, H), summed over the shards; the shards keep dW,
  * db of their slices in the context. scale = 1/N gives the mean loss. */
-ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
-                                        const float *row_scale, float scale, float *dh);
+FERRY_API ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                                  uint64_t call_id, const float *row_scale,
+                                                  float scale, float *dh);
 
 /* The classic decoder: logits (N, V) = hidden W^T + b gathered from the shards. */
-ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, const float *hidden,
-                                         int64_t N, float *logits, uint64_t *call_id);
+FERRY_API ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                                   const float *hidden, int64_t N, float *logits,
+                                                   uint64_t *call_id);
 /* dlogits (N, V) -> dh (N, H). */
-ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc, uint64_t call_id,
-                                          const float *dlogits, float *dh);
+FERRY_API ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                                    uint64_t call_id, const float *dlogits,
+                                                    float *dh);
 
 /* Dense: pull copies the module's current rows, out (R, C) in global layout; inside a
  * context it is a Forward whose Backward, push, hands the servers the gradient of
  * those rows, grad (R, C), which Step then applies with the module's (dense)
  * optimizer, as ps-lite's pull and push. A data-parallel trainer pulls its dense
  * weights at the start of every step and pushes their gradient before the step. */
-ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float *out,
-                                     uint64_t *call_id);
-ferry_status ferry_remote_dense_push(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
-                                     const float *grad);
+FERRY_API ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float *out,
+                                               uint64_t *call_id);
+FERRY_API ferry_status ferry_remote_dense_push(ferry_remote *m, ferry_dist_ctx *dc,
+                                               uint64_t call_id, const float *grad);
 
 /* Linear: x (N, C) -> y (N, D); dy (N, D) -> dx (N, C). */
-ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, const float *x,
-                                         int64_t N, float *y, uint64_t *call_id);
-ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
-                                          const float *dy, float *dx);
+FERRY_API ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                                   const float *x, int64_t N, float *y,
+                                                   uint64_t *call_id);
+FERRY_API ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc,
+                                                    uint64_t call_id, const float *dy, float *dx);
 
 /* LSTM group (FERRY_REMOTE_LSTM): x (T, B, C) -> y (T, B, H), hn, cn (K, B, H).
  * h0, c0 (K, B, H) start the layers when given (both or neither); otherwise they start
@@ -533,18 +547,20 @@ typedef struct ferry_remote_lstm_args {
     int64_t window_T, t0;
 } ferry_remote_lstm_args;
 
-ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
-                                       const ferry_remote_lstm_args *a, const float *x, int64_t T,
-                                       int64_t B, const float *h0, const float *c0, float *y,
-                                       float *hn, float *cn, uint64_t *call_id);
+FERRY_API ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                                 const ferry_remote_lstm_args *a, const float *x,
+                                                 int64_t T, int64_t B, const float *h0,
+                                                 const float *c0, float *y, float *hn, float *cn,
+                                                 uint64_t *call_id);
 /* dy (T, B, H), dhn and dcn (K, B, H) or NULL -> dx (T, B, C); dh0, dc0 (K, B, H) when
  * the Forward sent h0 and c0 (else untouched; may be NULL). */
-ferry_status ferry_remote_lstm_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
-                                        const float *dy, const float *dhn, const float *dcn,
-                                        float *dx, float *dh0, float *dc0);
+FERRY_API ferry_status ferry_remote_lstm_backward(ferry_remote *m, ferry_dist_ctx *dc,
+                                                  uint64_t call_id, const float *dy,
+                                                  const float *dhn, const float *dcn, float *dx,
+                                                  float *dh0, float *dc0);
 /* The floats of an lstm module's packed parameter block, the layout of
  * ferry_lstm_init_from(..., "lstm", C, H, layers, ..., first_layer) in a block alone. */
-int64_t ferry_remote_lstm_numel(int64_t C, int64_t H, int layers);
+FERRY_API int64_t ferry_remote_lstm_numel(int64_t C, int64_t H, int layers);
 
 /* ---- Jobs: many trainers, one model -------------------------------------------
  * N processes (ranks 0..N-1) train one model on the same servers. Each joins the
@@ -585,7 +601,7 @@ typedef struct ferry_job_config {
 typedef struct ferry_job ferry_job;
 
 /* Parses "bsp", "ssp:K" or "async" into *mode and *staleness. FERRY_ERR_INVALID. */
-ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *staleness);
+FERRY_API ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *staleness);
 
 /* Joins the job on every server of c: the first join makes it (the job then belongs to
  * this client's identity), and this client's session holds the rank. Errors (one
@@ -593,16 +609,18 @@ ferry_status ferry_sync_parse(const char *text, ferry_sync_mode *mode, int *stal
  * finished job; FERRY_ERR_EXISTS for a job with another world, sync mode or model, or a
  * rank another live session holds; FERRY_ERR_DENIED for another identity's job;
  * FERRY_ERR_TIMEOUT for a failed job; call errors. */
-ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
+FERRY_API ferry_status ferry_job_join(ferry_cluster *c, const ferry_job_config *cfg,
+                                      ferry_job **out);
 /* A handle without joining (a restarted rank recovers instead of joining). */
-ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out);
+FERRY_API ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg,
+                                        ferry_job **out);
 /* Joins again with a handle of ferry_job_create: the rank is taken over from a session
  * that is gone (a restarted rank that needs no roll-back). Errors as ferry_job_join. */
-ferry_status ferry_job_rejoin(ferry_job *job);
+FERRY_API ferry_status ferry_job_rejoin(ferry_job *job);
 /* The last step of this rank's run (0, the default: not said), sent with its recover:
  * in a roll-back, ranks that left after completing a run that ends there count as
  * present, offering that step, so that a rank restarted after the end rolls back alone. */
-void ferry_job_set_last_step(ferry_job *job, uint64_t step);
+FERRY_API void ferry_job_set_last_step(ferry_job *job, uint64_t step);
 
 /* Recovery. ferry_job_probe asks one server which complete checkpoints of the job it
  * holds ("<job>-step<N>.ckpt" in its --checkpoint-dir, verified) and where its copy
@@ -624,35 +642,35 @@ typedef struct ferry_job_probe_result {
     uint64_t completed_step; /* the highest step at which a rank left, its run completed */
     int can_checkpoint;      /* the server writes checkpoints (it has a --checkpoint-dir) */
 } ferry_job_probe_result;
-ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out);
-void ferry_job_probe_free(ferry_job_probe_result *p);
-ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, int deadline_ms,
-                               uint64_t *resume_step);
+FERRY_API ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result *out);
+FERRY_API void ferry_job_probe_free(ferry_job_probe_result *p);
+FERRY_API ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n,
+                                         int deadline_ms, uint64_t *resume_step);
 
 /* Rank 0: the modules exist and hold their initial values. */
-ferry_status ferry_job_ready(ferry_job *job);
+FERRY_API ferry_status ferry_job_ready(ferry_job *job);
 /* Other ranks: waits (polling the job's status) until rank 0 said ready on every
  * server, at most the sync timeout: FERRY_ERR_TIMEOUT then. */
-ferry_status ferry_job_wait_ready(ferry_job *job);
+FERRY_API ferry_status ferry_job_wait_ready(ferry_job *job);
 /* This rank is done: its run completed (bsp ranks still waiting for it fail at once). */
-ferry_status ferry_job_leave(ferry_job *job);
+FERRY_API ferry_status ferry_job_leave(ferry_job *job);
 /* This rank leaves after step `step` (0: as the servers counted): `reason` NULL or ""
  * when its run completed, else why it stops early (at most 255 bytes). The ranks
  * waiting for it, and any roll-back that needs it, fail at once with
  * FERRY_ERR_ABORTED naming it and the reason. */
-ferry_status ferry_job_leave_after(ferry_job *job, uint64_t step, const char *reason);
+FERRY_API ferry_status ferry_job_leave_after(ferry_job *job, uint64_t step, const char *reason);
 /* Frees the handle (no Leave). NULL is a no-op. */
-void ferry_job_destroy(ferry_job *job);
-const ferry_job_config *ferry_job_get_config(const ferry_job *job);
+FERRY_API void ferry_job_destroy(ferry_job *job);
+FERRY_API const ferry_job_config *ferry_job_get_config(const ferry_job *job);
 /* The fewest steps any rank of the job has done (the smallest the servers report). */
-ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step);
+FERRY_API ferry_status ferry_job_min_step(ferry_job *job, uint64_t *min_step);
 /* Writes the job's checkpoint of job step `step` on every server
  * ("<job>-step<N>.ckpt" in each --checkpoint-dir: the modules of the job's owner). A
  * server restarted since the step refuses (FERRY_ERR_NOT_FOUND); sent again after a
  * failure in transit within the cluster's retry window. Errors: FERRY_ERR_UNSUPPORTED
  * (a server without --checkpoint-dir), FERRY_ERR_BUSY (--checkpoint-rate),
  * FERRY_ERR_RESOURCE (no room), FERRY_ERR_IO, call errors. */
-ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step);
+FERRY_API ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step);
 
 /* Ties the open context to step `step` (1, 2, ...) of job: its GradNorm and Step
  * carry (job, rank, step) and this rank's loss_sum and tokens of the step, and wait
@@ -660,20 +678,20 @@ ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step);
  * it. After the GradNorm (ferry_dist_ctx_grad_sumsq, clip_step or step_start),
  * ferry_dist_ctx_job_loss gives the loss the servers returned: bsp, the sum over
  * every rank of the step; else this rank's own. */
-ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t step,
-                                    double loss_sum, double tokens);
-void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens);
+FERRY_API ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t step,
+                                              double loss_sum, double tokens);
+FERRY_API void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens);
 /* Asks for a job-wide checkpoint: the request goes with this rank's next GradNorm,
  * and under bsp the answer of that step tells every rank (thread-safe; for a signal
  * handler's flag to pass on). */
-void ferry_job_request_checkpoint(ferry_job *job);
+FERRY_API void ferry_job_request_checkpoint(ferry_job *job);
 /* After the GradNorm of a job step: 1 when a rank asked for a checkpoint in it (bsp:
  * any rank, the same answer on every rank; else this rank's own request), so that
  * every rank checkpoints after this same step. */
-int ferry_dist_ctx_job_checkpoint(const ferry_dist_ctx *dc);
+FERRY_API int ferry_dist_ctx_job_checkpoint(const ferry_dist_ctx *dc);
 /* Forgets the open context without telling the servers (they sweep it after their
  * --context-ttl): after a peer failed, no cleanup call waits on a dead server. */
-void ferry_dist_ctx_abandon(ferry_dist_ctx *dc);
+FERRY_API void ferry_dist_ctx_abandon(ferry_dist_ctx *dc);
 
 /* ---- Remote calls on the local autograd tape ---------------------------------
  * Remote modules as nodes of a local autograd tape (docs/architecture.md §3):
@@ -697,8 +715,9 @@ void ferry_dist_ctx_abandon(ferry_dist_ctx *dc);
  * *out is (ids shape..., E) on ctx's backend (arena memory of ctx). Training mode
  * needs an open dc. Errors as ferry_remote_embedding_forward; FERRY_ERR_INVALID
  * for a rank above 3 or a training ctx without an open dc. */
-ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc, ferry_ctx *ctx,
-                                          const ferry_tensor *ids, ferry_tensor **out);
+FERRY_API ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc,
+                                                    ferry_ctx *ctx, const ferry_tensor *ids,
+                                                    ferry_tensor **out);
 
 /* Sharded softmax cross-entropy of the remote decoder: hidden (..., H) on ctx's
  * backend; targets a HOST int32 tensor of hidden's leading shape. *loss is a
@@ -713,21 +732,24 @@ ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc,
  * advance as the same layers' masks would here), and the node's backward returns the
  * gradient of x and, when given, of h0 and c0. */
 enum { FERRY_DIST_LSTM_RESET = 1, FERRY_DIST_LSTM_CARRY = 2 };
-ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_ctx *ctx,
-                                     uint64_t stream, int flags, const ferry_tensor *x,
-                                     const ferry_tensor *h0, const ferry_tensor *c0,
-                                     ferry_tensor **y, ferry_tensor **hn, ferry_tensor **cn);
+FERRY_API ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_ctx *ctx,
+                                               uint64_t stream, int flags, const ferry_tensor *x,
+                                               const ferry_tensor *h0, const ferry_tensor *c0,
+                                               ferry_tensor **y, ferry_tensor **hn,
+                                               ferry_tensor **cn);
 
-ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
-                                     const ferry_tensor *hidden, const ferry_tensor *targets,
-                                     float scale, ferry_tensor **loss, double *loss_sum);
+FERRY_API ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                               ferry_ctx *ctx, const ferry_tensor *hidden,
+                                               const ferry_tensor *targets, float scale,
+                                               ferry_tensor **loss, double *loss_sum);
 
 /* The classic decoder: logits (..., V) of the remote decoder come back to the trainer
  * (N x V floats on the wire each way); the node's backward sends dlogits and
  * accumulates the returned dh into hidden's gradient. Pair it with a local
  * ferry_xent_forward. */
-ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferry_ctx *ctx,
-                                       const ferry_tensor *hidden, ferry_tensor **logits);
+FERRY_API ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc,
+                                                 ferry_ctx *ctx, const ferry_tensor *hidden,
+                                                 ferry_tensor **logits);
 
 /* ---- Parity with a local model --------------------------------------------------
  * A local model keeps all parameters in one block and draws parameter element i of

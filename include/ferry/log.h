@@ -12,6 +12,7 @@
 #ifndef FERRY_LOG_PUBLIC_H
 #define FERRY_LOG_PUBLIC_H
 
+#include "ferry/export.h"
 #include "ferry/status.h"
 
 #ifdef __cplusplus
@@ -27,12 +28,12 @@ typedef enum ferry_log_level {
 
 /* Sets the program name printed on every line ("ferry-ps"; NULL keeps it) and reads
  * the level from FERRY_LOG when set. */
-void ferry_log_init(const char *progname);
+FERRY_API void ferry_log_init(const char *progname);
 /* Lines above level are dropped before they are formatted. Default: INFO. */
-void ferry_log_set_level(ferry_log_level level);
-ferry_log_level ferry_log_get_level(void);
+FERRY_API void ferry_log_set_level(ferry_log_level level);
+FERRY_API ferry_log_level ferry_log_get_level(void);
 /* Parses "error", "warn", "info" or "debug"; FERRY_ERR_INVALID otherwise. */
-ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out);
+FERRY_API ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out);
 
 /* Receives each line that passes the level: the message alone, without timestamp,
  * level tag, program name or newline. Called on the thread that logs, possibly from
@@ -40,11 +41,11 @@ ferry_status ferry_log_parse_level(const char *s, ferry_log_level *out);
  * and must not call back into ferry. */
 /* 1: stderr lines are JSON objects {"ts","level","prog","msg"} (--log-format json,
  * or FERRY_LOG_FORMAT=json at ferry_log_init); 0: text (the default). */
-void ferry_log_set_json(int on);
+FERRY_API void ferry_log_set_json(int on);
 typedef void (*ferry_log_sink)(void *user, ferry_log_level level, const char *message);
 /* Routes every later line to sink (NULL: back to stderr). Thread-safe: it waits for
  * lines being handed to the previous sink, which receives none afterwards. */
-void ferry_log_set_sink(ferry_log_sink sink, void *user);
+FERRY_API void ferry_log_set_sink(ferry_log_sink sink, void *user);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #ifndef FERRY_NN_H
 #define FERRY_NN_H
 
+#include "ferry/export.h"
 #include "ferry/autograd.h"
 #include "ferry/params.h"
 
@@ -37,12 +38,12 @@ typedef struct ferry_embedding {
 } ferry_embedding;
 
 /* Declares "<prefix>.weight" (V, E). */
-ferry_status ferry_embedding_init(ferry_embedding *m, ferry_params *P, const char *prefix,
-                                  int64_t V, int64_t E);
+FERRY_API ferry_status ferry_embedding_init(ferry_embedding *m, ferry_params *P, const char *prefix,
+                                            int64_t V, int64_t E);
 /* ids is a HOST int32 tensor of any shape (ids must be in [0, V): FERRY_ERR_RANGE
  * otherwise, naming the offending id); *out is (ids shape…, E) on the ctx backend. */
-ferry_status ferry_embedding_forward(ferry_embedding *m, ferry_ctx *ctx, const ferry_tensor *ids,
-                                     ferry_tensor **out);
+FERRY_API ferry_status ferry_embedding_forward(ferry_embedding *m, ferry_ctx *ctx,
+                                               const ferry_tensor *ids, ferry_tensor **out);
 
 /* ---- Linear: (…, C) -> (…, D), y = x W^T + b with W (D, C) ---- */
 
@@ -53,10 +54,10 @@ typedef struct ferry_linear {
     int64_t C, D;
 } ferry_linear;
 
-ferry_status ferry_linear_init(ferry_linear *m, ferry_params *P, const char *prefix, int64_t C,
-                               int64_t D, int bias);
-ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_tensor *x,
-                                  ferry_tensor **y);
+FERRY_API ferry_status ferry_linear_init(ferry_linear *m, ferry_params *P, const char *prefix,
+                                         int64_t C, int64_t D, int bias);
+FERRY_API ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_tensor *x,
+                                            ferry_tensor **y);
 
 /* ---- LSTM: PyTorch nn.LSTM layout and semantics (gates i, f, g, o) ---- */
 
@@ -72,14 +73,14 @@ typedef struct ferry_lstm {
 } ferry_lstm;
 
 /* Declares "<prefix>.weight_ih_l{k}", "weight_hh_l{k}", "bias_ih_l{k}", "bias_hh_l{k}". */
-ferry_status ferry_lstm_init(ferry_lstm *m, ferry_params *P, const char *prefix, int64_t C,
-                             int64_t H, int L, float dropout);
+FERRY_API ferry_status ferry_lstm_init(ferry_lstm *m, ferry_params *P, const char *prefix,
+                                       int64_t C, int64_t H, int L, float dropout);
 /* The same for layers first .. first+L-1 of a deeper stack whose other layers live
  * elsewhere (a model split across processes): the parameters are named after their
  * layer in the whole stack ("<prefix>.weight_ih_l{first+k}"); C is the input size of
  * layer `first` (the embedding size for 0, else H). */
-ferry_status ferry_lstm_init_from(ferry_lstm *m, ferry_params *P, const char *prefix, int64_t C,
-                                  int64_t H, int L, float dropout, int first);
+FERRY_API ferry_status ferry_lstm_init_from(ferry_lstm *m, ferry_params *P, const char *prefix,
+                                            int64_t C, int64_t H, int L, float dropout, int first);
 
 typedef struct ferry_lstm_opts {
     /* Optional inter-layer dropout masks, masks[k] (T, B, H) applied to layer k's
@@ -100,23 +101,23 @@ typedef struct ferry_lstm_opts {
  * modified. Backward adds the map's backward of dL/dA into the raw W's gradient.
  * The penalty beta ||W^T W - I||^2 and its gradient 4 beta W C are NOT added here:
  * the parameters' owner adds them once per optimizer step with
- * ferry_stiefel_add_penalty_grads (optim/stiefel.h), so several forward calls or
+ * ferry_stiefel_add_penalty_grads (ferry/optim.h), so several forward calls or
  * trainers do not count them more than once. Parameters must not change between a
  * forward and its backward. FERRY_ERR_UNSUPPORTED for any other constraint kind. */
-ferry_status ferry_lstm_forward(ferry_lstm *m, ferry_ctx *ctx, const ferry_tensor *x,
-                                const ferry_tensor *h0, const ferry_tensor *c0,
-                                const ferry_lstm_opts *opts, ferry_tensor **y, ferry_tensor **hn,
-                                ferry_tensor **cn);
+FERRY_API ferry_status ferry_lstm_forward(ferry_lstm *m, ferry_ctx *ctx, const ferry_tensor *x,
+                                          const ferry_tensor *h0, const ferry_tensor *c0,
+                                          const ferry_lstm_opts *opts, ferry_tensor **y,
+                                          ferry_tensor **hn, ferry_tensor **cn);
 
 /* ---- Dropout (inverted), mask drawn from the context's random stream ---- */
 
 /* In eval mode or with p == 0, *y = x (no copy, no node). */
-ferry_status ferry_dropout_forward(ferry_ctx *ctx, float p, const ferry_tensor *x,
-                                   ferry_tensor **y);
+FERRY_API ferry_status ferry_dropout_forward(ferry_ctx *ctx, float p, const ferry_tensor *x,
+                                             ferry_tensor **y);
 /* The same with a given mask (tests): numel(x) host floats, copied, applied in
  * every mode. */
-ferry_status ferry_dropout_forward_mask(ferry_ctx *ctx, const ferry_tensor *x, const float *mask,
-                                        ferry_tensor **y);
+FERRY_API ferry_status ferry_dropout_forward_mask(ferry_ctx *ctx, const ferry_tensor *x,
+                                                  const float *mask, ferry_tensor **y);
 
 /* ---- Softmax cross-entropy ---- */
 
@@ -127,9 +128,9 @@ ferry_status ferry_dropout_forward_mask(ferry_ctx *ctx, const ferry_tensor *x, c
  * The logits are overwritten with the softmax probabilities, and backward turns
  * that storage into their gradient (no (N, V) copies); copy them first if you
  * need them afterwards. */
-ferry_status ferry_xent_forward(ferry_ctx *ctx, const ferry_tensor *logits,
-                                const ferry_tensor *targets, float scale, ferry_tensor **loss,
-                                double *loss_sum);
+FERRY_API ferry_status ferry_xent_forward(ferry_ctx *ctx, const ferry_tensor *logits,
+                                          const ferry_tensor *targets, float scale,
+                                          ferry_tensor **loss, double *loss_sum);
 
 #ifdef __cplusplus
 }

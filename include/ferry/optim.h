@@ -1,8 +1,8 @@
 /* optim.h - the optimizer over a parameter block: SGD (momentum, dampening, Nesterov),
  * Adagrad, Adadelta, Adam and AdamW, each exactly torch 1.13's single-tensor rule, dense
  * for ordinary parameters and lazy (touched rows only) for row-sparse ones. State slots
- * share the block's layout and live on its backend; the update runs there
- * (ferry_backend_optim_update).
+ * share the block's layout and live on its backend; the update runs there (the
+ * backend's optimizer kernel).
  *
  *     ferry_optim_config cfg = ferry_optim_defaults(FERRY_OPTIM_ADAM);
  *     cfg.lr = 2e-3;
@@ -22,6 +22,8 @@
  * Not thread-safe per object. */
 #ifndef FERRY_OPTIM_H
 #define FERRY_OPTIM_H
+
+#include "ferry/export.h"
 
 #include <math.h> /* HUGE_VAL in FERRY_OPTIM_FIELD_MAP */
 #include <stdint.h>
@@ -100,12 +102,12 @@ enum {
         FERRY_OPTIM_FIELD_COUNT
 };
 
-extern const ferry_optim_field ferry_optim_fields[FERRY_OPTIM_FIELD_COUNT];
+FERRY_API extern const ferry_optim_field ferry_optim_fields[FERRY_OPTIM_FIELD_COUNT];
 /* The index of the field named name ("eps"), or -1. */
-int ferry_optim_field_find(const char *name);
+FERRY_API int ferry_optim_field_find(const char *name);
 /* Field i of c as a double, and set from one (an int field takes v != 0). */
-double ferry_optim_field_get(const ferry_optim_config *c, int i);
-void ferry_optim_field_set(ferry_optim_config *c, int i, double v);
+FERRY_API double ferry_optim_field_get(const ferry_optim_config *c, int i);
+FERRY_API void ferry_optim_field_set(ferry_optim_config *c, int i, double v);
 
 typedef struct ferry_optim ferry_optim; /* opaque */
 
@@ -113,42 +115,42 @@ typedef struct ferry_optim ferry_optim; /* opaque */
  * sgd: lr 1, no momentum | adagrad: lr 0.01, eps 1e-10 | adadelta: lr 1, rho 0.9,
  * eps 1e-6 | adam: lr 1e-3, betas (0.9, 0.999), eps 1e-8 | adamw: as adam with
  * weight_decay 0.01. Every other field is 0. */
-ferry_optim_config ferry_optim_defaults(ferry_optim_kind kind);
+FERRY_API ferry_optim_config ferry_optim_defaults(ferry_optim_kind kind);
 /* ferry_optim_defaults of the kind named name ("adam"); FERRY_ERR_INVALID as
  * ferry_optim_parse_kind. */
-ferry_status ferry_optim_config_named(const char *name, ferry_optim_config *out);
+FERRY_API ferry_status ferry_optim_config_named(const char *name, ferry_optim_config *out);
 /* "sgd", "adagrad", "adadelta", "adam" or "adamw" (case-sensitive) into *out;
  * FERRY_ERR_INVALID with the list of valid names otherwise. */
-ferry_status ferry_optim_parse_kind(const char *name, ferry_optim_kind *out);
+FERRY_API ferry_status ferry_optim_parse_kind(const char *name, ferry_optim_kind *out);
 /* The name parse_kind accepts; "unknown" for a value outside the enum. */
-const char *ferry_optim_kind_name(ferry_optim_kind kind);
+FERRY_API const char *ferry_optim_kind_name(ferry_optim_kind kind);
 /* Checks, from FERRY_OPTIM_FIELD_MAP, the range of every field the kind uses (the ones
  * torch checks: lr, eps, weight_decay, momentum >= 0; betas in [0, 1), rho in [0, 1]),
  * that every field is finite, that SGD's Nesterov has momentum > 0 and zero dampening,
  * and a known kind. FERRY_ERR_INVALID naming the offending field. */
-ferry_status ferry_optim_config_check(const ferry_optim_config *cfg);
+FERRY_API ferry_status ferry_optim_config_check(const ferry_optim_config *cfg);
 
 /* Per-element state slots the optimizer keeps (0, 1 or 2 floats per parameter
  * element): what ferry_optim_create will allocate, for budgets checked beforehand. */
-int ferry_optim_slots(const ferry_optim_config *cfg);
+FERRY_API int ferry_optim_slots(const ferry_optim_config *cfg);
 
 /* Creates an optimizer for the allocated block P: the state slots the kind needs
  * (sgd: 1 with momentum, else 0; adagrad: 1, filled with initial_accumulator; adadelta,
  * adam, adamw: 2; zero-filled) are allocated on P->be with P's layout. P itself is not
  * kept: pass the same block (or one with the same layout) to every step. Errors:
  * FERRY_ERR_INVALID for a bad config or an unallocated block, FERRY_ERR_NOMEM. */
-ferry_status ferry_optim_create(const ferry_params *P, const ferry_optim_config *cfg,
-                                ferry_optim **out);
-void ferry_optim_destroy(ferry_optim *o); /* NULL is a no-op */
+FERRY_API ferry_status ferry_optim_create(const ferry_params *P, const ferry_optim_config *cfg,
+                                          ferry_optim **out);
+FERRY_API void ferry_optim_destroy(ferry_optim *o); /* NULL is a no-op */
 
 /* The learning rate used by later steps (schedules call this); FERRY_ERR_INVALID for a
  * negative or non-finite value. */
-ferry_status ferry_optim_set_lr(ferry_optim *o, double lr);
-double ferry_optim_get_lr(const ferry_optim *o);
+FERRY_API ferry_status ferry_optim_set_lr(ferry_optim *o, double lr);
+FERRY_API double ferry_optim_get_lr(const ferry_optim *o);
 /* The configuration (lr as currently set). */
-ferry_optim_config ferry_optim_get_config(const ferry_optim *o);
+FERRY_API ferry_optim_config ferry_optim_get_config(const ferry_optim *o);
 /* Steps taken so far (t of the last step; 0 before the first). */
-int64_t ferry_optim_step_count(const ferry_optim *o);
+FERRY_API int64_t ferry_optim_step_count(const ferry_optim *o);
 
 /* One step: t += 1, then every parameter of P with a gradient in G is updated: a dense
  * one over its range, a row-sparse one over the rows of its ferry_rowgrad (lazily).
@@ -159,23 +161,23 @@ int64_t ferry_optim_step_count(const ferry_optim *o);
  * anything changes: FERRY_ERR_SHAPE if P or G does not have the optimizer's layout or a
  * row gradient has the wrong width, FERRY_ERR_RANGE for a row id outside its table,
  * FERRY_ERR_NUMERIC for a non-finite or negative grad_scale. */
-ferry_status ferry_optim_step(ferry_optim *o, ferry_params *P, const ferry_grads *G,
-                              float grad_scale);
+FERRY_API ferry_status ferry_optim_step(ferry_optim *o, ferry_params *P, const ferry_grads *G,
+                                        float grad_scale);
 
 /* ---- checkpoints ---- */
 
 /* Bytes ferry_optim_state_save writes. */
-size_t ferry_optim_state_size(const ferry_optim *o);
+FERRY_API size_t ferry_optim_state_size(const ferry_optim *o);
 /* Writes a header (kind, block size, parameter count, step, lr) and the state: the slots
  * and the SGD "buffer exists" flags, in host byte order. FERRY_ERR_IO on a write error. */
-ferry_status ferry_optim_state_save(const ferry_optim *o, FILE *f);
+FERRY_API ferry_status ferry_optim_state_save(const ferry_optim *o, FILE *f);
 /* Reads what state_save wrote and continues from it: step, lr and state are restored
  * (set the lr again afterwards to override it). The header must match this optimizer:
  * FERRY_ERR_EXISTS for another kind or layout, with a message such as "checkpoint
  * optimizer is adam over 123 floats, this model needs sgd over 456";
  * FERRY_ERR_FORMAT for a file that is not an optimizer state or is truncated (the state
  * may then be partly overwritten: do not step it). FERRY_ERR_IO on a read error. */
-ferry_status ferry_optim_state_load(ferry_optim *o, FILE *f);
+FERRY_API ferry_status ferry_optim_state_load(ferry_optim *o, FILE *f);
 
 /* ---- Clipping ----
  * Global-norm gradient clipping, as torch.nn.utils.clip_grad_norm_ (norm type 2).
@@ -195,13 +197,26 @@ ferry_status ferry_optim_state_load(ferry_optim *o, FILE *f);
  * FERRY_ERR_INVALID (scale 1) for max_norm <= 0 or non-finite; FERRY_ERR_NUMERIC (scale 1,
  * norm as computed) when the norm is NaN or infinite: the step should be skipped or the
  * run stopped. norm_out may be NULL. */
-ferry_status ferry_clip_coef(double total_sumsq, float max_norm, float *scale_out,
-                             double *norm_out);
+FERRY_API ferry_status ferry_clip_coef(double total_sumsq, float max_norm, float *scale_out,
+                                       double *norm_out);
 
 /* Sum of squares, in double, of every gradient held by the count gradient sets G[0..count)
  * (dense and row-sparse; a context may have touched several blocks, each with its own
  * ferry_grads). NULL entries are skipped. Errors from the backend pass through. */
-ferry_status ferry_clip_sumsq(const ferry_grads *const *G, int count, double *out);
+FERRY_API ferry_status ferry_clip_sumsq(const ferry_grads *const *G, int count, double *out);
+
+/* ---- the Stiefel penalty (cdopt's quadratic term; ferry/nn.h has the map) ---- */
+
+/* For every Stiefel-constrained parameter of P (FERRY_CONSTRAINT_STIEFEL, with its
+ * beta): adds the penalty's gradient 4 beta W (W^T W - I) to the parameter's dense
+ * gradient in G (creating it if the parameter had none this step: the penalty always
+ * contributes), and reports sum beta ||W^T W - I||_F^2 in *penalty and the drift
+ * sqrt(sum ||W^T W - I||_F^2) in *drift (either may be NULL). Call it once per
+ * optimizer step, after backward and before clipping, on the process that owns the
+ * parameters; then clip and step as for any parameter. Errors from the backend or
+ * FERRY_ERR_NOMEM. */
+FERRY_API ferry_status ferry_stiefel_add_penalty_grads(const ferry_params *P, ferry_grads *G,
+                                                       double *penalty, double *drift);
 
 #ifdef __cplusplus
 }

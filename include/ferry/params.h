@@ -13,6 +13,8 @@
 #ifndef FERRY_PARAMS_H
 #define FERRY_PARAMS_H
 
+#include "ferry/export.h"
+
 #include <stdint.h>
 
 #include "ferry/backend.h"
@@ -30,8 +32,9 @@ enum {
 
 typedef enum ferry_constraint_kind {
     FERRY_CONSTRAINT_NONE = 0,
-    FERRY_CONSTRAINT_STIEFEL = 1, /* W^T W = I via cdopt's dissolving map; see ferry/nn.h
-                                     (ferry_stiefel_map) and optim/stiefel.c */
+    FERRY_CONSTRAINT_STIEFEL = 1, /* W^T W = I via cdopt's dissolving map: see
+                                     ferry_lstm_forward (ferry/nn.h) and, for the
+                                     penalty, ferry_stiefel_add_penalty_grads */
 } ferry_constraint_kind;
 
 typedef struct ferry_param {
@@ -53,28 +56,29 @@ typedef struct ferry_params {
 } ferry_params;
 
 /* Caller-provided storage; deinit frees what init and alloc took. */
-void ferry_params_init(ferry_params *P, ferry_backend *be);
-void ferry_params_deinit(ferry_params *P);
+FERRY_API void ferry_params_init(ferry_params *P, ferry_backend *be);
+FERRY_API void ferry_params_deinit(ferry_params *P);
 /* Declares a parameter before ferry_params_alloc. FERRY_ERR_EXISTS for a
  * duplicate name, FERRY_ERR_BUSY once allocated. *index receives its index. */
-ferry_status ferry_params_add(ferry_params *P, const char *name, ferry_shape shape, int flags,
-                              int *index);
+FERRY_API ferry_status ferry_params_add(ferry_params *P, const char *name, ferry_shape shape,
+                                        int flags, int *index);
 /* Allocates the zero-filled block. */
-ferry_status ferry_params_alloc(ferry_params *P);
+FERRY_API ferry_status ferry_params_alloc(ferry_params *P);
 /* Index of the named parameter, or -1. */
-int ferry_params_find(const ferry_params *P, const char *name);
-float *ferry_params_data(const ferry_params *P, int index);
-ferry_tensor ferry_params_tensor(const ferry_params *P, int index);
+FERRY_API int ferry_params_find(const ferry_params *P, const char *name);
+FERRY_API float *ferry_params_data(const ferry_params *P, int index);
+FERRY_API ferry_tensor ferry_params_tensor(const ferry_params *P, int index);
 /* Fills parameter `index` with U(-scale, scale) drawn from (seed, element index in
  * the block): the same values on every backend and independent of other params. */
-ferry_status ferry_params_init_uniform(ferry_params *P, int index, float scale, uint64_t seed);
+FERRY_API ferry_status ferry_params_init_uniform(ferry_params *P, int index, float scale,
+                                                 uint64_t seed);
 /* The same, drawing element i from index base + i: reproduces the values a parameter
  * would get at offset `base` of another block (a model split across processes). */
-ferry_status ferry_params_init_uniform_at(ferry_params *P, int index, float scale, uint64_t seed,
-                                          int64_t base);
+FERRY_API ferry_status ferry_params_init_uniform_at(ferry_params *P, int index, float scale,
+                                                    uint64_t seed, int64_t base);
 /* Marks a parameter as Stiefel-constrained with penalty weight beta. */
-ferry_status ferry_params_set_constraint(ferry_params *P, int index, ferry_constraint_kind kind,
-                                         float beta);
+FERRY_API ferry_status ferry_params_set_constraint(ferry_params *P, int index,
+                                                   ferry_constraint_kind kind, float beta);
 
 /* ---- gradients ---- */
 
@@ -97,34 +101,34 @@ typedef struct ferry_grads {
     ferry_rowgrad *rows; /* host array, one per parameter (used for ROW_SPARSE ones) */
 } ferry_grads;
 
-ferry_status ferry_grads_init(ferry_grads *G, const ferry_params *P);
-void ferry_grads_deinit(ferry_grads *G);
+FERRY_API ferry_status ferry_grads_init(ferry_grads *G, const ferry_params *P);
+FERRY_API void ferry_grads_deinit(ferry_grads *G);
 /* Forgets every gradient (touched flags cleared; storage kept for reuse). */
-void ferry_grads_zero(ferry_grads *G);
+FERRY_API void ferry_grads_zero(ferry_grads *G);
 /* Dense gradient of parameter `index` to accumulate into (+=). Zero-filled on the
  * first call after ferry_grads_zero. NULL (with an error set) for a row-sparse
  * parameter or an allocation failure. */
-float *ferry_grads_dense(ferry_grads *G, int index);
+FERRY_API float *ferry_grads_dense(ferry_grads *G, int index);
 /* Maps `count` row ids of a row-sparse parameter to slots, creating zero-filled
- * slots for new rows; slots[n] receives the slot of ids[n]. Accumulate with
- * ferry_backend_scatter_add_rows(be, count, D, slots, src, rowgrad->values).
+ * slots for new rows; slots[n] receives the slot of ids[n]: add the gradient row of
+ * ids[n] into row slots[n] of the parameter's row values (D floats each).
  * FERRY_ERR_RANGE if an id is outside [0, R). */
-ferry_status ferry_grads_row_slots(ferry_grads *G, int index, int64_t count, const int32_t *ids,
-                                   int32_t *slots);
-ferry_rowgrad *ferry_grads_rows(ferry_grads *G, int index);
+FERRY_API ferry_status ferry_grads_row_slots(ferry_grads *G, int index, int64_t count,
+                                             const int32_t *ids, int32_t *slots);
+FERRY_API ferry_rowgrad *ferry_grads_rows(ferry_grads *G, int index);
 /* Host and backend bytes G holds now: the dense block once a dense parameter got a
  * gradient, and each row-sparse table's capacity. */
-int64_t ferry_grads_bytes(const ferry_grads *G);
+FERRY_API int64_t ferry_grads_bytes(const ferry_grads *G);
 /* The most G can grow by when each row-sparse parameter receives up to new_rows
  * rows it does not hold yet and the dense parameters get gradients (for budgets
  * checked before the memory is taken). */
-int64_t ferry_grads_growth_bound(const ferry_grads *G, int64_t new_rows);
+FERRY_API int64_t ferry_grads_growth_bound(const ferry_grads *G, int64_t new_rows);
 /* Sum of squares of every gradient held (dense and row-sparse), in double. */
-ferry_status ferry_grads_sumsq(const ferry_grads *G, double *out);
+FERRY_API ferry_status ferry_grads_sumsq(const ferry_grads *G, double *out);
 /* Multiplies every gradient held by s. */
-ferry_status ferry_grads_scale(ferry_grads *G, float s);
+FERRY_API ferry_status ferry_grads_scale(ferry_grads *G, float s);
 /* Adds src's gradients into dst (same block); for tests and multi-trainer sums. */
-ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src);
+FERRY_API ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src);
 
 #ifdef __cplusplus
 }

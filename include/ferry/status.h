@@ -5,6 +5,8 @@
 #ifndef FERRY_STATUS_H
 #define FERRY_STATUS_H
 
+#include "ferry/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -47,17 +49,17 @@ typedef enum ferry_status {
 #endif
 
 /* The fixed text of a status ("tensor shape mismatch"). Never NULL. */
-const char *ferry_status_str(ferry_status s);
+FERRY_API const char *ferry_status_str(ferry_status s);
 
 /* Records a detail message for the calling thread and returns st, so that
  * `return ferry_errorf(FERRY_ERR_IO, "cannot open %s", path);` reads naturally.
  * The message replaces the previous one; thread-safe (thread-local storage). */
-ferry_status ferry_errorf(ferry_status st, const char *fmt, ...) FERRY_PRINTF(2, 3);
+FERRY_API ferry_status ferry_errorf(ferry_status st, const char *fmt, ...) FERRY_PRINTF(2, 3);
 
 /* The calling thread's last detail message, or "" if none was set since
  * ferry_error_clear(). The pointer stays valid until the next ferry_errorf. */
-const char *ferry_error_last(void);
-void ferry_error_clear(void);
+FERRY_API const char *ferry_error_last(void);
+FERRY_API void ferry_error_clear(void);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,8 @@
 #ifndef FERRY_TENSOR_H
 #define FERRY_TENSOR_H
 
+#include "ferry/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,37 +40,39 @@ typedef struct ferry_tensor {
     int owns;          /* 1: ferry_tensor_destroy frees data */
 } ferry_tensor;
 
-ferry_shape ferry_shape_1d(int64_t d0);
-ferry_shape ferry_shape_2d(int64_t d0, int64_t d1);
-ferry_shape ferry_shape_3d(int64_t d0, int64_t d1, int64_t d2);
-int64_t ferry_shape_numel(ferry_shape s);
-int ferry_shape_eq(ferry_shape a, ferry_shape b);
+FERRY_API ferry_shape ferry_shape_1d(int64_t d0);
+FERRY_API ferry_shape ferry_shape_2d(int64_t d0, int64_t d1);
+FERRY_API ferry_shape ferry_shape_3d(int64_t d0, int64_t d1, int64_t d2);
+FERRY_API int64_t ferry_shape_numel(ferry_shape s);
+FERRY_API int ferry_shape_eq(ferry_shape a, ferry_shape b);
 /* Writes "(2, 3, 4)" into buf; returns buf. */
-const char *ferry_shape_str(ferry_shape s, char *buf, size_t cap);
-size_t ferry_dtype_size(ferry_dtype dt);
+FERRY_API const char *ferry_shape_str(ferry_shape s, char *buf, size_t cap);
+FERRY_API size_t ferry_dtype_size(ferry_dtype dt);
 
 /* Allocates a zero-filled tensor on be and stores it in *out; release it with
  * ferry_tensor_destroy. FERRY_ERR_INVALID for a bad shape, FERRY_ERR_NOMEM when
  * the backend is full; *out is unchanged on failure. */
-ferry_status ferry_tensor_create(ferry_backend *be, ferry_dtype dt, ferry_shape shape,
-                                 ferry_tensor **out);
-void ferry_tensor_destroy(ferry_tensor *t); /* NULL is a no-op */
+FERRY_API ferry_status ferry_tensor_create(ferry_backend *be, ferry_dtype dt, ferry_shape shape,
+                                           ferry_tensor **out);
+FERRY_API void ferry_tensor_destroy(ferry_tensor *t); /* NULL is a no-op */
 
 /* A non-owning tensor over `data` (which must hold the shape). */
-ferry_tensor ferry_tensor_wrap(ferry_backend *be, ferry_dtype dt, ferry_shape shape, void *data);
+FERRY_API ferry_tensor ferry_tensor_wrap(ferry_backend *be, ferry_dtype dt, ferry_shape shape,
+                                         void *data);
 /* A view of numel(shape) elements of base starting at element `offset`. Asserts
  * the range fits. */
-ferry_tensor ferry_tensor_view(const ferry_tensor *base, int64_t offset, ferry_shape shape);
+FERRY_API ferry_tensor ferry_tensor_view(const ferry_tensor *base, int64_t offset,
+                                         ferry_shape shape);
 
-int64_t ferry_tensor_numel(const ferry_tensor *t);
-size_t ferry_tensor_nbytes(const ferry_tensor *t);
+FERRY_API int64_t ferry_tensor_numel(const ferry_tensor *t);
+FERRY_API size_t ferry_tensor_nbytes(const ferry_tensor *t);
 /* Typed data pointers; assert the dtype. */
-float *ferry_tensor_f32(const ferry_tensor *t);
-int32_t *ferry_tensor_i32(const ferry_tensor *t);
+FERRY_API float *ferry_tensor_f32(const ferry_tensor *t);
+FERRY_API int32_t *ferry_tensor_i32(const ferry_tensor *t);
 
 /* Copies between a tensor and host memory of ferry_tensor_nbytes(t) bytes. */
-ferry_status ferry_tensor_from_host(ferry_tensor *t, const void *src);
-ferry_status ferry_tensor_to_host(const ferry_tensor *t, void *dst);
+FERRY_API ferry_status ferry_tensor_from_host(ferry_tensor *t, const void *src);
+FERRY_API ferry_status ferry_tensor_to_host(const ferry_tensor *t, void *dst);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@
 #ifndef FERRY_VERSION_H
 #define FERRY_VERSION_H
 
+#include "ferry/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -27,8 +29,8 @@ extern "C" {
     (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
 
 /* The library's version at run time ("0.2.0") and as FERRY_VERSION_NUMBER. */
-const char *ferry_version(void);
-int ferry_version_number(void);
+FERRY_API const char *ferry_version(void);
+FERRY_API int ferry_version_number(void);
 
 #ifdef __cplusplus
 }

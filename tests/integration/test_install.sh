@@ -3,7 +3,8 @@
 # then examples/ (classic_lm and first_client, the README's "Your first client") built
 # from a separate directory, once with nothing but `pkg-config --cflags --libs ferry`
 # and once with CMake's find_package(ferry); every binary must train against the
-# installed ferry-ps, and neither they nor libferry may need a CUDA library. Every installed public header must compile on its own
+# installed ferry-ps, and neither they nor libferry may need a CUDA library; libferry
+# exports exactly what its headers declare. Every installed public header must compile on its own
 # (C11, and C++ when a C++ compiler is present).
 . "$(dirname "$0")/lib.sh"
 if [ -n "${FERRY_SANITIZE:-}" ]; then
@@ -27,6 +28,13 @@ soname=$(objdump -p "$LIBDIR/libferry.so" | awk '/SONAME/ { print $2 }')
 case "$soname" in libferry.so.*) ;; *) fail "libferry.so has no versioned soname ($soname)" ;; esac
 [ -e "$LIBDIR/$soname" ] || fail "the soname link $soname is not installed"
 ok "installed: $soname, libferry.a, ferry.pc, CMake package, headers, ferry-ps, ferry-trainer, ferry-ctl"
+
+# The library boundary: the installed libferry.so's dynamic symbols are exactly the
+# functions and variables include/ferry/ declares (FERRY_API), no private helper and
+# no generated protobuf-c code among them.
+exports=$(python3 "$FERRY_SRC/scripts/check-exports.py" --lib "$LIBDIR/$soname" 2>&1) ||
+    fail "libferry's exports: $(echo "$exports" | head -5) ($(echo "$exports" | wc -l) findings)"
+ok "${exports#check-exports: }"
 
 # Public headers are self-sufficient: each compiles alone, warnings as errors.
 for h in "$PREFIX"/include/ferry/*.h; do
