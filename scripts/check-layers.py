@@ -31,6 +31,7 @@ LAYER_RULES = [
     ("server/ctl/", "app"),
     ("common/core/", "core"),
     ("common/ops/", "ops"),
+    ("include/ferry/export.h", "core"),
     ("include/ferry/status.h", "core"),
     ("include/ferry/log.h", "core"),
     ("include/ferry/version.h", "core"),
