@@ -163,14 +163,14 @@ static ferry_status create_flags(ferry_optim *o, const ferry_params *P) {
     o->seen = calloc((size_t)o->count + 1, 1);
     o->row_seen = calloc((size_t)o->count + 1, sizeof *o->row_seen);
     if (o->seen == NULL || o->row_seen == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     for (int i = 0; i < o->count; i++) {
         int64_t R = o->table_rows[i];
         if (R == 0)
             continue;
         uint8_t *zeros = calloc((size_t)R, 1);
         if (zeros == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         ferry_status st = ferry_backend_alloc(P->be, (size_t)R, (void **)&o->row_seen[i]);
         if (st == FERRY_OK)
             st = ferry_backend_copy(P->be, o->row_seen[i], zeros, (size_t)R,
@@ -191,8 +191,8 @@ ferry_status ferry_optim_create(const ferry_params *P, const ferry_optim_config 
         return ferry_errorf(FERRY_ERR_INVALID, "optimizer: the parameter block is not allocated");
     ferry_optim *o = calloc(1, sizeof *o);
     if (o == NULL)
-        return FERRY_ERR_NOMEM;
-    st = FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
+    st = FERRY_NOMEM();
     o->cfg = *cfg;
     o->be = P->be;
     o->numel = P->numel;
@@ -397,7 +397,7 @@ static ferry_status save_backend(const ferry_optim *o, FILE *f, const void *src,
         return write_all(f, src, n);
     char *buf = malloc(CHUNK_BYTES);
     if (buf == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry_status st = FERRY_OK;
     for (size_t at = 0; at < n && st == FERRY_OK; at += CHUNK_BYTES) {
         size_t len = n - at < CHUNK_BYTES ? n - at : CHUNK_BYTES;
@@ -414,7 +414,7 @@ static ferry_status load_backend(ferry_optim *o, FILE *f, void *dst, size_t n, c
         return read_all(f, dst, n, what);
     char *buf = malloc(CHUNK_BYTES);
     if (buf == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry_status st = FERRY_OK;
     for (size_t at = 0; at < n && st == FERRY_OK; at += CHUNK_BYTES) {
         size_t len = n - at < CHUNK_BYTES ? n - at : CHUNK_BYTES;

@@ -113,7 +113,7 @@ static ferry_status penalty_pass(const ferry_params *P, const float *data, ferry
         float *g = G != NULL ? ferry_grads_dense(G, i) : grad != NULL ? grad + p->offset : NULL;
         double sq = 0.0;
         if (g == NULL && (G != NULL || grad != NULL)) {
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
             break;
         }
         /* One C per matrix serves the metric and the gradient. */

@@ -16,6 +16,12 @@ echo "== layers (scripts/check-layers.py) =="
 python3 scripts/check-layers.py
 echo "== the public API's marks and comments (scripts/check-exports.py) =="
 python3 scripts/check-exports.py
+echo "== every out-of-memory return says where (FERRY_NOMEM, common/core/log.h) =="
+if grep -rnE 'return FERRY_ERR_NOMEM;|\w = FERRY_ERR_NOMEM;|: FERRY_ERR_NOMEM\b' \
+    --include='*.c' --include='*.cu' common server worker optim; then
+    echo "these leave ferry_error_last() stale: return FERRY_NOMEM() instead" >&2
+    exit 1
+fi
 
 echo "== release build (-Werror) =="
 cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON >/dev/null

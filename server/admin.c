@@ -53,7 +53,7 @@ ferry_status ferry__ps_on_hello(ferry__ps_state *s, ferry__ps_session *none,
     if (names == NULL) {
         ferry__ps_registry_list_free(mods, n);
         ferry__ps_session_leave(&s->sessions, sess);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     size_t k = 0;
     for (int i = 0; i < n; i++) {
@@ -135,7 +135,7 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
     (void)req; /* the header says it all */
     stats_builder *b = calloc(1, sizeof *b);
     if (b == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     b->prefix = q->prefix;
     ferry_rpc_server_stats rs;
     memset(&rs, 0, sizeof rs);
@@ -422,7 +422,7 @@ ferry_status ferry__ps_on_list_modules(ferry__ps_state *s, ferry__ps_session *se
     Ferry__V1__ModuleInfo *info = calloc((size_t)n + 1, sizeof *info);
     Ferry__V1__ModuleInfo **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
     Ferry__V1__ModuleConfig **cfgs = calloc((size_t)n + 1, sizeof *cfgs);
-    ferry_status st = info != NULL && ptrs != NULL && cfgs != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+    ferry_status st = info != NULL && ptrs != NULL && cfgs != NULL ? FERRY_OK : FERRY_NOMEM();
     size_t k = 0, plen = strlen(q->prefix);
     for (int i = 0; st == FERRY_OK && i < n; i++) {
         ferry__ps_module *m = mods[i];
@@ -432,7 +432,7 @@ ferry_status ferry__ps_on_list_modules(ferry__ps_state *s, ferry__ps_session *se
         /* The config it was created with: CreateModule with it finds this module. */
         cfgs[k] = ferry__v1__module_config__unpack(NULL, m->config_len, m->config_packed);
         if (cfgs[k] == NULL) {
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
             break;
         }
         ferry__v1__module_info__init(&info[k]);

@@ -42,10 +42,10 @@ static ferry_status optim_bytes(const ferry_optim *o, char **buf, size_t *len) {
     *len = 0;
     FILE *f = open_memstream(buf, len);
     if (f == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry_status st = ferry_optim_state_save(o, f);
     if (fclose(f) != 0 && st == FERRY_OK)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     return st;
 }
 
@@ -513,7 +513,7 @@ ferry_status ferry__ps_checkpoint_job_steps(const char *dir, ferry__ps_manifest 
             size_t nc = cap ? 2 * cap : 16;
             uint64_t *p = realloc(*steps, nc * sizeof *p);
             if (p == NULL) {
-                st = FERRY_ERR_NOMEM;
+                st = FERRY_NOMEM();
                 break;
             }
             *steps = p;

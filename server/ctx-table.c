@@ -31,7 +31,7 @@ ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
     t->lim = lim;
     t->buckets = calloc(CTX_BUCKETS, sizeof *t->buckets);
     if (t->buckets == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     t->nbuckets = CTX_BUCKETS;
     t->ttl_s = ttl_s;
     pthread_mutex_init(&t->mu, NULL);
@@ -153,7 +153,7 @@ ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferr
                 atomic_fetch_sub(&quota->context_bytes, (long long)sizeof *c);
             }
             pthread_mutex_unlock(&t->mu);
-            return qs != FERRY_OK ? qs : FERRY_ERR_NOMEM;
+            return qs != FERRY_OK ? qs : FERRY_NOMEM();
         }
         c->bytes = (int64_t)sizeof *c;
         c->id = id;
@@ -317,7 +317,7 @@ ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry
         int cap = c->cap ? 2 * c->cap : 4;
         ferry__ps_ctx_mod *mods = realloc(c->mods, (size_t)cap * sizeof *mods);
         if (mods == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         c->mods = mods;
         c->cap = cap;
     }
@@ -350,7 +350,7 @@ ferry_status ferry__ps_ctx_save(ferry__ps_ctx *c, ferry__ps_module *m, uint64_t 
                             (unsigned long long)call_id);
     ferry__ps_call *call = calloc(1, sizeof *call);
     if (call == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     call->call_id = call_id;
     call->mod = m;
     call->saved = *sv;
@@ -373,7 +373,7 @@ ferry_status ferry__ps_ctx_finish_call(ferry__ps_ctx *c, ferry__ps_call *call,
     (void)c;
     ferry_rpc_tensor *kept = calloc((size_t)reply->ntensors + 1, sizeof *kept);
     if (kept == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     int64_t bytes = 0;
     for (int i = 0; i < reply->ntensors; i++) {
         kept[i] = reply->tensors[i];
@@ -384,7 +384,7 @@ ferry_status ferry__ps_ctx_finish_call(ferry__ps_ctx *c, ferry__ps_call *call,
             for (int k = 0; k < i; k++)
                 ferry_rpc_buf_free(kept[k].data);
             free(kept);
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         }
         if (kept[i].nbytes > 0)
             memcpy(kept[i].data, reply->tensors[i].data, kept[i].nbytes);

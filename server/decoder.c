@@ -57,7 +57,7 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
     int32_t *lt = NULL;
     int64_t *gt = malloc((size_t)(N > 0 ? N : 1) * sizeof *gt);
     if (gt == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry__ps_read_ids(&req->tensors[it], N, gt);
     for (int64_t n = 0; n < N; n++) {
         if (gt[n] < 0 || gt[n] >= c->dims[0]) {
@@ -85,7 +85,7 @@ static ferry_status partials_forward(ferry__ps_module *m, ferry_rpc_msg *req, fe
         z = malloc(zbytes > 0 ? zbytes : 1);
         lt = malloc((size_t)(N > 0 ? N : 1) * sizeof *lt);
         if (z == NULL || lt == NULL)
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
     }
     for (int64_t n = 0; st == FERRY_OK && n < N; n++) {
         int64_t r = gt[n] - c->row_begin;

@@ -9,6 +9,7 @@
 
 #include "common/tensor/backend.h"
 #include "server/ps-impl.h"
+#include "common/core/log.h"
 
 static ferry_status dense_declare(ferry__ps_module *m) {
     m->rows = m->cfg.row_count;
@@ -54,7 +55,7 @@ static ferry_status dense_backward(ferry__ps_module *m, const Ferry__V1__Backwar
         return st;
     float *g = ferry_grads_dense(G, m->w);
     if (g == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     return ferry_backend_axpy(m->P.be, n, 1.0f, grad, g);
 }
 

@@ -39,7 +39,7 @@ static ferry_status embedding_forward(ferry__ps_module *m, ferry_wire_mode mode,
     int64_t *ids = malloc((size_t)(U > 0 ? U : 1) * sizeof *ids);
     int32_t *local = NULL;
     if (ids == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry__ps_read_ids(&req->tensors[ii], U, ids);
     for (int64_t u = 0; u < U; u++) {
         if (ids[u] < lo || ids[u] >= hi) {
@@ -56,7 +56,7 @@ static ferry_status embedding_forward(ferry__ps_module *m, ferry_wire_mode mode,
         st = ferry__ps_saved_alloc(save, (size_t)(U > 0 ? U : 1) * sizeof *local, "row indices",
                                    (void **)&local);
     } else if ((local = malloc((size_t)(U > 0 ? U : 1) * sizeof *local)) == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     }
     if (st != FERRY_OK)
         goto done;
@@ -91,7 +91,7 @@ static ferry_status embedding_backward(ferry__ps_module *m, const Ferry__V1__Bac
         return FERRY_OK;
     int32_t *slots = malloc((size_t)U * sizeof *slots);
     if (slots == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     st = ferry_grads_row_slots(G, m->w, U, saved->t[0].data, slots);
     if (st == FERRY_OK)
         st = ferry_backend_scatter_add_rows(m->P.be, U, E, slots, grad,

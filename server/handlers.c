@@ -269,7 +269,7 @@ ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, uint64_t sess,
     Ferry__V1__Metric *metrics = calloc((size_t)c->nmods + 1, sizeof *metrics);
     Ferry__V1__Metric **ptrs = calloc((size_t)c->nmods + 1, sizeof *ptrs);
     if (metrics == NULL || ptrs == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     for (int i = 0; st == FERRY_OK && i < c->nmods; i++) {
         ferry__ps_ctx_mod *cm = &c->mods[i];
         if (!name_listed(cm->mod->name, q->modules, q->n_modules))
@@ -371,7 +371,7 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, uint64_t sess,
     Ferry__V1__Metric **ptrs = calloc(cap, sizeof *ptrs);
     char(*names)[FERRY_RPC_NAME_MAX + 16] = calloc(cap, sizeof *names);
     if (metrics == NULL || ptrs == NULL || names == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     /* Once stepping has begun the context is retired whatever happens, so that a
      * retry cannot apply the same gradients twice. */
     for (int i = 0; st == FERRY_OK && i < c->nmods; i++) {

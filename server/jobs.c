@@ -605,7 +605,7 @@ static ferry_status job_create(ferry__ps_jobs *j, const ferry__ps_session *sess,
         free(job);
         if (sess->quota != NULL)
             atomic_fetch_sub(&sess->quota->jobs, 1);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     job->quota = sess->quota;
     job->bytes = (int64_t)(sizeof *job + nchunks * sizeof *job->chunks);
@@ -785,7 +785,7 @@ static int cmp_step(const void *a, const void *b) {
 static ferry_status rec_offer(ferry__ps_job *job, const uint64_t *offer, size_t n) {
     uint64_t *mine = malloc((n ? n : 1) * sizeof *mine);
     if (mine == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     if (n > 0) /* an empty repeated field is a NULL array */
         memcpy(mine, offer, n * sizeof *mine);
     qsort(mine, n, sizeof *mine, cmp_step);
@@ -859,7 +859,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         return gone;
     job_rank *k = rank_make(&ps->jobs, job, rank);
     if (k == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     if (!job->recovering) {
         char why[256];
         (void)snprintf(why, sizeof why,
@@ -1074,7 +1074,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
     ferry_status st = FERRY_OK;
     if (joining || recovering) {
         if ((model = malloc(JOB_MODEL_MAX)) == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         st = member_check(mb, &sync, model, JOB_MODEL_MAX);
     }
     if (st != FERRY_OK) {
@@ -1143,7 +1143,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
                       ? (joining || leaving ? rank_make(j, job, rank) : rank_get(job, rank))
                       : NULL;
     if (st == FERRY_OK && (joining || leaving) && k == NULL && rank < job->world)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     if (st == FERRY_OK && joining) {
         if (k->joined && k->left)
             st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished", rank,
@@ -1360,13 +1360,13 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
         }
         for (int i = 0; i < c->nmods && st == FERRY_OK; i++) {
             ferry__ps_ctx_mod *e = agg_entry(job, c->mods[i].mod);
-            st = e != NULL ? ferry_grads_add(&e->G, &c->mods[i].G) : FERRY_ERR_NOMEM;
+            st = e != NULL ? ferry_grads_add(&e->G, &c->mods[i].G) : FERRY_NOMEM();
         }
         ferry__ps_ctx_retire(t, c, 1);
         ferry__ps_ctx_release(t, c);
     }
     if (st == FERRY_OK && (job->agg_ss = calloc((size_t)job->nagg + 1, sizeof(double))) == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     for (int i = 0; i < job->nagg && st == FERRY_OK; i++) {
         if ((st = ferry__ps_ctx_mod_penalty(NULL, NULL, &job->agg[i], 0)) == FERRY_OK &&
             (st = ferry_grads_sumsq(&job->agg[i].G, &job->agg_ss[i])) == FERRY_OK)
@@ -1383,8 +1383,8 @@ static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
     ferry__v1__grad_norm_reply__init(&r);
     Ferry__V1__Metric *metrics = calloc((size_t)job->nagg + 1, sizeof *metrics);
     Ferry__V1__Metric **ptrs = calloc((size_t)job->nagg + 1, sizeof *ptrs);
-    ferry_status st = FERRY_ERR_NOMEM;
-    if (metrics != NULL && ptrs != NULL) {
+    ferry_status st = metrics != NULL && ptrs != NULL ? FERRY_OK : FERRY_NOMEM();
+    if (st == FERRY_OK) {
         for (int i = 0; i < job->nagg; i++) {
             ferry__v1__metric__init(&metrics[i]);
             metrics[i].name = job->agg[i].mod->name;
@@ -1543,7 +1543,7 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
     if (s == job->bsp_step && job->bsp_complete && job->applied + 1 == s) {
         job_metric *mt = calloc(3 * (size_t)job->nagg + 1, sizeof *mt);
         if (mt == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         int nm = 0;
         uint64_t vmax = 0;
         for (int i = 0; i < job->nagg && st == FERRY_OK; i++) {
@@ -1600,7 +1600,7 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
     Ferry__V1__Metric *metrics = calloc((size_t)job->napplied_metrics + 1, sizeof *metrics);
     Ferry__V1__Metric **ptrs = calloc((size_t)job->napplied_metrics + 1, sizeof *ptrs);
     if (metrics == NULL || ptrs == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     } else {
         for (int i = 0; i < job->napplied_metrics; i++) {
             ferry__v1__metric__init(&metrics[i]);

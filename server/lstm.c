@@ -97,7 +97,7 @@ static ferry_status lstm_declare(ferry__ps_module *m) {
     int K = c->layers > 0 ? c->layers : 1;
     lstm_impl *im = calloc(1, sizeof *im);
     if (im == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     pthread_mutex_init(&im->mu, NULL);
     m->impl = im;
     ferry_params_init(&im->view, m->P.be);
@@ -205,7 +205,7 @@ static ferry_status stream_carry(lstm_impl *im, uint64_t key, uint64_t ctx, uint
         s->c_prev = malloc(n);
         if (s->h == NULL || s->c == NULL || s->h_prev == NULL || s->c_prev == NULL) {
             stream_free(s);
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
         }
     }
     if (st == FERRY_OK) {
@@ -307,7 +307,7 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
     int training = save != NULL;
     lstm_call *k = calloc(1, sizeof *k);
     if (k == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     if ((st = ferry_ctx_create(m->P.be, &k->ctx)) != FERRY_OK) {
         free(k);
         return st;
@@ -402,7 +402,7 @@ static ferry_status lstm_backward(ferry__ps_module *m, const Ferry__V1__Backward
     ferry_grads *Gv = ferry_ctx_grads(ctx, &im->view);
     float *g = ferry_grads_dense(G, m->w);
     if (Gv == NULL || g == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     for (int i = 0; i < im->view.count && st == FERRY_OK; i++) {
         if (!Gv->touched[i])
             continue;

@@ -107,7 +107,7 @@ static ferry_status security(ferry_ps_config *cfg, const char *token_file,
     }
     int n = tab->n + (*admin != NULL);
     if (n > 0 && (*ids = calloc((size_t)n, sizeof **ids)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     for (int i = 0; i < tab->n; i++) {
         (*ids)[i].name = tab->entries[i].name;
         (*ids)[i].token = tab->entries[i].token;

@@ -350,7 +350,7 @@ static ferry_status module_build(ferry__ps_registry *r, const char *name,
                                  const ferry_rpc_msg *req, ferry__ps_module **out) {
     ferry__ps_module *m = calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     memcpy(m->name, name, strlen(name) + 1);
     m->cfg = *c;
     m->kind = kind_find(c->kind);
@@ -362,10 +362,12 @@ static ferry_status module_build(ferry__ps_registry *r, const char *name,
     pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     pthread_rwlock_init(&m->lock, &attr);
     pthread_rwlockattr_destroy(&attr);
-    ferry_status st = FERRY_ERR_NOMEM;
+    ferry_status st;
     m->config_len = protobuf_c_message_get_packed_size(&proto->base);
-    if ((m->config_packed = malloc(m->config_len ? m->config_len : 1)) == NULL)
+    if ((m->config_packed = malloc(m->config_len ? m->config_len : 1)) == NULL) {
+        st = FERRY_NOMEM();
         goto fail;
+    }
     (void)protobuf_c_message_pack(&proto->base, m->config_packed);
     m->lim = r->lim;
     if ((st = m->kind->declare(m)) != FERRY_OK || (st = module_budget(r, m)) != FERRY_OK ||
@@ -545,7 +547,7 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner,
             int cap = r->cap ? 2 * r->cap : 8;
             ferry__ps_module **mods = realloc(r->mods, (size_t)cap * sizeof *mods);
             if (mods == NULL)
-                st = FERRY_ERR_NOMEM;
+                st = FERRY_NOMEM();
             else
                 r->mods = mods, r->cap = cap;
         }

@@ -161,7 +161,7 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
         return st;
     ferry_ps_server *s = calloc(1, sizeof *s);
     if (s == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     s->drain_grace = -1;
     ferry__ps_state *ps = &s->ps;
     s->cfg = *cfg;

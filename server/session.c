@@ -35,7 +35,7 @@ ferry_status ferry__ps_sessions_init(ferry__ps_sessions *S, double ttl_s, int ma
     memset(S, 0, sizeof *S);
     S->quotas = quotas;
     if ((S->buckets = calloc(SESSION_BUCKETS, sizeof *S->buckets)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     pthread_mutex_init(&S->mu, NULL);
     S->ttl_s = ttl_s;
     S->max = max;
@@ -122,7 +122,7 @@ ferry_status ferry__ps_session_open(ferry__ps_sessions *S, const ferry_rpc_calle
     }
     if ((s = calloc(1, sizeof *s)) == NULL) {
         pthread_mutex_unlock(&S->mu);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     uint8_t raw[FERRY_RPC_SESSION_LEN / 2];
     do {

@@ -280,7 +280,7 @@ static ferry_status host_copy(const ferry_lm *lm, const ferry_tensor *t, float *
     size_t n = t != NULL ? (size_t)ferry_tensor_numel(t) : 0;
     *out = malloc((n ? n : 1) * sizeof(float));
     if (*out == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     return n == 0 ? FERRY_OK
                   : ferry_backend_copy(lm->be, *out, t->data, n * sizeof(float),
                                        FERRY_COPY_DEVICE_TO_HOST);
@@ -292,14 +292,14 @@ ferry_status ferry_checkpoint_save(const char *path, const ferry_trainer_config 
     size_t clen = 0, olen = 0;
     char *conf = config_text(cfg, &clen), *ob = NULL;
     float *P = NULL, *h = NULL, *c = NULL;
-    ferry_status st = conf != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+    ferry_status st = conf != NULL ? FERRY_OK : FERRY_NOMEM();
     FILE *of = st == FERRY_OK ? open_memstream(&ob, &olen) : NULL;
     if (st == FERRY_OK && of == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     if (of != NULL) {
         st = ferry_optim_state_save(opt, of);
         if (fclose(of) != 0 && st == FERRY_OK)
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
     }
     size_t numel = (size_t)lm->P.numel;
     int64_t B = pr->has_state && lm->h != NULL ? lm->B : 0;
@@ -419,7 +419,7 @@ ferry_status ferry_checkpoint_load(const char *path, ferry_lm *lm, ferry_optim *
     size_t numel = (size_t)lm->P.numel;
     float *host = st == FERRY_OK ? malloc((numel ? numel : 1) * sizeof(float)) : NULL;
     if (st == FERRY_OK && host == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     c = ferry_ckr_section(&ck, FERRY_CK_TAG("PARM"));
     if (st == FERRY_OK) {
         ferry_ckcur_f32s(&c, host, numel);
@@ -450,7 +450,7 @@ ferry_status ferry_checkpoint_load(const char *path, ferry_lm *lm, ferry_optim *
             size_t hn = (size_t)ferry_tensor_numel(lm->h);
             float *hc = malloc(2 * hn * sizeof(float));
             if (hc == NULL)
-                st = FERRY_ERR_NOMEM;
+                st = FERRY_NOMEM();
             else
                 ferry_ckcur_f32s(&c, hc, 2 * hn);
             if (st == FERRY_OK && (c.bad || ferry_ckcur_left(&c) != 0))
@@ -534,7 +534,7 @@ static ferry_status list_parts(const char *base, int rank, int64_t **steps, size
             size_t nc = cap ? 2 * cap : 16;
             int64_t *p = realloc(*steps, nc * sizeof *p);
             if (p == NULL) {
-                st = FERRY_ERR_NOMEM;
+                st = FERRY_NOMEM();
                 break;
             }
             *steps = p;

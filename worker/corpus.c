@@ -455,7 +455,7 @@ static ferry_status corpus_tokenize(ferry_corpus *c, ferry_split s, const char *
 ferry_status ferry_corpus_load(const char *dir, ferry_corpus **out) {
     FERRY_ASSERT(dir != NULL && out != NULL);
     ferry_corpus *c = calloc(1, sizeof *c);
-    ferry_status st = FERRY_ERR_NOMEM;
+    ferry_status st = FERRY_OK;
     if (c == NULL || (st = ferry_vocab_create(&c->vocab)) != FERRY_OK) {
         ferry_corpus_destroy(c);
         return ferry_errorf(FERRY_ERR_NOMEM, "out of memory loading corpus %s", dir);

@@ -125,7 +125,7 @@ static ferry_status rows_of(ferry_ctx *ctx, const ferry_tensor *t, int first, in
         return st;
     rows_node *r = ferry_ctx_host_alloc(ctx, sizeof *r);
     if (r == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *r = (rows_node){first, count, BH};
     ferry_tensor *in = (ferry_tensor *)(uintptr_t)t;
     return ferry_ctx_record(ctx, slice_backward, r, 1, &in, 1, out);
@@ -156,7 +156,7 @@ static ferry_status stack_rows(ferry_ctx *ctx, int n, ferry_tensor *const *parts
     ferry_status st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(L, B, H), out);
     stack_node *k = ferry_ctx_host_alloc(ctx, sizeof *k);
     if (st == FERRY_OK && k == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     for (int i = 0, at = 0; i < n && st == FERRY_OK; at += (int)parts[i]->shape.dim[0], i++) {
         k->rows[i] = parts[i]->shape.dim[0];
         st = ferry_backend_copy(ferry_ctx_backend(ctx), ferry_tensor_f32(*out) + at * BH,
@@ -218,7 +218,7 @@ static ferry_status lm_polar_init(ferry_lm *lm, int idx) {
     size_t nbytes = (size_t)p->numel * sizeof(float);
     float *host = malloc(nbytes);
     if (host == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     float *W = ferry_params_data(&lm->P, idx);
     ferry_status st = ferry_backend_copy(lm->be, host, W, nbytes, FERRY_COPY_DEVICE_TO_HOST);
     if (st == FERRY_OK)
@@ -313,7 +313,7 @@ static ferry_status lm_create_dense(ferry_lm *lm, const ferry_lm_placement *pl) 
     rc.optim = pl->optim;
     ferry_status st = FERRY_OK;
     if ((lm->stage = malloc((size_t)lm->P.numel * sizeof(float))) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     if ((st = ferry_backend_copy(lm->be, lm->stage, lm->P.data, (size_t)lm->P.numel * sizeof(float),
                                  FERRY_COPY_DEVICE_TO_HOST)) != FERRY_OK)
         return st;
@@ -430,12 +430,12 @@ ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cf
                             (long long)cfg->V, (long long)cfg->E, (long long)cfg->H, cfg->L);
     if (cfg->dropout < 0.0f || cfg->dropout >= 1.0f)
         return ferry_errorf(FERRY_ERR_RANGE, "dropout %g outside [0, 1)", (double)cfg->dropout);
-    ferry_status st = FERRY_ERR_NOMEM;
+    ferry_status st;
     ferry_params full;
     ferry_params_init(&full, be);
     ferry_lm *lm = calloc(1, sizeof *lm);
     if (lm == NULL)
-        return st;
+        return FERRY_NOMEM();
     lm->cfg = *cfg;
     lm->be = be;
     ferry_params_init(&lm->P, be);
@@ -719,7 +719,7 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
         float *gw = G0 != NULL ? ferry_grads_dense(G0, lm->dec_w) : NULL;
         float *gb = G0 != NULL ? ferry_grads_dense(G0, lm->dec_b) : NULL;
         if (gw == NULL || gb == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         if ((st = lm_attach_slice(lm, gw, gb)) != FERRY_OK)
             return st;
     }
@@ -758,7 +758,7 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
     }
     ferry_grads *G = ferry_ctx_grads(ctx, &lm->P);
     if (G == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     /* The owner adds the Stiefel penalty's gradient once per step, before clipping,
      * as loss = CE + beta sum ||W^T W - I||^2 would through autograd. In a job every
      * rank holds the same W, and rank 0 alone adds it: the summed gradient of a bsp

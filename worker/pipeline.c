@@ -80,7 +80,7 @@ ferry_status ferry_lm_pipe_create(int M, ferry_lm_pipe **out) {
                             FERRY_LM_MAX_MICRO);
     ferry_lm_pipe *p = calloc(1, sizeof *p);
     if (p == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     p->M = M;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
@@ -121,7 +121,7 @@ static ferry_status grow(float **buf, size_t *cap, size_t nbytes) {
         return FERRY_OK;
     float *n = realloc(*buf, nbytes);
     if (n == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *buf = n;
     *cap = nbytes;
     return FERRY_OK;

@@ -644,7 +644,7 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
     size_t n = (size_t)cfg->bptt * (size_t)(t->c1 - t->c0);
     if ((t->in_buf = malloc(n * sizeof *t->in_buf)) == NULL ||
         (t->tg_buf = malloc(n * sizeof *t->tg_buf)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     char model[1024];
     (void)snprintf(model, sizeof model,
                    "vocab=%llx V=%lld E=%lld H=%lld L=%d batch=%d bptt=%d dropout=%g "
@@ -1213,7 +1213,7 @@ static ferry_status rollback(trainer *t, const int64_t *all, size_t nall, double
     int have_last = nall > 0 && all[nall - 1] == t->last_step;
     int64_t *mine = malloc((nall ? nall : 1) * sizeof *mine);
     if (mine == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *outcome = ROLLED_BACK;
     for (int attempt = 0;; attempt++) {
         if (attempt > 0) {

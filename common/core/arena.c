@@ -21,7 +21,7 @@ ferry_status ferry_arena_create(const ferry_arena_allocator *mem, size_t chunk_b
                                 ferry_arena **out) {
     ferry_arena *a = calloc(1, sizeof *a);
     if (a == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     a->mem = *mem;
     a->chunk_bytes = chunk_bytes ? chunk_bytes : (1u << 20);
     *out = a;

@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include "common/core/ckfile.h"
+#include "common/core/log.h"
 
 struct ferry_ckw {
     FILE *f;
@@ -52,7 +53,7 @@ ferry_status ferry_ckw_open(const char *path, const char magic[8], uint32_t form
                             uint32_t nsections, ferry_ckw **out) {
     ferry_ckw *w = calloc(1, sizeof *w);
     if (w == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     const char *slash = strrchr(path, '/');
     const char *base = slash != NULL ? slash + 1 : path;
     int dl = slash != NULL ? (int)(slash - path) : 1;
@@ -302,7 +303,7 @@ static ferry_status slurp(const char *path, ferry_ckr *r) {
         st = ferry_errorf(FERRY_ERR_IO, "%s is not a regular file", path);
     size_t size = st == FERRY_OK ? (size_t)sb.st_size : 0;
     if (st == FERRY_OK && (r->data = malloc(size ? size : 1)) == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     size_t got = 0;
     while (st == FERRY_OK && got < size) {
         ssize_t k = read(fd, r->data + got, size - got);
@@ -415,7 +416,7 @@ ferry_status ferry_ck_verify(const char *path, const char magic[8], uint32_t for
     uint8_t *chunk = malloc(VERIFY_CHUNK), head[16];
     ferry_status st = FERRY_OK;
     if (chunk == NULL || fstat(fileno(f), &sb) != 0) {
-        st = chunk == NULL ? FERRY_ERR_NOMEM : ferry_errorf(FERRY_ERR_IO, "cannot stat %s", path);
+        st = chunk == NULL ? FERRY_NOMEM() : ferry_errorf(FERRY_ERR_IO, "cannot stat %s", path);
         goto done;
     }
     uint64_t size = (uint64_t)sb.st_size, left = size;

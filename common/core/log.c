@@ -179,6 +179,12 @@ void ferry_panic(const char *file, int line, const char *fmt, ...) {
     abort();
 }
 
+ferry_status ferry__nomem(const char *func, const char *file, int line) {
+    const char *base = strrchr(file, '/');
+    return ferry_errorf(FERRY_ERR_NOMEM, "out of memory in %s (%s:%d)", func,
+                        base != NULL ? base + 1 : file, line);
+}
+
 double ferry_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

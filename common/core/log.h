@@ -1,5 +1,5 @@
 /* log.h - leveled, timestamped log lines (stderr, or the host program's sink: see
- * include/ferry/log.h), and release-mode asserts. */
+ * include/ferry/log.h), release-mode asserts, and FERRY_NOMEM. */
 #ifndef FERRY_LOG_H
 #define FERRY_LOG_H
 
@@ -36,6 +36,14 @@ FERRY_NORETURN void ferry_panic(const char *file, int line, const char *fmt, ...
         if (!(c))                                                                \
             ferry_panic(__FILE__, __LINE__, "assertion failed: %s", #c);         \
     } while (0)
+
+/* An allocation failed: records "out of memory in FUNCTION (FILE:LINE)" as the calling
+ * thread's detail (ferry_error_last) and returns FERRY_ERR_NOMEM, so that no
+ * out-of-memory path leaves an older, unrelated message behind.
+ *     if (buf == NULL)
+ *         return FERRY_NOMEM(); */
+#define FERRY_NOMEM() ferry__nomem(__func__, __FILE__, __LINE__)
+ferry_status ferry__nomem(const char *func, const char *file, int line);
 
 /* Monotonic clock in seconds, for timing and progress. */
 double ferry_now(void);

@@ -17,7 +17,7 @@ ferry_status ferry_file_read_text(const char *path, size_t max_bytes, char **out
     char *buf = malloc(max_bytes + 1);
     if (buf == NULL) {
         fclose(f);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     size_t n = fread(buf, 1, max_bytes + 1, f);
     int err = ferror(f);
@@ -137,7 +137,7 @@ ferry_status ferry_token_table_read(const char *path, const char *env, ferry_tok
             return st;
         if ((out->entries = calloc(1, sizeof *out->entries)) == NULL) {
             ferry_secret_free(tok);
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         }
         out->text = tok;
         out->text_len = strlen(tok);
@@ -149,7 +149,7 @@ ferry_status ferry_token_table_read(const char *path, const char *env, ferry_tok
     }
     if ((out->entries = calloc((size_t)(lines > 0 ? lines : 1), sizeof *out->entries)) == NULL) {
         ferry_token_table_free(out);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     int lineno = 0;
     for (char *p = text; *p != '\0' && st == FERRY_OK;) {

@@ -107,7 +107,7 @@ static ferry_status group_ids(const ferry_remote *m, const int32_t *ids, int64_t
     rec->slot = malloc((size_t)(n + 1) * sizeof *rec->slot);
     ferry_status st = FERRY_OK;
     if (!key || !val || !first || !which || !pos || !uniq || !rec->shard_count || !rec->slot) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
         goto done;
     }
     memset(key, 0xff, (size_t)cap * sizeof *key);
@@ -166,7 +166,7 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
     ferry__dist_call local, *rec = &local;
     memset(&local, 0, sizeof local);
     if (dc != NULL && (rec = ferry__dist_call_new(dc, m, FERRY__DIST_EMBEDDING)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     int32_t *uniq = NULL;
     float *rows = NULL;
     int64_t offset[FERRY_DIST_MAX_SERVERS + 1];
@@ -175,7 +175,7 @@ ferry_status ferry_remote_embedding_forward(ferry_remote *m, ferry_dist_ctx *dc,
     if ((st = group_ids(m, ids, n, rec, &uniq, offset)) != FERRY_OK)
         goto done;
     if ((rows = malloc((size_t)(rec->nuniq * m->cols + 1) * sizeof *rows)) == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
         goto done;
     }
     /* In a context every shard is called, so that every shard's optimizer steps. */
@@ -242,7 +242,7 @@ ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc
      * backward accumulates it. acc (nuniq, E) */
     float *acc = calloc((size_t)(rec->nuniq * E + 1), sizeof *acc);
     if (acc == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     for (int64_t i = 0; i < rec->n; i++) {
         float *dst = acc + (int64_t)rec->slot[i] * E;
         const float *src = grad + i * E;
@@ -282,7 +282,7 @@ ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float 
         return st;
     ferry__dist_call *rec = NULL;
     if (dc != NULL && (rec = ferry__dist_call_new(dc, m, FERRY__DIST_DENSE)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     int servers[FERRY_DIST_MAX_SERVERS];
     ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
     msgs_init(reqs, replies, m->nshards);

@@ -78,7 +78,7 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
     if (calls == NULL || idx == NULL) {
         free(calls);
         free(idx);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     for (int i = 0; i < n; i++) {
         calls[i].client = c->clients[servers[i]];
@@ -147,7 +147,7 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         /* Compact the failed entries to the front, send them, put them back. */
         ferry_rpc_fanout *again = calloc((size_t)m, sizeof *again);
         if (again == NULL) {
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
             break;
         }
         for (int k = 0; k < m; k++)
@@ -251,7 +251,7 @@ ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     ferry_rpc_msg req, *replies = calloc((size_t)c->n, sizeof *replies);
     int *servers = calloc((size_t)c->n, sizeof *servers);
     ferry_rpc_msg_init(&req);
-    ferry_status st = replies && servers ? ferry_rpc_msg_set_head(&req, &q.base) : FERRY_ERR_NOMEM;
+    ferry_status st = replies && servers ? ferry_rpc_msg_set_head(&req, &q.base) : FERRY_NOMEM();
     for (int i = 0; i < c->n && replies != NULL && servers != NULL; i++) {
         ferry_rpc_msg_init(&replies[i]);
         servers[i] = i;
@@ -314,7 +314,7 @@ static ferry_status parse_targets(const char *targets, char ***out, int *n) {
                             FERRY_DIST_MAX_SERVERS);
     char **list = calloc((size_t)count, sizeof *list);
     if (list == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     const char *p = text;
     for (int i = 0; i < count; i++) {
         const char *end = strchr(p, ',');
@@ -333,7 +333,7 @@ static ferry_status parse_targets(const char *targets, char ***out, int *n) {
         }
         if ((list[i] = strndup(a, (size_t)(b - a))) == NULL) {
             free_list(list, count);
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         }
         p = end + 1;
     }
@@ -520,7 +520,7 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
         return st;
     ferry_cluster *c = calloc(1, sizeof *c);
     if (c == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
         goto done;
     }
     pthread_mutex_init(&c->hello_mu, NULL);
@@ -547,7 +547,7 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
     c->clients = calloc((size_t)n, sizeof *c->clients);
     c->incarnation = calloc((size_t)n, sizeof *c->incarnation);
     if (c->clients == NULL || c->incarnation == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
         goto done;
     }
     ferry_rpc_client_config rc = {.max_message_bytes = c->cfg.max_message_bytes,
@@ -786,7 +786,7 @@ static ferry_status broadcast(ferry_cluster *c, int server, ferry_rpc_method met
     int *servers = calloc((size_t)n, sizeof *servers);
     ferry_rpc_msg req, *replies = calloc((size_t)n, sizeof *replies);
     ferry_rpc_msg_init(&req);
-    ferry_status st = servers && replies ? ferry_rpc_msg_set_head(&req, head) : FERRY_ERR_NOMEM;
+    ferry_status st = servers && replies ? ferry_rpc_msg_set_head(&req, head) : FERRY_NOMEM();
     for (int i = 0; servers != NULL && replies != NULL && i < n; i++) {
         servers[i] = server < 0 ? i : server;
         ferry_rpc_msg_init(&replies[i]);

@@ -100,7 +100,7 @@ ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out) {
     ferry_dist_ctx *dc = calloc(1, sizeof *dc);
     if (dc == NULL || (dc->touched = calloc((size_t)c->n, 1)) == NULL) {
         free(dc);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     dc->c = c;
     pthread_mutex_init(&dc->mu, NULL);

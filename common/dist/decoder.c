@@ -76,7 +76,7 @@ static ferry_status record(ferry_dist_ctx *dc, const ferry_remote *m, int op, in
     if (dc == NULL)
         return FERRY_OK;
     if ((*out = ferry__dist_call_new(dc, m, op)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     (*out)->n = N;
     return FERRY_OK;
 }
@@ -220,7 +220,7 @@ static ferry_status local_alloc(const ferry_remote *m, int64_t N, const float *h
     p->h = h;
     if (h == NULL || p->e == NULL || p->lt == NULL || p->mx == NULL || p->tl == NULL ||
         p->se == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     memcpy(h, hidden, (size_t)(N * m->cols) * sizeof *h);
     return FERRY_OK;
 }
@@ -256,7 +256,7 @@ ferry_status ferry_remote_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, co
     float *factor = malloc((size_t)(N * parts + 1) * sizeof *factor); /* factors (parts, N) */
     local_part lp = {0}; /* local_alloc fills it (freed on every path) */
     if (f == NULL || factor == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     if (st == FERRY_OK)
         st = local_alloc(dec, N, hidden, targets, &lp);
     int64_t hdim[2] = {N, dec->cols}, tdim[1] = {N};
@@ -334,7 +334,7 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
         return st;
     fan *f = fan_create(dec, NULL);
     if (f == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     int64_t N = rec->n, dim[1] = {N};
     double s = (double)scale;
     ferry_rpc_tensor r = ferry__dist_tensor(FERRY_WIRE_DECODER_BWD_SCALE, dim, row_scale);
@@ -353,7 +353,7 @@ ferry_status ferry_remote_xent_backward(ferry_remote *dec, ferry_dist_ctx *dc, u
                           dec->name);
     else if (dec->local_rows > 0 &&
              (lp.dh = malloc((size_t)(N * dec->cols + 1) * sizeof *lp.dh)) == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     /* One request per shard: each gets its own softmax factors (rec->factor holds (k, N)). */
     for (int k = 0; st == FERRY_OK && k < f->k; k++) {
         ferry_rpc_tensor l =
@@ -390,7 +390,7 @@ ferry_status ferry_remote_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, 
     st = f != NULL ? ferry__dist_forward_head(&f->reqs[0], dec, dc != NULL ? dc->id : 0,
                                               rec != NULL ? rec->call_id : 0,
                                               FERRY_WIRE_MODE_DECODER_LOGITS)
-                   : FERRY_ERR_NOMEM;
+                   : FERRY_NOMEM();
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &h)) == FERRY_OK)
         st =
             ferry__dist_fanout(dec->c, FERRY_RPC_FORWARD, f->k, f->servers, f->reqs, 1, f->replies);
@@ -421,7 +421,7 @@ ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
     int64_t N = rec->n, V = dec->rows;
     fan *f = fan_create(dec, NULL);
     float *slices = malloc((size_t)(N * V + 1) * sizeof *slices); /* per shard (N, V_s) */
-    st = f != NULL && slices != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+    st = f != NULL && slices != NULL ? FERRY_OK : FERRY_NOMEM();
     for (int s = 0; st == FERRY_OK && s < f->k; s++) {
         const ferry__dist_shard *sh = &dec->shards[s];
         float *dst = slices + N * sh->row_begin;
@@ -456,7 +456,7 @@ ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, co
     st = f != NULL
              ? ferry__dist_forward_head(&f->reqs[0], m, dc != NULL ? dc->id : 0,
                                         rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_LINEAR)
-             : FERRY_ERR_NOMEM;
+             : FERRY_NOMEM();
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, 1, f->servers, f->reqs, 1, f->replies);
     if (st == FERRY_OK &&
@@ -485,7 +485,7 @@ ferry_status ferry_remote_linear_backward(ferry_remote *m, ferry_dist_ctx *dc, u
     const ferry_rpc_tensor *out;
     st = f != NULL
              ? ferry__dist_backward_head(&f->reqs[0], rec, dc->id, FERRY_WIRE_MODE_LINEAR, NULL)
-             : FERRY_ERR_NOMEM;
+             : FERRY_NOMEM();
     if (st == FERRY_OK && (st = ferry_rpc_msg_add(&f->reqs[0], &t)) == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_BACKWARD, 1, f->servers, f->reqs, 1, f->replies);
     if (st == FERRY_OK &&

@@ -152,7 +152,7 @@ static ferry_status job_call(ferry_job *job, int action, int *ready, uint64_t *m
     ferry_cluster *c = job->c;
     job_msg *m = calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     job_request(job, action, m);
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
     ferry_status st = job_all(job, &m->q, c->cfg.deadline_ms, replies);
@@ -188,7 +188,7 @@ ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, fer
                             cfg->name, sizeof((ferry_job *)0)->model - 1);
     ferry_job *job = calloc(1, sizeof *job);
     if (job == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     job->c = c;
     job->cfg = *cfg;
     (void)snprintf(job->name, sizeof job->name, "%s", cfg->name);
@@ -218,7 +218,7 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
         return ferry_errorf(FERRY_ERR_INVALID, "probe: server %d of %d", server, c->n);
     job_msg *m = calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     job_request(job, FERRY__V1__JOB_REQUEST__ACTION_PROBE, m);
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
@@ -232,7 +232,7 @@ ferry_status ferry_job_probe(ferry_job *job, int server, ferry_job_probe_result 
         out->n = r->n_checkpoints;
         out->steps = malloc((out->n ? out->n : 1) * sizeof *out->steps);
         if (out->steps == NULL)
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
         else if (out->n > 0) /* an empty repeated field is a NULL array */
             memcpy(out->steps, r->checkpoints, out->n * sizeof *out->steps);
         out->has_state = r->has_state;
@@ -258,7 +258,7 @@ ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, size_t n, 
     ferry_cluster *c = job->c;
     job_msg *m = calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     job_request(job, FERRY__V1__JOB_REQUEST__ACTION_RECOVER, m);
     m->recover.checkpoints = (uint64_t *)(uintptr_t)offer;
     m->recover.n_checkpoints = n;
@@ -313,7 +313,7 @@ ferry_status ferry_job_leave_after(ferry_job *job, uint64_t step, const char *re
     ferry_cluster *c = job->c;
     job_msg *m = calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     char why[256];
     (void)snprintf(why, sizeof why, "%s", reason != NULL ? reason : "");
     job_request(job, FERRY__V1__JOB_REQUEST__ACTION_LEAVE, m);
@@ -342,7 +342,7 @@ ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step) {
     ferry_cluster *c = job->c;
     job_msg *m = calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     job_request(job, FERRY__V1__JOB_REQUEST__ACTION_CHECKPOINT, m);
     m->checkpoint.step = step;
     ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];

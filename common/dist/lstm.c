@@ -11,6 +11,7 @@
 #include "common/dist/dist.h"
 #include "common/tensor/backend.h"
 #include "ferry.pb-c.h"
+#include "common/core/log.h"
 
 static ferry_status one_call(ferry_remote *m, ferry_dist_ctx *dc, ferry_rpc_method method,
                              ferry_rpc_msg *req, ferry_rpc_msg *reply) {
@@ -44,7 +45,7 @@ ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
     ferry__dist_call *rec = NULL;
     if (dc != NULL) {
         if ((rec = ferry__dist_call_new(dc, m, FERRY__DIST_LSTM)) == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         rec->n = T * B;
         rec->T = T;
         rec->B = B;
@@ -159,14 +160,14 @@ static ferry_status lstm_node_backward(ferry_ctx *ctx, void *saved, ferry_tensor
     if (grad_out[0] != NULL)
         st = ferry__dist_host_floats(ctx, grad_out[0], &dy);
     else if ((dy = ferry_ctx_host_alloc(ctx, (size_t)ny * sizeof(float))) == NULL)
-        st = FERRY_ERR_NOMEM; /* zeroed: the layers' gradients still come from hn, cn */
+        st = FERRY_NOMEM(); /* zeroed: the layers' gradients still come from hn, cn */
     if (st == FERRY_OK && grad_out[1] != NULL)
         st = ferry__dist_host_floats(ctx, grad_out[1], &dhn);
     if (st == FERRY_OK && grad_out[2] != NULL)
         st = ferry__dist_host_floats(ctx, grad_out[2], &dcn);
     float *dx = ferry_ctx_host_alloc(ctx, (size_t)(nx + 2 * ns) * sizeof(float));
     if (st == FERRY_OK && dx == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     if (st != FERRY_OK)
         return st;
     float *dh0 = dx + nx, *dc0 = dh0 + ns;
@@ -241,7 +242,7 @@ ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_
                       ? ferry_tensor_f32(out[i])
                       : ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(out[i]));
         if (host[i] == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
     }
     uint64_t call = 0;
     if ((st = ferry_remote_lstm_forward(m, training ? dc : NULL, &a, hx, T, B, hh0, hc0, host[0],
@@ -255,7 +256,7 @@ ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_
     if (training) {
         lstm_node *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         if (s == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         *s = (lstm_node){m, dc, ferry_dist_ctx_id(dc), call, T, B, h0 != NULL};
         ferry_tensor *in[3] = {(ferry_tensor *)(uintptr_t)x, (ferry_tensor *)(uintptr_t)h0,
                                (ferry_tensor *)(uintptr_t)c0};

@@ -109,7 +109,7 @@ static ferry_status place(ferry_remote *m, const ferry_remote_config *cfg) {
     m->nshards = one ? 1 : c->n;
     m->shards = calloc((size_t)m->nshards, sizeof *m->shards);
     if (m->shards == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     if (one) {
         uint64_t h = 1469598103934665603ull; /* FNV-1a of the name */
         for (const char *p = m->name; *p != '\0'; p++)
@@ -278,7 +278,7 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
         return st;
     ferry_remote *m = calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     m->c = c;
     (void)snprintf(m->name, sizeof m->name, "%s", cfg->name);
     m->kind = cfg->kind;
@@ -308,7 +308,7 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
     int k = m->nshards, *servers = calloc((size_t)k, sizeof *servers);
     ferry_rpc_msg *reqs = calloc((size_t)k, sizeof *reqs),
                   *replies = calloc((size_t)k, sizeof *replies);
-    st = servers && reqs && replies ? FERRY_OK : FERRY_ERR_NOMEM;
+    st = servers && reqs && replies ? FERRY_OK : FERRY_NOMEM();
     for (int s = 0; st == FERRY_OK && s < k; s++) {
         ferry_rpc_msg_init(&reqs[s]);
         ferry_rpc_msg_init(&replies[s]);

@@ -27,7 +27,7 @@ ferry_status ferry__dist_host_floats(ferry_ctx *ctx, const ferry_tensor *t, cons
     }
     float *h = ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(t));
     if (h == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *out = h;
     return ferry_tensor_to_host(t, h);
 }
@@ -85,7 +85,7 @@ ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc,
     int on_host = ferry_backend_is_host(x->be);
     float *h = on_host ? ferry_tensor_f32(x) : ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(x));
     if (h == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     uint64_t call = 0;
     st = ferry_remote_embedding_forward(emb, training ? dc : NULL, ferry_tensor_i32(ids), n, h,
                                         &call);
@@ -94,7 +94,7 @@ ferry_status ferry_dist_embedding_forward(ferry_remote *emb, ferry_dist_ctx *dc,
     if (st == FERRY_OK && training) {
         remote_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         if (s == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         *s = (remote_saved){emb, dc, ferry_dist_ctx_id(dc), call, n, 1.0f};
         st = ferry_ctx_record(ctx, embedding_backward, s, 0, NULL, 1, &x);
     }
@@ -126,7 +126,7 @@ static ferry_status logits_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
         st = ferry__dist_host_floats(ctx, grad_out[0], &dz);
     float *dh = ferry_ctx_host_alloc(ctx, (size_t)(s->n * H + 1) * sizeof *dh); /* (N, H) */
     if (st == FERRY_OK && dh == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     if (st == FERRY_OK)
         st = ferry_remote_logits_backward(s->m, s->dc, s->call, dz, dh);
     if (st != FERRY_OK || grad_in[0] == NULL)
@@ -158,7 +158,7 @@ ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, fe
     int on_host = ferry_backend_is_host(z->be);
     float *zh = on_host ? ferry_tensor_f32(z) : ferry_ctx_host_alloc(ctx, ferry_tensor_nbytes(z));
     if (zh == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     uint64_t call = 0;
     st = ferry_remote_logits_forward(dec, training ? dc : NULL, h, N, zh, &call);
     if (st == FERRY_OK && !on_host)
@@ -166,7 +166,7 @@ ferry_status ferry_dist_logits_forward(ferry_remote *dec, ferry_dist_ctx *dc, fe
     if (st == FERRY_OK && training) {
         remote_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         if (s == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         *s = (remote_saved){dec, dc, ferry_dist_ctx_id(dc), call, N, 1.0f};
         ferry_tensor *in = (ferry_tensor *)(uintptr_t)hidden;
         st = ferry_ctx_record(ctx, logits_backward, s, 1, &in, 1, &z);
@@ -188,7 +188,7 @@ static ferry_status xent_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
         st = ferry_tensor_to_host(grad_out[0], &g);
     float *dh = ferry_ctx_host_alloc(ctx, (size_t)(s->n * H + 1) * sizeof *dh); /* (N, H) */
     if (st == FERRY_OK && dh == NULL)
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     /* Always sent, even when hidden needs no gradient: the shards accumulate dW, db. */
     if (st == FERRY_OK)
         st = ferry_remote_xent_backward(s->m, s->dc, s->call, NULL, s->scale * g, dh);
@@ -234,7 +234,7 @@ ferry_status ferry_dist_xent_forward(ferry_remote *dec, ferry_dist_ctx *dc, ferr
     if (training) {
         remote_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         if (s == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         *s = (remote_saved){dec, dc, ferry_dist_ctx_id(dc), call, N, scale};
         ferry_tensor *in = (ferry_tensor *)(uintptr_t)hidden;
         if ((st = ferry_ctx_record(ctx, xent_backward, s, 1, &in, 1, &out)) != FERRY_OK)

@@ -262,7 +262,7 @@ ferry_status ferry_stiefel_polar(int64_t n, int64_t p, float *W) {
     double *buf = malloc((size_t)(5 * p * p) * sizeof *buf);
     ferry_status st = FERRY_OK;
     if (Wd == NULL || buf == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
         goto done;
     }
     double *S = buf, *Z = buf + p * p, *work = buf + 2 * p * p;
@@ -296,7 +296,7 @@ ferry_status ferry_stiefel_polar(int64_t n, int64_t p, float *W) {
     /* polar(W) = W S^(-1/2) = W Z / sqrt(c). */
     double *out = malloc((size_t)(n * p) * sizeof *out);
     if (out == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
         goto done;
     }
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n, (blasint)p, (blasint)p,

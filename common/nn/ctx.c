@@ -99,7 +99,7 @@ ferry_status ferry__ctx_defer(ferry_ctx *ctx, ferry__ctx_job job) {
         int cap = ctx->cap_jobs ? 2 * ctx->cap_jobs : 16;
         ferry__ctx_job *n = malloc((size_t)cap * sizeof *n);
         if (n == NULL)
-            st = FERRY_ERR_NOMEM;
+            st = FERRY_NOMEM();
         for (int i = 0; n != NULL && i < ctx->count; i++)
             n[i] = ctx->jobs[(ctx->head + i) % ctx->cap_jobs];
         if (n != NULL) {
@@ -157,10 +157,10 @@ static void backend_chunk_free(void *be, void *p) {
 }
 
 ferry_status ferry_ctx_create(ferry_backend *be, ferry_ctx **out) {
-    ferry_status st = FERRY_ERR_NOMEM;
+    ferry_status st;
     ferry_ctx *ctx = calloc(1, sizeof *ctx);
     if (ctx == NULL)
-        return st;
+        return FERRY_NOMEM();
     ctx->be = be;
     ctx->training = 1;
     pthread_mutex_init(&ctx->mu, NULL);
@@ -305,11 +305,11 @@ ferry_status ferry_ctx_tensor(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape,
                               ferry_tensor **out) {
     ferry_tensor *t = ferry_ctx_host_alloc(ctx, sizeof *t);
     if (t == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *t = ferry_tensor_wrap(ctx->be, dt, shape, NULL);
     t->data = ferry_arena_alloc(ctx->arena, ferry_tensor_nbytes(t));
     if (t->data == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *out = t;
     return FERRY_OK;
 }
@@ -324,7 +324,7 @@ ferry_status ferry_ctx_zeros(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape,
     size_t nbytes = ferry_tensor_nbytes(*out);
     void *zeros = calloc(1, nbytes ? nbytes : 1);
     if (zeros == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     st = ferry_backend_copy(ctx->be, (*out)->data, zeros, nbytes, FERRY_COPY_HOST_TO_DEVICE);
     free(zeros);
     return st;
@@ -398,7 +398,7 @@ static grad_slot *map_find(ferry_ctx *ctx, const ferry_tensor *t, int insert) {
 }
 
 ferry_status ferry_ctx_require_grad(ferry_ctx *ctx, const ferry_tensor *t) {
-    return map_find(ctx, t, 1) ? FERRY_OK : FERRY_ERR_NOMEM;
+    return map_find(ctx, t, 1) ? FERRY_OK : FERRY_NOMEM();
 }
 
 ferry_tensor *ferry_ctx_grad_of(ferry_ctx *ctx, const ferry_tensor *t) {
@@ -430,7 +430,7 @@ ferry_status ferry_ctx_record(ferry_ctx *ctx, ferry_backward_fn fn, void *saved,
         int cap = ctx->cap_nodes ? 2 * ctx->cap_nodes : 32;
         tape_node *n = realloc(ctx->nodes, (size_t)cap * sizeof *n);
         if (n == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         ctx->nodes = n;
         ctx->cap_nodes = cap;
     }
@@ -446,7 +446,7 @@ ferry_status ferry_ctx_record(ferry_ctx *ctx, ferry_backward_fn fn, void *saved,
         node->out[i] = out[i];
         /* Outputs of recorded nodes can carry gradients. */
         if (out[i] != NULL && map_find(ctx, out[i], 1) == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
     }
     return FERRY_OK;
 }

@@ -44,7 +44,7 @@ static ferry_status dropout_apply(ferry_ctx *ctx, const ferry_tensor *x, const f
     if (ferry_ctx_training(ctx)) {
         dropout_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         if (s == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         s->mask = mask;
         s->numel = n;
         ferry_tensor *in[1] = {(ferry_tensor *)(uintptr_t)x};

@@ -55,10 +55,10 @@ static ferry_status embedding_backward(ferry_ctx *ctx, void *saved, ferry_tensor
     ferry_embedding *m = s->m;
     ferry_grads *G = ferry_ctx_grads(ctx, m->P);
     if (G == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     int32_t *slots = ferry_ctx_host_alloc(ctx, (size_t)(s->count ? s->count : 1) * 4);
     if (slots == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry_status st = ferry_grads_row_slots(G, m->weight, s->count, s->ids, slots);
     const int32_t *dslots = NULL;
     if (st == FERRY_OK)
@@ -109,7 +109,7 @@ ferry_status ferry_embedding_forward(ferry_embedding *m, ferry_ctx *ctx, const f
         embedding_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         int32_t *copy = ferry_ctx_host_alloc(ctx, (size_t)(count ? count : 1) * sizeof *copy);
         if (s == NULL || copy == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         memcpy(copy, hid, (size_t)count * sizeof *copy);
         s->m = m;
         s->count = count;

@@ -80,13 +80,13 @@ static ferry_status linear_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
     const float *x = ferry_tensor_f32(s->x);        /* (N, C) */
     ferry_grads *G = ferry_ctx_grads(ctx, m->P);
     if (G == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     float *dW = ferry_grads_dense(G, m->weight); /* (D, C) */
     if (dW == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     float *db = m->bias >= 0 ? ferry_grads_dense(G, m->bias) : NULL; /* (D) */
     if (m->bias >= 0 && db == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     float *scratch;
     ferry_status st =
         ctx_floats(ctx, ferry_affine_scratch_floats(m->C, m->D, s->constrained, 0), &scratch);
@@ -135,7 +135,7 @@ ferry_status ferry_linear_forward(ferry_linear *m, ferry_ctx *ctx, const ferry_t
     if (ferry_ctx_training(ctx)) {
         linear_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         if (s == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         s->m = m;
         s->x = x;
         s->w = w;

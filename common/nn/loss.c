@@ -35,7 +35,7 @@ static ferry_status xent_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
         return st;
     ferry_tensor *dlogits = ferry_ctx_host_alloc(ctx, sizeof *dlogits);
     if (dlogits == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     /* probs -> (probs - onehot) * scale * g in place: the logits' gradient. */
     if ((st = ferry_backend_xent_backward(be, s->N, s->V, s->probs, s->targets, s->scale * g)) !=
         FERRY_OK)
@@ -82,7 +82,7 @@ ferry_status ferry_xent_forward(ferry_ctx *ctx, const ferry_tensor *logits,
     int32_t *htargets = ferry_ctx_host_alloc(ctx, (size_t)(N ? N : 1) * sizeof(int32_t));
     float *hrows = ferry_ctx_host_alloc(ctx, (size_t)(N ? N : 1) * sizeof(float));
     if (htargets == NULL || hrows == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     memcpy(htargets, ferry_tensor_i32(targets), (size_t)N * sizeof(int32_t));
     const int32_t *dtargets = htargets;
     ferry_tensor *rows, *out, *dt;
@@ -110,7 +110,7 @@ ferry_status ferry_xent_forward(ferry_ctx *ctx, const ferry_tensor *logits,
     if (ferry_ctx_training(ctx)) {
         xent_saved *s = ferry_ctx_host_alloc(ctx, sizeof *s);
         if (s == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         s->logits = logits;
         s->probs = probs;
         s->targets = dtargets;

@@ -170,7 +170,7 @@ static ferry_status lstm_w_hh_grad_eff(const ferry_lstm *m, ferry_ctx *ctx, ferr
                                        int l, float **out) {
     if (!ls->constrained) {
         *out = ferry_grads_dense(G, m->w_hh[l]);
-        return *out != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+        return *out != NULL ? FERRY_OK : FERRY_NOMEM();
     }
     *out = work->dA;
     return ferry_backend_fill(ferry_ctx_backend(ctx), work->dA, 4 * m->H * m->H, 0.0f);
@@ -188,7 +188,7 @@ static ferry_status lstm_w_hh_grad_to_raw(const ferry_lstm *m, ferry_ctx *ctx, f
     int64_t H = m->H;
     float *dw_raw = ferry_grads_dense(G, m->w_hh[l]); /* (4H, H) */
     if (dw_raw == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry_status st = ferry_stiefel_map_backward(be, 4 * H, H, ferry_params_data(m->P, m->w_hh[l]),
                                                  work->dA, work->dW, work->scratch);
     return st != FERRY_OK ? st : ferry_backend_axpy(be, 4 * H * H, 1.0f, work->dW, dw_raw);
@@ -324,7 +324,7 @@ ferry_status ferry_lstm_forward(ferry_lstm *m, ferry_ctx *ctx, const ferry_tenso
     int64_t T = x->shape.dim[0], B = x->shape.dim[1], H = m->H, BH = B * H;
     lstm_saved local, *s = &local;
     if (ferry_ctx_training(ctx) && (s = ferry_ctx_host_alloc(ctx, sizeof *s)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     s->m = m;
     s->T = T;
     s->B = B;
@@ -359,7 +359,7 @@ ferry_status ferry_lstm_forward(ferry_lstm *m, ferry_ctx *ctx, const ferry_tenso
     }
     /* y is a view of the last layer's h_1 .. h_T: no copy. */
     if ((out[0] = ferry_ctx_host_alloc(ctx, sizeof *out[0])) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     float *y_data = s->layer[m->L - 1].h + BH;
     *out[0] = ferry_tensor_wrap(be, FERRY_DTYPE_F32, ferry_shape_3d(T, B, H), y_data);
     if (ferry_ctx_training(ctx)) {
@@ -459,13 +459,13 @@ static ferry_status lstm_layer_grads(const lstm_saved *s, ferry_ctx *ctx, int l,
     int64_t TB = s->T * s->B, H = m->H, G4 = 4 * H, C = l == 0 ? m->C : H;
     lstm_wgrad *j = ferry_ctx_host_alloc(ctx, sizeof *j);
     if (j == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *j = (lstm_wgrad){be, TB, G4, C, H, w->dgates, ls->x, ls->h, NULL, NULL, NULL, NULL, NULL};
     j->dw_ih = ferry_grads_dense(w->G, m->w_ih[l]); /* (4H, C) */
     j->db_ih = ferry_grads_dense(w->G, m->b_ih[l]); /* (4H) */
     j->db_hh = ferry_grads_dense(w->G, m->b_hh[l]); /* (4H) */
     if (j->dw_ih == NULL || j->db_ih == NULL || j->db_hh == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry_status st = lstm_w_hh_grad_eff(m, ctx, w->G, ls, &w->stiefel, l, &j->dw_hh);
     if (st == FERRY_OK)
         st = ctx_floats(ctx, G4, &j->dbias);
@@ -498,7 +498,7 @@ static ferry_status lstm_backward(ferry_ctx *ctx, void *saved, ferry_tensor *con
     const float *gcn = grad_out[2] ? ferry_tensor_f32(grad_out[2]) : NULL; /* (L, B, H) */
     lstm_bwd w;
     if ((w.G = ferry_ctx_grads(ctx, m->P)) == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     ferry_status st = ctx_floats(ctx, T * BH, &w.dy);
     if (st == FERRY_OK)
         st = ctx_floats(ctx, T * B * 4 * H, &w.dgates);

@@ -47,7 +47,7 @@ ferry_status ferry_params_add(ferry_params *P, const char *name, ferry_shape sha
         int cap = P->cap ? 2 * P->cap : 16;
         ferry_param *items = realloc(P->items, (size_t)cap * sizeof *items);
         if (items == NULL)
-            return FERRY_ERR_NOMEM;
+            return FERRY_NOMEM();
         P->items = items;
         P->cap = cap;
     }
@@ -92,7 +92,7 @@ ferry_status ferry_params_init_uniform_at(ferry_params *P, int index, float scal
     const ferry_param *p = &P->items[index];
     float *host = malloc((size_t)p->numel * sizeof(float));
     if (host == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     for (int64_t i = 0; i < p->numel; i++) {
         float u = ferry_rand_uniform(seed, (uint64_t)(base + i));
         host[i] = (2.0f * u - 1.0f) * scale;
@@ -127,7 +127,7 @@ ferry_status ferry_grads_init(ferry_grads *G, const ferry_params *P) {
     G->rows = calloc((size_t)(P->count ? P->count : 1), sizeof *G->rows);
     if (G->touched == NULL || G->rows == NULL) {
         ferry_grads_deinit(G);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     /* The dense block is allocated when a dense parameter first gets a gradient, so
      * the gradients of a row-sparse table take memory only for the rows touched. */
@@ -247,7 +247,7 @@ static ferry_status rowgrad_rehash(ferry_rowgrad *rg, int64_t want) {
         cap *= 2;
     int64_t *h = calloc((size_t)cap, sizeof *h);
     if (h == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     for (int64_t s = 0; s < rg->count; s++) {
         uint64_t k = row_hash(rg->rows[s]) & (uint64_t)(cap - 1);
         while (h[k] != 0)
@@ -268,7 +268,7 @@ static ferry_status rowgrad_reserve(ferry_rowgrad *rg, ferry_backend *be, int64_
         cap *= 2;
     int64_t *rows = realloc(rg->rows, (size_t)cap * sizeof *rows);
     if (rows == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     rg->rows = rows;
     float *values = NULL;
     ferry_status st = ferry_backend_alloc(be, (size_t)(cap * rg->D) * sizeof(float),
@@ -371,7 +371,7 @@ ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src) {
             if (slots == NULL || ids == NULL) {
                 free(slots);
                 free(ids);
-                return FERRY_ERR_NOMEM;
+                return FERRY_NOMEM();
             }
             for (int64_t s = 0; s < rg->count; s++)
                 ids[s] = (int32_t)rg->rows[s];
@@ -384,7 +384,7 @@ ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src) {
         } else {
             float *g = ferry_grads_dense(dst, i);
             st = g ? ferry_backend_axpy(be, p->numel, 1.0f, src->dense + p->offset, g)
-                   : FERRY_ERR_NOMEM;
+                   : FERRY_NOMEM();
         }
     }
     return st;

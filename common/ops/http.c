@@ -339,7 +339,7 @@ ferry_status ferry_http_start_ex(const char *listen, ferry_http_metrics_fn metri
     ferry_http *h = calloc(1, sizeof *h);
     if (h == NULL) {
         freeaddrinfo(ai);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     h->metrics = metrics;
     h->health = health;
@@ -348,7 +348,7 @@ ferry_status ferry_http_start_ex(const char *listen, ferry_http_metrics_fn metri
     if (opt->token != NULL && (h->token = strdup(opt->token)) == NULL) {
         free(h);
         freeaddrinfo(ai);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);

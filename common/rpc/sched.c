@@ -170,7 +170,7 @@ ferry_status ferry__rpc_sched_create(const ferry__rpc_sched_config *cfg, ferry__
     ferry__rpc_sched *s = calloc(1, sizeof *s);
     if (s == NULL || (s->threads = calloc((size_t)cfg->workers, sizeof *s->threads)) == NULL) {
         free(s);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);

@@ -240,7 +240,7 @@ static ferry_status pend_charge(server_call *c, size_t n) {
                           (double)srv->pend_max_peer / 1048576.0,
                           (double)srv->pend_max_total / 1048576.0);
     } else if (p == NULL && (p = calloc(1, sizeof *p)) == NULL) {
-        st = FERRY_ERR_NOMEM;
+        st = FERRY_NOMEM();
     } else {
         if (p->peer == NULL) {
             p->peer = peer;

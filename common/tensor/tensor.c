@@ -80,7 +80,7 @@ ferry_status ferry_tensor_create(ferry_backend *be, ferry_dtype dt, ferry_shape 
         return ferry_errorf(FERRY_ERR_INVALID, "invalid tensor shape or dtype");
     ferry_tensor *t = calloc(1, sizeof *t);
     if (t == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     *t = ferry_tensor_wrap(be, dt, shape, NULL);
     size_t nbytes = ferry_tensor_nbytes(t);
     ferry_status st = ferry_backend_alloc(be, nbytes ? nbytes : 1, &t->data);
@@ -95,7 +95,7 @@ ferry_status ferry_tensor_create(ferry_backend *be, ferry_dtype dt, ferry_shape 
         /* Integer tensors: zero through a host buffer so any backend works. */
         void *zeros = calloc(1, nbytes);
         st = zeros ? ferry_backend_copy(be, t->data, zeros, nbytes, FERRY_COPY_HOST_TO_DEVICE)
-                   : FERRY_ERR_NOMEM;
+                   : FERRY_NOMEM();
         free(zeros);
     }
     if (st != FERRY_OK) {

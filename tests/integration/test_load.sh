@@ -64,11 +64,22 @@ settle() {
     [ "$(stat jobs)" = 0 ] || fail "$what: $(stat jobs) jobs still held"
     [ "$(stat contexts_live)" = 0 ] || fail "$what: $(stat contexts_live) contexts still live"
     [ "$(stat unread_reply_bytes)" = 0 ] || fail "$what: unread replies still held"
-    sleep 5.5 # the sweep gives freed memory back to the system every 5 s
-    rss=$(stat rss_bytes)
-    kill -0 "$PID" || fail "$what: ferry-ps died"
-    "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if b <= a*float(sys.argv[3]) else 1)" "$rss0" "$rss" "$RSS_SLACK" ||
-        fail "$what: RSS $((rss0 >> 20)) MiB at the start, $((rss >> 20)) MiB after"
+    # The sweep gives freed memory back to the system every 5 s; what the case's
+    # sessions and connections held is freed as they lapse, which may come just after
+    # one of those trims (on a loaded machine the mutation check's control saw 13% one
+    # trim later). Three trims' time for RSS to come back within the bound; memory
+    # the case left held never does.
+    local t0=$SECONDS
+    sleep 5.5
+    while :; do
+        rss=$(stat rss_bytes)
+        kill -0 "$PID" || fail "$what: ferry-ps died"
+        "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if b <= a*float(sys.argv[3]) else 1)" "$rss0" "$rss" "$RSS_SLACK" &&
+            break
+        [ $((SECONDS - t0)) -lt 16 ] ||
+            fail "$what: RSS $((rss0 >> 20)) MiB at the start, $((rss >> 20)) MiB after (16 s after the case)"
+        sleep 1
+    done
     ok "$what: ferry-ps serving, RSS $((rss0 >> 20)) -> $((rss >> 20)) MiB"
 }
 case_run() { # case_run NAME MODE ARGS...: the case's numbers into $TMP/NAME.out

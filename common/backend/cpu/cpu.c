@@ -67,7 +67,7 @@ static const ferry_backend_ops cpu_ops = {
 ferry_status ferry__backend_cpu_create(ferry_backend **out) {
     ferry_backend *be = calloc(1, sizeof *be);
     if (be == NULL)
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     be->ops = &cpu_ops;
     *out = be;
     return FERRY_OK;

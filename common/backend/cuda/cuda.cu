@@ -247,7 +247,7 @@ extern "C" ferry_status ferry__backend_cuda_create(int device, ferry_backend **o
     if (be == NULL || cu == NULL) {
         free(be);
         free(cu);
-        return FERRY_ERR_NOMEM;
+        return FERRY_NOMEM();
     }
     be->ops = &cuda_ops;
     be->device = device;
@@ -256,7 +256,7 @@ extern "C" ferry_status ferry__backend_cuda_create(int device, ferry_backend **o
     pthread_mutex_init(&cu->mu, NULL);
     cu->live_buckets = 4096;
     cu->live = (ferry__cuda_block **)calloc(cu->live_buckets, sizeof *cu->live);
-    ferry_status st = cu->live != NULL ? FERRY_OK : FERRY_ERR_NOMEM;
+    ferry_status st = cu->live != NULL ? FERRY_OK : FERRY_NOMEM();
     if (st == FERRY_OK && (err = cudaSetDevice(device)) != cudaSuccess)
         st = ferry__cuda_error(err, "cudaSetDevice");
     if (st == FERRY_OK &&
