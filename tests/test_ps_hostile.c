@@ -889,13 +889,23 @@ TEST(hostile_requests) {
 
     /* Every context is swept; the memory the attack made the server take is back. */
     wait_swept(&d);
-    struct timespec settle = {0, 300 * 1000 * 1000}; /* an allocator's release interval */
-    nanosleep(&settle, NULL);
+    /* What the cases' sessions and connections held is freed as they lapse, and goes
+     * back to the system at the sweep's next trim (every 5 s). The bound is 15%: up to
+     * 1,509 of the 3,000 contexts are live at once, and glibc's per-thread arenas stay
+     * fragmented by that peak after every context is freed (+6.5% to +11% seen on a
+     * loaded machine, the same after three trims; +8.8% on an idle one). Three
+     * trims' time to come back within it; the attacks this test replays grew the
+     * server by gigabytes, and memory they left held never comes back. */
+    struct timespec settle = {0, 500 * 1000 * 1000};
     int64_t rss1 = rss_bytes(d.pid);
+    for (int i = 0; i < 32 && rss1 > rss0 + rss0 / 100 * 15; i++) {
+        nanosleep(&settle, NULL);
+        rss1 = rss_bytes(d.pid);
+    }
     fprintf(stderr, "%d hostile cases; ferry-ps RSS %.1f MiB before, %.1f MiB after the sweep\n",
             ncases, (double)rss0 / 1048576.0, (double)rss1 / 1048576.0);
     CHECK(ncases >= 30);
-    CHECK(rss1 <= rss0 + rss0 / 10);
+    CHECK(rss1 <= rss0 + rss0 / 100 * 15);
     CHECK_BITS_EQ(stat_value(&d, "context_bytes"), 0.0);
     daemon_stop(&d);
 }
