@@ -8,7 +8,11 @@ sources, resolves it to a file in the tree, and fails (exit 1) on:
   - a cycle in the file-level include graph,
   - an include that resolves nowhere, or a file/public header with no layer.
 
-Usage: scripts/check-layers.py [--dot | --quiet]
+With --doc FILE it also fails when FILE (docs/architecture.md) quotes an output
+other than today's in its block after "$ python3 scripts/check-layers.py", so the
+figures there cannot go stale; --update-doc FILE rewrites that block.
+
+Usage: scripts/check-layers.py [--dot | --quiet] [--doc FILE | --update-doc FILE]
 """
 
 import argparse
@@ -192,6 +196,9 @@ def main():
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dot", action="store_true", help="print the layer graph as Graphviz")
     mode.add_argument("--quiet", action="store_true", help="print only violations")
+    doc = ap.add_mutually_exclusive_group()
+    doc.add_argument("--doc", metavar="FILE", help="fail if FILE quotes another output")
+    doc.add_argument("--update-doc", metavar="FILE", help="rewrite FILE's quoted output")
     args = ap.parse_args()
 
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True,
@@ -241,24 +248,60 @@ def main():
             style = "" if lt in ALLOWED[lf] else " [color=red]"
             print('  "%s" -> "%s"%s;' % (lf, lt, style))
         print("}")
-    elif not args.quiet:
-        n_edges = sum(len(dsts) for dsts in graph.values())
-        print("files:       %d" % len(sources))
-        print("file edges:  %d" % n_edges)
-        print("layer edges: %d" % len(layer_edges))
-        width = max(len(l) for l in layers)
-        for l in layers:
-            uses = [lt + ("" if lt in ALLOWED[l] else "(!)")
-                    for lt in LAYERS if (l, lt) in layer_edges]
-            print("  %-*s -> %s" % (width, l, " ".join(uses) or "-"))
+        return 1 if violations else 0
+    out = []
+    n_edges = sum(len(dsts) for dsts in graph.values())
+    out.append("files:       %d" % len(sources))
+    out.append("file edges:  %d" % n_edges)
+    out.append("layer edges: %d" % len(layer_edges))
+    width = max(len(l) for l in layers)
+    for l in layers:
+        uses = [lt + ("" if lt in ALLOWED[l] else "(!)")
+                for lt in LAYERS if (l, lt) in layer_edges]
+        out.append("  %-*s -> %s" % (width, l, " ".join(uses) or "-"))
+    out.append("violations:  %d" % len(violations))
+    out.append("OK" if not violations else "FAIL")
+    doc_path = args.doc or args.update_doc
+    if doc_path:
+        doc_problem = quoted_output(os.path.join(root, doc_path), out, args.update_doc)
+        if doc_problem:
+            violations.append(doc_problem)
+    if not args.quiet:
+        print("\n".join(out[:-2]))
         print("violations:  %d" % len(violations))
 
-    if not args.dot:
-        for v in violations:
-            print(v)
-    if not args.quiet and not args.dot:
+    for v in violations:
+        print(v)
+    if not args.quiet:
         print("FAIL" if violations else "OK")
     return 1 if violations else 0
+
+
+DOC_PROMPT = "$ python3 scripts/check-layers.py"
+
+
+def quoted_output(path, out, update):
+    """None if the fenced block after DOC_PROMPT in path is `out` (or was rewritten
+    to it with update), else what is wrong."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start = text.find("```\n" + DOC_PROMPT + "\n")
+    if start < 0:
+        return "%s: no block quoting '%s' to check" % (path, DOC_PROMPT)
+    body = start + len("```\n" + DOC_PROMPT + "\n")
+    end = text.find("```", body)
+    if end < 0:
+        return "%s: the block quoting '%s' is not closed" % (path, DOC_PROMPT)
+    want = "\n".join(out) + "\n"
+    if text[body:end] == want:
+        return None
+    if update:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text[:body] + want + text[end:])
+        return None
+    return ("%s quotes an older output of this script (%s); run scripts/check-layers.py "
+            "--update-doc %s" % (os.path.relpath(path), text[body:end].split("\n")[0].strip(),
+                                 os.path.relpath(path)))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ bash scripts/deps.sh slurm-wlm munge python3-grpcio python3-grpc-tools python3-p
 jobs=$(nproc)
 
 echo "== layers (scripts/check-layers.py) =="
-python3 scripts/check-layers.py
+python3 scripts/check-layers.py --doc docs/architecture.md
 echo "== the public API's marks and comments (scripts/check-exports.py) =="
 python3 scripts/check-exports.py
 echo "== every out-of-memory return says where (FERRY_NOMEM, common/core/log.h) =="
