@@ -423,11 +423,6 @@ int ferry__ps_checkpoint_sweep_temps(const char *dir, const char *job) {
     return n;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 void ferry__ps_manifest_init(ferry__ps_manifest *M) {
     memset(M, 0, sizeof *M);
     pthread_mutex_init(&M->mu, NULL);
@@ -481,50 +476,40 @@ static void manifest_look(ferry__ps_manifest *M, const char *path, const char *n
     M->e[M->n++] = *e;
 }
 
+/* What ferry__ps_checkpoint_job_steps's scan needs to judge one entry. */
+typedef struct job_scan {
+    const char *dir, *job, *owner;
+    ferry__ps_manifest *M;
+} job_scan;
+
+/* A job checkpoint of the scan's job and owner that verifies (the manifest
+ * remembers files already read), named after the step it holds. */
+static int job_step_of(const char *name, void *user, uint64_t *step) {
+    const job_scan *js = user;
+    char path[4096];
+    struct stat sb;
+    if (!job_file_step(name, js->job, step) ||
+        snprintf(path, sizeof path, "%s/%s", js->dir, name) >= (int)sizeof path ||
+        lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return 0;
+    ferry__ps_manifest_entry m;
+    manifest_look(js->M, path, name, &sb, &m);
+    if (!m.ok)
+        return 0;
+    if (m.step != *step) {
+        FERRY_LOG_WARN("checkpoint %s is not usable: its step differs from its name", path);
+        return 0;
+    }
+    /* Another identity's job of the same name is not this one's. */
+    return js->owner == NULL || strcmp(m.owner, js->owner) == 0;
+}
+
 ferry_status ferry__ps_checkpoint_job_steps(const char *dir, ferry__ps_manifest *M, const char *job,
                                             const char *owner, uint64_t **steps, size_t *n) {
-    *steps = NULL;
-    *n = 0;
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return ferry_errorf(FERRY_ERR_IO, "cannot list checkpoint directory %s", dir);
-    size_t cap = 0;
-    ferry_status st = FERRY_OK;
+    job_scan js = {dir, job, owner, M};
     pthread_mutex_lock(&M->mu);
-    for (struct dirent *e; st == FERRY_OK && (e = readdir(d)) != NULL;) {
-        uint64_t s = 0;
-        char path[4096];
-        struct stat sb;
-        if (!job_file_step(e->d_name, job, &s) ||
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path ||
-            lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
-            continue;
-        ferry__ps_manifest_entry m;
-        manifest_look(M, path, e->d_name, &sb, &m);
-        if (!m.ok)
-            continue;
-        if (m.step != s) {
-            FERRY_LOG_WARN("checkpoint %s is not usable: its step differs from its name", path);
-            continue;
-        }
-        if (owner != NULL && strcmp(m.owner, owner) != 0)
-            continue; /* another identity's job of the same name: not this one's */
-        if (*n == cap) {
-            size_t nc = cap ? 2 * cap : 16;
-            uint64_t *p = realloc(*steps, nc * sizeof *p);
-            if (p == NULL) {
-                st = FERRY_NOMEM();
-                break;
-            }
-            *steps = p;
-            cap = nc;
-        }
-        (*steps)[(*n)++] = s;
-    }
+    ferry_status st = ferry_ck_list_steps(dir, job_step_of, &js, steps, n);
     pthread_mutex_unlock(&M->mu);
-    (void)closedir(d);
-    if (*n > 1)
-        qsort(*steps, *n, sizeof **steps, cmp_u64);
     return st;
 }
 

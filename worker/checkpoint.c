@@ -9,7 +9,6 @@
  *   MANI  the server files of the same checkpoint id, text
  * The parameter block and state are copied through the host so any backend can
  * save. */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -485,7 +484,9 @@ void ferry_checkpoint_part(const char *base, int rank, int64_t step, char *out, 
 }
 
 /* The step of a file name of base's set; 0 when it is not one. */
-static int part_step(const char *name, const char *prefix, int64_t *step) {
+/* A part of the set whose file names start with the prefix (user): "<prefix><step>". */
+static int part_step(const char *name, void *user, uint64_t *step) {
+    const char *prefix = user;
     size_t pl = strlen(prefix);
     if (strncmp(name, prefix, pl) != 0)
         return 0;
@@ -493,16 +494,11 @@ static int part_step(const char *name, const char *prefix, int64_t *step) {
     if (*p < '0' || *p > '9')
         return 0;
     char *end;
-    long long v = strtoll(p, &end, 10);
+    long long v = strtoll(p, &end, 10); /* saturates: steps stay within int64 */
     if (*end != '\0')
         return 0;
-    *step = v;
+    *step = (uint64_t)v;
     return 1;
-}
-
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* Every step of base's set present in its directory, verified or not. */
@@ -521,30 +517,15 @@ static ferry_status list_parts(const char *base, int rank, int64_t **steps, size
         (void)snprintf(prefix, sizeof prefix, "%s.", file);
     else
         (void)snprintf(prefix, sizeof prefix, "%s.r%d.", file, rank);
-    DIR *d = opendir(dir);
-    if (d == NULL)
+    uint64_t *found;
+    ferry_status st = ferry_ck_list_steps(dir, part_step, prefix, &found, n);
+    if (st == FERRY_ERR_IO) {
+        ferry_error_clear();
         return FERRY_OK; /* no directory: no checkpoints */
-    size_t cap = 0;
-    ferry_status st = FERRY_OK;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        int64_t s;
-        if (!part_step(e->d_name, prefix, &s))
-            continue;
-        if (*n == cap) {
-            size_t nc = cap ? 2 * cap : 16;
-            int64_t *p = realloc(*steps, nc * sizeof *p);
-            if (p == NULL) {
-                st = FERRY_NOMEM();
-                break;
-            }
-            *steps = p;
-            cap = nc;
-        }
-        (*steps)[(*n)++] = s;
     }
-    (void)closedir(d);
-    if (*n > 1)
-        qsort(*steps, *n, sizeof **steps, cmp_i64);
+    /* Steps at most INT64_MAX (part_step): the same values read as int64_t, the
+     * signed type of the elements' own. */
+    *steps = (int64_t *)found;
     return st;
 }
 

@@ -258,6 +258,44 @@ static int starts_as(int dirfd, const char *name, const char magic[8], uint64_t 
     return n >= 0 && (n == 8 || (uint64_t)n == *size) && memcmp(head, magic, (size_t)n) == 0;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+ferry_status ferry_ck_list_steps(const char *dir,
+                                 int (*step_of)(const char *name, void *user, uint64_t *step),
+                                 void *user, uint64_t **steps, size_t *n) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return ferry_errorf(FERRY_ERR_IO, "cannot list checkpoint directory %s: %s", dir,
+                            strerror(errno));
+    size_t cap = 0;
+    ferry_status st = FERRY_OK;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        uint64_t s;
+        if (!step_of(e->d_name, user, &s))
+            continue;
+        if (*n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            uint64_t *p = realloc(*steps, nc * sizeof *p);
+            if (p == NULL) {
+                st = FERRY_NOMEM();
+                break;
+            }
+            *steps = p;
+            cap = nc;
+        }
+        (*steps)[(*n)++] = s;
+    }
+    (void)closedir(d);
+    if (*n > 1)
+        qsort(*steps, *n, sizeof **steps, cmp_u64);
+    return st;
+}
+
 int ferry_ck_sweep_temps(const char *dir, const char magic[8],
                          int (*match)(const char *name, size_t len, const void *user),
                          const void *user, uint64_t *bytes) {

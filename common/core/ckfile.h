@@ -95,6 +95,15 @@ ferry_status ferry_ck_verify(const char *path, const char magic[8], uint32_t for
 /* 1 when path starts with magic (a cheap test before a full read). */
 int ferry_ck_has_magic(const char *path, const char magic[8]);
 
+/* The steps of the checkpoint files of one set in dir: step_of returns 1 and sets
+ * *step for a name of the set (it may look at the file too), 0 for any other entry.
+ * *steps (malloc'd, ascending; free it) and *n receive them. FERRY_ERR_IO when dir
+ * cannot be read (nothing listed); FERRY_ERR_NOMEM keeps what was listed so far. The
+ * one directory scan under ferry-ps's job checkpoints and ferry-trainer's parts. */
+ferry_status ferry_ck_list_steps(const char *dir,
+                                 int (*step_of)(const char *name, void *user, uint64_t *step),
+                                 void *user, uint64_t **steps, size_t *n);
+
 /* Removes what writes of `magic` files in dir left when a kill interrupted them: the
  * temporary files ferry_ckw_open makes, ".<name>.XXXXXX" (mkostemp's six letters and
  * digits), whose <name> `match` accepts (NULL: any), that are regular files of this
