@@ -1,0 +1,189 @@
+/* report.c - what a run of ferry-trainer says: the training log line and its
+ * metrics event (with the job's and the pipeline's figures), the parameters' summary,
+ * and the /metrics page (--metrics-listen). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/core/log.h"
+#include "common/ops/http.h"
+#include "worker/trainer-impl.h"
+
+/* A job's line every log interval: the job's tokens/s (bsp: the global batch's),
+ * where the slowest rank is (the servers' count of its steps) and how far ahead this
+ * rank is, the bytes this rank moved per step, and the share of the time it spent
+ * in GradNorm/Step (waiting for the others, and the servers' update). */
+static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double elapsed) {
+    uint64_t min_step = 0, sent, received;
+    ferry_status st = ferry_job_min_step(t->job, &min_step);
+    if (st != FERRY_OK)
+        return st;
+    ferry_cluster_bytes(t->cluster, &sent, &received);
+    double wire = (double)(sent + received - t->wire_last) / (double)(nsteps ? nsteps : 1);
+    double sync = elapsed > 0.0 ? t->sync_s / elapsed : 0.0;
+    t->wire_last = sent + received;
+    t->sync_s = 0.0;
+    int64_t lead = t->step - (int64_t)min_step;
+    FERRY_LOG_INFO("job '%s' rank %d/%d: step %lld | job %.0f tok/s | slowest rank at step %llu "
+                   "(lead %lld) | %.2f MB/step on the wire | %.0f%% in GradNorm/Step",
+                   t->cfg->job, t->cfg->rank, t->cfg->world, (long long)t->step, tok_s,
+                   (unsigned long long)min_step, (long long)lead, wire / 1e6, 100.0 * sync);
+    if (t->metrics == NULL)
+        return FERRY_OK;
+    const char *keys[] = {"step",
+                          "rank",
+                          "world",
+                          "job_tokens_per_s",
+                          "min_step",
+                          "lead",
+                          "wire_bytes_per_step",
+                          "sync_fraction"};
+    double vals[] = {(double)t->step,  t->cfg->rank, t->cfg->world, tok_s,
+                     (double)min_step, (double)lead, wire,          sync};
+    return ferry_metrics_write_kv(t->metrics, "job", 8, keys, vals);
+}
+
+/* The pipeline's line every log interval: how busy each stage was (the trainer's LSTM,
+ * the servers' decoder calls) and the bubble, the share of both stages' time idle. */
+static ferry_status log_pipeline(trainer *t) {
+    ferry_lm_pipe_stats ps;
+    ferry_lm_pipe_take_stats(t->lm->pipe, &ps);
+    if (ps.steps == 0 || !(ps.wall_s > 0.0))
+        return FERRY_OK;
+    double tb = ps.trainer_busy_s / ps.wall_s, sb = ps.servers_busy_s / ps.wall_s;
+    double bubble = 1.0 - 0.5 * (tb + sb);
+    (void)snprintf(t->pipe_note, sizeof t->pipe_note, "trainer %.0f%% ps %.0f%% bubble %.0f%%",
+                   100.0 * tb, 100.0 * sb, 100.0 * bubble);
+    FERRY_LOG_INFO("pipeline: step %lld | %d micro-batches | trainer busy %.0f%% | decoder calls "
+                   "%.0f%% | bubble %.0f%% | %.1f ms/step",
+                   (long long)t->step, ferry_lm_pipe_micro(t->lm->pipe), 100.0 * tb, 100.0 * sb,
+                   100.0 * bubble, 1e3 * ps.wall_s / (double)ps.steps);
+    if (t->metrics == NULL)
+        return FERRY_OK;
+    const char *keys[] = {"step",         "micro_batches", "trainer_busy",
+                          "servers_busy", "bubble",        "ms_per_step"};
+    double vals[] = {(double)t->step, ferry_lm_pipe_micro(t->lm->pipe),  tb, sb,
+                     bubble,          1e3 * ps.wall_s / (double)ps.steps};
+    return ferry_metrics_write_kv(t->metrics, "pipeline", 6, keys, vals);
+}
+
+/* A metrics record (and, with a constraint, the penalty and per-layer feasibility)
+ * every log interval. `loss` is the mean cross-entropy per token, without penalty. */
+ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, double tok_s,
+                                      double elapsed) {
+    ferry_status st = FERRY_OK;
+    pthread_mutex_lock(&t->live_mu);
+    t->live.step = t->step;
+    t->live.epoch = t->epoch;
+    t->live.loss = loss;
+    t->live.tok_s = tok_s;
+    t->live.lr = t->lr;
+    t->live.t = ferry_now();
+    pthread_mutex_unlock(&t->live_mu);
+    if (t->metrics != NULL)
+        st = ferry_metrics_train(t->metrics, t->epoch, t->step, loss, exp(loss), t->lr, tok_s,
+                                 ferry_now() - t->t_start);
+    if (st == FERRY_OK && t->job != NULL)
+        st = log_job(t, nsteps, tok_s, elapsed);
+    if (st == FERRY_OK && t->lm->pipe != NULL)
+        st = log_pipeline(t);
+    if (st != FERRY_OK || t->cfg->stiefel <= 0.0f)
+        return st;
+    double feas[FERRY_LSTM_MAX_LAYERS], penalty = t->penalty_sum / (double)nsteps;
+    t->penalty_sum = 0.0;
+    if ((st = ferry_lm_feasibility(t->lm, feas)) != FERRY_OK)
+        return st;
+    char line[512];
+    int n = snprintf(line, sizeof line, "stiefel: step %lld | ce %.4f | penalty %.3e | feasibility",
+                     (long long)t->step, loss, penalty);
+    const char *keys[2 + FERRY_LSTM_MAX_LAYERS];
+    char names[FERRY_LSTM_MAX_LAYERS][32];
+    double vals[2 + FERRY_LSTM_MAX_LAYERS] = {(double)t->step, penalty};
+    keys[0] = "step";
+    keys[1] = "penalty";
+    for (int l = 0; l < t->lm->cfg.L; l++) {
+        (void)snprintf(names[l], sizeof names[l], "feasibility_l%d", l);
+        keys[2 + l] = names[l];
+        vals[2 + l] = feas[l];
+        if (n > 0 && (size_t)n < sizeof line)
+            n += snprintf(line + n, sizeof line - (size_t)n, " l%d %.3e", l, feas[l]);
+    }
+    FERRY_LOG_INFO("%s", line);
+    if (t->metrics != NULL)
+        st = ferry_metrics_write_kv(t->metrics, "stiefel", 2 + t->lm->cfg.L, keys, vals);
+    return st;
+}
+
+/* "N parameters", and for a distributed model where they are: the whole model's
+ * count (embedding, every LSTM layer, decoder; exact, without the block's alignment
+ * padding) whatever the placement, and the share in this trainer's own block. */
+void ferry__trainer_describe_params(const trainer *t, char *buf, size_t cap) {
+    const ferry_lm_config *m = &t->lm->cfg;
+    int64_t total = m->V * m->E + m->V * m->H + m->V, here = 0;
+    for (int l = 0; l < m->L; l++)
+        total += 4 * m->H * ((l == 0 ? m->E : m->H) + m->H) + 8 * m->H;
+    for (int i = 0; i < t->lm->P.count; i++)
+        here += t->lm->P.items[i].numel;
+    if (!ferry_lm_is_remote(t->lm))
+        (void)snprintf(buf, cap, "%lld parameters", (long long)total);
+    else if (t->job != NULL)
+        (void)snprintf(buf, cap,
+                       "%lld parameters, all on the servers (this rank computes with "
+                       "a copy of %lld of them)",
+                       (long long)total, (long long)here);
+    else
+        (void)snprintf(buf, cap,
+                       "%lld parameters, %lld (%.0f%%) in this trainer and the rest on "
+                       "the servers",
+                       (long long)total, (long long)here, 100.0 * (double)here / (double)total);
+}
+
+/* The trainer's /metrics page (--metrics-listen). */
+void ferry__trainer_metrics_page(void *user, ferry_prom *p) {
+    trainer *t = user;
+    pthread_mutex_lock(&t->live_mu);
+    trainer_live live = t->live;
+    pthread_mutex_unlock(&t->live_mu);
+    ferry_prom_family(p, "ferry_build_info", "gauge", "ferry version of this daemon");
+    const char *info[] = {"version", FERRY_VERSION, "daemon", "ferry-trainer", NULL};
+    ferry_prom_sample(p, "ferry_build_info", info, 1);
+    static const struct {
+        const char *name, *help;
+    } g[] = {{"ferry_trainer_step", "optimizer steps done"},
+             {"ferry_trainer_epoch", "current epoch"},
+             {"ferry_trainer_loss", "mean training loss of the last log interval (nats/token)"},
+             {"ferry_trainer_tokens_per_second", "training throughput of the last log interval"},
+             {"ferry_trainer_learning_rate", "current learning rate"},
+             {"ferry_trainer_uptime_seconds", "seconds since the trainer started"}};
+    double v[] = {(double)live.step, live.epoch, live.loss,
+                  live.tok_s,        live.lr,    ferry_now() - t->t_start};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        ferry_prom_family(p, g[i].name, "gauge", g[i].help);
+        ferry_prom_sample(p, g[i].name, NULL, v[i]);
+    }
+    ferry_prom_family(p, "process_resident_memory_bytes", "gauge", "resident memory");
+    ferry_prom_sample(p, "process_resident_memory_bytes", NULL, (double)ferry_process_rss_bytes());
+    if (t->cluster == NULL)
+        return;
+    ferry_prom_family(p, "ferry_trainer_retries_total", "counter",
+                      "calls sent again after a stall or a lost connection");
+    ferry_prom_sample(p, "ferry_trainer_retries_total", NULL,
+                      (double)ferry_cluster_retries(t->cluster));
+    static const char *const methods[] = {"Forward", "Backward", "GradNorm", "Step"};
+    ferry_prom_family(p, "ferry_trainer_call_latency_seconds", "histogram",
+                      "calls to each ferry-ps, by method: sending to the fan-out's last answer");
+    for (int s = 0; s < ferry_cluster_size(t->cluster); s++) {
+        for (int m = 0; m < 4; m++) {
+            ferry_call_stats cs;
+            if (ferry_cluster_call_stats(t->cluster, s, methods[m], &cs) != FERRY_OK)
+                continue;
+            const char *l[] = {"server", ferry_cluster_target(t->cluster, s), "method", methods[m],
+                               NULL};
+            ferry_prom_histogram(p, "ferry_trainer_call_latency_seconds", l,
+                                 ferry_call_latency_bounds, cs.buckets, FERRY_CALL_LATENCY_BUCKETS,
+                                 cs.over, cs.sum_s);
+        }
+    }
+}

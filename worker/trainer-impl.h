@@ -1,0 +1,97 @@
+/* trainer-impl.h - what the files of ferry-trainer's run share: the state of one run
+ * (`trainer`) and the functions one file of the run calls in another. The run reads
+ * top down from trainer.c (the loop: batches, steps, evaluation, epochs) into setup.c
+ * (connecting, the model, the job, BLAS threads; teardown), recovery.c (checkpoints,
+ * roll-back and recovery after a failure) and report.c (log lines, metrics events, the
+ * /metrics page); config.c holds the configuration (defaults, presets, a launcher's
+ * environment). Private to worker/. */
+#ifndef FERRY_TRAINER_IMPL_H
+#define FERRY_TRAINER_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common/ops/http.h"
+#include "ferry/ferry.h"
+#include "ferry/optim.h"
+#include "optim/schedule.h"
+#include "worker/batch.h"
+#include "worker/checkpoint.h"
+#include "worker/corpus.h"
+#include "worker/metrics.h"
+#include "worker/model.h"
+#include "worker/progress.h"
+#include "worker/trainer.h"
+
+/* What /metrics shows, as of the last log line. */
+typedef struct trainer_live {
+    int64_t step;
+    int epoch;
+    double loss, tok_s, lr, t;
+} trainer_live;
+
+typedef struct trainer {
+    const ferry_trainer_config *cfg;
+    ferry_backend *be;
+    ferry_corpus *corpus;
+    ferry_batches *train, *valid, *test;
+    ferry_lm *lm;
+    ferry_optim *opt;
+    ferry_ctx *ctx;
+    ferry_cluster *cluster; /* distributed placement */
+    ferry_dist_ctx *dc;
+    ferry_job *job;           /* a data-parallel job */
+    int c0, c1;               /* this rank's batch columns [c0, c1) */
+    int32_t *in_buf, *tg_buf; /* (bptt, c1 - c0): its slice of a window */
+    double sync_s;            /* time in the job's GradNorm/Step since the last log line */
+    char pipe_note[64];       /* the pipeline's busy fractions, for the progress line */
+    uint64_t wire_last;       /* bytes on the wire at the last log line */
+    ferry_lr_schedule sched;
+    ferry_metrics *metrics;
+    ferry_progress *progress;
+    int epoch;               /* current epoch, 1-based */
+    int64_t step;            /* optimizer steps done in total */
+    int64_t win0;            /* the window of `epoch` to start at (a resume) */
+    int carried;             /* the carried state was restored: do not zero it at win0 */
+    int recover;             /* a job that recovers from crashes (checkpoint_every > 0) */
+    int64_t last_step;       /* the run's last step: --max-steps, or every epoch's windows */
+    int complete;            /* the job completed while this rank was down: nothing left to do */
+    double op_t0;            /* when the server work under way began (a step with its checkpoint,
+                                an evaluation); 0 between them: a recovery counts from there */
+    ferry_http *http;        /* --metrics-listen */
+    pthread_mutex_t live_mu; /* guards live: what /metrics shows */
+    trainer_live live;
+    int ck_asked;     /* a checkpoint was requested after the last step */
+    int64_t rec_step; /* the step of the last roll-back, and how many in a row */
+    int rec_repeat;
+    const char *ck_base; /* --save, else --load: the checkpoints a recovery looks at */
+    float lr;
+    double penalty_sum; /* summed over the steps since the last log line */
+    double t_start;
+} trainer;
+
+/* ---- trainer.c: the loop ---- */
+
+ferry_status ferry__trainer_make_batches(const ferry_trainer_config *cfg, const ferry_corpus *c,
+                                         ferry_split s, int B, int64_t limit, ferry_batches **out);
+
+/* ---- setup.c: connecting and building the run, and ending it ---- */
+
+ferry_status ferry__trainer_setup(trainer *t);
+void ferry__trainer_teardown(trainer *t, ferry_status run);
+
+/* ---- recovery.c: checkpoints and recovery ---- */
+
+ferry_status ferry__trainer_save_checkpoint(trainer *t, int epoch, int64_t window);
+ferry_status ferry__trainer_apply_progress(trainer *t, const ferry_ck_progress *pr);
+ferry_status ferry__trainer_recover(trainer *t, const char *why);
+int ferry__trainer_recoverable(ferry_status st);
+
+/* ---- report.c: what the run reports ---- */
+
+ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, double tok_s,
+                                      double elapsed);
+void ferry__trainer_describe_params(const trainer *t, char *buf, size_t cap);
+void ferry__trainer_metrics_page(void *user, ferry_prom *p);
+
+#endif /* FERRY_TRAINER_IMPL_H */
