@@ -15,6 +15,7 @@
 #include "common/core/log.h"
 #include "common/core/secret.h"
 #include "common/ops/http.h"
+#include "server/cli.h"
 #include "server/ps.h"
 
 /* Writes the bound port for scripts that started the server on port 0. */
@@ -159,280 +160,13 @@ int main(int argc, char **argv) {
     cfg.max_sessions = 4096; /* the server's own defaults, shown by --help */
     cfg.max_sessions_per_identity = 1024;
     cfg.handle_signals = 1;
-    int log_level = FERRY_LOG_LEVEL_INFO, max_message_mb = 256;
-    int max_module_mb = 0, max_model_mb = 0, max_context_mb = 0, max_contexts_mb = 0;
-    int id_contexts_mb = 0, id_model_mb = 0, pending_reply_mb = 0;
-    const char *port_file = NULL;
-    const char *token_file = NULL, *admin_token_file = NULL;
-    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
-    bool insecure = false;
-    const char *metrics_listen = NULL, *metrics_token_file = NULL;
-    int log_format = 0;
-    const ferry_flag flags[] = {
-        {.name = "listen",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &cfg.listen,
-         .metavar = "HOST:PORT",
-         .help = "address to serve on (port 0: an ephemeral port, see --port-file)"},
-        {.name = "port-file",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &port_file,
-         .metavar = "FILE",
-         .help = "write the bound port to FILE once listening"},
-        {.name = "threads",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.threads,
-         .min = 1,
-         .max = 64,
-         .help = "threads running calls"},
-        {.name = "blas-threads",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.blas_threads,
-         .min = 1,
-         .max = 64,
-         .defval = "1, or OPENBLAS_NUM_THREADS",
-         .help = "OpenBLAS threads per GEMM (give more on a machine of its own)"},
-        {.name = "context-ttl",
-         .type = FERRY_FLAG_DOUBLE,
-         .ptr = &cfg.context_ttl_s,
-         .min = 0.001,
-         .max = 1e7,
-         .metavar = "SECONDS",
-         .help = "free a context after this long without a call (its trainer died)"},
-        {.name = "session-ttl",
-         .type = FERRY_FLAG_DOUBLE,
-         .ptr = &cfg.session_ttl_s,
-         .min = 0.001,
-         .max = 1e7,
-         .metavar = "SECONDS",
-         .help = "end a session this long after its last call unless its client holds a "
-                 "Session stream; its contexts go, its job ranks can be taken over"},
-        {.name = "max-sessions",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_sessions,
-         .min = 1,
-         .max = 1000000,
-         .help = "live sessions, all identities"},
-        {.name = "max-calls-per-identity",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_calls_per_identity,
-         .min = 0,
-         .max = 64,
-         .help = "calls of one identity running at once (0: its fair share of --threads "
-                 "while other identities have work; Hello, Stats and health never wait)"},
-        {.name = "max-sessions-per-identity",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_sessions_per_identity,
-         .min = 1,
-         .max = 1000000,
-         .help = "live sessions of one identity"},
-        {.name = "max-message-mb",
-         .type = FERRY_FLAG_INT,
-         .ptr = &max_message_mb,
-         .min = 1,
-         .max = 2047,
-         .help = "largest request or reply, in MiB"},
-        {.name = "max-module-mb",
-         .type = FERRY_FLAG_INT,
-         .ptr = &max_module_mb,
-         .min = 0,
-         .max = 1 << 30,
-         .help = "largest module (weights + optimizer state), in MiB (0: 2048)"},
-        {.name = "max-model-mb",
-         .type = FERRY_FLAG_INT,
-         .ptr = &max_model_mb,
-         .min = 0,
-         .max = 1 << 30,
-         .help = "all modules together, in MiB (0: half the physical memory)"},
-        {.name = "max-context-mb",
-         .type = FERRY_FLAG_INT,
-         .ptr = &max_context_mb,
-         .min = 0,
-         .max = 1 << 30,
-         .help = "one context's saved inputs and gradients, and one call's scratch, in MiB "
-                 "(0: 1024)"},
-        {.name = "max-contexts-mb",
-         .type = FERRY_FLAG_INT,
-         .ptr = &max_contexts_mb,
-         .min = 0,
-         .max = 1 << 30,
-         .help = "all contexts together, in MiB (0: a quarter of the physical memory)"},
-        {.name = "max-contexts",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_contexts,
-         .min = 0,
-         .max = 1 << 24,
-         .help = "contexts alive at once (0: 16384)"},
-        {.name = "max-contexts-per-identity",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_contexts_per_identity,
-         .min = 0,
-         .max = 1 << 24,
-         .help = "live contexts of one identity, all its sessions (0: half of --max-contexts)"},
-        {.name = "max-contexts-mb-per-identity",
-         .type = FERRY_FLAG_INT,
-         .ptr = &id_contexts_mb,
-         .min = 0,
-         .max = 1 << 30,
-         .help = "their memory, in MiB (0: half of --max-contexts-mb)"},
-        {.name = "max-modules-per-identity",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_modules_per_identity,
-         .min = 0,
-         .max = 1 << 24,
-         .help = "modules one identity may create (0: 65536)"},
-        {.name = "max-model-mb-per-identity",
-         .type = FERRY_FLAG_INT,
-         .ptr = &id_model_mb,
-         .min = 0,
-         .max = 1 << 30,
-         .help = "their memory, in MiB (0: all of --max-model-mb)"},
-        {.name = "max-jobs",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_jobs,
-         .min = 0,
-         .max = 1 << 20,
-         .help = "jobs held, all identities (0: 1024)"},
-        {.name = "max-jobs-per-identity",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.max_jobs_per_identity,
-         .min = 0,
-         .max = 1 << 20,
-         .help = "jobs of one identity (0: 64)"},
-        {.name = "max-pending-reply-mb",
-         .type = FERRY_FLAG_INT,
-         .ptr = &pending_reply_mb,
-         .min = 0,
-         .max = 1 << 30,
-         .help = "replies sent but not yet read by their clients, in MiB (0: 1024; each "
-                 "connection holds at most one --max-message-mb reply unread)"},
-        {.name = "reply-timeout",
-         .type = FERRY_FLAG_DOUBLE,
-         .ptr = &cfg.reply_timeout_s,
-         .min = 0.0,
-         .max = 1e6,
-         .metavar = "SECONDS",
-         .help = "cancel a reply its client has not read after this long (0: 60)"},
-        {.name = "job-ttl",
-         .type = FERRY_FLAG_DOUBLE,
-         .ptr = &cfg.job_ttl_s,
-         .min = 0.0,
-         .max = 1e7,
-         .metavar = "SECONDS",
-         .help = "free a job this long after it finished or failed, or after its last live "
-                 "trainer went (0: 600)"},
-        {.name = "checkpoint-keep",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.checkpoint_keep,
-         .min = 0,
-         .max = 1 << 20,
-         .help = "checkpoints kept in --checkpoint-dir, older ones deleted (0: 4)"},
-        {.name = "drain-ms",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.drain_ms,
-         .min = 0,
-         .max = 600000,
-         .help = "on SIGTERM/Shutdown, report NOT_SERVING to health checks this long "
-                 "before refusing new calls (for load balancers and probes)"},
-        {.name = "checkpoint-rate",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.checkpoint_rate,
-         .min = 0,
-         .max = 1000000,
-         .help = "Checkpoint calls allowed per minute, in bursts of as many (0: 60)"},
-        {.name = "checkpoint-dir",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &cfg.checkpoint_dir,
-         .metavar = "DIR",
-         .help = "where Checkpoint calls write (none: checkpoints refused)"},
-        {.name = "restore",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &cfg.restore,
-         .metavar = "FILE",
-         .help = "recreate the modules of this checkpoint before serving"},
-        {.name = "server-id",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &cfg.server_id,
-         .help = "name reported by Hello (default ferry-ps@HOST:PORT)"},
-        {.name = "shutdown-grace-ms",
-         .type = FERRY_FLAG_INT,
-         .ptr = &cfg.shutdown_grace_ms,
-         .min = 0,
-         .max = 600000,
-         .help = "time calls in flight get on SIGINT/SIGTERM"},
-        {.name = "token-file",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &token_file,
-         .metavar = "FILE",
-         .help = "the callers: one token (identity 'trainer'), or a table, one "
-                 "'<name> <role> <token>' per line, role reader | trainer | admin; calls carry "
-                 "'authorization: Bearer <token>' (env FERRY_TOKEN_FILE)"},
-        {.name = "admin-token-file",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &admin_token_file,
-         .metavar = "FILE",
-         .help = "one admin token (identity 'admin'): also SetParams, Checkpoint, Shutdown, "
-                 "and power over every identity's modules and jobs (env FERRY_ADMIN_TOKEN_FILE)"},
-        {.name = "tls-cert",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &tls_cert,
-         .metavar = "PEM",
-         .help = "serve TLS with this certificate (chain) ..."},
-        {.name = "tls-key",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &tls_key,
-         .metavar = "PEM",
-         .help = "... and this private key"},
-        {.name = "tls-ca",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &tls_ca,
-         .metavar = "PEM",
-         .help = "mutual TLS: clients must present a certificate this CA signed"},
-        {.name = "metrics-listen",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &metrics_listen,
-         .metavar = "HOST:PORT",
-         .help = "serve Prometheus /metrics and /healthz over HTTP here; a non-loopback "
-                 "address needs --metrics-token-file or --insecure. At most 256 connections, "
-                 "16 per client address, each ended 10 s after it opened"},
-        {.name = "metrics-token-file",
-         .type = FERRY_FLAG_STRING,
-         .ptr = &metrics_token_file,
-         .metavar = "FILE",
-         .help = "/metrics wants 'Authorization: Bearer <token>' with this token (Prometheus: "
-                 "authorization.credentials_file); /healthz stays open"},
-        {.name = "insecure",
-         .type = FERRY_FLAG_BOOL,
-         .ptr = &insecure,
-         .help = "allow a non-loopback --listen without TLS and a token, and a non-loopback "
-                 "--metrics-listen without --metrics-token-file"},
-        {.name = "log-level",
-         .type = FERRY_FLAG_ENUM,
-         .ptr = &log_level,
-         .choices = "error|warn|info|debug",
-         .help = "log verbosity"},
-        {.name = "log-format",
-         .type = FERRY_FLAG_ENUM,
-         .ptr = &log_format,
-         .choices = "text|json",
-         .help = "log lines as text or as JSON objects"},
-    };
-    static const char *const env[] = {
-        "FERRY_TOKEN_FILE", "a file with the trainer token (--token-file wins)",
-        "FERRY_ADMIN_TOKEN_FILE", "a file with the admin token (--admin-token-file wins)",
-        "FERRY_LOG", "error | warn | info | debug: the log level",
-        "FERRY_LOG_FORMAT", "json: log lines as JSON (--log-format wins)",
-        "FERRY_RPC_RECORD", "a directory: record the first requests of each method (fuzz seeds)",
-        "OPENBLAS_CORETYPE", "OpenBLAS kernels to use (else ferry picks the strongest)",
-        "OPENBLAS_NUM_THREADS", "OpenBLAS threads per GEMM when --blas-threads is not given",
-        "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
-        "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
-        NULL};
+    static ferry_ps_cli cli;
+    ferry_ps_cli_init(&cli, &cfg);
     ferry_flags fs = {.prog = "ferry-ps",
                       .summary = "hosts model shards and their optimizers for ferry trainers",
-                      .flags = flags,
-                      .nflags = (int)(sizeof flags / sizeof flags[0]),
-                      .env = env};
+                      .flags = cli.flags,
+                      .nflags = cli.nflags,
+                      .env = ferry_ps_env};
     const char *lf = ferry_flags_peek(argc, argv, "log-format");
     if (lf != NULL)
         ferry_log_set_json(strcmp(lf, "json") == 0); /* a bad command line's line too */
@@ -443,17 +177,17 @@ int main(int argc, char **argv) {
     }
     if (help)
         return 0;
-    ferry_log_set_level((ferry_log_level)log_level);
-    if (log_format == 1)
+    ferry_log_set_level((ferry_log_level)cli.log_level);
+    if (cli.log_format == 1)
         ferry_log_set_json(1);
-    cfg.max_message_bytes = (size_t)max_message_mb << 20;
-    cfg.max_module_bytes = (size_t)max_module_mb << 20;
-    cfg.max_model_bytes = (size_t)max_model_mb << 20;
-    cfg.max_context_bytes = (size_t)max_context_mb << 20;
-    cfg.max_contexts_bytes = (size_t)max_contexts_mb << 20;
-    cfg.max_contexts_bytes_per_identity = (size_t)id_contexts_mb << 20;
-    cfg.max_model_bytes_per_identity = (size_t)id_model_mb << 20;
-    cfg.max_pending_reply_bytes = (size_t)pending_reply_mb << 20;
+    cfg.max_message_bytes = (size_t)cli.max_message_mb << 20;
+    cfg.max_module_bytes = (size_t)cli.max_module_mb << 20;
+    cfg.max_model_bytes = (size_t)cli.max_model_mb << 20;
+    cfg.max_context_bytes = (size_t)cli.max_context_mb << 20;
+    cfg.max_contexts_bytes = (size_t)cli.max_contexts_mb << 20;
+    cfg.max_contexts_bytes_per_identity = (size_t)cli.id_contexts_mb << 20;
+    cfg.max_model_bytes_per_identity = (size_t)cli.id_model_mb << 20;
+    cfg.max_pending_reply_bytes = (size_t)cli.pending_reply_mb << 20;
     if (check_listen(cfg.listen) != FERRY_OK) {
         ferry_log_fatal("%s", ferry_error_last());
         return FERRY_EXIT_USAGE;
@@ -461,8 +195,8 @@ int main(int argc, char **argv) {
     char *pem[3] = {NULL, NULL, NULL}, *admin = NULL;
     ferry_token_table tab;
     ferry_rpc_identity *ids = NULL;
-    ferry_status st = security(&cfg, token_file, admin_token_file, tls_cert, tls_key, tls_ca,
-                               insecure, pem, &tab, &admin, &ids);
+    ferry_status st = security(&cfg, cli.token_file, cli.admin_token_file, cli.tls_cert,
+                               cli.tls_key, cli.tls_ca, cli.insecure, pem, &tab, &admin, &ids);
     ferry_ps_server *s = NULL;
     int usage = st != FERRY_OK;
     if (st == FERRY_OK)
@@ -480,32 +214,33 @@ int main(int argc, char **argv) {
         ferry_log_fatal("%s", ferry_error_last()[0] ? ferry_error_last() : ferry_status_str(st));
         return FERRY_EXIT_RUNTIME;
     }
-    if (port_file != NULL && write_port_file(port_file, ferry_ps_server_port(s)) != 0) {
-        ferry_log_fatal("cannot write --port-file %s", port_file);
+    if (cli.port_file != NULL && write_port_file(cli.port_file, ferry_ps_server_port(s)) != 0) {
+        ferry_log_fatal("cannot write --port-file %s", cli.port_file);
         ferry_ps_server_destroy(s);
         return FERRY_EXIT_RUNTIME;
     }
     ferry_http *http = NULL;
-    if (metrics_listen != NULL) {
+    if (cli.metrics_listen != NULL) {
         char *mtoken = NULL;
         ferry_http_options hopt = {0};
-        st = metrics_security(metrics_listen, metrics_token_file, insecure, &mtoken);
+        st = metrics_security(cli.metrics_listen, cli.metrics_token_file, cli.insecure, &mtoken);
         if (st != FERRY_OK) {
             fprintf(stderr, "ferry-ps: %s\n", ferry_error_last());
             ferry_ps_server_destroy(s);
             return 2;
         }
         hopt.token = mtoken;
-        st = ferry_http_start_ex(metrics_listen, metrics_page, healthz, s, &hopt, &http);
+        st = ferry_http_start_ex(cli.metrics_listen, metrics_page, healthz, s, &hopt, &http);
         ferry_secret_free(mtoken); /* the HTTP side keeps its own copy */
         if (st != FERRY_OK) {
             ferry_log_fatal("%s", ferry_error_last());
             ferry_ps_server_destroy(s);
             return FERRY_EXIT_RUNTIME;
         }
-        const char *colon = strrchr(metrics_listen, ':');
+        const char *colon = strrchr(cli.metrics_listen, ':');
         FERRY_LOG_INFO("metrics on http://%.*s:%d (/metrics, /healthz)",
-                       (int)(colon - metrics_listen), metrics_listen, ferry_http_port(http));
+                       (int)(colon - cli.metrics_listen), cli.metrics_listen,
+                       ferry_http_port(http));
     }
     st = ferry_ps_server_run(s);
     ferry_http_stop(http);
