@@ -101,138 +101,56 @@ ferry_status ferry_backend_sync(ferry_backend *be) {
     return be->ops->sync ? be->ops->sync(be) : FERRY_OK;
 }
 
-/* ---- dense math ---- */
+/* ---- the compute ops: checks, then the backend's entry ---- */
 
-ferry_status ferry_backend_gemm(ferry_backend *be, int trans_a, int trans_b, int64_t M,
-                                int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                                const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    if (M == 0 || N == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-ferry_status ferry_backend_fill(ferry_backend *be, float *x, int64_t n, float v) {
-    if (n == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, fill, x, n, v);
-}
-
-ferry_status ferry_backend_axpy(ferry_backend *be, int64_t n, float alpha, const float *x,
-                                float *y) {
-    if (n == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, axpy, n, alpha, x, y);
-}
-
-ferry_status ferry_backend_scale(ferry_backend *be, int64_t n, float alpha, float *x) {
-    if (n == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, scale, n, alpha, x);
-}
-
-ferry_status ferry_backend_mul(ferry_backend *be, int64_t n, const float *x, const float *y,
-                               float *out) {
-    if (n == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, mul, n, x, y, out);
-}
-
-ferry_status ferry_backend_sumsq(ferry_backend *be, int64_t n, const float *x, double *out) {
-    *out = 0.0;
-    if (n == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, sumsq, n, x, out);
-}
-
-ferry_status ferry_backend_add_bias(ferry_backend *be, int64_t N, int64_t D, const float *b,
-                                    float *y) {
-    if (N == 0 || D == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, add_bias, N, D, b, y);
-}
-
-ferry_status ferry_backend_sum_rows(ferry_backend *be, int64_t N, int64_t D, const float *x,
-                                    float *out) {
-    if (N == 0 || D == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, sum_rows, N, D, x, out);
-}
-
-/* ---- fused layer ops ---- */
-
-ferry_status ferry_backend_lstm_cell_forward(ferry_backend *be, int64_t N, int64_t H, float *gates,
-                                             const float *c_prev, float *c, float *h) {
-    if (N == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, lstm_cell_forward, N, H, gates, c_prev, c, h);
-}
-
-ferry_status ferry_backend_lstm_cell_backward(ferry_backend *be, int64_t N, int64_t H,
-                                              const float *gates, const float *c_prev,
-                                              const float *c, const float *dh, float *dc,
-                                              float *dgates) {
-    if (N == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, lstm_cell_backward, N, H, gates, c_prev, c, dh, dc, dgates);
-}
-
-ferry_status ferry_backend_xent_forward(ferry_backend *be, int64_t N, int64_t V, float *logits,
-                                        const int32_t *targets, float *loss_rows) {
-    if (N == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, xent_forward, N, V, logits, targets, loss_rows);
-}
-
-ferry_status ferry_backend_xent_backward(ferry_backend *be, int64_t N, int64_t V, float *probs,
-                                         const int32_t *targets, float scale) {
-    if (N == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, xent_backward, N, V, probs, targets, scale);
-}
-
-ferry_status ferry_backend_softmax_partials(ferry_backend *be, int64_t N, int64_t V, float *z,
-                                            const int32_t *targets, float *row_max,
-                                            double *row_sumexp, float *target_logit) {
-    if (N == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, softmax_partials, N, V, z, targets, row_max, row_sumexp, target_logit);
-}
-
-ferry_status ferry_backend_softmax_grad(ferry_backend *be, int64_t N, int64_t V, float *e,
-                                        const float *factor, const int32_t *targets,
-                                        const float *row_scale, float scale) {
-    if (N == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, softmax_grad, N, V, e, factor, targets, row_scale, scale);
-}
-
-ferry_status ferry_backend_gather_rows(ferry_backend *be, int64_t count, int64_t D,
-                                       const int32_t *idx, const float *src, float *dst) {
-    if (count == 0 || D == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, gather_rows, count, D, idx, src, dst);
-}
-
-ferry_status ferry_backend_scatter_add_rows(ferry_backend *be, int64_t count, int64_t D,
-                                            const int32_t *idx, const float *src, float *dst) {
-    if (count == 0 || D == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, scatter_add_rows, count, D, idx, src, dst);
-}
-
-ferry_status ferry_backend_dropout_mask(ferry_backend *be, int64_t n, float p, uint64_t seed,
-                                        uint64_t offset, float *mask) {
+void ferry__backend_check_p(float p) {
     FERRY_ASSERT(p >= 0.0f && p < 1.0f);
-    if (n == 0)
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, dropout_mask, n, p, seed, offset, mask);
 }
 
-ferry_status ferry_backend_optim_update(ferry_backend *be, const ferry_optim_update *u) {
-    if ((u->rows == NULL && u->n == 0) || (u->rows != NULL && u->nrows == 0))
-        return FERRY_OK;
-    FERRY_DISPATCH_(be, optim_update, u);
+int ferry__optim_slots(const ferry_optim_update *u) {
+    switch (u->kind) {
+    case FERRY_OPTIM_SGD:
+        return u->momentum != 0.0 ? 1 : 0;
+    case FERRY_OPTIM_ADAGRAD:
+        return 1;
+    case FERRY_OPTIM_ADADELTA:
+    case FERRY_OPTIM_ADAM:
+    case FERRY_OPTIM_ADAMW:
+        return 2;
+    }
+    return -1;
 }
+
+ferry_status ferry__backend_check_optim(const ferry_optim_update *u) {
+    int slots = ferry__optim_slots(u);
+    if (slots < 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: unknown kind %d", (int)u->kind);
+    if ((slots >= 1 && u->slot0 == NULL) || (slots >= 2 && u->slot1 == NULL))
+        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: kind %d needs %d state slots",
+                            (int)u->kind, slots);
+    if (u->step < 1)
+        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: step %lld < 1",
+                            (long long)u->step);
+    return FERRY_OK;
+}
+
+/* ferry_backend_<op> for every row of FERRY_BACKEND_OP_MAP: empty work is done at
+ * once; then the arguments' checks; then the backend's entry. */
+#define FERRY_BACKEND_OP_DISPATCH_(op, params, args, empty, check)                                 \
+    ferry_status ferry_backend_##op params {                                                       \
+        if (empty)                                                                                 \
+            return FERRY_OK;                                                                       \
+        FERRY_ASSERT(be != NULL);                                                                  \
+        ferry_status st_ = (check);                                                                \
+        if (st_ != FERRY_OK)                                                                       \
+            return st_;                                                                            \
+        if (be->ops->op == NULL)                                                                   \
+            return ferry_errorf(FERRY_ERR_UNSUPPORTED, "backend %s lacks op %s", be->ops->name,    \
+                                #op);                                                              \
+        return be->ops->op args;                                                                   \
+    }
+FERRY_BACKEND_OP_MAP(FERRY_BACKEND_OP_DISPATCH_)
+#undef FERRY_BACKEND_OP_DISPATCH_
 
 /* ---- counter-based random numbers ---- */
 

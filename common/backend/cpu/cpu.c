@@ -36,32 +36,16 @@ static void cpu_destroy(ferry_backend *be) {
     free(be);
 }
 
-static const ferry_backend_ops cpu_ops = {
-    .name = "cpu",
-    .is_host = 1,
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .copy = cpu_copy,
-    .sync = NULL,
-    .destroy = cpu_destroy,
-    .gemm = ferry__cpu_gemm,
-    .fill = ferry__cpu_fill,
-    .axpy = ferry__cpu_axpy,
-    .scale = ferry__cpu_scale,
-    .mul = ferry__cpu_mul,
-    .sumsq = ferry__cpu_sumsq,
-    .add_bias = ferry__cpu_add_bias,
-    .sum_rows = ferry__cpu_sum_rows,
-    .lstm_cell_forward = ferry__cpu_lstm_cell_forward,
-    .lstm_cell_backward = ferry__cpu_lstm_cell_backward,
-    .xent_forward = ferry__cpu_xent_forward,
-    .xent_backward = ferry__cpu_xent_backward,
-    .softmax_partials = ferry__cpu_softmax_partials,
-    .softmax_grad = ferry__cpu_softmax_grad,
-    .gather_rows = ferry__cpu_gather_rows,
-    .scatter_add_rows = ferry__cpu_scatter_add_rows,
-    .dropout_mask = ferry__cpu_dropout_mask,
-    .optim_update = ferry__cpu_optim_update,
+static const ferry_backend_ops cpu_ops = {.name = "cpu",
+                                          .is_host = 1,
+                                          .alloc = cpu_alloc,
+                                          .free = cpu_free,
+                                          .copy = cpu_copy,
+                                          .sync = NULL,
+                                          .destroy = cpu_destroy,
+#define FERRY_CPU_OP_ENTRY_(op, params, args, empty, check) .op = ferry__cpu_##op,
+                                          FERRY_BACKEND_OP_MAP(FERRY_CPU_OP_ENTRY_)
+#undef FERRY_CPU_OP_ENTRY_
 };
 
 ferry_status ferry__backend_cpu_create(ferry_backend **out) {

@@ -133,29 +133,7 @@ static void update_span(const ferry_optim_update *u, const ferry_optim_consts *c
 /* ---- entry point ---- */
 
 ferry_status ferry__cpu_optim_update(ferry_backend *be, const ferry_optim_update *u) {
-    (void)be;
-    int slots;
-    switch (u->kind) {
-    case FERRY_OPTIM_SGD:
-        slots = u->momentum != 0.0 ? 1 : 0;
-        break;
-    case FERRY_OPTIM_ADAGRAD:
-        slots = 1;
-        break;
-    case FERRY_OPTIM_ADADELTA:
-    case FERRY_OPTIM_ADAM:
-    case FERRY_OPTIM_ADAMW:
-        slots = 2;
-        break;
-    default:
-        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: unknown kind %d", (int)u->kind);
-    }
-    if ((slots >= 1 && u->slot0 == NULL) || (slots >= 2 && u->slot1 == NULL))
-        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: kind %d needs %d state slots",
-                            (int)u->kind, slots);
-    if (u->step < 1)
-        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: step %lld < 1",
-                            (long long)u->step);
+    (void)be; /* arguments checked by the dispatcher (ferry__backend_check_optim) */
     ferry_optim_consts c;
     ferry__optim_consts_init(u, &c);
     if (u->rows == NULL) {

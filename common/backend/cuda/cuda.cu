@@ -201,33 +201,23 @@ static void cuda_destroy(ferry_backend *be) {
     free(be);
 }
 
-static const ferry_backend_ops cuda_ops = {
-    "cuda",                         /* name */
-    0,                              /* is_host */
-    ferry__cuda_alloc,              /* alloc */
-    ferry__cuda_free,               /* free */
-    ferry__cuda_copy,               /* copy */
-    cuda_sync,                      /* sync */
-    cuda_destroy,                   /* destroy */
-    ferry__cuda_gemm,               /* gemm */
-    ferry__cuda_fill,               /* fill */
-    ferry__cuda_axpy,               /* axpy */
-    ferry__cuda_scale,              /* scale */
-    ferry__cuda_mul,                /* mul */
-    ferry__cuda_sumsq,              /* sumsq */
-    ferry__cuda_add_bias,           /* add_bias */
-    ferry__cuda_sum_rows,           /* sum_rows */
-    ferry__cuda_lstm_cell_forward,  /* lstm_cell_forward */
-    ferry__cuda_lstm_cell_backward, /* lstm_cell_backward */
-    ferry__cuda_xent_forward,       /* xent_forward */
-    ferry__cuda_xent_backward,      /* xent_backward */
-    ferry__cuda_softmax_partials,   /* softmax_partials */
-    ferry__cuda_softmax_grad,       /* softmax_grad */
-    ferry__cuda_gather_rows,        /* gather_rows */
-    ferry__cuda_scatter_add_rows,   /* scatter_add_rows */
-    ferry__cuda_dropout_mask,       /* dropout_mask */
-    ferry__cuda_optim_update,       /* optim_update */
-};
+/* Filled by name: the compute ops from FERRY_BACKEND_OP_MAP, whatever their order. */
+static ferry_backend_ops cuda_ops_make(void) {
+    ferry_backend_ops o = {};
+    o.name = "cuda";
+    o.is_host = 0;
+    o.alloc = ferry__cuda_alloc;
+    o.free = ferry__cuda_free;
+    o.copy = ferry__cuda_copy;
+    o.sync = cuda_sync;
+    o.destroy = cuda_destroy;
+#define FERRY_CUDA_OP_ENTRY_(op, params, args, empty, check) o.op = ferry__cuda_##op;
+    FERRY_BACKEND_OP_MAP(FERRY_CUDA_OP_ENTRY_)
+#undef FERRY_CUDA_OP_ENTRY_
+    return o;
+}
+
+static const ferry_backend_ops cuda_ops = cuda_ops_make();
 
 /* Creates the backend on device ordinal `device`. FERRY_ERR_UNSUPPORTED when the
  * machine has no such device (no driver, no GPU, ordinal out of range). */

@@ -5,49 +5,10 @@
 
 #include "common/backend/cuda/common.cuh"
 
-/* gemm.cu */
-ferry_status ferry__cuda_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                              float alpha, const float *A, int64_t lda, const float *B,
-                              int64_t ldb, float beta, float *C, int64_t ldc);
-/* math.cu */
-ferry_status ferry__cuda_fill(ferry_backend *be, float *x, int64_t n, float v);
-ferry_status ferry__cuda_axpy(ferry_backend *be, int64_t n, float alpha, const float *x,
-                              float *y);
-ferry_status ferry__cuda_scale(ferry_backend *be, int64_t n, float alpha, float *x);
-ferry_status ferry__cuda_mul(ferry_backend *be, int64_t n, const float *x, const float *y,
-                             float *out);
-ferry_status ferry__cuda_add_bias(ferry_backend *be, int64_t N, int64_t D, const float *b,
-                                  float *y);
-ferry_status ferry__cuda_sum_rows(ferry_backend *be, int64_t N, int64_t D, const float *x,
-                                  float *out);
-/* sumsq.cu */
-ferry_status ferry__cuda_sumsq(ferry_backend *be, int64_t n, const float *x, double *out);
-/* lstm.cu */
-ferry_status ferry__cuda_lstm_cell_forward(ferry_backend *be, int64_t N, int64_t H, float *gates,
-                                           const float *c_prev, float *c, float *h);
-ferry_status ferry__cuda_lstm_cell_backward(ferry_backend *be, int64_t N, int64_t H,
-                                            const float *gates, const float *c_prev,
-                                            const float *c, const float *dh, float *dc,
-                                            float *dgates);
-/* xent.cu */
-ferry_status ferry__cuda_xent_forward(ferry_backend *be, int64_t N, int64_t V, float *logits,
-                                      const int32_t *targets, float *loss_rows);
-ferry_status ferry__cuda_xent_backward(ferry_backend *be, int64_t N, int64_t V, float *probs,
-                                       const int32_t *targets, float scale);
-ferry_status ferry__cuda_softmax_partials(ferry_backend *be, int64_t N, int64_t V, float *z,
-                                          const int32_t *targets, float *row_max,
-                                          double *row_sumexp, float *target_logit);
-ferry_status ferry__cuda_softmax_grad(ferry_backend *be, int64_t N, int64_t V, float *e,
-                                      const float *factor, const int32_t *targets,
-                                      const float *row_scale, float scale);
-/* rows.cu */
-ferry_status ferry__cuda_gather_rows(ferry_backend *be, int64_t count, int64_t D,
-                                     const int32_t *idx, const float *src, float *dst);
-ferry_status ferry__cuda_scatter_add_rows(ferry_backend *be, int64_t count, int64_t D,
-                                          const int32_t *idx, const float *src, float *dst);
-ferry_status ferry__cuda_dropout_mask(ferry_backend *be, int64_t n, float p, uint64_t seed,
-                                      uint64_t offset, float *mask);
-/* optim.cu */
-ferry_status ferry__cuda_optim_update(ferry_backend *be, const ferry_optim_update *u);
+/* ferry__cuda_<op> for every op of FERRY_BACKEND_OP_MAP (common/tensor/backend.h),
+ * one group per file: gemm.cu, math.cu, sumsq.cu, lstm.cu, xent.cu, rows.cu, optim.cu. */
+#define FERRY_CUDA_OP_DECLARE_(op, params, args, empty, check) ferry_status ferry__cuda_##op params;
+FERRY_BACKEND_OP_MAP(FERRY_CUDA_OP_DECLARE_)
+#undef FERRY_CUDA_OP_DECLARE_
 
 #endif /* FERRY_CUDA_OPS_CUH */

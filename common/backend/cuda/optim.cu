@@ -101,28 +101,8 @@ __global__ static void k_rows(consts c, int64_t U, int64_t D, const int64_t *row
 
 ferry_status ferry__cuda_optim_update(ferry_backend *be, const ferry_optim_update *u) {
     ferry__cuda *cu = ferry__cuda_of(be);
-    int slots;
-    switch (u->kind) {
-    case FERRY_OPTIM_SGD:
-        slots = u->momentum != 0.0 ? 1 : 0;
-        break;
-    case FERRY_OPTIM_ADAGRAD:
-        slots = 1;
-        break;
-    case FERRY_OPTIM_ADADELTA:
-    case FERRY_OPTIM_ADAM:
-    case FERRY_OPTIM_ADAMW:
-        slots = 2;
-        break;
-    default:
-        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: unknown kind %d", (int)u->kind);
-    }
-    if ((slots >= 1 && u->slot0 == NULL) || (slots >= 2 && u->slot1 == NULL))
-        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: kind %d needs %d state slots",
-                            (int)u->kind, slots);
-    if (u->step < 1)
-        return ferry_errorf(FERRY_ERR_INVALID, "optimizer update: step %lld < 1",
-                            (long long)u->step);
+    /* The dispatcher checked the kind, the slots and the step (ferry__backend_check_optim). */
+    int slots = ferry__optim_slots(u);
     consts c;
     ferry__optim_consts_init(u, &c);
     float *s0 = slots >= 1 ? u->slot0 : NULL, *s1 = slots >= 2 ? u->slot1 : NULL;
