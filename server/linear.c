@@ -191,9 +191,9 @@ ferry_status ferry__ps_constraint_penalty(const ferry__ps_module *m, ferry_grads
     *penalty = *feasibility = 0.0;
     if (!ferry__ps_constrained(m))
         return FERRY_OK;
-    if (m->kind->wire == FERRY_WIRE_KIND_LSTM) {
+    if (m->kind->penalty != NULL) {
         float *g = ferry_grads_dense(G, m->w);
-        return g != NULL ? ferry__ps_lstm_penalty(m, g, penalty, feasibility) : FERRY_NOMEM();
+        return g != NULL ? m->kind->penalty(m, g, penalty, feasibility) : FERRY_NOMEM();
     }
     /* The block's only constrained parameter is the weight: the block-wide pass adds
      * 4 beta W C(W) to its gradient (creating it when no Backward reached it). */
@@ -205,8 +205,8 @@ ferry_status ferry__ps_constraint_metrics(const ferry__ps_module *m, double *pen
     *penalty = *feasibility = 0.0;
     if (!ferry__ps_constrained(m))
         return FERRY_OK;
-    if (m->kind->wire == FERRY_WIRE_KIND_LSTM)
-        return ferry__ps_lstm_penalty(m, NULL, penalty, feasibility);
+    if (m->kind->penalty != NULL)
+        return m->kind->penalty(m, NULL, penalty, feasibility);
     double sq = 0.0;
     ferry_status st =
         ferry_stiefel_penalty(m->P.be, m->rows, m->cols, ferry_params_data(&m->P, m->w),

@@ -142,8 +142,8 @@ static ferry_status lstm_polar(ferry__ps_module *m) {
     return FERRY_OK;
 }
 
-ferry_status ferry__ps_lstm_penalty(const ferry__ps_module *m, float *grad, double *penalty,
-                                    double *feasibility) {
+static ferry_status lstm_penalty(const ferry__ps_module *m, float *grad, double *penalty,
+                                 double *feasibility) {
     lstm_impl *im = bind(m);
     return ferry_stiefel_add_penalty_block(&im->view, im->view.data, grad, penalty, feasibility);
 }
@@ -439,4 +439,5 @@ const ferry__ps_kind ferry__ps_kind_lstm = {
     .backward = lstm_backward,
     .destroy = lstm_destroy,
     .polar = lstm_polar,
+    .penalty = lstm_penalty,
 };

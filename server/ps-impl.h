@@ -151,6 +151,12 @@ typedef struct ferry__ps_kind {
     /* Optional. Option polar=1 on the drawn initial values (default: the weight's
      * polar factor). */
     ferry_status (*polar)(ferry__ps_module *m);
+    /* Optional. The Stiefel penalty of a constrained module whose constrained weights
+     * are not its one weight (default: the block's weight m->w): *penalty and
+     * *feasibility as ferry__ps_constraint_penalty, its gradient added into grad (the
+     * dense gradient of m->w; NULL: measure only). */
+    ferry_status (*penalty)(const ferry__ps_module *m, float *grad, double *penalty,
+                            double *feasibility);
 } ferry__ps_kind;
 
 /* "embedding", "decoder", "linear": the contract's name of the kind. */
@@ -164,10 +170,6 @@ extern const ferry__ps_kind ferry__ps_kind_linear;
 extern const ferry__ps_kind ferry__ps_kind_dense;
 extern const ferry__ps_kind ferry__ps_kind_lstm;
 
-/* The lstm kind's Stiefel penalty over its layers' weight_hh (lstm.c): *penalty and
- * *feasibility as ferry__ps_constraint_penalty; grad NULL measures only. */
-ferry_status ferry__ps_lstm_penalty(const ferry__ps_module *m, float *grad, double *penalty,
-                                    double *feasibility);
 struct ferry__ps_module {
     char name[FERRY_RPC_NAME_MAX];
     char owner[FERRY_RPC_IDENTITY_MAX]; /* the identity that created it */

@@ -149,9 +149,9 @@ static ferry_status config_normalize(const char *name, const Ferry__V1__ModuleCo
     if ((st = kind_from_proto(name, p, c)) != FERRY_OK)
         return st;
     const ferry__ps_kind *kind = kind_find(c->kind);
-    int linear = kind->wire == FERRY_WIRE_KIND_LINEAR;
-    /* Global rows; an lstm module is one row, its packed layers. */
-    int64_t R = linear ? c->dims[1] : kind->wire == FERRY_WIRE_KIND_LSTM ? 1 : c->dims[0];
+    /* Global rows (the contract's row for the kind: an lstm module is one row, its
+     * packed layers). */
+    int64_t R = ferry_wire_kind_rows(kind->wire, c->dims);
     /* row_begin and row_count come from the wire: checked without forming a sum
      * that could overflow. row_count 0 means "to the end". */
     c->row_begin = p->row_begin;
@@ -168,7 +168,7 @@ static ferry_status config_normalize(const char *name, const Ferry__V1__ModuleCo
     c->init_scale = scale != 0.0 ? scale : 0.1;
     if (!(c->init_scale > 0.0) || !isfinite(c->init_scale))
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': init.scale %g", name, scale);
-    int64_t cols = linear ? c->dims[0] : c->dims[1];
+    int64_t cols = ferry_wire_kind_cols(kind->wire, c->dims);
     c->bias_offset = (R * cols + 15) & ~(int64_t)15; /* as ferry_params_add lays it out */
     if (in != NULL && in->weight_offset != NULL)
         c->weight_offset = in->weight_offset->value;

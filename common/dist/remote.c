@@ -47,9 +47,10 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
         cfg->dims[1] > INT32_MAX)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': dims [%lld, %lld] out of range",
                             cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
-    int one = cfg->kind == FERRY_REMOTE_LINEAR || cfg->kind == FERRY_REMOTE_LSTM;
-    if (cfg->local_rows != 0 && (cfg->kind != FERRY_REMOTE_DECODER || cfg->local_rows < 0 ||
-                                 cfg->local_rows > cfg->dims[0] - c->n))
+    const ferry_wire_kind_info *ki = &ferry_wire_kinds[cfg->kind];
+    int one = ki->one_server;
+    if (cfg->local_rows != 0 &&
+        (!ki->local_rows || cfg->local_rows < 0 || cfg->local_rows > cfg->dims[0] - c->n))
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s': %lld local rows: a decoder may keep 1..%lld of its "
                             "%lld rows here (every server needs one)",
@@ -81,7 +82,7 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
     if ((int)k->kind < 0 || k->kind > FERRY_REMOTE_CONSTRAINT_STIEFEL)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown constraint kind %d", cfg->name,
                             (int)k->kind);
-    if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !one)
+    if (k->kind != FERRY_REMOTE_CONSTRAINT_NONE && !ki->stiefel)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "module '%s': kind %s takes no constraint (a Stiefel constraint is "
                             "implemented for the weight of a linear module and the weight_hh of "
@@ -105,7 +106,7 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
 /* Row ranges: shard s of k owns [s*R/k, (s+1)*R/k). */
 static ferry_status place(ferry_remote *m, const ferry_remote_config *cfg) {
     ferry_cluster *c = m->c;
-    int one = m->kind == FERRY_REMOTE_LINEAR || m->kind == FERRY_REMOTE_LSTM;
+    int one = ferry_wire_kinds[m->kind].one_server;
     m->nshards = one ? 1 : c->n;
     m->shards = calloc((size_t)m->nshards, sizeof *m->shards);
     if (m->shards == NULL)
@@ -222,7 +223,7 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     init.scale = cfg->init_scale > 0.0f ? (double)cfg->init_scale : 0.1;
     init.weight_offset = cfg->weight_offset >= 0 ? &woff : NULL;
     init.bias_offset = cfg->bias_offset >= 0 ? &boff : NULL;
-    int one = m->kind == FERRY_REMOTE_LINEAR || m->kind == FERRY_REMOTE_LSTM;
+    int one = ferry_wire_kinds[m->kind].one_server;
     mc.row_begin = one ? 0 : sh->row_begin;
     mc.row_count = one ? 0 : sh->row_count;
     mc.init = &init;
@@ -284,15 +285,15 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
     m->kind = cfg->kind;
     m->dims[0] = cfg->dims[0];
     m->dims[1] = cfg->dims[1];
-    m->bias = cfg->kind == FERRY_REMOTE_DECODER  ? 1
-              : cfg->kind == FERRY_REMOTE_LINEAR ? cfg->bias != 0
-                                                 : 0;
-    m->rows = cfg->kind == FERRY_REMOTE_LINEAR ? cfg->dims[1] : cfg->dims[0];
-    m->cols = cfg->kind == FERRY_REMOTE_LINEAR ? cfg->dims[0] : cfg->dims[1];
+    const ferry_wire_kind_info *ki = &ferry_wire_kinds[cfg->kind];
+    m->bias = ki->bias == FERRY_WIRE_BIAS_ALWAYS     ? 1
+              : ki->bias == FERRY_WIRE_BIAS_OPTIONAL ? cfg->bias != 0
+                                                     : 0;
+    m->rows = ferry_wire_kind_rows((ferry_wire_kind)cfg->kind, cfg->dims);
+    m->cols = ferry_wire_kind_cols((ferry_wire_kind)cfg->kind, cfg->dims);
     if (cfg->kind == FERRY_REMOTE_LSTM) { /* one row: the packed layers */
         m->layers = cfg->layers > 0 ? cfg->layers : 1;
         m->dropout = cfg->dropout;
-        m->rows = 1;
         m->cols = ferry_remote_lstm_numel(cfg->dims[0], cfg->dims[1], m->layers);
         if (m->cols <= 0) {
             free(m);
@@ -615,7 +616,7 @@ ferry_status ferry_remote_attach(ferry_cluster *c, const char *name, ferry_remot
         if (st == FERRY_OK && mc != NULL && !have) {
             st = config_from_message(mc, &cfg);
             have = st == FERRY_OK;
-            one = cfg.kind == FERRY_REMOTE_LINEAR || cfg.kind == FERRY_REMOTE_LSTM;
+            one = ferry_wire_kinds[cfg.kind].one_server;
             if (one)
                 cfg.server = s;
         }

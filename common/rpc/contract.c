@@ -7,7 +7,8 @@
 
 /* clang-format off */
 const ferry_wire_kind_info ferry_wire_kinds[FERRY_WIRE_KIND_COUNT] = {
-#define KIND_(id, name, dims) {name, dims},
+#define KIND_(id, name, dims, rows, place, bias, stiefel, local_rows) \
+    {name, dims, rows, FERRY_WIRE_PLACE_##place, FERRY_WIRE_BIAS_##bias, stiefel, local_rows},
     FERRY_WIRE_KIND_MAP(KIND_)
 #undef KIND_
 };

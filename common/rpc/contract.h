@@ -17,13 +17,19 @@
 
 #include "common/rpc/rpc.h"
 
-/* The module kinds: X(ID, name, dims as CreateModule's ModuleConfig.dims gives them). */
+/* The module kinds and their rules, one row each, read by ferry-ps and the client:
+ * X(ID, name, dims as CreateModule's ModuleConfig.dims gives them, ROWS: which of dims
+ * counts the weight's rows (-1: the kind is one row, its packed parameters), PLACE:
+ * SHARDED (rows split over every server) or ONE (the whole module on one server),
+ * BIAS: NONE, ALWAYS or OPTIONAL (the config's bias flag), STIEFEL: 1 if its weight
+ * may carry a Stiefel constraint, LOCAL_ROWS: 1 if a client may keep some of its
+ * rows itself). */
 #define FERRY_WIRE_KIND_MAP(X)                                                                     \
-    X(EMBEDDING, "embedding", "[V, E]")                                                            \
-    X(DECODER, "decoder", "[V, H]")                                                                \
-    X(LINEAR, "linear", "[C, D]")                                                                \
-    X(DENSE, "dense", "[R, C]")                                                                  \
-    X(LSTM, "lstm", "[C, H]")
+    X(EMBEDDING, "embedding", "[V, E]", 0, SHARDED, NONE, 0, 0)                                    \
+    X(DECODER, "decoder", "[V, H]", 0, SHARDED, ALWAYS, 0, 1)                                      \
+    X(LINEAR, "linear", "[C, D]", 1, ONE, OPTIONAL, 1, 0)                                          \
+    X(DENSE, "dense", "[R, C]", 0, SHARDED, NONE, 0, 0)                                            \
+    X(LSTM, "lstm", "[C, H]", -1, ONE, NONE, 1, 0)
 
 /* The Forward/Backward modes: X(ID, kind, mode string, 1 if "" selects it). A Backward
  * uses the mode its Forward used. */
@@ -96,7 +102,8 @@
 
 /* clang-format off */
 typedef enum ferry_wire_kind {
-#define FERRY_WIRE_KIND_ENUM_(id, name, dims) FERRY_WIRE_KIND_##id,
+#define FERRY_WIRE_KIND_ENUM_(id, name, dims, rows, place, bias, stiefel, local_rows) \
+    FERRY_WIRE_KIND_##id,
     FERRY_WIRE_KIND_MAP(FERRY_WIRE_KIND_ENUM_)
 #undef FERRY_WIRE_KIND_ENUM_
     FERRY_WIRE_KIND_COUNT
@@ -133,9 +140,17 @@ typedef enum ferry_wire_dir {
 
 enum { FERRY_WIRE_DTYPE_INDEX = -1 }; /* I32 or I64 */
 
+enum { FERRY_WIRE_PLACE_SHARDED, FERRY_WIRE_PLACE_ONE };
+enum { FERRY_WIRE_BIAS_NONE, FERRY_WIRE_BIAS_ALWAYS, FERRY_WIRE_BIAS_OPTIONAL };
+
 typedef struct ferry_wire_kind_info {
     const char *name; /* "embedding" */
     const char *dims; /* "[V, E]" */
+    int rows_dim;     /* which of dims counts the rows; -1: one row */
+    int one_server;   /* FERRY_WIRE_PLACE_ONE: the whole module on one server */
+    int bias;         /* FERRY_WIRE_BIAS_* */
+    int stiefel;      /* its weight may carry a Stiefel constraint */
+    int local_rows;   /* a client may keep some of its rows */
 } ferry_wire_kind_info;
 
 typedef struct ferry_wire_mode_info {
@@ -161,6 +176,16 @@ typedef struct ferry_wire_param_info {
 } ferry_wire_param_info;
 
 extern const ferry_wire_kind_info ferry_wire_kinds[FERRY_WIRE_KIND_COUNT];
+
+/* The weight's rows of a kind's module with dims (1 for a one-row kind) and its
+ * columns (the dim that is not the rows'; a one-row kind's packed size is its own). */
+static inline int64_t ferry_wire_kind_rows(ferry_wire_kind k, const int64_t dims[2]) {
+    int d = ferry_wire_kinds[k].rows_dim;
+    return d < 0 ? 1 : dims[d];
+}
+static inline int64_t ferry_wire_kind_cols(ferry_wire_kind k, const int64_t dims[2]) {
+    return dims[ferry_wire_kinds[k].rows_dim == 1 ? 0 : 1];
+}
 extern const ferry_wire_mode_info ferry_wire_modes[FERRY_WIRE_MODE_COUNT];
 extern const ferry_wire_tensor ferry_wire_tensors[FERRY_WIRE_TENSOR_COUNT];
 extern const ferry_wire_param_info ferry_wire_params[FERRY_WIRE_PARAM_COUNT];
