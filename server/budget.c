@@ -5,8 +5,20 @@
  * and the reply (the rpc layer refuses a reply over the message limit before it is
  * built). A refusal is FERRY_ERR_RESOURCE, sent as RESOURCE_EXHAUSTED, and names the
  * budget and the flag that sets it. */
+#include <malloc.h>
 #include <stdio.h>
 #include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FERRY_PS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_PS_ASAN 1
+#endif
+#endif
+#ifdef FERRY_PS_ASAN
+#include <sanitizer/allocator_interface.h>
+#endif
 
 #include "server/ps-impl.h"
 
@@ -60,6 +72,17 @@ ferry_status ferry__ps_scratch_check(const ferry__ps_module *m, int64_t bytes, c
     (void)snprintf(w, sizeof w, "%s '%s': %s", ferry__ps_kind_name(m->kind), m->name, what);
     return ferry__ps_over_budget(w, bytes < 0 ? INT64_MAX : bytes, "the per-call budget",
                                  m->lim->context_bytes, 0, "--max-context-mb");
+}
+
+int64_t ferry__ps_heap_bytes(void) {
+#if defined(FERRY_PS_ASAN)
+    return (int64_t)__sanitizer_get_current_allocated_bytes(); /* ASan's own allocator */
+#elif defined(__GLIBC__)
+    struct mallinfo2 mi = mallinfo2(); /* every arena; mmapped blocks too */
+    return (int64_t)(mi.uordblks + mi.hblkhd);
+#else
+    return -1;
+#endif
 }
 
 int64_t ferry__ps_rss_bytes(void) {

@@ -73,6 +73,10 @@ void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
     gauge(p, "ferry_ps_uptime_seconds", "seconds since ferry-ps started", ferry_now() - s->t_start);
     gauge(p, "process_resident_memory_bytes", "resident memory of the process",
           (double)ferry_process_rss_bytes());
+    gauge(p, "ferry_ps_heap_in_use_bytes",
+          "bytes the allocations hold (malloc's in-use bytes): a leak grows it, a burst that "
+          "the allocator keeps does not",
+          (double)ferry__ps_heap_bytes());
     if (rpc != NULL) {
         ferry_rpc_method_stats ms[FERRY_RPC_STATS_SLOTS];
         for (int m = 0; m < FERRY_RPC_STATS_SLOTS; m++)

@@ -623,6 +623,11 @@ ferry_status ferry__ps_server_create_local(const ferry_ps_config *cfg, ferry_ps_
 ferry__ps_ctx_table *ferry__ps_server_contexts(ferry_ps_server *s); /* tests */
 /* Resident memory of this process (VmRSS), or 0 when unknown. */
 int64_t ferry__ps_rss_bytes(void);
+/* Bytes the process's allocations hold now (malloc's in-use bytes, all arenas; ASan's
+ * allocated bytes under ASan), or -1 when unknown. Unlike the resident memory, it does
+ * not count what the allocator keeps after a burst (free pages it has not returned,
+ * fragmented arenas): what a leak grows and a burst leaves the same. */
+int64_t ferry__ps_heap_bytes(void);
 
 /* The /metrics page (metrics.c). */
 struct ferry_prom;
