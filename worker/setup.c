@@ -197,17 +197,15 @@ static ferry_status connect_hint(ferry_status st) {
     return ferry_errorf(st, "%s [%s]", why, flags);
 }
 
-ferry_status ferry__trainer_setup(trainer *t) {
+/* The corpus, its batches, and the run's last step. */
+static ferry_status setup_data(trainer *t, int64_t *V) {
     const ferry_trainer_config *cfg = t->cfg;
     ferry_status st;
-    ferry_cpu_set_threads(cfg->threads);
-    if ((st = ferry_backend_create(cfg->device, &t->be)) != FERRY_OK)
-        return st;
     double t0 = ferry_now();
     if ((st = ferry_corpus_load(cfg->data, &t->corpus)) != FERRY_OK)
         return st;
-    int64_t V = ferry_vocab_size(ferry_corpus_vocab(t->corpus));
-    FERRY_LOG_INFO("corpus %s: vocabulary %lld, loaded in %.2f s", cfg->data, (long long)V,
+    *V = ferry_vocab_size(ferry_corpus_vocab(t->corpus));
+    FERRY_LOG_INFO("corpus %s: vocabulary %lld, loaded in %.2f s", cfg->data, (long long)*V,
                    ferry_now() - t0);
     if ((st = ferry__trainer_make_batches(cfg, t->corpus, FERRY_SPLIT_TRAIN, cfg->batch_size,
                                           cfg->train_tokens, &t->train)) != FERRY_OK ||
@@ -219,117 +217,92 @@ ferry_status ferry__trainer_setup(trainer *t) {
     /* Every window of every epoch is one step, unless --max-steps stops the run first. */
     int64_t total = (int64_t)cfg->epochs * ferry_batch_nwindows(t->train, cfg->bptt);
     t->last_step = cfg->max_steps > 0 && cfg->max_steps < total ? cfg->max_steps : total;
-    ferry_lm_config mc = {V,
-                          cfg->emsize,
-                          cfg->nhid,
-                          cfg->nlayers,
-                          cfg->dropout,
-                          cfg->init_scale,
-                          cfg->stiefel,
-                          (uint64_t)cfg->seed};
-    ferry_optim_config oc = ferry_trainer_optim(cfg);
-    t->lr = (float)oc.lr;
-    ferry_lr_schedule_config sc = ferry_lr_schedule_defaults((ferry_lr_schedule_kind)cfg->schedule);
-    sc.gamma = cfg->lr_decay;
-    sc.start = cfg->lr_decay_start;
-    sc.every = cfg->lr_decay_every;
-    sc.patience = cfg->patience;
-    if ((st = ferry_lr_schedule_init(&t->sched, &sc)) != FERRY_OK)
-        return st;
-    t->c0 = 0;
-    t->c1 = cfg->batch_size;
-    if (cfg->ps != NULL) {
-        ferry_cluster_config cc;
-        ferry_cluster_config_default(&cc);
-        cc.deadline_ms = (int)cfg->deadline_ms;
-        cc.wait_for_ready = 1; /* ride out daemons that are still starting */
-        cc.connect_timeout_ms = (int)(cfg->connect_timeout_s * 1000.0);
-        cc.resolve_timeout_ms = (int)(cfg->resolve_timeout_s * 1000.0);
-        cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
-        char *token = NULL;
-        if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
-            return st;
-        cc.token = token;
-        cc.tls_ca_file = cfg->tls_ca;
-        cc.tls_cert_file = cfg->tls_cert;
-        cc.tls_key_file = cfg->tls_key;
-        st = ferry_ps_connect(cfg->ps, &cc, &t->cluster);
-        ferry_secret_free(token);
-        if (st != FERRY_OK)
-            return connect_hint(st);
-        if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
-            return st;
-        /* A job: several ranks, a sync mode, or checkpoints (the job protocol is what
-         * ties the servers' checkpoints to the trainers'). */
-        int as_job = ferry_trainer_is_job(cfg);
-        if (as_job && (st = job_join(t, &mc, &oc, cfg->load != NULL)) != FERRY_OK)
-            return st;
-        t->recover = as_job && cfg->checkpoint_every > 0;
-        ferry_lm_placement pl = {.cluster = t->cluster,
-                                 .decoder_mode = (ferry_decoder_mode)cfg->decoder_mode,
-                                 .optim = oc,
-                                 .job = t->job,
-                                 .resume = t->job != NULL && cfg->load != NULL,
-                                 .stages = cfg->stages,
-                                 .local_vocab = cfg->local_vocab,
-                                 .model = cfg->model,
-                                 .fresh = !cfg->continue_run && cfg->load == NULL};
-        st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
-        if (st == FERRY_OK && cfg->continue_run &&
-            ferry_remote_created(t->lm->emb_remote) < ferry_remote_shards(t->lm->emb_remote))
-            FERRY_LOG_INFO("--continue: training from the parameters ferry-ps holds for '%s'",
-                           ferry_remote_name(t->lm->emb_remote));
-        FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
-                       cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
-        if (st == FERRY_OK && cfg->local_vocab > 0)
-            FERRY_LOG_INFO("decoder: vocabulary rows %lld-%lld on the servers, %lld-%lld here "
-                           "(--local-vocab %lld)",
-                           0LL, (long long)(mc.V - cfg->local_vocab - 1),
-                           (long long)(mc.V - cfg->local_vocab), (long long)(mc.V - 1),
-                           (long long)cfg->local_vocab);
-        if (st == FERRY_OK && (t->lm->ngroups > 1 || t->lm->groups[0].server >= 0)) {
-            char line[512];
-            int n = 0;
-            for (int g = 0; g < t->lm->ngroups && n >= 0 && (size_t)n < sizeof line; g++) {
-                const ferry_lm_group *G = &t->lm->groups[g];
-                char layers[32];
-                if (G->count == 1)
-                    (void)snprintf(layers, sizeof layers, "layer %d", G->first);
-                else
-                    (void)snprintf(layers, sizeof layers, "layers %d-%d", G->first,
-                                   G->first + G->count - 1);
-                n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %s", g ? ", " : "", layers,
-                              G->server < 0 ? "here" : ferry_cluster_target(t->cluster, G->server));
-            }
-            FERRY_LOG_INFO("stages: embedding and decoder on the servers, %s", line);
-        }
-    } else {
-        st = ferry_lm_create(t->be, &mc, &t->lm);
+    return FERRY_OK;
+}
+
+/* The layers placed on the servers, one line: "layers 0-1 127.0.0.1:7000, layer 2 here". */
+static void log_stages(const trainer *t) {
+    char line[512];
+    int n = 0;
+    for (int g = 0; g < t->lm->ngroups && n >= 0 && (size_t)n < sizeof line; g++) {
+        const ferry_lm_group *G = &t->lm->groups[g];
+        char layers[32];
+        if (G->count == 1)
+            (void)snprintf(layers, sizeof layers, "layer %d", G->first);
+        else
+            (void)snprintf(layers, sizeof layers, "layers %d-%d", G->first,
+                           G->first + G->count - 1);
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %s", g ? ", " : "", layers,
+                      G->server < 0 ? "here" : ferry_cluster_target(t->cluster, G->server));
     }
+    FERRY_LOG_INFO("stages: embedding and decoder on the servers, %s", line);
+}
+
+/* With --ps: connects, joins the job (a job: several ranks, a sync mode, or
+ * checkpoints), and builds the model placed on the servers. */
+static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
+                                      const ferry_optim_config *ocp) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_lm_config mc = *mcp;
+    ferry_optim_config oc = *ocp;
+    ferry_status st;
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.deadline_ms = (int)cfg->deadline_ms;
+    cc.wait_for_ready = 1; /* ride out daemons that are still starting */
+    cc.connect_timeout_ms = (int)(cfg->connect_timeout_s * 1000.0);
+    cc.resolve_timeout_ms = (int)(cfg->resolve_timeout_s * 1000.0);
+    cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
+    char *token = NULL;
+    if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
+        return st;
+    cc.token = token;
+    cc.tls_ca_file = cfg->tls_ca;
+    cc.tls_cert_file = cfg->tls_cert;
+    cc.tls_key_file = cfg->tls_key;
+    st = ferry_ps_connect(cfg->ps, &cc, &t->cluster);
+    ferry_secret_free(token);
     if (st != FERRY_OK)
+        return connect_hint(st);
+    if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
         return st;
-    place_blas_threads(t);
-    ferry_lm_set_grad_thread(t->lm, (ferry_lm_grad_thread)cfg->grad_thread);
-    if (ferry_lm_uses_grad_thread(t->lm))
-        FERRY_LOG_INFO("the LSTM's weight gradients form on a helper thread (--grad-thread %s)",
-                       cfg->grad_thread == FERRY_LM_GRAD_THREAD_ON ? "on" : "auto");
-    if (cfg->micro_batches > 1) {
-        if (cfg->micro_batches > cfg->bptt)
-            return ferry_errorf(FERRY_ERR_INVALID,
-                                "--micro-batches %d: a window has %d time "
-                                "steps (--bptt), at most one micro-batch per step",
-                                cfg->micro_batches, cfg->bptt);
-        if ((st = ferry_lm_set_micro_batches(t->lm, cfg->micro_batches)) != FERRY_OK)
-            return st;
-        FERRY_LOG_INFO("pipeline: %d micro-batches of %d-%d time steps: the LSTM on one while "
-                       "ferry-ps runs the decoder on another",
-                       cfg->micro_batches, cfg->bptt / cfg->micro_batches,
-                       (cfg->bptt + cfg->micro_batches - 1) / cfg->micro_batches);
-    }
-    if ((st = ferry_optim_create(&t->lm->P, &oc, &t->opt)) != FERRY_OK)
+    /* A job: several ranks, a sync mode, or checkpoints (the job protocol is what
+     * ties the servers' checkpoints to the trainers'). */
+    int as_job = ferry_trainer_is_job(cfg);
+    if (as_job && (st = job_join(t, &mc, &oc, cfg->load != NULL)) != FERRY_OK)
         return st;
-    if ((st = ferry_ctx_create(t->be, &t->ctx)) != FERRY_OK)
-        return st;
+    t->recover = as_job && cfg->checkpoint_every > 0;
+    ferry_lm_placement pl = {.cluster = t->cluster,
+                             .decoder_mode = (ferry_decoder_mode)cfg->decoder_mode,
+                             .optim = oc,
+                             .job = t->job,
+                             .resume = t->job != NULL && cfg->load != NULL,
+                             .stages = cfg->stages,
+                             .local_vocab = cfg->local_vocab,
+                             .model = cfg->model,
+                             .fresh = !cfg->continue_run && cfg->load == NULL};
+    st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
+    if (st == FERRY_OK && cfg->continue_run &&
+        ferry_remote_created(t->lm->emb_remote) < ferry_remote_shards(t->lm->emb_remote))
+        FERRY_LOG_INFO("--continue: training from the parameters ferry-ps holds for '%s'",
+                       ferry_remote_name(t->lm->emb_remote));
+    FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
+                   cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
+    if (st == FERRY_OK && cfg->local_vocab > 0)
+        FERRY_LOG_INFO("decoder: vocabulary rows %lld-%lld on the servers, %lld-%lld here "
+                       "(--local-vocab %lld)",
+                       0LL, (long long)(mc.V - cfg->local_vocab - 1),
+                       (long long)(mc.V - cfg->local_vocab), (long long)(mc.V - 1),
+                       (long long)cfg->local_vocab);
+    if (st == FERRY_OK && (t->lm->ngroups > 1 || t->lm->groups[0].server >= 0))
+        log_stages(t);
+    return st;
+}
+
+/* --metrics-out and --metrics-listen. */
+static ferry_status setup_outputs(trainer *t) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_status st;
     if (cfg->metrics_out != NULL &&
         (st = ferry_metrics_open_mode(cfg->metrics_out, cfg->load != NULL, &t->metrics)) !=
             FERRY_OK)
@@ -343,7 +316,15 @@ ferry_status ferry__trainer_setup(trainer *t) {
                        (int)(colon - cfg->metrics_listen), cfg->metrics_listen,
                        ferry_http_port(t->http));
     }
-    t->epoch = 1;
+    return FERRY_OK;
+}
+
+/* Where the run starts: a resume (--load; a job's: the whole job rolls back to the
+ * newest checkpoint every process has), else step 0, checkpointed when the job
+ * recovers from crashes; then the retries of a recovering job. */
+static ferry_status setup_start(trainer *t) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_status st;
     /* Temporary files of checkpoint writes a kill interrupted (this rank's only). */
     ferry_checkpoint_sweep_temps(cfg->save, t->job != NULL ? cfg->rank : -1);
     if (cfg->load != NULL && t->job != NULL) {
@@ -388,6 +369,67 @@ ferry_status ferry__trainer_setup(trainer *t) {
          * apply it once); a restarted server refuses it, and the job rolls back. */
         ferry_cluster_set_retry(t->cluster, (int)(cfg->recovery_timeout_s * 1000.0));
     }
+    return FERRY_OK;
+}
+
+ferry_status ferry__trainer_setup(trainer *t) {
+    const ferry_trainer_config *cfg = t->cfg;
+    ferry_status st;
+    ferry_cpu_set_threads(cfg->threads);
+    if ((st = ferry_backend_create(cfg->device, &t->be)) != FERRY_OK)
+        return st;
+    int64_t V;
+    if ((st = setup_data(t, &V)) != FERRY_OK)
+        return st;
+    ferry_lm_config mc = {V,
+                          cfg->emsize,
+                          cfg->nhid,
+                          cfg->nlayers,
+                          cfg->dropout,
+                          cfg->init_scale,
+                          cfg->stiefel,
+                          (uint64_t)cfg->seed};
+    ferry_optim_config oc = ferry_trainer_optim(cfg);
+    t->lr = (float)oc.lr;
+    ferry_lr_schedule_config sc = ferry_lr_schedule_defaults((ferry_lr_schedule_kind)cfg->schedule);
+    sc.gamma = cfg->lr_decay;
+    sc.start = cfg->lr_decay_start;
+    sc.every = cfg->lr_decay_every;
+    sc.patience = cfg->patience;
+    if ((st = ferry_lr_schedule_init(&t->sched, &sc)) != FERRY_OK)
+        return st;
+    t->c0 = 0;
+    t->c1 = cfg->batch_size;
+    st = cfg->ps != NULL ? setup_distributed(t, &mc, &oc) : ferry_lm_create(t->be, &mc, &t->lm);
+    if (st != FERRY_OK)
+        return st;
+    place_blas_threads(t);
+    ferry_lm_set_grad_thread(t->lm, (ferry_lm_grad_thread)cfg->grad_thread);
+    if (ferry_lm_uses_grad_thread(t->lm))
+        FERRY_LOG_INFO("the LSTM's weight gradients form on a helper thread (--grad-thread %s)",
+                       cfg->grad_thread == FERRY_LM_GRAD_THREAD_ON ? "on" : "auto");
+    if (cfg->micro_batches > 1) {
+        if (cfg->micro_batches > cfg->bptt)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "--micro-batches %d: a window has %d time "
+                                "steps (--bptt), at most one micro-batch per step",
+                                cfg->micro_batches, cfg->bptt);
+        if ((st = ferry_lm_set_micro_batches(t->lm, cfg->micro_batches)) != FERRY_OK)
+            return st;
+        FERRY_LOG_INFO("pipeline: %d micro-batches of %d-%d time steps: the LSTM on one while "
+                       "ferry-ps runs the decoder on another",
+                       cfg->micro_batches, cfg->bptt / cfg->micro_batches,
+                       (cfg->bptt + cfg->micro_batches - 1) / cfg->micro_batches);
+    }
+    if ((st = ferry_optim_create(&t->lm->P, &oc, &t->opt)) != FERRY_OK)
+        return st;
+    if ((st = ferry_ctx_create(t->be, &t->ctx)) != FERRY_OK)
+        return st;
+    if ((st = setup_outputs(t)) != FERRY_OK)
+        return st;
+    t->epoch = 1;
+    if ((st = setup_start(t)) != FERRY_OK)
+        return st;
     char params[160];
     ferry__trainer_describe_params(t, params, sizeof params);
     FERRY_LOG_INFO("model: V=%lld E=%d H=%d L=%d, %s; %s lr %g, batch %d, bptt %d, clip %g, "
