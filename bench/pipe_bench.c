@@ -36,7 +36,7 @@
 #include "common/rpc/rpc.h"
 #include "worker/batch.h"
 #include "worker/corpus.h"
-#include "worker/model.h"
+#include "worker/model-impl.h" /* the model's fields */
 
 static void die(const char *what) {
     bench_die("pipe_bench", what);

@@ -17,7 +17,7 @@
 #include "bench/bench_util.h"
 #include "common/core/log.h"
 #include "ferry/optim.h"
-#include "worker/model.h"
+#include "worker/model-impl.h" /* the model's fields */
 
 /* Median seconds per full training step of the model. */
 static int time_steps(const bench_config *c, int steps, double *sec) {

@@ -35,7 +35,7 @@
 #include "common/core/log.h"
 #include "worker/batch.h"
 #include "worker/corpus.h"
-#include "worker/model.h"
+#include "worker/model-impl.h" /* the model's fields */
 
 /* The PTB small configuration. */
 #define V_SMALL 10000

@@ -14,7 +14,7 @@
 #include "check.h"
 #include "ferry/ferry.h"
 #include "ferry/optim.h"
-#include "worker/model.h"
+#include "worker/model-impl.h" /* the model's fields */
 
 #define RTOL 1e-4
 

@@ -13,7 +13,7 @@
 #include "ferry/ferry.h"
 #include "ferry/optim.h"
 #include "server/ps.h"
-#include "worker/model.h"
+#include "worker/model-impl.h" /* the model's fields */
 
 enum { V = 29, E = 6, H = 8, L = 2, T = 5, B = 3 };
 #define CLIP 0.2f

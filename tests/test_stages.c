@@ -19,7 +19,7 @@
 #include "server/ps.h"
 #include "worker/batch.h"
 #include "worker/corpus.h"
-#include "worker/model.h"
+#include "worker/model-impl.h" /* the model's fields */
 #include "worker/pipeline.h"
 
 #define STEPS 50

@@ -281,7 +281,7 @@ static ferry_status host_copy(const ferry_lm *lm, const ferry_tensor *t, float *
     if (*out == NULL)
         return FERRY_NOMEM();
     return n == 0 ? FERRY_OK
-                  : ferry_backend_copy(lm->be, *out, t->data, n * sizeof(float),
+                  : ferry_backend_copy(ferry_lm_backend(lm), *out, t->data, n * sizeof(float),
                                        FERRY_COPY_DEVICE_TO_HOST);
 }
 
@@ -300,14 +300,15 @@ ferry_status ferry_checkpoint_save(const char *path, const ferry_trainer_config 
         if (fclose(of) != 0 && st == FERRY_OK)
             st = FERRY_NOMEM();
     }
-    size_t numel = (size_t)lm->P.numel;
-    int64_t B = pr->has_state && lm->h != NULL ? lm->B : 0;
-    size_t hn = B > 0 ? (size_t)ferry_tensor_numel(lm->h) : 0;
+    size_t numel = (size_t)ferry_lm_params_const(lm)->numel;
+    int64_t B = pr->has_state && ferry_lm_state_h(lm) != NULL ? ferry_lm_state_batch(lm) : 0;
+    size_t hn = B > 0 ? (size_t)ferry_tensor_numel(ferry_lm_state_h(lm)) : 0;
     if (st == FERRY_OK)
-        st = ferry_backend_copy(lm->be, (P = malloc(numel * sizeof(float))) != NULL ? P : NULL,
-                                lm->P.data, numel * sizeof(float), FERRY_COPY_DEVICE_TO_HOST);
-    if (st == FERRY_OK && B > 0 && (st = host_copy(lm, lm->h, &h)) == FERRY_OK)
-        st = host_copy(lm, lm->c, &c);
+        st = ferry_backend_copy(
+            ferry_lm_backend(lm), (P = malloc(numel * sizeof(float))) != NULL ? P : NULL,
+            ferry_lm_params_const(lm)->data, numel * sizeof(float), FERRY_COPY_DEVICE_TO_HOST);
+    if (st == FERRY_OK && B > 0 && (st = host_copy(lm, ferry_lm_state_h(lm), &h)) == FERRY_OK)
+        st = host_copy(lm, ferry_lm_state_c(lm), &c);
     ferry_ckw *w = NULL;
     if (st == FERRY_OK)
         st = ferry_ckw_open(path, CK_MAGIC, CK_FORMAT, 7, &w);
@@ -327,10 +328,10 @@ ferry_status ferry_checkpoint_save(const char *path, const ferry_trainer_config 
     }
     if (st == FERRY_OK && (st = ferry_ckw_begin(w, FERRY_CK_TAG("SHAP"), 8 * 3 + 4 + 8)) ==
                               FERRY_OK) {
-        ferry_ckw_u64(w, (uint64_t)lm->cfg.V);
-        ferry_ckw_u64(w, (uint64_t)lm->cfg.E);
-        ferry_ckw_u64(w, (uint64_t)lm->cfg.H);
-        ferry_ckw_u32(w, (uint32_t)lm->cfg.L);
+        ferry_ckw_u64(w, (uint64_t)ferry_lm_get_config(lm)->V);
+        ferry_ckw_u64(w, (uint64_t)ferry_lm_get_config(lm)->E);
+        ferry_ckw_u64(w, (uint64_t)ferry_lm_get_config(lm)->H);
+        ferry_ckw_u32(w, (uint32_t)ferry_lm_get_config(lm)->L);
         ferry_ckw_u64(w, (uint64_t)numel);
         st = ferry_ckw_end(w);
     }
@@ -373,15 +374,17 @@ static ferry_status check_shape(const char *path, ferry_ckcur *c, const ferry_lm
     int64_t numel = (int64_t)ferry_ckcur_u64(c);
     if (c->bad)
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: bad shape section", path);
-    int same = V == lm->cfg.V && E == lm->cfg.E && H == lm->cfg.H && L == lm->cfg.L;
+    int same = V == ferry_lm_get_config(lm)->V && E == ferry_lm_get_config(lm)->E &&
+               H == ferry_lm_get_config(lm)->H && L == ferry_lm_get_config(lm)->L;
     if (!same)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "%s holds a model of shape V=%lld E=%lld H=%lld L=%d, this model is "
                             "V=%lld E=%lld H=%lld L=%d",
                             path, (long long)V, (long long)E, (long long)H, L,
-                            (long long)lm->cfg.V, (long long)lm->cfg.E, (long long)lm->cfg.H,
-                            lm->cfg.L);
-    if (numel != lm->P.numel)
+                            (long long)ferry_lm_get_config(lm)->V,
+                            (long long)ferry_lm_get_config(lm)->E,
+                            (long long)ferry_lm_get_config(lm)->H, ferry_lm_get_config(lm)->L);
+    if (numel != ferry_lm_params_const(lm)->numel)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "%s was written by a %s trainer; this one is %s (the embedding and "
                             "decoder live on ferry-ps only in distributed runs)",
@@ -415,7 +418,7 @@ ferry_status ferry_checkpoint_load(const char *path, ferry_lm *lm, ferry_optim *
         st = ferry_errorf(FERRY_ERR_INVALID,
                           "%s was trained on another vocabulary (hash %016llx, corpus %016llx)",
                           path, (unsigned long long)p.vocab_hash, (unsigned long long)vocab_hash);
-    size_t numel = (size_t)lm->P.numel;
+    size_t numel = (size_t)ferry_lm_params_const(lm)->numel;
     float *host = st == FERRY_OK ? malloc((numel ? numel : 1) * sizeof(float)) : NULL;
     if (st == FERRY_OK && host == NULL)
         st = FERRY_NOMEM();
@@ -439,14 +442,14 @@ ferry_status ferry_checkpoint_load(const char *path, ferry_lm *lm, ferry_optim *
     if (of != NULL)
         (void)fclose(of);
     if (st == FERRY_OK)
-        st = ferry_backend_copy(lm->be, lm->P.data, host, numel * sizeof(float),
-                                FERRY_COPY_HOST_TO_DEVICE);
+        st = ferry_backend_copy(ferry_lm_backend(lm), ferry_lm_params_const(lm)->data, host,
+                                numel * sizeof(float), FERRY_COPY_HOST_TO_DEVICE);
     free(host);
     c = ferry_ckr_section(&ck, FERRY_CK_TAG("HIDN"));
     int64_t B = (int64_t)ferry_ckcur_u64(&c);
     if (st == FERRY_OK && B > 0) {
         if ((st = ferry_lm_reset_state(lm, B)) == FERRY_OK) {
-            size_t hn = (size_t)ferry_tensor_numel(lm->h);
+            size_t hn = (size_t)ferry_tensor_numel(ferry_lm_state_h(lm));
             float *hc = malloc(2 * hn * sizeof(float));
             if (hc == NULL)
                 st = FERRY_NOMEM();
@@ -457,11 +460,11 @@ ferry_status ferry_checkpoint_load(const char *path, ferry_lm *lm, ferry_optim *
                                   "%s: the carried state has the wrong size for batch %lld", path,
                                   (long long)B);
             if (st == FERRY_OK)
-                st = ferry_backend_copy(lm->be, lm->h->data, hc, hn * sizeof(float),
-                                        FERRY_COPY_HOST_TO_DEVICE);
+                st = ferry_backend_copy(ferry_lm_backend(lm), ferry_lm_state_h(lm)->data, hc,
+                                        hn * sizeof(float), FERRY_COPY_HOST_TO_DEVICE);
             if (st == FERRY_OK)
-                st = ferry_backend_copy(lm->be, lm->c->data, hc + hn, hn * sizeof(float),
-                                        FERRY_COPY_HOST_TO_DEVICE);
+                st = ferry_backend_copy(ferry_lm_backend(lm), ferry_lm_state_c(lm)->data, hc + hn,
+                                        hn * sizeof(float), FERRY_COPY_HOST_TO_DEVICE);
             free(hc);
         }
         p.has_state = 1;

@@ -11,7 +11,7 @@
 #include "common/tensor/backend.h"
 #include "ferry/ferry.h"
 #include "common/core/log.h"
-#include "worker/model.h"
+#include "worker/model-impl.h"
 #include "ferry/optim.h"
 #include "optim/stiefel.h"
 
@@ -848,4 +848,51 @@ double ferry_lm_step_flops(const ferry_lm_config *cfg, int64_t T, int64_t B) {
     /* Backward runs two GEMMs of the same size per forward GEMM (dX and dW);
      * the first layer's dX feeds only the embedding but is computed too. */
     return 3.0 * fwd;
+}
+
+const ferry_lm_config *ferry_lm_get_config(const ferry_lm *lm) {
+    return &lm->cfg;
+}
+
+ferry_backend *ferry_lm_backend(const ferry_lm *lm) {
+    return lm->be;
+}
+
+ferry_params *ferry_lm_params(ferry_lm *lm) {
+    return &lm->P;
+}
+
+const ferry_params *ferry_lm_params_const(const ferry_lm *lm) {
+    return &lm->P;
+}
+
+ferry_tensor *ferry_lm_state_h(const ferry_lm *lm) {
+    return lm->h;
+}
+
+ferry_tensor *ferry_lm_state_c(const ferry_lm *lm) {
+    return lm->c;
+}
+
+int64_t ferry_lm_state_batch(const ferry_lm *lm) {
+    return lm->B;
+}
+
+ferry_lm_pipe *ferry_lm_pipeline(const ferry_lm *lm) {
+    return lm->pipe;
+}
+
+ferry_remote *ferry_lm_embedding_remote(const ferry_lm *lm) {
+    return lm->emb_remote;
+}
+
+int ferry_lm_ngroups(const ferry_lm *lm) {
+    return lm->ngroups;
+}
+
+void ferry_lm_group_info(const ferry_lm *lm, int g, int *first, int *count, int *server) {
+    FERRY_ASSERT(g >= 0 && g < lm->ngroups);
+    *first = lm->groups[g].first;
+    *count = lm->groups[g].count;
+    *server = lm->groups[g].server;
 }

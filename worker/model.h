@@ -70,42 +70,8 @@ typedef struct ferry_lm_placement {
     int fresh;
 } ferry_lm_placement;
 
-/* A group of consecutive LSTM layers, run here or on a server. */
-typedef struct ferry_lm_group {
-    int first, count; /* layers [first, first + count) of the stack */
-    int server;       /* -1: this trainer; else the cluster's server index */
-    ferry_lstm rnn;   /* its layers: in ferry_lm.P (local) or in view (remote) */
-    ferry_remote *remote; /* remote: the lstm module */
-    ferry_params view;    /* remote: its packed block on the host (initial values, reads) */
-} ferry_lm_group;
-
-typedef struct ferry_lm {
-    ferry_lm_config cfg;
-    ferry_backend *be;
-    ferry_params P;      /* local parameters: everything, or the LSTM alone */
-    ferry_embedding emb; /* local placement */
-    ferry_lstm rnn;      /* the whole stack's layout (local: group 0's layers are these) */
-    ferry_lm_group groups[FERRY_LSTM_MAX_LAYERS];
-    int ngroups;
-    /* Remote groups carry their state on the servers, in stream `stream` (training)
-     * or stream + 1 (evaluation); synced is the stream whose state equals h, c (0:
-     * none, so the next window sends h and c with the call). */
-    uint64_t stream, synced;
-    ferry_linear dec;    /* local placement */
-    ferry_remote *emb_remote, *dec_remote; /* distributed placement */
-    /* Distributed with a local slice of the decoder: its rows (the vocabulary's last
-     * local_vocab) as "decoder.weight" (local_vocab, H) and "decoder.bias" in P. */
-    int64_t local_vocab;
-    int dec_w, dec_b;                      /* their indices in P */
-    ferry_remote *dense_remote;            /* data-parallel job: the LSTM block */
-    ferry_job *job;
-    float *stage;                          /* host (P.numel): pulled weights, pushed grads */
-    ferry_decoder_mode decoder_mode;
-    ferry_lm_pipe *pipe; /* micro-batches (ferry_lm_set_micro_batches), or NULL */
-    int grad_thread;     /* ferry_lm_grad_thread: where the LSTM's weight gradients form */
-    int64_t B;           /* batch size of the carried state */
-    ferry_tensor *h, *c; /* (L, B, H) carried state, owned */
-} ferry_lm;
+/* The model; its fields are model.c's and pipeline.c's (worker/model-impl.h). */
+typedef struct ferry_lm ferry_lm;
 
 /* Builds and initialises the model on be; placement NULL keeps everything local,
  * otherwise the embedding ("encoder") and decoder ("decoder") are created on the
@@ -191,6 +157,26 @@ ferry_status ferry_lm_stack_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx
                                     const ferry_tensor *x, const ferry_tensor *h_in,
                                     const ferry_tensor *c_in, int flags, ferry_tensor **y,
                                     ferry_tensor **hn, ferry_tensor **cn);
+
+/* ---- what the rest of the trainer reads of a model ---- */
+
+const ferry_lm_config *ferry_lm_get_config(const ferry_lm *lm);
+ferry_backend *ferry_lm_backend(const ferry_lm *lm);
+/* The local parameters: everything, or the LSTM alone (distributed). */
+ferry_params *ferry_lm_params(ferry_lm *lm);
+const ferry_params *ferry_lm_params_const(const ferry_lm *lm);
+/* The carried state (L, B, H) (NULL before the first window) and its batch B. */
+ferry_tensor *ferry_lm_state_h(const ferry_lm *lm);
+ferry_tensor *ferry_lm_state_c(const ferry_lm *lm);
+int64_t ferry_lm_state_batch(const ferry_lm *lm);
+/* The micro-batch pipeline (ferry_lm_set_micro_batches), or NULL. */
+ferry_lm_pipe *ferry_lm_pipeline(const ferry_lm *lm);
+/* Distributed: the embedding's remote module ("encoder"); else NULL. */
+ferry_remote *ferry_lm_embedding_remote(const ferry_lm *lm);
+/* The LSTM's groups of layers (--stages): how many, and group g's layers
+ * [*first, *first + *count) and server (-1: this trainer). */
+int ferry_lm_ngroups(const ferry_lm *lm);
+void ferry_lm_group_info(const ferry_lm *lm, int g, int *first, int *count, int *server);
 
 /* ||W^T W - I||_F of every layer's raw weight_hh, into out[0..L). */
 ferry_status ferry_lm_feasibility(const ferry_lm *lm, double *out);

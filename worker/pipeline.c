@@ -33,7 +33,7 @@
 
 #include "common/core/log.h"
 #include "common/tensor/backend.h"
-#include "worker/model.h"
+#include "worker/model-impl.h" /* the model's fields */
 #include "worker/pipeline.h"
 
 struct ferry_lm_pipe {

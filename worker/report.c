@@ -49,7 +49,7 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
  * the servers' decoder calls) and the bubble, the share of both stages' time idle. */
 static ferry_status log_pipeline(trainer *t) {
     ferry_lm_pipe_stats ps;
-    ferry_lm_pipe_take_stats(t->lm->pipe, &ps);
+    ferry_lm_pipe_take_stats(ferry_lm_pipeline(t->lm), &ps);
     if (ps.steps == 0 || !(ps.wall_s > 0.0))
         return FERRY_OK;
     double tb = ps.trainer_busy_s / ps.wall_s, sb = ps.servers_busy_s / ps.wall_s;
@@ -58,14 +58,18 @@ static ferry_status log_pipeline(trainer *t) {
                    100.0 * tb, 100.0 * sb, 100.0 * bubble);
     FERRY_LOG_INFO("pipeline: step %lld | %d micro-batches | trainer busy %.0f%% | decoder calls "
                    "%.0f%% | bubble %.0f%% | %.1f ms/step",
-                   (long long)t->step, ferry_lm_pipe_micro(t->lm->pipe), 100.0 * tb, 100.0 * sb,
-                   100.0 * bubble, 1e3 * ps.wall_s / (double)ps.steps);
+                   (long long)t->step, ferry_lm_pipe_micro(ferry_lm_pipeline(t->lm)), 100.0 * tb,
+                   100.0 * sb, 100.0 * bubble, 1e3 * ps.wall_s / (double)ps.steps);
     if (t->metrics == NULL)
         return FERRY_OK;
     const char *keys[] = {"step",         "micro_batches", "trainer_busy",
                           "servers_busy", "bubble",        "ms_per_step"};
-    double vals[] = {(double)t->step, ferry_lm_pipe_micro(t->lm->pipe),  tb, sb,
-                     bubble,          1e3 * ps.wall_s / (double)ps.steps};
+    double vals[] = {(double)t->step,
+                     ferry_lm_pipe_micro(ferry_lm_pipeline(t->lm)),
+                     tb,
+                     sb,
+                     bubble,
+                     1e3 * ps.wall_s / (double)ps.steps};
     return ferry_metrics_write_kv(t->metrics, "pipeline", 6, keys, vals);
 }
 
@@ -87,7 +91,7 @@ ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, d
                                  ferry_now() - t->t_start);
     if (st == FERRY_OK && t->job != NULL)
         st = log_job(t, nsteps, tok_s, elapsed);
-    if (st == FERRY_OK && t->lm->pipe != NULL)
+    if (st == FERRY_OK && ferry_lm_pipeline(t->lm) != NULL)
         st = log_pipeline(t);
     if (st != FERRY_OK || t->cfg->stiefel <= 0.0f)
         return st;
@@ -103,7 +107,7 @@ ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, d
     double vals[2 + FERRY_LSTM_MAX_LAYERS] = {(double)t->step, penalty};
     keys[0] = "step";
     keys[1] = "penalty";
-    for (int l = 0; l < t->lm->cfg.L; l++) {
+    for (int l = 0; l < ferry_lm_get_config(t->lm)->L; l++) {
         (void)snprintf(names[l], sizeof names[l], "feasibility_l%d", l);
         keys[2 + l] = names[l];
         vals[2 + l] = feas[l];
@@ -112,7 +116,8 @@ ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, d
     }
     FERRY_LOG_INFO("%s", line);
     if (t->metrics != NULL)
-        st = ferry_metrics_write_kv(t->metrics, "stiefel", 2 + t->lm->cfg.L, keys, vals);
+        st = ferry_metrics_write_kv(t->metrics, "stiefel", 2 + ferry_lm_get_config(t->lm)->L, keys,
+                                    vals);
     return st;
 }
 
@@ -120,12 +125,12 @@ ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, d
  * count (embedding, every LSTM layer, decoder; exact, without the block's alignment
  * padding) whatever the placement, and the share in this trainer's own block. */
 void ferry__trainer_describe_params(const trainer *t, char *buf, size_t cap) {
-    const ferry_lm_config *m = &t->lm->cfg;
+    const ferry_lm_config *m = ferry_lm_get_config(t->lm);
     int64_t total = m->V * m->E + m->V * m->H + m->V, here = 0;
     for (int l = 0; l < m->L; l++)
         total += 4 * m->H * ((l == 0 ? m->E : m->H) + m->H) + 8 * m->H;
-    for (int i = 0; i < t->lm->P.count; i++)
-        here += t->lm->P.items[i].numel;
+    for (int i = 0; i < ferry_lm_params_const(t->lm)->count; i++)
+        here += ferry_lm_params_const(t->lm)->items[i].numel;
     if (!ferry_lm_is_remote(t->lm))
         (void)snprintf(buf, cap, "%lld parameters", (long long)total);
     else if (t->job != NULL)

@@ -224,16 +224,16 @@ static ferry_status setup_data(trainer *t, int64_t *V) {
 static void log_stages(const trainer *t) {
     char line[512];
     int n = 0;
-    for (int g = 0; g < t->lm->ngroups && n >= 0 && (size_t)n < sizeof line; g++) {
-        const ferry_lm_group *G = &t->lm->groups[g];
+    for (int g = 0; g < ferry_lm_ngroups(t->lm) && n >= 0 && (size_t)n < sizeof line; g++) {
+        int first, count, server;
+        ferry_lm_group_info(t->lm, g, &first, &count, &server);
         char layers[32];
-        if (G->count == 1)
-            (void)snprintf(layers, sizeof layers, "layer %d", G->first);
+        if (count == 1)
+            (void)snprintf(layers, sizeof layers, "layer %d", first);
         else
-            (void)snprintf(layers, sizeof layers, "layers %d-%d", G->first,
-                           G->first + G->count - 1);
+            (void)snprintf(layers, sizeof layers, "layers %d-%d", first, first + count - 1);
         n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %s", g ? ", " : "", layers,
-                      G->server < 0 ? "here" : ferry_cluster_target(t->cluster, G->server));
+                      server < 0 ? "here" : ferry_cluster_target(t->cluster, server));
     }
     FERRY_LOG_INFO("stages: embedding and decoder on the servers, %s", line);
 }
@@ -283,9 +283,10 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
                              .fresh = !cfg->continue_run && cfg->load == NULL};
     st = ferry_lm_create_placed(t->be, &mc, &pl, &t->lm);
     if (st == FERRY_OK && cfg->continue_run &&
-        ferry_remote_created(t->lm->emb_remote) < ferry_remote_shards(t->lm->emb_remote))
+        ferry_remote_created(ferry_lm_embedding_remote(t->lm)) <
+            ferry_remote_shards(ferry_lm_embedding_remote(t->lm)))
         FERRY_LOG_INFO("--continue: training from the parameters ferry-ps holds for '%s'",
-                       ferry_remote_name(t->lm->emb_remote));
+                       ferry_remote_name(ferry_lm_embedding_remote(t->lm)));
     FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
                    cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
     if (st == FERRY_OK && cfg->local_vocab > 0)
@@ -294,7 +295,10 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
                        0LL, (long long)(mc.V - cfg->local_vocab - 1),
                        (long long)(mc.V - cfg->local_vocab), (long long)(mc.V - 1),
                        (long long)cfg->local_vocab);
-    if (st == FERRY_OK && (t->lm->ngroups > 1 || t->lm->groups[0].server >= 0))
+    int first, count, server = -1;
+    if (st == FERRY_OK)
+        ferry_lm_group_info(t->lm, 0, &first, &count, &server);
+    if (st == FERRY_OK && (ferry_lm_ngroups(t->lm) > 1 || server >= 0))
         log_stages(t);
     return st;
 }
@@ -421,7 +425,7 @@ ferry_status ferry__trainer_setup(trainer *t) {
                        cfg->micro_batches, cfg->bptt / cfg->micro_batches,
                        (cfg->bptt + cfg->micro_batches - 1) / cfg->micro_batches);
     }
-    if ((st = ferry_optim_create(&t->lm->P, &oc, &t->opt)) != FERRY_OK)
+    if ((st = ferry_optim_create(ferry_lm_params(t->lm), &oc, &t->opt)) != FERRY_OK)
         return st;
     if ((st = ferry_ctx_create(t->be, &t->ctx)) != FERRY_OK)
         return st;
