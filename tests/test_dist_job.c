@@ -100,7 +100,13 @@ static void *rank_main(void *arg) {
     ferry_status st = ferry_ps_connect(s->targets, &cc, &r->cl);
     if (st == FERRY_OK)
         st = ferry_dist_ctx_create(r->cl, &r->dc);
-    ferry_job_config jc = {r->job, r->world, r->rank, FERRY_SYNC_BSP, 0, 20000, "test=1"};
+    ferry_job_config jc = {.name = r->job,
+                           .world = r->world,
+                           .rank = r->rank,
+                           .sync = FERRY_SYNC_BSP,
+                           .staleness = 0,
+                           .sync_timeout_ms = 20000,
+                           .model = "test=1"};
     if (st == FERRY_OK)
         st = ferry_job_join(r->cl, &jc, &r->jb);
     ferry_lm_placement pl = {.cluster = r->cl,
@@ -394,7 +400,13 @@ TEST(membership_errors) {
     cc.client_id = "trainer-b";
     CHECK_OK(ferry_ps_connect(s.targets, &cc, &b2));
     ferry_job *j0, *j1, *bad;
-    ferry_job_config jc = {"m", 2, 0, FERRY_SYNC_BSP, 0, 2000, "H=200 V=10000"};
+    ferry_job_config jc = {.name = "m",
+                           .world = 2,
+                           .rank = 0,
+                           .sync = FERRY_SYNC_BSP,
+                           .staleness = 0,
+                           .sync_timeout_ms = 2000,
+                           .model = "H=200 V=10000"};
     CHECK_OK(ferry_job_join(a, &jc, &j0));
     CHECK_OK(ferry_job_join(a, &jc, &bad)); /* the same client again: harmless */
     ferry_job_destroy(bad);
@@ -447,7 +459,13 @@ TEST(bsp_missing_rank_times_out) {
     ferry_cluster *cl;
     CHECK_OK(ferry_ps_connect(s.targets, &cc, &cl));
     ferry_job *jb;
-    ferry_job_config jc = {"lonely", 2, 0, FERRY_SYNC_BSP, 0, 1500, ""};
+    ferry_job_config jc = {.name = "lonely",
+                           .world = 2,
+                           .rank = 0,
+                           .sync = FERRY_SYNC_BSP,
+                           .staleness = 0,
+                           .sync_timeout_ms = 1500,
+                           .model = ""};
     CHECK_OK(ferry_job_join(cl, &jc, &jb));
     ferry_remote_config rc;
     ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, "w", 8, 4);

@@ -45,7 +45,13 @@ static ferry_cluster *connect_to(ferry_ps_server *s, int rank) {
 }
 
 static ferry_job_config job_config(const char *name, int rank) {
-    ferry_job_config jc = {name, 2, rank, FERRY_SYNC_BSP, 0, JOB_WAIT_MS, "test=1"};
+    ferry_job_config jc = {.name = name,
+                           .world = 2,
+                           .rank = rank,
+                           .sync = FERRY_SYNC_BSP,
+                           .staleness = 0,
+                           .sync_timeout_ms = JOB_WAIT_MS,
+                           .model = "test=1"};
     return jc;
 }
 

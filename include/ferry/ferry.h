@@ -97,6 +97,10 @@ typedef struct ferry_cluster_config {
     const char *token;
     const char *tls_ca_file, *tls_cert_file, *tls_key_file;
     int resolve_timeout_ms; /* see connect_timeout_ms; 0: an unknown host fails at once */
+    /* Room to grow (ferry_cluster_config_default zeroes it): a later release of the same soname
+     * takes new fields from it, each meaning its default at zero, so a caller built against this
+     * header keeps its behaviour and the struct its size. */
+    unsigned char reserved[64];
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
@@ -323,6 +327,10 @@ typedef struct ferry_remote_config {
      * the shards split rows [0, V - local_rows) only. Sharded softmax only (the xent
      * calls); 0: every row on the servers. */
     int64_t local_rows;
+    /* Room to grow (ferry_remote_config_default zeroes it): a later release of the same soname
+     * takes new fields from it, each meaning its default at zero, so a caller built against this
+     * header keeps its behaviour and the struct its size. */
+    unsigned char reserved[64];
 } ferry_remote_config;
 
 /* Zeroes *cfg (no constraint) and sets kind, name, dims, bias 1, server -1,
@@ -596,6 +604,10 @@ typedef struct ferry_job_config {
     const char *model;   /* "key=value key=value": the model as this rank builds it; the
                             servers refuse a rank whose values differ from the job's,
                             naming the key */
+    /* Room to grow (zero it: = {...}): a later release of the same soname takes new fields
+     * from it, each meaning its default at zero, so a caller built against this
+     * header keeps its behaviour and the struct its size. */
+    unsigned char reserved[64];
 } ferry_job_config;
 
 typedef struct ferry_job ferry_job;

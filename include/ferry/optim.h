@@ -81,6 +81,10 @@ typedef struct ferry_optim_config {
     type field;
     FERRY_OPTIM_FIELD_MAP(FERRY_OPTIM_FIELD_)
 #undef FERRY_OPTIM_FIELD_
+    /* Room to grow (ferry_optim_defaults zeroes it): a later release of the same soname takes new
+     * fields from it, each meaning its default at zero, so a caller built against this header keeps
+     * its behaviour and the struct its size. */
+    unsigned char reserved[64];
 } ferry_optim_config;
 
 /* The list as a table, for code that handles every field alike (flags, messages). */
