@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <ferry/backend.h> /* ferry_cpu_ensure_blas_kernels, ferry_backend_cpu */
+#include <ferry/backend.h> /* ferry_backend_cpu */
 #include <ferry/ferry.h>   /* clusters, remote modules, remote calls on the local tape */
 #include <ferry/nn.h>      /* ferry_lstm_*, parameter blocks, autograd contexts */
 #include <ferry/optim.h>   /* the local optimizer and global-norm clipping */
@@ -45,7 +45,6 @@ static void make_window(int step, int32_t *in, int32_t *tg) {
 }
 
 int main(int argc, char **argv) {
-    ferry_cpu_ensure_blas_kernels(argv); /* may re-exec with the right OpenBLAS kernels */
     int steps = argc == 3 ? atoi(argv[2]) : 60;
     if (argc < 2 || argc > 3 || steps < 1) {
         fprintf(stderr, "usage: classic_lm HOST:PORT[,HOST:PORT...] [STEPS]\n");

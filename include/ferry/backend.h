@@ -3,7 +3,6 @@
  * memory; tensors (ferry/tensor.h), parameter blocks (ferry/params.h) and autograd
  * contexts (ferry/autograd.h) are made on one.
  *
- *     ferry_cpu_ensure_blas_kernels(argv);    // first thing in main(): see below
  *     ferry_backend *be;
  *     ferry_backend_create("cpu", &be);       // or ferry_backend_cpu()
  *     ...
@@ -65,15 +64,12 @@ FERRY_API ferry_status ferry_backend_sync(ferry_backend *be);
 
 /* ---- the CPU backend's OpenBLAS ---- */
 
-/* Call first thing in main() with main's argv: re-executes the process once with
- * OPENBLAS_CORETYPE set when OpenBLAS chose weaker kernels than the CPU runs: the
- * strongest of Haswell (AVX2+FMA), SkylakeX (AVX-512) and Cooperlake (AVX-512 with
- * BF16), from the CPU's feature flags. Hypervisors hiding the CPU model make OpenBLAS
- * fall back to kernels 5-9x slower; on AMD CPUs with AVX-512 it picks Haswell, about
- * 1.7x slower. Returns if nothing needs doing, or when OPENBLAS_CORETYPE (the user's
- * choice always wins) or FERRY_NO_REEXEC is set. Logs nothing: see
- * ferry_cpu_blas_kernels. */
-FERRY_API void ferry_cpu_ensure_blas_kernels(char **argv);
+/* OpenBLAS picks its kernels from the CPU model; a hypervisor that hides it makes it
+ * fall back to kernels 5-9x slower, and on AMD CPUs with AVX-512 it picks Haswell's,
+ * about 1.7x slower. A program sets OPENBLAS_CORETYPE (Haswell, SkylakeX, Cooperlake)
+ * before it starts to choose; ferry's daemons re-execute themselves with the strongest
+ * the CPU runs (their policy, not the library's: a library never re-executes its
+ * host). */
 /* The kernels OpenBLAS runs and who chose them, for a log line: "SkylakeX (ferry's pick
  * for this CPU; OpenBLAS chose Haswell)", "Haswell (OPENBLAS_CORETYPE=Haswell)", ... */
 FERRY_API const char *ferry_cpu_blas_kernels(void);
