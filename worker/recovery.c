@@ -118,7 +118,7 @@ enum {
 
 /* The roll-back proper: the whole job goes back to the newest checkpoint every
  * process has. Probes (each server's complete files, and where its copy of the job
- * stands: fresh, older, newer) and the ferry__trainer_recover barrier, until every server answers
+ * stands: fresh, older, newer) and the recover barrier, until every server answers
  * and agrees on a step (*resume), within the recovery timeout from t0. `all`: this
  * rank's complete checkpoints, ascending. At the run's last step no roll-back may be
  * needed (*outcome). Servers that are down are waited for. */
@@ -301,7 +301,7 @@ ferry_status ferry__trainer_recover(trainer *t, const char *why) {
     if (t->metrics != NULL) {
         const char *keys[] = {"step", "epoch", "window", "seconds"};
         double vals[] = {(double)t->step, t->epoch, (double)t->win0, ferry_now() - t0};
-        st = ferry_metrics_write_kv(t->metrics, "ferry__trainer_recover", 4, keys, vals);
+        st = ferry_metrics_write_kv(t->metrics, "recover", 4, keys, vals);
     }
     return st;
 }
