@@ -17,7 +17,8 @@
 #endif
 #endif
 #ifdef FERRY_PS_ASAN
-#include <sanitizer/allocator_interface.h>
+/* The sanitizer runtime's (sanitizer/allocator_interface.h, which only clang ships). */
+size_t __sanitizer_get_current_allocated_bytes(void);
 #endif
 
 #include "server/ps-impl.h"
