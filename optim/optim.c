@@ -192,15 +192,16 @@ ferry_status ferry_optim_create(const ferry_params *P, const ferry_optim_config 
     ferry_optim *o = calloc(1, sizeof *o);
     if (o == NULL)
         return FERRY_NOMEM();
-    st = FERRY_NOMEM();
     o->cfg = *cfg;
     o->be = P->be;
     o->numel = P->numel;
     o->count = P->count;
     o->nslots = ferry_optim_slots(cfg);
     o->table_rows = calloc((size_t)P->count + 1, sizeof *o->table_rows);
-    if (o->table_rows == NULL)
+    if (o->table_rows == NULL) {
+        st = FERRY_NOMEM();
         goto fail;
+    }
     for (int i = 0; i < P->count; i++)
         if (P->items[i].flags & FERRY_PARAM_ROW_SPARSE)
             o->table_rows[i] = P->items[i].shape.dim[0];

@@ -55,7 +55,7 @@ static ferry_status dense_backward(ferry__ps_module *m, const Ferry__V1__Backwar
         return st;
     float *g = ferry_grads_dense(G, m->w);
     if (g == NULL)
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     return ferry_backend_axpy(m->P.be, n, 1.0f, grad, g);
 }
 

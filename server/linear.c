@@ -193,7 +193,7 @@ ferry_status ferry__ps_constraint_penalty(const ferry__ps_module *m, ferry_grads
         return FERRY_OK;
     if (m->kind->penalty != NULL) {
         float *g = ferry_grads_dense(G, m->w);
-        return g != NULL ? m->kind->penalty(m, g, penalty, feasibility) : FERRY_NOMEM();
+        return g != NULL ? m->kind->penalty(m, g, penalty, feasibility) : FERRY_NOMEM_SAID;
     }
     /* The block's only constrained parameter is the weight: the block-wide pass adds
      * 4 beta W C(W) to its gradient (creating it when no Backward reached it). */
@@ -259,7 +259,7 @@ ferry_status ferry__ps_affine_grad(const ferry__ps_module *m, int64_t N, const f
     float *dW = ferry_grads_dense(G, m->w);
     float *db = m->b >= 0 ? ferry_grads_dense(G, m->b) : NULL;
     if (dW == NULL || (m->b >= 0 && db == NULL))
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     if (N == 0)
         return FERRY_OK;
     int constrained = ferry__ps_constrained(m);
@@ -294,7 +294,7 @@ ferry_status ferry__ps_affine_grad_weights(const ferry__ps_module *m, ferry__ps_
     float *dW = ferry_grads_dense(G, m->w);
     float *db = m->b >= 0 ? ferry_grads_dense(G, m->b) : NULL;
     if (dW == NULL || (m->b >= 0 && db == NULL))
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     const float *W = ferry_params_data(&m->P, m->w);
     return ferry_affine_backward(m->P.be, sv->late.N, m->cols, m->rows, sv->late.x, sv->late.dy, W,
                                  W, 0, dW, db, NULL, 0, NULL);

@@ -402,7 +402,7 @@ static ferry_status lstm_backward(ferry__ps_module *m, const Ferry__V1__Backward
     ferry_grads *Gv = ferry_ctx_grads(ctx, &im->view);
     float *g = ferry_grads_dense(G, m->w);
     if (Gv == NULL || g == NULL)
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID; /* both say why */
     for (int i = 0; i < im->view.count && st == FERRY_OK; i++) {
         if (!Gv->touched[i])
             continue;

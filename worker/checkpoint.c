@@ -442,7 +442,7 @@ ferry_status ferry_checkpoint_load(const char *path, ferry_lm *lm, ferry_optim *
     if (of != NULL)
         (void)fclose(of);
     if (st == FERRY_OK)
-        st = ferry_backend_copy(ferry_lm_backend(lm), ferry_lm_params_const(lm)->data, host,
+        st = ferry_backend_copy(ferry_lm_backend(lm), ferry_lm_params(lm)->data, host,
                                 numel * sizeof(float), FERRY_COPY_HOST_TO_DEVICE);
     free(host);
     c = ferry_ckr_section(&ck, FERRY_CK_TAG("HIDN"));

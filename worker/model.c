@@ -719,7 +719,7 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
         float *gw = G0 != NULL ? ferry_grads_dense(G0, lm->dec_w) : NULL;
         float *gb = G0 != NULL ? ferry_grads_dense(G0, lm->dec_b) : NULL;
         if (gw == NULL || gb == NULL)
-            return FERRY_NOMEM();
+            return FERRY_NOMEM_SAID;
         if ((st = lm_attach_slice(lm, gw, gb)) != FERRY_OK)
             return st;
     }

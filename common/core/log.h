@@ -44,6 +44,9 @@ FERRY_NORETURN void ferry_panic(const char *file, int line, const char *fmt, ...
  *         return FERRY_NOMEM(); */
 #define FERRY_NOMEM() ferry__nomem(__func__, __FILE__, __LINE__)
 ferry_status ferry__nomem(const char *func, const char *file, int line);
+/* The status when a callee that allocates (ferry_grads_dense, ferry_arena_alloc, the
+ * backend's alloc) returned NULL having said why itself: its detail stays. */
+#define FERRY_NOMEM_SAID FERRY_ERR_NOMEM
 
 /* Monotonic clock in seconds, for timing and progress. */
 double ferry_now(void);

@@ -616,7 +616,7 @@ ferry_status ferry_remote_attach(ferry_cluster *c, const char *name, ferry_remot
         if (st == FERRY_OK && mc != NULL && !have) {
             st = config_from_message(mc, &cfg);
             have = st == FERRY_OK;
-            one = ferry_wire_kinds[cfg.kind].one_server;
+            one = have && ferry_wire_kinds[cfg.kind].one_server; /* a kind it knows */
             if (one)
                 cfg.server = s;
         }

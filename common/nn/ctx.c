@@ -309,7 +309,7 @@ ferry_status ferry_ctx_tensor(ferry_ctx *ctx, ferry_dtype dt, ferry_shape shape,
     *t = ferry_tensor_wrap(ctx->be, dt, shape, NULL);
     t->data = ferry_arena_alloc(ctx->arena, ferry_tensor_nbytes(t));
     if (t->data == NULL)
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     *out = t;
     return FERRY_OK;
 }
@@ -339,8 +339,10 @@ ferry_grads *ferry_ctx_grads(ferry_ctx *ctx, const ferry_params *P) {
     if (ctx->ngrads == ctx->cap_grads) {
         int cap = ctx->cap_grads ? 2 * ctx->cap_grads : 4;
         ferry_grads *g = realloc(ctx->grads, (size_t)cap * sizeof *g);
-        if (g == NULL)
+        if (g == NULL) {
+            (void)FERRY_NOMEM(); /* the detail for the caller's FERRY_NOMEM_SAID */
             return NULL;
+        }
         ctx->grads = g;
         ctx->cap_grads = cap;
     }
@@ -369,8 +371,10 @@ static grad_slot *map_find(ferry_ctx *ctx, const ferry_tensor *t, int insert) {
     if (insert && 2 * (ctx->map_count + 1) > ctx->map_cap) {
         int64_t cap = ctx->map_cap ? 2 * ctx->map_cap : 256;
         grad_slot *m = calloc((size_t)cap, sizeof *m);
-        if (m == NULL)
+        if (m == NULL) {
+            (void)FERRY_NOMEM();
             return NULL;
+        }
         for (int64_t i = 0; i < ctx->map_cap; i++) {
             if (ctx->map[i].key == NULL)
                 continue;

@@ -83,10 +83,10 @@ static ferry_status linear_backward(ferry_ctx *ctx, void *saved, ferry_tensor *c
         return FERRY_NOMEM();
     float *dW = ferry_grads_dense(G, m->weight); /* (D, C) */
     if (dW == NULL)
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     float *db = m->bias >= 0 ? ferry_grads_dense(G, m->bias) : NULL; /* (D) */
     if (m->bias >= 0 && db == NULL)
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     float *scratch;
     ferry_status st =
         ctx_floats(ctx, ferry_affine_scratch_floats(m->C, m->D, s->constrained, 0), &scratch);

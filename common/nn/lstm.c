@@ -170,7 +170,7 @@ static ferry_status lstm_w_hh_grad_eff(const ferry_lstm *m, ferry_ctx *ctx, ferr
                                        int l, float **out) {
     if (!ls->constrained) {
         *out = ferry_grads_dense(G, m->w_hh[l]);
-        return *out != NULL ? FERRY_OK : FERRY_NOMEM();
+        return *out != NULL ? FERRY_OK : FERRY_NOMEM_SAID;
     }
     *out = work->dA;
     return ferry_backend_fill(ferry_ctx_backend(ctx), work->dA, 4 * m->H * m->H, 0.0f);
@@ -188,7 +188,7 @@ static ferry_status lstm_w_hh_grad_to_raw(const ferry_lstm *m, ferry_ctx *ctx, f
     int64_t H = m->H;
     float *dw_raw = ferry_grads_dense(G, m->w_hh[l]); /* (4H, H) */
     if (dw_raw == NULL)
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     ferry_status st = ferry_stiefel_map_backward(be, 4 * H, H, ferry_params_data(m->P, m->w_hh[l]),
                                                  work->dA, work->dW, work->scratch);
     return st != FERRY_OK ? st : ferry_backend_axpy(be, 4 * H * H, 1.0f, work->dW, dw_raw);
@@ -465,7 +465,7 @@ static ferry_status lstm_layer_grads(const lstm_saved *s, ferry_ctx *ctx, int l,
     j->db_ih = ferry_grads_dense(w->G, m->b_ih[l]); /* (4H) */
     j->db_hh = ferry_grads_dense(w->G, m->b_hh[l]); /* (4H) */
     if (j->dw_ih == NULL || j->db_ih == NULL || j->db_hh == NULL)
-        return FERRY_NOMEM();
+        return FERRY_NOMEM_SAID;
     ferry_status st = lstm_w_hh_grad_eff(m, ctx, w->G, ls, &w->stiefel, l, &j->dw_hh);
     if (st == FERRY_OK)
         st = ctx_floats(ctx, G4, &j->dbias);

@@ -384,7 +384,7 @@ ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src) {
         } else {
             float *g = ferry_grads_dense(dst, i);
             st = g ? ferry_backend_axpy(be, p->numel, 1.0f, src->dense + p->offset, g)
-                   : FERRY_NOMEM();
+                   : FERRY_NOMEM_SAID;
         }
     }
     return st;
