@@ -481,6 +481,46 @@ static ferry_status decode_field(cursor *c, size_t total, const ferry__rpc_limit
     return FERRY_OK;
 }
 
+/* protobuf-c takes a tag of field number 0 when its varint is overlong (81 00), keeps it
+ * as an unknown field and packs it back in one byte, which it then refuses to unpack:
+ * a header with such a field, at any depth, is refused here, so that every header that
+ * decodes encodes to one that decodes (fuzz_codec found it). */
+static int has_field_zero(const ProtobufCMessage *m, int depth) {
+    if (depth > 100)
+        return 1;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return 1;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned f = 0; f < d->n_fields; f++) {
+        const ProtobufCFieldDescriptor *fd = &d->fields[f];
+        if (fd->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n;
+            ProtobufCMessage **v;
+            memcpy(&n, base + fd->quantifier_offset, sizeof n);
+            memcpy(&v, base + fd->offset, sizeof v);
+            for (size_t k = 0; k < n; k++)
+                if (v[k] != NULL && has_field_zero(v[k], depth + 1))
+                    return 1;
+            continue;
+        }
+        if (fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+            uint32_t which;
+            memcpy(&which, base + fd->quantifier_offset, sizeof which);
+            if (which != fd->id)
+                continue; /* another member of the oneof holds the storage */
+        }
+        ProtobufCMessage *sub;
+        memcpy(&sub, base + fd->offset, sizeof sub);
+        if (sub != NULL && has_field_zero(sub, depth + 1))
+            return 1;
+    }
+    return 0;
+}
+
 ferry_status ferry__rpc_decode(const ferry__rpc_source *src, const ProtobufCMessageDescriptor *desc,
                                const ferry__rpc_limits *lim, ferry_rpc_msg *out) {
     ferry_rpc_msg_deinit(out);
@@ -496,8 +536,13 @@ ferry_status ferry__rpc_decode(const ferry__rpc_source *src, const ProtobufCMess
         static const uint8_t empty[1];
         ProtobufCMessage *head =
             protobuf_c_message_unpack(desc, NULL, h.len, h.len > 0 ? h.p : empty);
-        if (head == NULL)
+        if (head == NULL) {
             st = ferry_errorf(FERRY_ERR_FORMAT, "%s header fields do not parse", desc->name);
+        } else if (has_field_zero(head, 0)) {
+            protobuf_c_message_free_unpacked(head, NULL);
+            head = NULL;
+            st = ferry_errorf(FERRY_ERR_FORMAT, "%s header has a field numbered 0", desc->name);
+        }
         out->head = head;
         out->head_desc = head != NULL ? desc : NULL;
     }
