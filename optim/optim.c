@@ -126,16 +126,11 @@ ferry_status ferry_optim_config_check(const ferry_optim_config *c) {
     return FERRY_OK;
 }
 
-/* Slots the configuration needs. */
+/* Slots the configuration needs (the backend's rule; an unknown kind, which
+ * ferry_optim_config_check refuses, counts as 2 as it always has). */
 int ferry_optim_slots(const ferry_optim_config *c) {
-    switch (c->kind) {
-    case FERRY_OPTIM_SGD:
-        return c->momentum != 0.0 ? 1 : 0;
-    case FERRY_OPTIM_ADAGRAD:
-        return 1;
-    default:
-        return 2;
-    }
+    int slots = ferry__optim_kind_slots(c->kind, c->momentum);
+    return slots < 0 ? 2 : slots;
 }
 
 static int has_momentum_flags(const ferry_optim *o) {

@@ -108,9 +108,13 @@ void ferry__backend_check_p(float p) {
 }
 
 int ferry__optim_slots(const ferry_optim_update *u) {
-    switch (u->kind) {
+    return ferry__optim_kind_slots(u->kind, u->momentum);
+}
+
+int ferry__optim_kind_slots(ferry_optim_kind kind, double momentum) {
+    switch (kind) {
     case FERRY_OPTIM_SGD:
-        return u->momentum != 0.0 ? 1 : 0;
+        return momentum != 0.0 ? 1 : 0;
     case FERRY_OPTIM_ADAGRAD:
         return 1;
     case FERRY_OPTIM_ADADELTA:

@@ -155,7 +155,10 @@ FERRY_BACKEND_OP_MAP(FERRY_BACKEND_OP_DECLARE_)
 /* The dispatchers' argument checks (backend.c). */
 void ferry__backend_check_p(float p);
 ferry_status ferry__backend_check_optim(const ferry_optim_update *u);
-/* The state slots an optimizer update uses (0, 1 or 2); -1 for an unknown kind. */
+/* The state slots an optimizer of kind (SGD: with this momentum) keeps: 0, 1 or 2; -1
+ * for an unknown kind. The one rule, for the dispatcher's checks and optim/. */
+int ferry__optim_kind_slots(ferry_optim_kind kind, double momentum);
+/* The same for one update. */
 int ferry__optim_slots(const ferry_optim_update *u);
 
 /* The counter-based uniform generator behind dropout_mask and parameter init:
