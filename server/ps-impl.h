@@ -164,11 +164,11 @@ static inline const char *ferry__ps_kind_name(const ferry__ps_kind *k) {
     return ferry_wire_kinds[k->wire].name;
 }
 
-extern const ferry__ps_kind ferry__ps_kind_embedding;
-extern const ferry__ps_kind ferry__ps_kind_decoder;
-extern const ferry__ps_kind ferry__ps_kind_linear;
-extern const ferry__ps_kind ferry__ps_kind_dense;
-extern const ferry__ps_kind ferry__ps_kind_lstm;
+/* server/<name>.c defines each kind of the contract's map as ferry__ps_kind_<name>. */
+#define FERRY__PS_KIND_DECLARE_(id, name, dims, rows, place, bias, stiefel, local_rows)            \
+    extern const ferry__ps_kind ferry__ps_kind_##name;
+FERRY_WIRE_KIND_MAP(FERRY__PS_KIND_DECLARE_)
+#undef FERRY__PS_KIND_DECLARE_
 
 struct ferry__ps_module {
     char name[FERRY_RPC_NAME_MAX];

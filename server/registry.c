@@ -21,11 +21,9 @@
 /* The server's implementation of each kind of the wire contract. */
 static const ferry__ps_kind *kind_find(const char *name) {
     static const ferry__ps_kind *const kinds[FERRY_WIRE_KIND_COUNT] = {
-        [FERRY_WIRE_KIND_EMBEDDING] = &ferry__ps_kind_embedding,
-        [FERRY_WIRE_KIND_DECODER] = &ferry__ps_kind_decoder,
-        [FERRY_WIRE_KIND_LINEAR] = &ferry__ps_kind_linear,
-        [FERRY_WIRE_KIND_DENSE] = &ferry__ps_kind_dense,
-        [FERRY_WIRE_KIND_LSTM] = &ferry__ps_kind_lstm,
+#define KIND_(id, name, dims, rows, place, bias, stiefel, local_rows) &ferry__ps_kind_##name,
+        FERRY_WIRE_KIND_MAP(KIND_)
+#undef KIND_
     };
     int k = ferry_wire_kind_find(name);
     return k >= 0 ? kinds[k] : NULL;
@@ -60,83 +58,50 @@ static ferry_status optim_from_proto(const Ferry__V1__OptimizerConfig *o, ferry_
     return FERRY_OK;
 }
 
-/* A Stiefel message of a linear or lstm config: beta in [0, 1e6]. */
-static ferry_status stiefel_from_proto(const char *name, const Ferry__V1__Stiefel *k,
-                                       ferry__ps_module_config *c) {
-    if (k == NULL)
-        return FERRY_OK;
-    if (!isfinite(k->beta) || k->beta < 0.0 || k->beta > 1e6)
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "module '%s': Stiefel penalty weight beta %g must be in [0, 1e6]", name,
-                            k->beta);
-    c->constraint = FERRY_CONSTRAINT_STIEFEL;
-    c->beta = k->beta;
-    c->polar = k->polar != 0;
-    return FERRY_OK;
-}
-
-/* The kind's own message into c->kind, c->dims (in the order the kinds keep them:
- * embedding [V, E], decoder [V, H], linear [C, D], dense [R, C], lstm [C, H]), bias,
- * the constraint and the lstm fields. */
+/* The kind's own message (read through the contract, common/rpc/contract.h) into
+ * c->kind, c->dims (in the order of the kind's row), bias by the row's rule, and the
+ * fields a kind's message may carry: a Stiefel constraint, lstm's layers and dropout. */
 static ferry_status kind_from_proto(const char *name, const Ferry__V1__ModuleConfig *p,
                                     ferry__ps_module_config *c) {
-    ferry_wire_kind kind;
-    ferry_status st = FERRY_OK;
-    switch (p->kind_case) {
-    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
-        kind = FERRY_WIRE_KIND_EMBEDDING;
-        c->dims[0] = p->embedding->vocab;
-        c->dims[1] = p->embedding->width;
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
-        kind = FERRY_WIRE_KIND_DECODER;
-        c->dims[0] = p->decoder->vocab;
-        c->dims[1] = p->decoder->hidden;
-        c->bias = 1;
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
-        kind = FERRY_WIRE_KIND_LINEAR;
-        c->dims[0] = p->linear->input;
-        c->dims[1] = p->linear->output;
-        c->bias = !p->linear->no_bias;
-        st = stiefel_from_proto(name, p->linear->stiefel, c);
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
-        kind = FERRY_WIRE_KIND_DENSE;
-        c->dims[0] = p->dense->rows;
-        c->dims[1] = p->dense->cols;
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_LSTM: {
-        const Ferry__V1__LstmConfig *l = p->lstm;
-        kind = FERRY_WIRE_KIND_LSTM;
-        c->dims[0] = l->input;
-        c->dims[1] = l->hidden;
-        c->layers = l->layers > 0 ? (int)l->layers : 1;
-        c->first_layer = l->first_layer <= FERRY_LSTM_MAX_LAYERS ? (int)l->first_layer : -1;
-        c->dropout_ppm = l->dropout_ppm;
-        if (l->layers > FERRY_LSTM_MAX_LAYERS || c->first_layer < 0 ||
+    ferry_wire_kind_config k;
+    ferry_status st = ferry__wire_kind_config_read(&p->base, &k);
+    if (st != FERRY_OK) {
+        char why[256];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        return ferry_errorf(st, "module '%s': %s", name, why);
+    }
+    const char *kind = ferry_wire_kinds[k.kind].name;
+    (void)snprintf(c->kind, sizeof c->kind, "%s", kind);
+    c->dims[0] = k.dims[0];
+    c->dims[1] = k.dims[1];
+    int bias = ferry_wire_kinds[k.kind].bias;
+    c->bias = bias == FERRY_WIRE_BIAS_ALWAYS || (bias == FERRY_WIRE_BIAS_OPTIONAL && !k.no_bias);
+    if (k.has & FERRY_WIRE_CFG_LAYERS) {
+        c->layers = k.layers > 0 ? (int)k.layers : 1;
+        c->first_layer = k.first_layer <= FERRY_LSTM_MAX_LAYERS ? (int)k.first_layer : -1;
+        c->dropout_ppm = k.dropout_ppm;
+        if (k.layers > FERRY_LSTM_MAX_LAYERS || c->first_layer < 0 ||
             c->first_layer + c->layers > FERRY_LSTM_MAX_LAYERS)
             return ferry_errorf(FERRY_ERR_INVALID,
-                                "module '%s': lstm layers %u from layer %u outside 0..%d", name,
-                                l->layers, l->first_layer, FERRY_LSTM_MAX_LAYERS - 1);
-        if (l->dropout_ppm >= 1000000)
+                                "module '%s': %s layers %u from layer %u outside 0..%d", name, kind,
+                                k.layers, k.first_layer, FERRY_LSTM_MAX_LAYERS - 1);
+        if (k.dropout_ppm >= 1000000)
             return ferry_errorf(FERRY_ERR_INVALID,
-                                "module '%s': lstm dropout_ppm %u outside [0, 10^6)", name,
-                                l->dropout_ppm);
-        st = stiefel_from_proto(name, l->stiefel, c);
-        break;
+                                "module '%s': %s dropout_ppm %u outside [0, 10^6)", name, kind,
+                                k.dropout_ppm);
     }
-    default:
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "module '%s': the config names no kind (embedding | decoder | linear | "
-                            "dense | lstm)",
-                            name);
+    if (k.stiefel) {
+        if (!isfinite(k.beta) || k.beta < 0.0 || k.beta > 1e6)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "module '%s': Stiefel penalty weight beta %g must be in [0, 1e6]",
+                                name, k.beta);
+        c->constraint = FERRY_CONSTRAINT_STIEFEL;
+        c->beta = k.beta;
+        c->polar = k.polar;
     }
-    (void)snprintf(c->kind, sizeof c->kind, "%s", ferry_wire_kinds[kind].name);
-    if (st == FERRY_OK &&
-        (c->dims[0] < 1 || c->dims[1] < 1 || c->dims[0] > INT32_MAX || c->dims[1] > INT32_MAX))
+    if (c->dims[0] < 1 || c->dims[1] < 1 || c->dims[0] > INT32_MAX || c->dims[1] > INT32_MAX)
         st = ferry_errorf(FERRY_ERR_INVALID, "module '%s': %s sizes %lld x %lld outside [1, 2^31)",
-                          name, c->kind, (long long)c->dims[0], (long long)c->dims[1]);
+                          name, kind, (long long)c->dims[0], (long long)c->dims[1]);
     return st;
 }
 

@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "common/rpc/contract.h"
+#include "ferry.pb-c.h"
 #include "ferry/optim.h"
 
 static char *proto_text(void) {
@@ -101,4 +102,54 @@ TEST(proto_states_the_contract) {
     CHECK(!quoted(text, "lse"));
 }
 
-FERRY_TEST_MAIN(T(contract_is_well_formed) T(proto_states_the_contract))
+/* Every kind's config goes through the descriptors and back, packed and unpacked as
+ * on the wire: its sizes, and exactly the fields its message has (linear: no_bias and
+ * stiefel; lstm: layers, first_layer, dropout_ppm and stiefel; the rest none). */
+TEST(kind_config_round_trips) {
+    for (int k = 0; k < FERRY_WIRE_KIND_COUNT; k++) {
+        ferry_wire_kind_config in = {.kind = (ferry_wire_kind)k,
+                                     .dims = {1000 + k, 2000000000 + k},
+                                     .no_bias = 1,
+                                     .layers = 3,
+                                     .first_layer = 2,
+                                     .dropout_ppm = 250000,
+                                     .stiefel = 1,
+                                     .beta = 0.125,
+                                     .polar = 1};
+        Ferry__V1__ModuleConfig mc;
+        ferry__v1__module_config__init(&mc);
+        CHECK_OK(ferry__wire_kind_config_write(&in, &mc.base));
+        uint8_t buf[256];
+        size_t n = ferry__v1__module_config__pack(&mc, buf);
+        ferry__wire_kind_config_clear(&mc.base);
+        CHECK(mc.kind_case == FERRY__V1__MODULE_CONFIG__KIND__NOT_SET);
+        Ferry__V1__ModuleConfig *back = ferry__v1__module_config__unpack(NULL, n, buf);
+        CHECK(back != NULL);
+        ferry_wire_kind_config out;
+        CHECK_OK(ferry__wire_kind_config_read(&back->base, &out));
+        ferry__v1__module_config__free_unpacked(back, NULL);
+        unsigned has = ferry__wire_kind_config_fields((ferry_wire_kind)k);
+        CHECK(out.kind == in.kind && out.has == has);
+        CHECK(out.dims[0] == in.dims[0] && out.dims[1] == in.dims[1]);
+        CHECK(out.no_bias == ((has & FERRY_WIRE_CFG_NO_BIAS) ? 1 : 0));
+        CHECK(out.layers == ((has & FERRY_WIRE_CFG_LAYERS) ? 3u : 0u));
+        CHECK(out.first_layer == ((has & FERRY_WIRE_CFG_FIRST_LAYER) ? 2u : 0u));
+        CHECK(out.dropout_ppm == ((has & FERRY_WIRE_CFG_DROPOUT_PPM) ? 250000u : 0u));
+        int st = (has & FERRY_WIRE_CFG_STIEFEL) != 0;
+        CHECK(out.stiefel == st && out.beta == (st ? 0.125 : 0.0) && out.polar == st);
+        /* A kind may carry a Stiefel constraint exactly when its row says so. */
+        CHECK(st == ferry_wire_kinds[k].stiefel);
+    }
+    CHECK(ferry__wire_kind_config_fields(FERRY_WIRE_KIND_LSTM) ==
+          (FERRY_WIRE_CFG_LAYERS | FERRY_WIRE_CFG_FIRST_LAYER | FERRY_WIRE_CFG_DROPOUT_PPM |
+           FERRY_WIRE_CFG_STIEFEL));
+    CHECK(ferry__wire_kind_config_fields(FERRY_WIRE_KIND_EMBEDDING) == 0);
+    /* A config that names no kind is refused, naming the kinds. */
+    Ferry__V1__ModuleConfig none;
+    ferry__v1__module_config__init(&none);
+    ferry_wire_kind_config out;
+    CHECK_STATUS(ferry__wire_kind_config_read(&none.base, &out), FERRY_ERR_INVALID);
+    CHECK(strstr(ferry_error_last(), "embedding | decoder | linear | dense | lstm") != NULL);
+}
+
+FERRY_TEST_MAIN(T(contract_is_well_formed) T(proto_states_the_contract) T(kind_config_round_trips))

@@ -15,11 +15,9 @@
 
 ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
                                const ferry_dist_ctx *dc, int need_ctx) {
-    static const char *const names[] = {"an embedding", "a decoder", "a linear module",
-                                        "a dense module", "an lstm module"};
     if (m->kind != kind)
-        return ferry_errorf(FERRY_ERR_INVALID, "%s: module '%s' is not %s", what, m->name,
-                            names[kind]);
+        return ferry_errorf(FERRY_ERR_INVALID, "%s: module '%s' is of kind %s, not %s", what,
+                            m->name, ferry_wire_kinds[m->kind].name, ferry_wire_kinds[kind].name);
     if (dc != NULL && dc->step_pending)
         return ferry_errorf(FERRY_ERR_BUSY,
                             "%s of '%s': a Step is in flight (ferry_dist_ctx_step_wait first)",
@@ -76,6 +74,8 @@ static void msgs_deinit(ferry_rpc_msg *a, ferry_rpc_msg *b, int n) {
 }
 
 /* ---- embedding ---- */
+
+const ferry__dist_kind ferry__dist_kind_embedding = {.wire = FERRY_WIRE_KIND_EMBEDDING};
 
 static int shard_of(const ferry_remote *m, int64_t row) {
     int lo = 0, hi = m->nshards - 1;
@@ -274,6 +274,8 @@ ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc
 }
 
 /* ---- dense: pull the rows, push their gradient ---- */
+
+const ferry__dist_kind ferry__dist_kind_dense = {.wire = FERRY_WIRE_KIND_DENSE};
 
 ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float *out,
                                      uint64_t *call_id) {

@@ -819,26 +819,13 @@ const char *ferry_cluster_identity(const ferry_cluster *c) {
 
 /* The sizes of a module config as ferry_remote_config.dims orders them, and its kind. */
 static const char *config_dims(const Ferry__V1__ModuleConfig *mc, int64_t *dims) {
-    switch (mc->kind_case) {
-    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
-        dims[0] = mc->embedding->vocab, dims[1] = mc->embedding->width;
-        return "embedding";
-    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
-        dims[0] = mc->decoder->vocab, dims[1] = mc->decoder->hidden;
-        return "decoder";
-    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
-        dims[0] = mc->linear->input, dims[1] = mc->linear->output;
-        return "linear";
-    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
-        dims[0] = mc->dense->rows, dims[1] = mc->dense->cols;
-        return "dense";
-    case FERRY__V1__MODULE_CONFIG__KIND_LSTM:
-        dims[0] = mc->lstm->input, dims[1] = mc->lstm->hidden;
-        return "lstm";
-    default:
+    ferry_wire_kind_config k;
+    if (ferry__wire_kind_config_read(&mc->base, &k) != FERRY_OK) {
         dims[0] = dims[1] = 0;
         return "?";
     }
+    dims[0] = k.dims[0], dims[1] = k.dims[1];
+    return ferry_wire_kinds[k.kind].name;
 }
 
 ferry_status ferry__dist_list_modules(ferry_cluster *c, int server, const char *prefix,

@@ -83,6 +83,8 @@ static ferry_status record(ferry_dist_ctx *dc, const ferry_remote *m, int op, in
 
 /* ---- sharded softmax cross-entropy ---- */
 
+const ferry__dist_kind ferry__dist_kind_decoder = {.wire = FERRY_WIRE_KIND_DECODER};
+
 /* The local slice's share of one xent call (ferry_remote_decoder_set_local), computed
  * on the calling thread while the servers compute theirs: forward, its logits and
  * partials (e keeps exp(z - max) for the Backward); backward, its gradient into the
@@ -440,6 +442,8 @@ ferry_status ferry_remote_logits_backward(ferry_remote *dec, ferry_dist_ctx *dc,
 }
 
 /* ---- linear ---- */
+
+const ferry__dist_kind ferry__dist_kind_linear = {.wire = FERRY_WIRE_KIND_LINEAR};
 
 ferry_status ferry_remote_linear_forward(ferry_remote *m, ferry_dist_ctx *dc, const float *x,
                                          int64_t N, float *y, uint64_t *call_id) {

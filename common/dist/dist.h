@@ -31,6 +31,25 @@ struct ferry_cluster {
     int tls; /* how the clients connect: 0 plaintext, 1 TLS, 2 TLS with a certificate */
 };
 
+/* The client's side of a module kind beyond its contract row: the file that holds
+ * the kind's calls (calls.c: embedding, dense; decoder.c: decoder, linear; lstm.c)
+ * defines ferry__dist_kind_<name> for each row of FERRY_WIRE_KIND_MAP. */
+typedef struct ferry__dist_kind {
+    ferry_wire_kind wire;
+    /* Optional. Checks the config's fields that only this kind reads. */
+    ferry_status (*check)(const ferry_remote_config *cfg);
+    /* Optional. Sets what only this kind keeps in m (an lstm's layers, dropout and
+     * the packed size of its one row) from a checked cfg. */
+    ferry_status (*shape)(ferry_remote *m, const ferry_remote_config *cfg);
+} ferry__dist_kind;
+
+#define FERRY__DIST_KIND_DECLARE_(id, name, dims, rows, place, bias, stiefel, local_rows)          \
+    extern const ferry__dist_kind ferry__dist_kind_##name;
+FERRY_WIRE_KIND_MAP(FERRY__DIST_KIND_DECLARE_)
+#undef FERRY__DIST_KIND_DECLARE_
+/* The client's kinds, indexed by ferry_wire_kind (remote.c). */
+extern const ferry__dist_kind *const ferry__dist_kinds[FERRY_WIRE_KIND_COUNT];
+
 typedef struct ferry__dist_shard {
     int server;
     int64_t row_begin, row_count;

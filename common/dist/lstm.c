@@ -10,6 +10,47 @@
 
 #include "common/dist/dist.h"
 #include "common/tensor/backend.h"
+#include "ferry/nn.h"
+
+/* ---- the kind ---- */
+
+int64_t ferry_remote_lstm_numel(int64_t C, int64_t H, int layers) {
+    ferry_params P;
+    ferry_lstm rnn;
+    ferry_params_init(&P, ferry_backend_cpu());
+    int64_t n = ferry_lstm_init(&rnn, &P, "lstm", C, H, layers, 0.0f) == FERRY_OK ? P.numel : -1;
+    ferry_params_deinit(&P);
+    return n;
+}
+
+static ferry_status lstm_check(const ferry_remote_config *cfg) {
+    if (cfg->layers < 0 || cfg->layers > FERRY_LSTM_MAX_LAYERS || cfg->first_layer < 0 ||
+        cfg->first_layer + (cfg->layers ? cfg->layers : 1) > FERRY_LSTM_MAX_LAYERS ||
+        !(cfg->dropout >= 0.0f && cfg->dropout < 1.0f))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': lstm layers %d from %d (1..%d in all) or dropout %g "
+                            "out of range",
+                            cfg->name, cfg->layers, cfg->first_layer, FERRY_LSTM_MAX_LAYERS,
+                            (double)cfg->dropout);
+    return FERRY_OK;
+}
+
+/* One row: the group's packed layers. */
+static ferry_status lstm_shape(ferry_remote *m, const ferry_remote_config *cfg) {
+    m->layers = cfg->layers > 0 ? cfg->layers : 1;
+    m->dropout = cfg->dropout;
+    m->cols = ferry_remote_lstm_numel(cfg->dims[0], cfg->dims[1], m->layers);
+    if (m->cols <= 0)
+        return ferry_errorf(FERRY_ERR_INVALID, "module '%s': lstm dims [%lld, %lld]", cfg->name,
+                            (long long)cfg->dims[0], (long long)cfg->dims[1]);
+    return FERRY_OK;
+}
+
+const ferry__dist_kind ferry__dist_kind_lstm = {
+    .wire = FERRY_WIRE_KIND_LSTM,
+    .check = lstm_check,
+    .shape = lstm_shape,
+};
 #include "ferry.pb-c.h"
 #include "common/core/log.h"
 

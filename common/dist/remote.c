@@ -13,13 +13,16 @@
 #include "ferry/nn.h"
 #include "ferry/optim.h"
 
-/* The public kinds are the contract's, in its order. */
-_Static_assert(FERRY_REMOTE_EMBEDDING == (int)FERRY_WIRE_KIND_EMBEDDING &&
-                   FERRY_REMOTE_DECODER == (int)FERRY_WIRE_KIND_DECODER &&
-                   FERRY_REMOTE_LINEAR == (int)FERRY_WIRE_KIND_LINEAR &&
-                   FERRY_REMOTE_DENSE == (int)FERRY_WIRE_KIND_DENSE &&
-                   FERRY_REMOTE_LSTM == (int)FERRY_WIRE_KIND_LSTM,
-               "ferry_remote_kind follows ferry_wire_kind");
+/* The public kinds are the contract's, in its order, and each has the client's side. */
+#define KIND_(id, name, dims, rows, place, bias, stiefel, local_rows)                              \
+    _Static_assert(FERRY_REMOTE_##id == (int)FERRY_WIRE_KIND_##id, "ferry_remote_kind " #id);
+FERRY_WIRE_KIND_MAP(KIND_)
+#undef KIND_
+const ferry__dist_kind *const ferry__dist_kinds[FERRY_WIRE_KIND_COUNT] = {
+#define KIND_(id, name, dims, rows, place, bias, stiefel, local_rows) &ferry__dist_kind_##name,
+    FERRY_WIRE_KIND_MAP(KIND_)
+#undef KIND_
+};
 #define kind_name(k) (ferry_wire_kinds[k].name)
 
 void ferry_remote_config_default(ferry_remote_config *cfg, ferry_remote_kind kind, const char *name,
@@ -40,7 +43,7 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
     if (cfg->name == NULL || cfg->name[0] == '\0' || strlen(cfg->name) >= FERRY_RPC_NAME_MAX)
         return ferry_errorf(FERRY_ERR_INVALID, "remote module needs a name of 1..%d bytes",
                             FERRY_RPC_NAME_MAX - 1);
-    if ((int)cfg->kind < 0 || cfg->kind > FERRY_REMOTE_LSTM)
+    if ((int)cfg->kind < 0 || (int)cfg->kind >= FERRY_WIRE_KIND_COUNT)
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': unknown kind %d", cfg->name,
                             (int)cfg->kind);
     if (cfg->dims[0] < 1 || cfg->dims[1] < 1 || cfg->dims[0] > INT32_MAX ||
@@ -61,15 +64,10 @@ static ferry_status config_check(const ferry_cluster *c, const ferry_remote_conf
                             "module '%s': %lld rows cannot be split over %d "
                             "servers",
                             cfg->name, (long long)cfg->dims[0], c->n);
-    if (cfg->kind == FERRY_REMOTE_LSTM &&
-        (cfg->layers < 0 || cfg->layers > FERRY_LSTM_MAX_LAYERS || cfg->first_layer < 0 ||
-         cfg->first_layer + (cfg->layers ? cfg->layers : 1) > FERRY_LSTM_MAX_LAYERS ||
-         !(cfg->dropout >= 0.0f && cfg->dropout < 1.0f)))
-        return ferry_errorf(FERRY_ERR_INVALID,
-                            "module '%s': lstm layers %d from %d (1..%d in all) or dropout %g "
-                            "out of range",
-                            cfg->name, cfg->layers, cfg->first_layer, FERRY_LSTM_MAX_LAYERS,
-                            (double)cfg->dropout);
+    const ferry__dist_kind *dk = ferry__dist_kinds[cfg->kind];
+    ferry_status st;
+    if (dk->check != NULL && (st = dk->check(cfg)) != FERRY_OK)
+        return st;
     if (one && (cfg->server < -1 || cfg->server >= c->n))
         return ferry_errorf(FERRY_ERR_INVALID, "module '%s': server %d outside [0, %d)", cfg->name,
                             cfg->server, c->n);
@@ -155,63 +153,24 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     Ferry__V1__OptimizerConfig opt;
     Ferry__V1__Metric extra[FERRY_OPTIM_FIELD_COUNT], *ptrs[FERRY_OPTIM_FIELD_COUNT];
     optim_message(&cfg->optim, &opt, extra, ptrs);
-    /* The kind's own config; sizes as the kind names them. */
-    Ferry__V1__EmbeddingConfig emb;
-    Ferry__V1__DecoderConfig dec;
-    Ferry__V1__LinearConfig lin;
-    Ferry__V1__DenseConfig den;
-    Ferry__V1__LstmConfig lstm;
-    Ferry__V1__Stiefel stiefel;
-    ferry__v1__stiefel__init(&stiefel);
-    stiefel.beta = cfg->constraint.beta;
-    stiefel.polar = cfg->constraint.polar_init != 0;
-    Ferry__V1__Stiefel *con =
-        cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL ? &stiefel : NULL;
+    /* The kind's own config message, written through the contract (fields the kind's
+     * message lacks are not written). */
+    ferry_wire_kind_config kc = {
+        .kind = (ferry_wire_kind)m->kind,
+        .dims = {cfg->dims[0], cfg->dims[1]},
+        .no_bias = !m->bias,
+        .layers = (uint32_t)(cfg->layers > 0 ? cfg->layers : 1),
+        .first_layer = (uint32_t)cfg->first_layer,
+        .dropout_ppm = (uint32_t)lrint((double)cfg->dropout * 1e6),
+        .stiefel = cfg->constraint.kind == FERRY_REMOTE_CONSTRAINT_STIEFEL,
+        .beta = cfg->constraint.beta,
+        .polar = cfg->constraint.polar_init != 0,
+    };
     Ferry__V1__ModuleConfig mc;
     ferry__v1__module_config__init(&mc);
-    switch (m->kind) {
-    case FERRY_REMOTE_EMBEDDING:
-        ferry__v1__embedding_config__init(&emb);
-        emb.vocab = cfg->dims[0];
-        emb.width = cfg->dims[1];
-        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING;
-        mc.embedding = &emb;
-        break;
-    case FERRY_REMOTE_DECODER:
-        ferry__v1__decoder_config__init(&dec);
-        dec.vocab = cfg->dims[0];
-        dec.hidden = cfg->dims[1];
-        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DECODER;
-        mc.decoder = &dec;
-        break;
-    case FERRY_REMOTE_LINEAR:
-        ferry__v1__linear_config__init(&lin);
-        lin.input = cfg->dims[0];
-        lin.output = cfg->dims[1];
-        lin.no_bias = !m->bias;
-        lin.stiefel = con;
-        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LINEAR;
-        mc.linear = &lin;
-        break;
-    case FERRY_REMOTE_DENSE:
-        ferry__v1__dense_config__init(&den);
-        den.rows = cfg->dims[0];
-        den.cols = cfg->dims[1];
-        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_DENSE;
-        mc.dense = &den;
-        break;
-    case FERRY_REMOTE_LSTM:
-        ferry__v1__lstm_config__init(&lstm);
-        lstm.input = cfg->dims[0];
-        lstm.hidden = cfg->dims[1];
-        lstm.layers = (uint32_t)(cfg->layers > 0 ? cfg->layers : 1);
-        lstm.first_layer = (uint32_t)cfg->first_layer;
-        lstm.dropout_ppm = (uint32_t)lrint((double)cfg->dropout * 1e6);
-        lstm.stiefel = con;
-        mc.kind_case = FERRY__V1__MODULE_CONFIG__KIND_LSTM;
-        mc.lstm = &lstm;
-        break;
-    }
+    ferry_status st = ferry__wire_kind_config_write(&kc, &mc.base);
+    if (st != FERRY_OK)
+        return st;
     Ferry__V1__Offset woff, boff;
     ferry__v1__offset__init(&woff);
     ferry__v1__offset__init(&boff);
@@ -232,7 +191,8 @@ static ferry_status create_request(const ferry_remote *m, const ferry_remote_con
     ferry__v1__create_module_request__init(&q);
     q.name = (char *)(uintptr_t)m->name;
     q.config = &mc;
-    ferry_status st = ferry_rpc_msg_set_head(req, &q.base);
+    st = ferry_rpc_msg_set_head(req, &q.base);
+    ferry__wire_kind_config_clear(&mc.base);
     if (st == FERRY_OK && cfg->init_weight != NULL) {
         int64_t dim[2] = {sh->row_count, m->cols};
         ferry_rpc_tensor t =
@@ -291,15 +251,10 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
                                                      : 0;
     m->rows = ferry_wire_kind_rows((ferry_wire_kind)cfg->kind, cfg->dims);
     m->cols = ferry_wire_kind_cols((ferry_wire_kind)cfg->kind, cfg->dims);
-    if (cfg->kind == FERRY_REMOTE_LSTM) { /* one row: the packed layers */
-        m->layers = cfg->layers > 0 ? cfg->layers : 1;
-        m->dropout = cfg->dropout;
-        m->cols = ferry_remote_lstm_numel(cfg->dims[0], cfg->dims[1], m->layers);
-        if (m->cols <= 0) {
-            free(m);
-            return ferry_errorf(FERRY_ERR_INVALID, "module '%s': lstm dims [%lld, %lld]",
-                                cfg->name, (long long)cfg->dims[0], (long long)cfg->dims[1]);
-        }
+    const ferry__dist_kind *dk = ferry__dist_kinds[cfg->kind];
+    if (dk->shape != NULL && (st = dk->shape(m, cfg)) != FERRY_OK) {
+        free(m);
+        return st;
     }
     m->local_rows = cfg->local_rows;
     if ((st = place(m, cfg)) != FERRY_OK) {
@@ -338,15 +293,6 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
                     m->created);
     *out = m;
     return FERRY_OK;
-}
-
-int64_t ferry_remote_lstm_numel(int64_t C, int64_t H, int layers) {
-    ferry_params P;
-    ferry_lstm rnn;
-    ferry_params_init(&P, ferry_backend_cpu());
-    int64_t n = ferry_lstm_init(&rnn, &P, "lstm", C, H, layers, 0.0f) == FERRY_OK ? P.numel : -1;
-    ferry_params_deinit(&P);
-    return n;
 }
 
 void ferry_remote_destroy(ferry_remote *m) {
@@ -412,7 +358,7 @@ static ferry_status local_io(ferry_remote *m, int is_weight, int64_t lo, int64_t
 ferry_status ferry_remote_decoder_set_local(ferry_remote *dec, ferry_backend *be,
                                             const float *weight, const float *bias,
                                             float *grad_weight, float *grad_bias) {
-    if (dec == NULL || dec->kind != FERRY_REMOTE_DECODER || dec->local_rows <= 0)
+    if (dec == NULL || !ferry_wire_kinds[dec->kind].local_rows || dec->local_rows <= 0)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "ferry_remote_decoder_set_local: '%s' is no "
                             "decoder with local rows",
@@ -545,41 +491,20 @@ static ferry_status optim_from_message(const Ferry__V1__OptimizerConfig *o,
 /* A ferry_remote_config from a module config the server reported (name not set). */
 static ferry_status config_from_message(const Ferry__V1__ModuleConfig *mc,
                                         ferry_remote_config *cfg) {
-    const Ferry__V1__Stiefel *k = NULL;
-    switch (mc->kind_case) {
-    case FERRY__V1__MODULE_CONFIG__KIND_EMBEDDING:
-        ferry_remote_config_default(cfg, FERRY_REMOTE_EMBEDDING, NULL, mc->embedding->vocab,
-                                    mc->embedding->width);
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_DECODER:
-        ferry_remote_config_default(cfg, FERRY_REMOTE_DECODER, NULL, mc->decoder->vocab,
-                                    mc->decoder->hidden);
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_LINEAR:
-        ferry_remote_config_default(cfg, FERRY_REMOTE_LINEAR, NULL, mc->linear->input,
-                                    mc->linear->output);
-        cfg->bias = !mc->linear->no_bias;
-        k = mc->linear->stiefel;
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_DENSE:
-        ferry_remote_config_default(cfg, FERRY_REMOTE_DENSE, NULL, mc->dense->rows,
-                                    mc->dense->cols);
-        break;
-    case FERRY__V1__MODULE_CONFIG__KIND_LSTM:
-        ferry_remote_config_default(cfg, FERRY_REMOTE_LSTM, NULL, mc->lstm->input,
-                                    mc->lstm->hidden);
-        cfg->layers = (int)mc->lstm->layers;
-        cfg->first_layer = (int)mc->lstm->first_layer;
-        cfg->dropout = (float)((double)mc->lstm->dropout_ppm / 1e6);
-        k = mc->lstm->stiefel;
-        break;
-    default:
+    ferry_wire_kind_config k;
+    ferry_status st = ferry__wire_kind_config_read(&mc->base, &k);
+    if (st != FERRY_OK)
         return ferry_errorf(FERRY_ERR_FORMAT, "the server reported a module of no known kind");
-    }
-    if (k != NULL) {
+    ferry_remote_config_default(cfg, (ferry_remote_kind)k.kind, NULL, k.dims[0], k.dims[1]);
+    if (ferry_wire_kinds[k.kind].bias == FERRY_WIRE_BIAS_OPTIONAL)
+        cfg->bias = !k.no_bias;
+    cfg->layers = (int)k.layers;
+    cfg->first_layer = (int)k.first_layer;
+    cfg->dropout = (float)((double)k.dropout_ppm / 1e6);
+    if (k.stiefel) {
         cfg->constraint.kind = FERRY_REMOTE_CONSTRAINT_STIEFEL;
-        cfg->constraint.beta = k->beta;
-        cfg->constraint.polar_init = k->polar != 0;
+        cfg->constraint.beta = k.beta;
+        cfg->constraint.polar_init = k.polar;
     }
     if (mc->init != NULL) {
         cfg->init_seed = mc->init->seed;

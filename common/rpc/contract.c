@@ -1,14 +1,17 @@
 /* contract.c - the tables of contract.h, expanded from its maps. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/core/log.h"
 #include "common/rpc/contract.h"
+#include "ferry.pb-c.h"
 
 /* clang-format off */
 const ferry_wire_kind_info ferry_wire_kinds[FERRY_WIRE_KIND_COUNT] = {
 #define KIND_(id, name, dims, rows, place, bias, stiefel, local_rows) \
-    {name, dims, rows, FERRY_WIRE_PLACE_##place, FERRY_WIRE_BIAS_##bias, stiefel, local_rows},
+    {#name, dims, rows, FERRY_WIRE_PLACE_##place, FERRY_WIRE_BIAS_##bias, stiefel, local_rows},
     FERRY_WIRE_KIND_MAP(KIND_)
 #undef KIND_
 };
@@ -168,4 +171,155 @@ int ferry__proto_set_number(ProtobufCMessage *m, const char *name, double v) {
         return 0;
     number_rw((char *)m + f->offset, f->type, &v, 1);
     return 1;
+}
+
+/* ---- a module config's kind, through the descriptors ---- */
+
+/* The named fields beside dims, with their FERRY_WIRE_CFG_ bit. */
+static const struct {
+    const char *name;
+    unsigned bit;
+} kind_fields[] = {
+    {"no_bias", FERRY_WIRE_CFG_NO_BIAS},         {"layers", FERRY_WIRE_CFG_LAYERS},
+    {"first_layer", FERRY_WIRE_CFG_FIRST_LAYER}, {"dropout_ppm", FERRY_WIRE_CFG_DROPOUT_PPM},
+    {"stiefel", FERRY_WIRE_CFG_STIEFEL},
+};
+
+/* The oneof member of ModuleConfig named after kind (NULL: none). */
+static const ProtobufCFieldDescriptor *kind_member(const ProtobufCMessageDescriptor *mcd,
+                                                   ferry_wire_kind kind) {
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(mcd, ferry_wire_kinds[kind].name);
+    return f != NULL && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                   f->type == PROTOBUF_C_TYPE_MESSAGE
+               ? f
+               : NULL;
+}
+
+unsigned ferry__wire_kind_config_fields(ferry_wire_kind kind) {
+    const ProtobufCFieldDescriptor *f = kind_member(&ferry__v1__module_config__descriptor, kind);
+    unsigned has = 0;
+    for (size_t i = 0; f != NULL && i < sizeof kind_fields / sizeof kind_fields[0]; i++)
+        if (protobuf_c_message_descriptor_get_field_by_name(f->descriptor, kind_fields[i].name))
+            has |= kind_fields[i].bit;
+    return has;
+}
+
+static ferry_status no_kind(void) {
+    char list[128];
+    size_t n = 0;
+    list[0] = '\0';
+    for (int k = 0; k < FERRY_WIRE_KIND_COUNT && n < sizeof list; k++) {
+        int w =
+            snprintf(list + n, sizeof list - n, "%s%s", k ? " | " : "", ferry_wire_kinds[k].name);
+        n += w > 0 ? (size_t)w : 0;
+    }
+    return ferry_errorf(FERRY_ERR_INVALID, "the config names no kind (%s)", list);
+}
+
+ferry_status ferry__wire_kind_config_read(const ProtobufCMessage *mc, ferry_wire_kind_config *out) {
+    memset(out, 0, sizeof *out);
+    for (int k = 0; k < FERRY_WIRE_KIND_COUNT; k++) {
+        const ProtobufCFieldDescriptor *f = kind_member(mc->descriptor, (ferry_wire_kind)k);
+        if (f == NULL)
+            continue;
+        const char *base = (const char *)mc;
+        if (*(const uint32_t *)(base + f->quantifier_offset) != f->id)
+            continue;
+        const ProtobufCMessage *km = *(ProtobufCMessage *const *)(base + f->offset);
+        if (km == NULL)
+            break;
+        out->kind = (ferry_wire_kind)k;
+        for (unsigned d = 0; d < 2; d++) {
+            const ProtobufCFieldDescriptor *df =
+                protobuf_c_message_descriptor_get_field(km->descriptor, d + 1);
+            if (df == NULL || df->type != PROTOBUF_C_TYPE_INT64 ||
+                df->label == PROTOBUF_C_LABEL_REPEATED)
+                return ferry_errorf(FERRY_ERR_INVALID, "kind %s: field %u is not a size",
+                                    ferry_wire_kinds[k].name, d + 1);
+            out->dims[d] = *(const int64_t *)((const char *)km + df->offset);
+        }
+        double v;
+        if (ferry__proto_get_number(km, "no_bias", &v))
+            out->has |= FERRY_WIRE_CFG_NO_BIAS, out->no_bias = v != 0.0;
+        if (ferry__proto_get_number(km, "layers", &v))
+            out->has |= FERRY_WIRE_CFG_LAYERS, out->layers = (uint32_t)v;
+        if (ferry__proto_get_number(km, "first_layer", &v))
+            out->has |= FERRY_WIRE_CFG_FIRST_LAYER, out->first_layer = (uint32_t)v;
+        if (ferry__proto_get_number(km, "dropout_ppm", &v))
+            out->has |= FERRY_WIRE_CFG_DROPOUT_PPM, out->dropout_ppm = (uint32_t)v;
+        const ProtobufCFieldDescriptor *sf =
+            protobuf_c_message_descriptor_get_field_by_name(km->descriptor, "stiefel");
+        if (sf != NULL && sf->type == PROTOBUF_C_TYPE_MESSAGE) {
+            out->has |= FERRY_WIRE_CFG_STIEFEL;
+            const ProtobufCMessage *s = *(ProtobufCMessage *const *)((const char *)km + sf->offset);
+            if (s != NULL) {
+                out->stiefel = 1;
+                (void)ferry__proto_get_number(s, "beta", &out->beta);
+                if (ferry__proto_get_number(s, "polar", &v))
+                    out->polar = v != 0.0;
+            }
+        }
+        return FERRY_OK;
+    }
+    return no_kind();
+}
+
+/* A new message of descriptor d, zero-initialised as protobuf-c does. */
+static ProtobufCMessage *message_new(const ProtobufCMessageDescriptor *d) {
+    ProtobufCMessage *m = malloc(d->sizeof_message);
+    if (m != NULL)
+        d->message_init(m);
+    return m;
+}
+
+ferry_status ferry__wire_kind_config_write(const ferry_wire_kind_config *in, ProtobufCMessage *mc) {
+    if ((int)in->kind < 0 || in->kind >= FERRY_WIRE_KIND_COUNT)
+        return ferry_errorf(FERRY_ERR_INVALID, "unknown kind %d", (int)in->kind);
+    const ProtobufCFieldDescriptor *f = kind_member(mc->descriptor, in->kind);
+    if (f == NULL)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED, "ModuleConfig has no member for kind %s",
+                            ferry_wire_kinds[in->kind].name);
+    ProtobufCMessage *km = message_new(f->descriptor);
+    if (km == NULL)
+        return FERRY_NOMEM();
+    for (unsigned d = 0; d < 2; d++) {
+        const ProtobufCFieldDescriptor *df =
+            protobuf_c_message_descriptor_get_field(km->descriptor, d + 1);
+        if (df != NULL && df->type == PROTOBUF_C_TYPE_INT64)
+            *(int64_t *)((char *)km + df->offset) = in->dims[d];
+    }
+    (void)ferry__proto_set_number(km, "no_bias", in->no_bias);
+    (void)ferry__proto_set_number(km, "layers", in->layers);
+    (void)ferry__proto_set_number(km, "first_layer", in->first_layer);
+    (void)ferry__proto_set_number(km, "dropout_ppm", in->dropout_ppm);
+    const ProtobufCFieldDescriptor *sf =
+        protobuf_c_message_descriptor_get_field_by_name(km->descriptor, "stiefel");
+    if (in->stiefel && sf != NULL && sf->type == PROTOBUF_C_TYPE_MESSAGE) {
+        ProtobufCMessage *s = message_new(sf->descriptor);
+        if (s == NULL) {
+            free(km);
+            return FERRY_NOMEM();
+        }
+        (void)ferry__proto_set_number(s, "beta", in->beta);
+        (void)ferry__proto_set_number(s, "polar", in->polar);
+        *(ProtobufCMessage **)((char *)km + sf->offset) = s;
+    }
+    ferry__wire_kind_config_clear(mc);
+    *(uint32_t *)((char *)mc + f->quantifier_offset) = f->id;
+    *(ProtobufCMessage **)((char *)mc + f->offset) = km;
+    return FERRY_OK;
+}
+
+void ferry__wire_kind_config_clear(ProtobufCMessage *mc) {
+    for (int k = 0; k < FERRY_WIRE_KIND_COUNT; k++) {
+        const ProtobufCFieldDescriptor *f = kind_member(mc->descriptor, (ferry_wire_kind)k);
+        if (f == NULL || *(uint32_t *)((char *)mc + f->quantifier_offset) != f->id)
+            continue;
+        ProtobufCMessage **slot = (ProtobufCMessage **)((char *)mc + f->offset);
+        if (*slot != NULL)
+            protobuf_c_message_free_unpacked(*slot, NULL);
+        *slot = NULL;
+        *(uint32_t *)((char *)mc + f->quantifier_offset) = 0;
+    }
 }

@@ -18,18 +18,20 @@
 #include "common/rpc/rpc.h"
 
 /* The module kinds and their rules, one row each, read by ferry-ps and the client:
- * X(ID, name, dims as CreateModule's ModuleConfig.dims gives them, ROWS: which of dims
+ * X(ID, name (ModuleConfig's oneof member and the kind's file names: server/<name>.c
+ * defines ferry__ps_kind_<name>, the client's ferry__dist_kind_<name>), dims as the
+ * kind's config message gives them in its fields 1 and 2, ROWS: which of dims
  * counts the weight's rows (-1: the kind is one row, its packed parameters), PLACE:
  * SHARDED (rows split over every server) or ONE (the whole module on one server),
  * BIAS: NONE, ALWAYS or OPTIONAL (the config's bias flag), STIEFEL: 1 if its weight
  * may carry a Stiefel constraint, LOCAL_ROWS: 1 if a client may keep some of its
  * rows itself). */
 #define FERRY_WIRE_KIND_MAP(X)                                                                     \
-    X(EMBEDDING, "embedding", "[V, E]", 0, SHARDED, NONE, 0, 0)                                    \
-    X(DECODER, "decoder", "[V, H]", 0, SHARDED, ALWAYS, 0, 1)                                      \
-    X(LINEAR, "linear", "[C, D]", 1, ONE, OPTIONAL, 1, 0)                                          \
-    X(DENSE, "dense", "[R, C]", 0, SHARDED, NONE, 0, 0)                                            \
-    X(LSTM, "lstm", "[C, H]", -1, ONE, NONE, 1, 0)
+    X(EMBEDDING, embedding, "[V, E]", 0, SHARDED, NONE, 0, 0)                                      \
+    X(DECODER, decoder, "[V, H]", 0, SHARDED, ALWAYS, 0, 1)                                        \
+    X(LINEAR, linear, "[C, D]", 1, ONE, OPTIONAL, 1, 0)                                            \
+    X(DENSE, dense, "[R, C]", 0, SHARDED, NONE, 0, 0)                                              \
+    X(LSTM, lstm, "[C, H]", -1, ONE, NONE, 1, 0)
 
 /* The Forward/Backward modes: X(ID, kind, mode string, 1 if "" selects it). A Backward
  * uses the mode its Forward used. */
@@ -208,5 +210,38 @@ int ferry_wire_dtype_ok(const ferry_wire_tensor *w, int dtype);
  * the message has no such numeric field. */
 int ferry__proto_get_number(const ProtobufCMessage *m, const char *name, double *out);
 int ferry__proto_set_number(ProtobufCMessage *m, const char *name, double v);
+
+/* The kind part of a ModuleConfig, flat, read and written through the descriptors so
+ * that no code outside a kind's own files names a kind's message: the kind is the
+ * oneof member of the kind's name, dims are its message's fields 1 and 2, and every
+ * other field any kind's message may carry is read by its name (0 where the kind's
+ * message has none; `has` says which it has). */
+enum {
+    FERRY_WIRE_CFG_NO_BIAS = 1 << 0,
+    FERRY_WIRE_CFG_LAYERS = 1 << 1,
+    FERRY_WIRE_CFG_FIRST_LAYER = 1 << 2,
+    FERRY_WIRE_CFG_DROPOUT_PPM = 1 << 3,
+    FERRY_WIRE_CFG_STIEFEL = 1 << 4, /* the message has the field (set: stiefel != 0) */
+};
+typedef struct ferry_wire_kind_config {
+    ferry_wire_kind kind;
+    int64_t dims[2];
+    unsigned has; /* FERRY_WIRE_CFG_* fields the kind's message has */
+    int no_bias;
+    uint32_t layers, first_layer, dropout_ppm;
+    int stiefel; /* a Stiefel message is present */
+    double beta;
+    int polar;
+} ferry_wire_kind_config;
+
+/* Reads the kind of a ModuleConfig `mc` into *out; FERRY_ERR_INVALID naming the
+ * kinds when its oneof holds none (or one without a row here). */
+ferry_status ferry__wire_kind_config_read(const ProtobufCMessage *mc, ferry_wire_kind_config *out);
+/* Sets mc's kind to a new message of in->kind filled from in (the fields the kind's
+ * message lacks are not written). Release it with ferry__wire_kind_config_clear. */
+ferry_status ferry__wire_kind_config_write(const ferry_wire_kind_config *in, ProtobufCMessage *mc);
+void ferry__wire_kind_config_clear(ProtobufCMessage *mc);
+/* The FERRY_WIRE_CFG_* fields kind's config message has. */
+unsigned ferry__wire_kind_config_fields(ferry_wire_kind kind);
 
 #endif /* FERRY_RPC_CONTRACT_H */
