@@ -191,11 +191,22 @@ answer:
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+/* The request's reply_dtype on the reply: F32 or BF16 (proto section 3a). */
+static ferry_status reply_dtype(Ferry__V1__DType d, ferry_rpc_msg *reply) {
+    if (d != FERRY__V1__DTYPE__F32 && d != FERRY__V1__DTYPE__BF16)
+        return ferry_errorf(FERRY_ERR_INVALID, "reply_dtype %d: F32 (0) or BF16 (4)", (int)d);
+    return ferry_rpc_msg_set_wire_dtype(reply, d == FERRY__V1__DTYPE__BF16 ? FERRY_RPC_DTYPE_BF16
+                                                                           : FERRY_RPC_DTYPE_F32);
+}
+
 /* The two context calls on one module: the module is held (referenced) while the call
  * runs, so a DeleteModule meanwhile frees it only afterwards. */
 ferry_status ferry__ps_on_forward(ferry__ps_state *ps, ferry__ps_session *sess,
                                   const Ferry__V1__ForwardRequest *q, ferry_rpc_msg *req,
                                   ferry_rpc_msg *reply) {
+    ferry_status st0 = reply_dtype(q->reply_dtype, reply);
+    if (st0 != FERRY_OK)
+        return st0;
     ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;
@@ -207,6 +218,9 @@ ferry_status ferry__ps_on_forward(ferry__ps_state *ps, ferry__ps_session *sess,
 ferry_status ferry__ps_on_backward(ferry__ps_state *ps, ferry__ps_session *sess,
                                    const Ferry__V1__BackwardRequest *q, ferry_rpc_msg *req,
                                    ferry_rpc_msg *reply) {
+    ferry_status st0 = reply_dtype(q->reply_dtype, reply);
+    if (st0 != FERRY_OK)
+        return st0;
     ferry__ps_module *m = ferry__ps_module_find(ps, sess, q->module);
     if (m == NULL)
         return FERRY_ERR_NOT_FOUND;

@@ -2,7 +2,9 @@
  * encode/decode round trips over arbitrary chunkings, byte compatibility with
  * protobuf-c in both directions, and malformed or truncated input, which must
  * give FERRY_ERR_FORMAT and never crash (run it under ASan). */
+#include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -511,8 +513,118 @@ TEST(fuzz_truncate_corrupt) {
         free(bufs[i]);
 }
 
+/* bfloat16 rounding: to nearest, ties to even, NaN kept a (quiet) NaN, infinities
+ * and signed zeros kept, the largest floats round to infinity; widening is exact. */
+TEST(bf16_rounding) {
+    static const struct {
+        uint32_t in;
+        uint16_t out;
+    } cases[] = {
+        {0x3f800000u, 0x3f80}, /* 1.0 */
+        {0x3f808000u, 0x3f80}, /* halfway, even below: down */
+        {0x3f818000u, 0x3f82}, /* halfway, odd below: up */
+        {0x3f808001u, 0x3f81}, /* above halfway: up */
+        {0x3f807fffu, 0x3f80}, /* below halfway: down */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x7f800000u, 0x7f80}, /* +inf */
+        {0xff800000u, 0xff80}, /* -inf */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to inf */
+        {0x00000001u, 0x0000}, /* smallest subnormal rounds to 0 */
+        {0x7f800001u, 0x7fc0}, /* signalling NaN: quiet, not inf */
+        {0xffc00000u, 0xffc0}, /* negative quiet NaN */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float f;
+        memcpy(&f, &cases[i].in, sizeof f);
+        uint16_t h = ferry_rpc_f32_to_bf16(f);
+        if (h != cases[i].out)
+            fprintf(stderr, "bf16(0x%08x) = 0x%04x, want 0x%04x\n", (unsigned)cases[i].in,
+                    (unsigned)h, (unsigned)cases[i].out);
+        CHECK(h == cases[i].out);
+        uint32_t back;
+        float w = ferry_rpc_bf16_to_f32(h);
+        memcpy(&back, &w, sizeof back);
+        CHECK(back == (uint32_t)h << 16);
+    }
+}
+
+/* A message whose wire dtype is BF16 sends its F32 tensors of rank >= 2 in half the
+ * bytes and the receiver reads F32 values rounded to bf16 (relative error <= 2^-8, half a unit in
+ * the 8th bit); rank-1 F32 and integer tensors travel exactly; chunked decoding agrees; an F32
+ * message is unchanged. */
+TEST(bf16_wire) {
+    enum { R = 300, C = 129 }; /* 38,700 floats: a 2-D tensor above the inline size */
+    float *a = malloc(R * C * sizeof *a), v[7] = {1.0f, 1.00390625f, -3.14159f, 0, 1e-30f, 7, 8};
+    int64_t ids[3] = {5, 6, 7};
+    CHECK(a != NULL);
+    for (int i = 0; i < R * C; i++)
+        a[i] = (float)((i * 2654435761u) % 100003u) / 977.0f - 50.0f;
+    ferry_rpc_msg m, got;
+    ferry_rpc_msg_init(&m);
+    ferry_rpc_msg_init(&got);
+    ferry_rpc_tensor t2 = {.dtype = FERRY_RPC_DTYPE_F32,
+                           .ndim = 2,
+                           .dim = {R, C},
+                           .data = a,
+                           .nbytes = R * C * sizeof *a,
+                           .name = "hidden"};
+    ferry_rpc_tensor t1 = {.dtype = FERRY_RPC_DTYPE_F32,
+                           .ndim = 1,
+                           .dim = {7},
+                           .data = v,
+                           .nbytes = sizeof v,
+                           .name = "scale"};
+    ferry_rpc_tensor ti = {.dtype = FERRY_RPC_DTYPE_I64,
+                           .ndim = 1,
+                           .dim = {3},
+                           .data = ids,
+                           .nbytes = sizeof ids,
+                           .name = "ids"};
+    CHECK_OK(ferry_rpc_msg_add(&m, &t2));
+    CHECK_OK(ferry_rpc_msg_add(&m, &t1));
+    CHECK_OK(ferry_rpc_msg_add(&m, &ti));
+    CHECK_STATUS(ferry_rpc_msg_set_wire_dtype(&m, FERRY_RPC_DTYPE_F64), FERRY_ERR_INVALID);
+    size_t n32, n16;
+    uint8_t *f32 = encode_flat(&m, 1024, &n32);
+    CHECK_OK(ferry_rpc_msg_set_wire_dtype(&m, FERRY_RPC_DTYPE_BF16));
+    uint8_t *f16 = encode_flat(&m, 1024, &n16);
+    /* The 2-D payload is half; everything else is as it was, but for its dtype field
+     * (2 bytes; F32 is protobuf's default, 0, and not written). */
+    CHECK(n16 == n32 - R * C * 2 + 2);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0)
+            CHECK_OK(ferry__rpc_decode_flat(f16, n16, &ferry__v1__forward_request__descriptor,
+                                            &limits, &got));
+        else
+            CHECK_OK(decode_chunked(f16, n16, 7, &got));
+        CHECK(got.ntensors == 3);
+        const ferry_rpc_tensor *g = &got.tensors[0];
+        CHECK(g->dtype == FERRY_RPC_DTYPE_F32 && g->ndim == 2 && g->dim[0] == R && g->dim[1] == C &&
+              g->nbytes == R * C * sizeof(float));
+        const float *gf = g->data;
+        for (int i = 0; i < R * C; i++) {
+            CHECK(gf[i] == ferry_rpc_bf16_to_f32(ferry_rpc_f32_to_bf16(a[i])));
+            CHECK(fabsf(gf[i] - a[i]) <= fabsf(a[i]) * 0x1p-8f);
+        }
+        CHECK(got.tensors[1].dtype == FERRY_RPC_DTYPE_F32 &&
+              memcmp(got.tensors[1].data, v, sizeof v) == 0);
+        CHECK(got.tensors[2].dtype == FERRY_RPC_DTYPE_I64 &&
+              memcmp(got.tensors[2].data, ids, sizeof ids) == 0);
+    }
+    /* Widened on arrival, the message goes on as F32: re-encoded it is the F32 form. */
+    ferry_rpc_msg_deinit(&got);
+    CHECK_OK(
+        ferry__rpc_decode_flat(f32, n32, &ferry__v1__forward_request__descriptor, &limits, &got));
+    CHECK(memcmp(got.tensors[0].data, a, R * C * sizeof *a) == 0);
+    free(f16);
+    free(f32);
+    ferry_rpc_msg_deinit(&got);
+    ferry_rpc_msg_deinit(&m);
+    free(a);
+}
+
 /* clang-format off */
 FERRY_TEST_MAIN(T(method_table) T(msg_rules) T(head_rules) T(buffers) T(roundtrip_chunked)
                 T(protobuf_c_compat) T(forward_decoded) T(malformed_cases) T(limits)
-                T(fuzz_truncate_corrupt))
+                T(fuzz_truncate_corrupt) T(bf16_rounding) T(bf16_wire))
 /* clang-format on */

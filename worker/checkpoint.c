@@ -72,6 +72,7 @@ static const cfg_key keys[] = {
     F("patience", K_INT, patience, 1),
     F("seed", K_I64, seed, 1),
     E("decoder-mode", decoder_mode, 1, "logits|sharded-softmax"),
+    {"wire-dtype", K_ENUM, offsetof(ferry_trainer_config, wire_dtype), 0, "f32|bf16", "f32", 0},
     F("stages", K_STR, stages, 1),
     FA("local-vocab", K_I64, local_vocab, 1, "0"),
     F("world", K_INT, world, 1),

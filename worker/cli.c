@@ -24,6 +24,10 @@ void ferry_trainer_cli_init(ferry_trainer_cli *cli, ferry_trainer_config *cfg) {
         {.name = "decoder-mode", .type = FERRY_FLAG_ENUM, .ptr = &cfg->decoder_mode,
          .choices = "logits|sharded-softmax",
          .help = "with --ps: logits cross the wire, or only per-row softmax partials"},
+        {.name = "wire-dtype", .type = FERRY_FLAG_ENUM, .ptr = &cfg->wire_dtype,
+         .choices = "f32|bf16",
+         .help = "with --ps: activations and dense pulls/pushes travel as float32 (exact) or "
+                 "bfloat16 (half the bytes; the servers keep float32)"},
         {.name = "data", .type = FERRY_FLAG_STRING, .ptr = &cfg->data, .metavar = "DIR",
          .help = "corpus directory with train.txt, valid.txt, test.txt"},
         {.name = "device", .type = FERRY_FLAG_STRING, .ptr = &cfg->device,

@@ -150,6 +150,8 @@ int main(int argc, char **argv) {
         return usage_error("--micro-batches %d needs --ps and --decoder-mode sharded-softmax (the "
                            "pipeline overlaps the trainer's LSTM with ferry-ps's decoder)",
                            cfg.micro_batches);
+    if (cfg.wire_dtype != 0 && cfg.ps == NULL)
+        return usage_error("--wire-dtype bf16 needs --ps (it is how tensors travel to ferry-ps)");
     if (cfg.local_vocab > 0 && (cfg.ps == NULL || cfg.decoder_mode != 1))
         return usage_error("--local-vocab %lld needs --ps and --decoder-mode sharded-softmax (it "
                            "keeps a slice of ferry-ps's decoder here)",

@@ -253,6 +253,7 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
     cc.connect_timeout_ms = (int)(cfg->connect_timeout_s * 1000.0);
     cc.resolve_timeout_ms = (int)(cfg->resolve_timeout_s * 1000.0);
     cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
+    cc.wire_bf16 = cfg->wire_dtype == 1;
     char *token = NULL;
     if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
         return st;
@@ -287,8 +288,10 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
             ferry_remote_shards(ferry_lm_embedding_remote(t->lm)))
         FERRY_LOG_INFO("--continue: training from the parameters ferry-ps holds for '%s'",
                        ferry_remote_name(ferry_lm_embedding_remote(t->lm)));
-    FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s", ferry_cluster_size(t->cluster),
-                   cfg->ps, cfg->decoder_mode ? "sharded-softmax" : "logits");
+    FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s, wire %s",
+                   ferry_cluster_size(t->cluster), cfg->ps,
+                   cfg->decoder_mode ? "sharded-softmax" : "logits",
+                   cfg->wire_dtype ? "bf16 (activations and dense pulls/pushes rounded)" : "f32");
     if (st == FERRY_OK && cfg->local_vocab > 0)
         FERRY_LOG_INFO("decoder: vocabulary rows %lld-%lld on the servers, %lld-%lld here "
                        "(--local-vocab %lld)",

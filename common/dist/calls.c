@@ -13,6 +13,12 @@
 
 /* ---- shared with decoder.c ---- */
 
+int ferry__dist_reply_dtype(const ferry_cluster *c, ferry_rpc_msg *req) {
+    int bf16 = c->cfg.wire_bf16 != 0;
+    (void)ferry_rpc_msg_set_wire_dtype(req, bf16 ? FERRY_RPC_DTYPE_BF16 : FERRY_RPC_DTYPE_F32);
+    return bf16 ? FERRY__V1__DTYPE__BF16 : FERRY__V1__DTYPE__F32;
+}
+
 ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
                                const ferry_dist_ctx *dc, int need_ctx) {
     if (m->kind != kind)
@@ -37,6 +43,7 @@ ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m,
     q.call_id = call_id;
     q.module = (char *)(uintptr_t)m->name;
     q.mode = (char *)(uintptr_t)ferry_wire_modes[mode].name;
+    q.reply_dtype = (Ferry__V1__DType)ferry__dist_reply_dtype(m->c, req);
     return ferry_rpc_msg_set_head(req, &q.base);
 }
 
@@ -47,6 +54,7 @@ ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_cal
     q.ctx_id = ctx;
     q.call_id = call->call_id;
     q.module = (char *)(uintptr_t)call->m->name;
+    q.reply_dtype = (Ferry__V1__DType)ferry__dist_reply_dtype(call->m->c, req);
     (void)mode; /* the Forward's mode applies */
     Ferry__V1__DecoderBackwardArgs args;
     ferry__v1__decoder_backward_args__init(&args);

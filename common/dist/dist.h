@@ -197,6 +197,9 @@ ferry_status ferry__dist_output(ferry_cluster *c, int server, const ferry_rpc_ms
  * need_ctx is 0); what names the operation in the message. */
 ferry_status ferry__dist_check(const ferry_remote *m, ferry_remote_kind kind, const char *what,
                                const ferry_dist_ctx *dc, int need_ctx);
+/* The cluster's wire dtype (ferry_cluster_config.wire_bf16) on req, and the
+ * reply_dtype (ferry.v1.DType) its Forward or Backward header asks for. */
+int ferry__dist_reply_dtype(const ferry_cluster *c, ferry_rpc_msg *req);
 /* Request headers of Forward and Backward in a mode of the contract (scale:
  * fparams[0], or none for NULL). */
 ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m, uint64_t ctx,

@@ -112,6 +112,7 @@ ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
     q.mode = (char *)(uintptr_t)ferry_wire_modes[FERRY_WIRE_MODE_LSTM_SEQ].name;
     q.args_case = FERRY__V1__FORWARD_REQUEST__ARGS_LSTM;
     q.lstm = &args;
+    q.reply_dtype = (Ferry__V1__DType)ferry__dist_reply_dtype(m->c, &req);
     int64_t dx[3] = {T, B, C}, ds[3] = {K, B, H}, dy[3] = {T, B, H};
     ferry_rpc_tensor tx = ferry__dist_tensor(FERRY_WIRE_LSTM_FWD_X, dx, x);
     st = ferry_rpc_msg_set_head(&req, &q.base);

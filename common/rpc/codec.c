@@ -149,6 +149,20 @@ static ferry_status encode_head(const ferry_rpc_msg *m, const ProtobufCMessageDe
     return FERRY_OK;
 }
 
+/* Whether m sends tensor t narrowed to BF16. */
+static int narrowed(const ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
+    return m->wire_dtype == FERRY_RPC_DTYPE_BF16 && t->dtype == FERRY_RPC_DTYPE_F32 && t->ndim >= 2;
+}
+
+/* Writes the n floats of src as bfloat16 (little-endian) at dst. */
+static void put_bf16(uint8_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = ferry_rpc_f32_to_bf16(src[i]);
+        dst[2 * i] = (uint8_t)h;
+        dst[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+}
+
 ferry_status ferry__rpc_encode(const ferry_rpc_msg *m, const ProtobufCMessageDescriptor *desc,
                                size_t inline_max, ferry__rpc_wire *w) {
     w->len = 0;
@@ -163,9 +177,19 @@ ferry_status ferry__rpc_encode(const ferry_rpc_msg *m, const ProtobufCMessageDes
         const ferry_rpc_tensor *t = &m->tensors[i];
         if ((st = ferry__rpc_tensor_check(t)) != FERRY_OK)
             return st;
+        /* A narrowed tensor is written converted, next to the header. */
+        ferry_rpc_tensor bf;
+        const float *src = NULL;
+        if (narrowed(m, t)) {
+            bf = *t;
+            bf.dtype = FERRY_RPC_DTYPE_BF16;
+            bf.nbytes = t->nbytes / 2;
+            src = t->data;
+            t = &bf;
+        }
         size_t shape_len, th = tensor_head_size(t, &shape_len);
         size_t sub = th + t->nbytes;
-        int inline_data = t->nbytes <= inline_max;
+        int inline_data = t->nbytes <= inline_max || src != NULL;
         if ((st = wire_reserve(w, 1 + varint_size(sub) + th + (inline_data ? t->nbytes : 0))) !=
             FERRY_OK)
             return st;
@@ -174,6 +198,11 @@ ferry_status ferry__rpc_encode(const ferry_rpc_msg *m, const ProtobufCMessageDes
         w->len += put_tensor_head(w->buf + w->len, t, shape_len);
         if (t->nbytes == 0)
             continue;
+        if (src != NULL) {
+            put_bf16(w->buf + w->len, src, t->nbytes / 2);
+            w->len += t->nbytes;
+            continue;
+        }
         if (inline_data) {
             memcpy(w->buf + w->len, t->data, t->nbytes);
             w->len += t->nbytes;
@@ -362,6 +391,26 @@ static ferry_status tensor_field(cursor *c, size_t end, const ferry__rpc_limits 
     return cur_copy(c, end, t->data, (size_t)v); /* the one copy */
 }
 
+/* A received BF16 tensor as the F32 tensor it stands for (exact: bf16 is a float's
+ * top half), in a new aligned buffer that replaces the received one. */
+static ferry_status widen_bf16(ferry_rpc_tensor *t) {
+    size_t n = t->nbytes / 2;
+    float *f = n > 0 ? ferry_rpc_buf_alloc(n * sizeof *f) : NULL;
+    if (n > 0 && f == NULL)
+        return ferry_errorf(FERRY_ERR_NOMEM, "no memory to widen a %zu-element bf16 tensor", n);
+    const uint8_t *h = t->data;
+    for (size_t i = 0; i < n; i++)
+        f[i] = ferry_rpc_bf16_to_f32((uint16_t)(h[2 * i] | (uint16_t)h[2 * i + 1] << 8));
+    if (t->release != NULL)
+        t->release(t->release_user);
+    t->data = f;
+    t->nbytes = n * sizeof *f;
+    t->dtype = FERRY_RPC_DTYPE_F32;
+    t->release = n > 0 ? ferry_rpc_buf_free : NULL;
+    t->release_user = f;
+    return FERRY_OK;
+}
+
 static ferry_status decode_tensor(cursor *c, size_t end, const ferry__rpc_limits *lim,
                                   ferry_rpc_tensor *t) {
     memset(t, 0, sizeof *t);
@@ -370,7 +419,7 @@ static ferry_status decode_tensor(cursor *c, size_t end, const ferry__rpc_limits
     ferry_status st = FERRY_OK;
     while (st == FERRY_OK && c->pos < end)
         st = tensor_field(c, end, lim, t, &dtype);
-    if (st == FERRY_OK && (dtype > FERRY_RPC_DTYPE_F64))
+    if (st == FERRY_OK && (dtype > FERRY_RPC_DTYPE_BF16))
         st = ferry_errorf(FERRY_ERR_FORMAT, "tensor at byte %zu has unknown dtype %llu", start,
                           (unsigned long long)dtype);
     if (st == FERRY_OK) {
@@ -384,6 +433,8 @@ static ferry_status decode_tensor(cursor *c, size_t end, const ferry__rpc_limits
         else if (st != FERRY_OK)
             st = ferry_errorf(FERRY_ERR_FORMAT, "tensor at byte %zu: bad shape", start);
     }
+    if (st == FERRY_OK && t->dtype == FERRY_RPC_DTYPE_BF16)
+        st = widen_bf16(t);
     if (st != FERRY_OK && t->release != NULL) {
         t->release(t->release_user);
         t->release = NULL;

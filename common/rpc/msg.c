@@ -43,6 +43,8 @@ size_t ferry_rpc_dtype_size(int dtype) {
     case FERRY_RPC_DTYPE_I64:
     case FERRY_RPC_DTYPE_F64:
         return 8;
+    case FERRY_RPC_DTYPE_BF16:
+        return 2;
     default:
         return 0;
     }
@@ -232,6 +234,14 @@ ferry_status ferry__rpc_tensor_check(const ferry_rpc_tensor *t) {
 
 void ferry_rpc_msg_init(ferry_rpc_msg *m) {
     memset(m, 0, sizeof *m);
+}
+
+ferry_status ferry_rpc_msg_set_wire_dtype(ferry_rpc_msg *m, int dtype) {
+    if (dtype != FERRY_RPC_DTYPE_F32 && dtype != FERRY_RPC_DTYPE_BF16)
+        return ferry_errorf(FERRY_ERR_INVALID, "a message's wire dtype is f32 or bf16, not %d",
+                            dtype);
+    m->wire_dtype = dtype;
+    return FERRY_OK;
 }
 
 static void msg_clear_head(ferry_rpc_msg *m) {

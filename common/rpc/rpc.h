@@ -30,6 +30,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ferry/status.h"
 
@@ -88,6 +89,11 @@ typedef enum ferry_rpc_dtype {
     FERRY_RPC_DTYPE_I32 = 1,
     FERRY_RPC_DTYPE_I64 = 2,
     FERRY_RPC_DTYPE_F64 = 3,
+    /* bfloat16 (the top half of a float32), a wire form only: a message whose wire
+     * dtype is BF16 (ferry_rpc_msg_set_wire_dtype) sends its F32 tensors of rank 2 or
+     * more as BF16, rounded to nearest even, and every received BF16 tensor is
+     * widened back to F32 before anyone sees it. */
+    FERRY_RPC_DTYPE_BF16 = 4,
 } ferry_rpc_dtype;
 
 /* Size in bytes of one element, or 0 for an unknown dtype. */
@@ -160,10 +166,32 @@ typedef struct ferry_rpc_msg {
                          sets it on every reply to the message limit, so a reply
                          too large to send is refused before it is built) */
     void *call;       /* a server's reply: the call it answers (ferry_rpc_defer) */
+    int wire_dtype;   /* FERRY_RPC_DTYPE_F32 (as they are) or _BF16: see ferry_rpc_dtype */
 } ferry_rpc_msg;
 
 /* Makes *m an empty message. No allocation; cannot fail. */
 void ferry_rpc_msg_init(ferry_rpc_msg *m);
+
+/* How m's F32 tensors of rank >= 2 travel: FERRY_RPC_DTYPE_F32 (exactly; the
+ * default) or FERRY_RPC_DTYPE_BF16 (half the bytes, rounded to nearest even; the
+ * receiver gets F32 back). FERRY_ERR_INVALID for another dtype. */
+ferry_status ferry_rpc_msg_set_wire_dtype(ferry_rpc_msg *m, int dtype);
+
+/* bfloat16 conversions: round to nearest even (a NaN stays a NaN), and exact widening. */
+static inline uint16_t ferry_rpc_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float ferry_rpc_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* Releases every owned tensor and the header, leaving *m empty and reusable
  * (deinit twice is fine). */

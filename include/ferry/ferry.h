@@ -97,10 +97,15 @@ typedef struct ferry_cluster_config {
     const char *token;
     const char *tls_ca_file, *tls_cert_file, *tls_key_file;
     int resolve_timeout_ms; /* see connect_timeout_ms; 0: an unknown host fails at once */
+    /* 1: Forward and Backward send their float tensors of rank 2 or more (activations,
+     * dense pulls and pushes) as bfloat16 and ask for replies so: half the bytes, each
+     * value rounded to nearest even; the servers' parameters and optimizer state stay
+     * float32. 0: float32, exact. CreateModule, Get/SetParams are always exact. */
+    int wire_bf16;
     /* Room to grow (ferry_cluster_config_default zeroes it): a later release of the same soname
      * takes new fields from it, each meaning its default at zero, so a caller built against this
      * header keeps its behaviour and the struct its size. */
-    unsigned char reserved[64];
+    unsigned char reserved[60];
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
