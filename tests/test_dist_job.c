@@ -29,7 +29,13 @@
 #include "worker/model-impl.h" /* the model's fields */
 #include "worker/pipeline.h"
 
+/* 50 steps; 20 under the sanitizers (several times slower there), which look for
+ * memory and undefined-behaviour errors, not for drift: the release build checks that. */
+#ifdef FERRY_SANITIZE
+#define STEPS 20
+#else
 #define STEPS 50
+#endif
 #define GB    20 /* the global batch */
 #define BPTT  20
 #ifndef HID
