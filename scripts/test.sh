@@ -38,6 +38,6 @@ if [ "${1:-}" != "--no-sanitize" ]; then
 fi
 
 if [ "${1:-}" != "--no-sanitize" ]; then
-    echo "== fuzz targets, bounded (scripts/fuzz.sh --seconds 15) =="
-    bash scripts/fuzz.sh --seconds 15
+    echo "== fuzz targets, bounded (scripts/fuzz.sh --seconds 10) =="
+    bash scripts/fuzz.sh --seconds 10
 fi

@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # The local trainer end to end on a PTB slice: 300 SGD steps of the small model must
 # take the training loss well below ln V = 9.21 (the loss of a uniform guess), write
-# the metrics file, checkpoint, and resume from the checkpoint.
+# the metrics file, checkpoint, and resume from the checkpoint. A sanitized build
+# (several times slower) trains 100 steps, the loss down by 0.3 at least, and
+# evaluates less.
 . "$(dirname "$0")/lib.sh"
 
-"$TRAINER" --local --data "$FERRY_SRC/data/ptb" --train-tokens 130000 --eval-tokens 20000 \
-    --epochs 1 --max-steps 300 --log-interval 50 --metrics-out "$TMP/m.jsonl" \
-    --save "$TMP/lm.ck" 2>"$TMP/log" || fail "trainer exited $?: $(tail -5 "$TMP/log")"
+STEPS=300 EVAL_TOKENS=20000 BELOW=6.8
+[ -n "${FERRY_SANITIZE:-}" ] && STEPS=100 EVAL_TOKENS=5000 BELOW=
+"$TRAINER" --local --data "$FERRY_SRC/data/ptb" --train-tokens 130000 \
+    --eval-tokens "$EVAL_TOKENS" --epochs 1 --max-steps "$STEPS" --log-interval 50 \
+    --metrics-out "$TMP/m.jsonl" --save "$TMP/lm.ck" 2>"$TMP/log" ||
+    fail "trainer exited $?: $(tail -5 "$TMP/log")"
 grep -q "epoch 1 valid: loss" "$TMP/log" || fail "no validation line: $(cat "$TMP/log")"
 first=$(train_losses "$TMP/m.jsonl" | head -1)
 last=$(train_losses "$TMP/m.jsonl" | tail -1)
-awk -v f="$first" -v l="$last" 'BEGIN { exit !(f > l && l < 6.8) }' ||
+awk -v f="$first" -v l="$last" -v below="$BELOW" \
+    'BEGIN { exit !(f > l && (below == "" ? l < f - 0.3 : l < below + 0)) }' ||
     fail "loss did not fall well below ln V: first $first last $last"
-ok "loss fell from $first to $last (ln V = 9.21)"
+ok "loss fell from $first to $last in $STEPS steps (ln V = 9.21)"
 grep -q '"event":"eval","split":"valid"' "$TMP/m.jsonl" || fail "no valid eval event"
 grep -q '"event":"eval","split":"test"' "$TMP/m.jsonl" || fail "no test eval event"
 n=$(grep -c '"event":"train"' "$TMP/m.jsonl")
-[ "$n" -eq 6 ] || fail "expected 6 train events (every 50 of 300 steps), got $n"
+[ "$n" -eq $((STEPS / 50)) ] ||
+    fail "expected $((STEPS / 50)) train events (every 50 of $STEPS steps), got $n"
 ok "metrics file has train and eval events"
-ls "$TMP"/lm.ck.300 >/dev/null 2>&1 || fail "no checkpoint lm.ck.300 written: $(ls "$TMP")"
+ls "$TMP/lm.ck.$STEPS" >/dev/null 2>&1 || fail "no checkpoint lm.ck.$STEPS written: $(ls "$TMP")"
 
 # Exact resume: a run stopped with SIGTERM mid-epoch and resumed with --load alone
 # (and --save, for its final state: the checkpoint carries the configuration, the
