@@ -196,13 +196,18 @@ static const ProtobufCFieldDescriptor *kind_member(const ProtobufCMessageDescrip
                : NULL;
 }
 
-unsigned ferry__wire_kind_config_fields(ferry_wire_kind kind) {
-    const ProtobufCFieldDescriptor *f = kind_member(&ferry__v1__module_config__descriptor, kind);
+/* The FERRY_WIRE_CFG_ bits of the named fields a kind's message (descriptor d) has. */
+static unsigned fields_of(const ProtobufCMessageDescriptor *d) {
     unsigned has = 0;
-    for (size_t i = 0; f != NULL && i < sizeof kind_fields / sizeof kind_fields[0]; i++)
-        if (protobuf_c_message_descriptor_get_field_by_name(f->descriptor, kind_fields[i].name))
+    for (size_t i = 0; i < sizeof kind_fields / sizeof kind_fields[0]; i++)
+        if (protobuf_c_message_descriptor_get_field_by_name(d, kind_fields[i].name))
             has |= kind_fields[i].bit;
     return has;
+}
+
+unsigned ferry__wire_kind_config_fields(ferry_wire_kind kind) {
+    const ProtobufCFieldDescriptor *f = kind_member(&ferry__v1__module_config__descriptor, kind);
+    return f != NULL ? fields_of(f->descriptor) : 0;
 }
 
 static ferry_status no_kind(void) {
@@ -215,6 +220,13 @@ static ferry_status no_kind(void) {
         n += w > 0 ? (size_t)w : 0;
     }
     return ferry_errorf(FERRY_ERR_INVALID, "the config names no kind (%s)", list);
+}
+
+/* A non-negative numeric field of m; 0 when m has none of that name. */
+static uint32_t u32_field(const ProtobufCMessage *m, const char *name) {
+    double v = 0.0;
+    (void)ferry__proto_get_number(m, name, &v);
+    return (uint32_t)v;
 }
 
 ferry_status ferry__wire_kind_config_read(const ProtobufCMessage *mc, ferry_wire_kind_config *out) {
@@ -239,25 +251,19 @@ ferry_status ferry__wire_kind_config_read(const ProtobufCMessage *mc, ferry_wire
                                     ferry_wire_kinds[k].name, d + 1);
             out->dims[d] = *(const int64_t *)((const char *)km + df->offset);
         }
-        double v;
-        if (ferry__proto_get_number(km, "no_bias", &v))
-            out->has |= FERRY_WIRE_CFG_NO_BIAS, out->no_bias = v != 0.0;
-        if (ferry__proto_get_number(km, "layers", &v))
-            out->has |= FERRY_WIRE_CFG_LAYERS, out->layers = (uint32_t)v;
-        if (ferry__proto_get_number(km, "first_layer", &v))
-            out->has |= FERRY_WIRE_CFG_FIRST_LAYER, out->first_layer = (uint32_t)v;
-        if (ferry__proto_get_number(km, "dropout_ppm", &v))
-            out->has |= FERRY_WIRE_CFG_DROPOUT_PPM, out->dropout_ppm = (uint32_t)v;
+        out->has = fields_of(km->descriptor);
+        out->no_bias = u32_field(km, "no_bias") != 0;
+        out->layers = u32_field(km, "layers");
+        out->first_layer = u32_field(km, "first_layer");
+        out->dropout_ppm = u32_field(km, "dropout_ppm");
         const ProtobufCFieldDescriptor *sf =
             protobuf_c_message_descriptor_get_field_by_name(km->descriptor, "stiefel");
         if (sf != NULL && sf->type == PROTOBUF_C_TYPE_MESSAGE) {
-            out->has |= FERRY_WIRE_CFG_STIEFEL;
             const ProtobufCMessage *s = *(ProtobufCMessage *const *)((const char *)km + sf->offset);
             if (s != NULL) {
                 out->stiefel = 1;
                 (void)ferry__proto_get_number(s, "beta", &out->beta);
-                if (ferry__proto_get_number(s, "polar", &v))
-                    out->polar = v != 0.0;
+                out->polar = u32_field(s, "polar") != 0;
             }
         }
         return FERRY_OK;
