@@ -426,7 +426,9 @@ def mode_fair(stub, seconds):
     stop.set()
     for t in floods:
         t.join()
-    q = stats(h, "queue_")
+    # The joins wait for the Forwards in flight (seconds under the sanitizers), longer
+    # than the test's --session-ttl: h may have lapsed, so Stats goes on a new session.
+    q = stats(Session(stub, TOK2, "stats"), "queue_")
     res = dict(
         fair_forward_ms="%.0f" % (pct(one, 50) * 1e3), fair_forwards=len(one),
         health_p50_ms="%.1f" % (pct(loaded[0], 50) * 1e3), health_p99_ms="%.1f" % (pct(loaded[0], 99) * 1e3),
