@@ -548,6 +548,51 @@ TEST(bf16_rounding) {
     }
 }
 
+/* The array conversions agree with the element ones bit for bit: every case above,
+ * NaNs of both signs and payloads, and random bit patterns, over lengths that end
+ * inside and across the 512-element blocks, written at an odd (unaligned) address. */
+TEST(bf16_arrays) {
+    enum { N = 1301 };
+    uint32_t *u = malloc(N * sizeof *u);
+    uint8_t *h = malloc(2 * N + 2);
+    float *back = malloc(N * sizeof *back);
+    CHECK(u != NULL && h != NULL && back != NULL);
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f800001u, 0xffc00000u,
+                                       0x7fffffffu, 0xff800001u, 0x7f7fffffu, 0x80000000u,
+                                       0x00000001u, 0x7f800000u, 0x007fffffu, 0x3f807fffu};
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        u[i] = i < (int)(sizeof special / sizeof special[0]) ? special[i] : (uint32_t)x;
+    }
+    static const size_t lens[] = {0, 1, 511, 512, 513, 1024, N};
+    for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+        size_t n = lens[c];
+        memset(h, 0xab, 2 * N + 2);
+        ferry_rpc_bf16_narrow(h + 1, (const float *)(const void *)u, n);
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, &u[i], sizeof f);
+            uint16_t want = ferry_rpc_f32_to_bf16(f);
+            bad += h[1 + 2 * i] != (uint8_t)want || h[2 + 2 * i] != (uint8_t)(want >> 8);
+        }
+        CHECK(bad == 0);
+        CHECK(h[0] == 0xab && h[1 + 2 * n] == 0xab); /* nothing written outside */
+        ferry_rpc_bf16_widen(back, h + 1, n);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t w = (uint16_t)(h[1 + 2 * i] | (uint16_t)h[2 + 2 * i] << 8);
+            uint32_t b;
+            memcpy(&b, &back[i], sizeof b);
+            bad += b != (uint32_t)w << 16;
+        }
+        CHECK(bad == 0);
+    }
+    free(u);
+    free(h);
+    free(back);
+}
+
 /* A message whose wire dtype is BF16 sends its F32 tensors of rank >= 2 in half the
  * bytes and the receiver reads F32 values rounded to bf16 (relative error <= 2^-8, half a unit in
  * the 8th bit); rank-1 F32 and integer tensors travel exactly; chunked decoding agrees; an F32
@@ -626,5 +671,5 @@ TEST(bf16_wire) {
 /* clang-format off */
 FERRY_TEST_MAIN(T(method_table) T(msg_rules) T(head_rules) T(buffers) T(roundtrip_chunked)
                 T(protobuf_c_compat) T(forward_decoded) T(malformed_cases) T(limits)
-                T(fuzz_truncate_corrupt) T(bf16_rounding) T(bf16_wire))
+                T(fuzz_truncate_corrupt) T(bf16_rounding) T(bf16_arrays) T(bf16_wire))
 /* clang-format on */

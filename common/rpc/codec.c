@@ -154,15 +154,6 @@ static int narrowed(const ferry_rpc_msg *m, const ferry_rpc_tensor *t) {
     return m->wire_dtype == FERRY_RPC_DTYPE_BF16 && t->dtype == FERRY_RPC_DTYPE_F32 && t->ndim >= 2;
 }
 
-/* Writes the n floats of src as bfloat16 (little-endian) at dst. */
-static void put_bf16(uint8_t *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = ferry_rpc_f32_to_bf16(src[i]);
-        dst[2 * i] = (uint8_t)h;
-        dst[2 * i + 1] = (uint8_t)(h >> 8);
-    }
-}
-
 ferry_status ferry__rpc_encode(const ferry_rpc_msg *m, const ProtobufCMessageDescriptor *desc,
                                size_t inline_max, ferry__rpc_wire *w) {
     w->len = 0;
@@ -199,7 +190,7 @@ ferry_status ferry__rpc_encode(const ferry_rpc_msg *m, const ProtobufCMessageDes
         if (t->nbytes == 0)
             continue;
         if (src != NULL) {
-            put_bf16(w->buf + w->len, src, t->nbytes / 2);
+            ferry_rpc_bf16_narrow(w->buf + w->len, src, t->nbytes / 2);
             w->len += t->nbytes;
             continue;
         }
@@ -398,9 +389,7 @@ static ferry_status widen_bf16(ferry_rpc_tensor *t) {
     float *f = n > 0 ? ferry_rpc_buf_alloc(n * sizeof *f) : NULL;
     if (n > 0 && f == NULL)
         return ferry_errorf(FERRY_ERR_NOMEM, "no memory to widen a %zu-element bf16 tensor", n);
-    const uint8_t *h = t->data;
-    for (size_t i = 0; i < n; i++)
-        f[i] = ferry_rpc_bf16_to_f32((uint16_t)(h[2 * i] | (uint16_t)h[2 * i + 1] << 8));
+    ferry_rpc_bf16_widen(f, t->data, n);
     if (t->release != NULL)
         t->release(t->release_user);
     t->data = f;

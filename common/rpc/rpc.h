@@ -193,6 +193,11 @@ static inline float ferry_rpc_bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* n floats as bfloat16 at dst (2n bytes, little-endian pairs), and back: element by
+ * element as the two functions above, vectorised (common/rpc/bf16.c). */
+void ferry_rpc_bf16_narrow(void *dst, const float *src, size_t n);
+void ferry_rpc_bf16_widen(float *dst, const void *src, size_t n);
+
 /* Releases every owned tensor and the header, leaving *m empty and reusable
  * (deinit twice is fine). */
 void ferry_rpc_msg_deinit(ferry_rpc_msg *m);
