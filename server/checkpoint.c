@@ -289,6 +289,7 @@ static ferry_status read_module(ferry__ps_registry *r, ferry__ps_quotas *Q, cons
         st = ferry_errorf(FERRY_ERR_FORMAT, "%s: module '%s': %zu stray bytes", path, name,
                           ferry_ckcur_left(&c));
     m->version = version;
+    m->loads++;
     pthread_rwlock_unlock(&m->lock);
     ferry__ps_module_put(m);
     return st;

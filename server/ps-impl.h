@@ -184,6 +184,7 @@ struct ferry__ps_module {
     ferry_optim *opt;
     pthread_rwlock_t lock;
     uint64_t version;            /* bumped by Step and SetParams, under the write lock */
+    uint64_t loads;              /* bumped when a checkpoint's values replace the weights */
     int64_t bytes;               /* weights + optimizer slots, as charged to the model budget */
     const ferry__ps_limits *lim; /* the server's budgets */
     void *impl;                  /* the kind's own state (lstm) */
@@ -293,6 +294,10 @@ ferry_status ferry__ps_registry_delete(ferry__ps_registry *r, ferry__ps_module *
 /* One more reference to m; ferry__ps_module_put drops one (freeing m at the last). */
 void ferry__ps_module_ref(ferry__ps_module *m);
 void ferry__ps_module_put(ferry__ps_module *m);
+/* Charges `bytes` more of m's own state (`what`, for the error) to the model budget and
+ * its owner's share, as its weights were: FERRY_ERR_RESOURCE, nothing charged, when
+ * either is short. They are given back with the module's. */
+ferry_status ferry__ps_module_charge(ferry__ps_module *m, int64_t bytes, const char *what);
 
 /* ---- contexts (ctx-table.c) ---- */
 

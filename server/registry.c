@@ -463,6 +463,32 @@ int ferry__ps_registry_count(ferry__ps_registry *r) {
     return n;
 }
 
+ferry_status ferry__ps_module_charge(ferry__ps_module *m, int64_t bytes, const char *what) {
+    ferry__ps_registry *r = m->reg;
+    if (r == NULL || bytes <= 0)
+        return FERRY_OK;
+    char name[FERRY_RPC_NAME_MAX + 96];
+    (void)snprintf(name, sizeof name, "%s '%s' (%s)", ferry__ps_kind_name(m->kind), m->name, what);
+    pthread_mutex_lock(&r->mu);
+    if (bytes > r->lim->model_bytes - r->bytes) {
+        ferry_status st = ferry__ps_over_budget(name, bytes, "the budget of all modules",
+                                                r->lim->model_bytes, r->bytes, "--max-model-mb");
+        pthread_mutex_unlock(&r->mu);
+        return st;
+    }
+    ferry_status st =
+        m->quota == NULL
+            ? FERRY_OK
+            : ferry__ps_quota_charge(&m->quota->model_bytes, bytes, r->lim->id_model_bytes, name,
+                                     m->quota->identity, "--max-model-mb-per-identity");
+    if (st == FERRY_OK) {
+        r->bytes += bytes;
+        m->bytes += bytes;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return st;
+}
+
 /* A new module into its owner's share: one more module, its bytes. */
 static ferry_status module_quota(ferry__ps_registry *r, ferry__ps_quota *q, ferry__ps_module *m) {
     if (q == NULL)

@@ -23,6 +23,7 @@
 
 #include "check.h"
 #include "common/core/log.h" /* ferry_now */
+#include "common/rpc/rpc.h"  /* the bf16 conversions */
 #include "server/ps.h"
 #include "worker/batch.h"
 #include "worker/corpus.h"
@@ -506,6 +507,94 @@ TEST(bsp_missing_rank_times_out) {
     setup_deinit(&s);
 }
 
+/* The dense pull in bf16 (proto section 3b), against 2 shards: two bf16 clients hold
+ * the same image bit for bit; the first pull is W exactly, and each later one is within
+ * 2^-8 of one step's change of W (16 times closer than W rounded to bf16 would be) in
+ * at most 55% of the first pull's bytes; an f32 client still reads W exactly; a client
+ * that skipped a step (its image is two versions old) gets the whole image, exact, and
+ * is back on deltas after it. */
+TEST(bf16_dense_images) {
+    setup s;
+    setup_init(&s, 0.0f, FERRY_OPTIM_SGD, 0.1);
+    enum { R = 300, C = 129, N = R * C, CLIENTS = 3, PULLS = 7 };
+    ferry_cluster *cl[CLIENTS];
+    ferry_remote *w[CLIENTS];
+    for (int i = 0; i < CLIENTS; i++) {
+        ferry_cluster_config cc;
+        ferry_cluster_config_default(&cc);
+        cc.wire_bf16 = i < 2; /* 0, 1: bf16; 2: f32 */
+        CHECK_OK(ferry_ps_connect(s.targets, &cc, &cl[i]));
+        ferry_remote_config rc;
+        ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, "img", R, C);
+        rc.bias = 0;
+        CHECK_OK(ferry_remote_create(cl[i], &rc, &w[i]));
+    }
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b), *f = malloc(N * sizeof *f);
+    float *prev = malloc(N * sizeof *prev), *g = malloc(N * sizeof *g);
+    CHECK(a != NULL && b != NULL && f != NULL && prev != NULL && g != NULL);
+    memset(prev, 0, N * sizeof *prev);
+    for (int i = 0; i < N; i++)
+        g[i] = 0.01f * sinf((float)i * 0.37f);
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_dist_ctx_create(cl[0], &dc));
+    uint64_t first = 0;
+    for (int step = 0; step < PULLS; step++) {
+        uint64_t sent, got0, got1, call;
+        ferry_cluster_bytes(cl[0], &sent, &got0);
+        (void)ferry_dist_ctx_begin(dc);
+        CHECK_OK(ferry_remote_dense_pull(w[0], dc, a, &call));
+        ferry_cluster_bytes(cl[0], &sent, &got1);
+        uint64_t pulled = got1 - got0;
+        CHECK_OK(ferry_remote_dense_pull(w[2], NULL, f, NULL)); /* W, exactly */
+        int skip = step == 3;                                   /* client 1 misses a version */
+        uint64_t b0, b1;
+        ferry_cluster_bytes(cl[1], &sent, &b0);
+        if (!skip)
+            CHECK_OK(ferry_remote_dense_pull(w[1], NULL, b, NULL));
+        ferry_cluster_bytes(cl[1], &sent, &b1);
+        if (!skip)
+            CHECK(memcmp(a, b, N * sizeof *a) == 0); /* one image */
+        double err = 0.0, change = 0.0, rounded = 0.0;
+        for (int i = 0; i < N; i++) {
+            double wi = f[i], bf = ferry_rpc_bf16_to_f32(ferry_rpc_f32_to_bf16(f[i]));
+            err = fmax(err, fabs((double)a[i] - wi));
+            change = fmax(change, fabs(wi - (double)prev[i]));
+            rounded = fmax(rounded, fabs(bf - wi));
+        }
+        if (step == 0) {
+            CHECK(memcmp(a, f, N * sizeof *a) == 0);
+            first = pulled;
+        } else {
+            CHECK(err <= change / 256.0 * 1.01 && err * 16.0 <= rounded);
+            CHECK(pulled <= first * 55 / 100);
+        }
+        if (step == 4) /* after the skip: the whole image, then deltas again */
+            CHECK(b1 - b0 >= first * 95 / 100);
+        else if (step > 0 && !skip)
+            CHECK(b1 - b0 <= first * 55 / 100);
+        fprintf(stderr,
+                "  pull %d: %llu bytes (client 1: %llu), |image - W| %.3g, one step %.3g, "
+                "bf16(W) %.3g\n",
+                step, (unsigned long long)pulled, (unsigned long long)(b1 - b0), err, change,
+                rounded);
+        memcpy(prev, f, N * sizeof *f);
+        CHECK_OK(ferry_remote_dense_push(w[0], dc, call, g));
+        CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.1));
+    }
+    ferry_dist_ctx_destroy(dc);
+    for (int i = 0; i < CLIENTS; i++) {
+        ferry_remote_destroy(w[i]);
+        ferry_cluster_destroy(cl[i]);
+    }
+    free(a);
+    free(b);
+    free(f);
+    free(prev);
+    free(g);
+    setup_deinit(&s);
+}
+
 FERRY_TEST_MAIN(T(bsp_two_ranks_match_local) T(bsp_four_ranks_match_local)
-                    T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local) T(bsp_stages_match_local)
-                        T(membership_errors) T(bsp_missing_rank_times_out))
+                    T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local)
+                        T(bsp_stages_match_local) T(membership_errors) T(bsp_missing_rank_times_out)
+                            T(bf16_dense_images))

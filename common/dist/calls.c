@@ -285,11 +285,59 @@ ferry_status ferry_remote_embedding_backward(ferry_remote *m, ferry_dist_ctx *dc
 
 const ferry__dist_kind ferry__dist_kind_dense = {.wire = FERRY_WIRE_KIND_DENSE};
 
+/* The bf16 pull's reply of shard s: "image" [id, base] says whether "weight" is the
+ * shard's image (base 0) or a delta to the image this client holds (base). The rows
+ * land in the client's image, then in out. */
+static ferry_status dense_image_apply(ferry_remote *m, int s, const ferry_rpc_msg *reply,
+                                      const ferry_rpc_tensor *t, float *out) {
+    const ferry_rpc_tensor *ids = ferry_rpc_msg_find(reply, "image");
+    int64_t n = m->shards[s].row_count * m->cols;
+    float *rows = m->image + m->shards[s].row_begin * m->cols;
+    uint64_t id = 0, base = 0;
+    if (ids != NULL && (ids->dtype != FERRY_RPC_DTYPE_I64 || ids->ndim != 1 || ids->dim[0] != 2))
+        return ferry_errorf(FERRY_ERR_FORMAT, "%s: dense pull of '%s': a bad \"image\" tensor",
+                            ferry_rpc_client_target(m->c->clients[m->shards[s].server]), m->name);
+    if (ids != NULL) {
+        memcpy(&id, ids->data, sizeof id);
+        memcpy(&base, (const uint8_t *)ids->data + sizeof id, sizeof base);
+    }
+    if (base != 0 && base != m->image_id[s]) {
+        uint64_t held = m->image_id[s];
+        m->image_id[s] = 0; /* the next pull asks for the whole image */
+        return ferry_errorf(FERRY_ERR_FORMAT,
+                            "%s: dense pull of '%s': a delta to image %016llx, this client holds "
+                            "%016llx",
+                            ferry_rpc_client_target(m->c->clients[m->shards[s].server]), m->name,
+                            (unsigned long long)base, (unsigned long long)held);
+    }
+    const float *w = t->data;
+    if (base == 0)
+        memcpy(rows, w, (size_t)n * sizeof *rows);
+    else if (id != base)
+        for (int64_t i = 0; i < n; i++)
+            rows[i] += w[i];
+    m->image_id[s] = id;
+    memcpy(out + m->shards[s].row_begin * m->cols, rows, (size_t)n * sizeof *out);
+    return FERRY_OK;
+}
+
 ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float *out,
                                      uint64_t *call_id) {
     ferry_status st = ferry__dist_check(m, FERRY_REMOTE_DENSE, "dense pull", dc, 0);
     if (st != FERRY_OK)
         return st;
+    int bf16 = m->c->cfg.wire_bf16 != 0;
+    if (bf16 && m->image == NULL) {
+        m->image = malloc((size_t)(m->rows * m->cols) * sizeof *m->image);
+        m->image_id = calloc((size_t)m->nshards, sizeof *m->image_id);
+        if (m->image == NULL || m->image_id == NULL) {
+            free(m->image);
+            free(m->image_id);
+            m->image = NULL;
+            m->image_id = NULL;
+            return FERRY_NOMEM();
+        }
+    }
     ferry__dist_call *rec = NULL;
     if (dc != NULL && (rec = ferry__dist_call_new(dc, m, FERRY__DIST_DENSE)) == NULL)
         return FERRY_NOMEM();
@@ -302,6 +350,12 @@ ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float 
             ferry__dist_touch(dc, servers[s]);
         st = ferry__dist_forward_head(&reqs[s], m, dc != NULL ? dc->id : 0,
                                       rec != NULL ? rec->call_id : 0, FERRY_WIRE_MODE_DENSE_PULL);
+        if (st == FERRY_OK && bf16 && m->image_id[s] != 0) {
+            int64_t dim[1] = {1};
+            ferry_rpc_tensor t =
+                ferry__dist_tensor(FERRY_WIRE_DENSE_FWD_HELD, dim, &m->image_id[s]);
+            st = ferry_rpc_msg_add(&reqs[s], &t);
+        }
     }
     if (st == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, m->nshards, servers, reqs, 0, replies);
@@ -310,7 +364,9 @@ ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float 
         const ferry_rpc_tensor *t;
         st = ferry__dist_output(m->c, servers[s], &replies[s], FERRY_WIRE_DENSE_FWD_WEIGHT, want,
                                 &t);
-        if (st == FERRY_OK && t->nbytes > 0)
+        if (st == FERRY_OK && bf16)
+            st = dense_image_apply(m, s, &replies[s], t, out);
+        else if (st == FERRY_OK && t->nbytes > 0)
             memcpy(out + m->shards[s].row_begin * m->cols, t->data, t->nbytes);
     }
     msgs_deinit(reqs, replies, m->nshards);

@@ -75,6 +75,10 @@ struct ferry_remote {
     ferry_backend *local_be;
     const float *local_w, *local_b;
     float *local_gw, *local_gb;
+    /* dense, bf16 wire: the image of the rows each shard keeps too (R, C), and the id of
+     * the one held from each shard (0: none); server/dense.c says how they advance. */
+    float *image;
+    uint64_t *image_id;
 };
 
 enum {

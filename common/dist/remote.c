@@ -299,6 +299,8 @@ void ferry_remote_destroy(ferry_remote *m) {
     if (m == NULL)
         return;
     free(m->shards);
+    free(m->image);
+    free(m->image_id);
     free(m);
 }
 

@@ -25,6 +25,7 @@ const ferry_wire_mode_info ferry_wire_modes[FERRY_WIRE_MODE_COUNT] = {
 #define DT_F32   FERRY_RPC_DTYPE_F32
 #define DT_F64   FERRY_RPC_DTYPE_F64
 #define DT_I32   FERRY_RPC_DTYPE_I32
+#define DT_I64   FERRY_RPC_DTYPE_I64
 #define DT_INDEX FERRY_WIRE_DTYPE_INDEX
 const ferry_wire_tensor ferry_wire_tensors[FERRY_WIRE_TENSOR_COUNT] = {
 #define TENSOR_(id, mode, dir, name, dt, rank, shape, opt)                                        \
@@ -85,6 +86,8 @@ const char *ferry_wire_dtype_name(int dtype) {
         return "i64";
     case FERRY_RPC_DTYPE_F64:
         return "f64";
+    case FERRY_RPC_DTYPE_BF16:
+        return "bf16";
     case FERRY_WIRE_DTYPE_INDEX:
         return "integer";
     default:

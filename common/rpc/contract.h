@@ -77,7 +77,14 @@
     X(LINEAR_FWD_Y, LINEAR, FWD_OUT, "y", F32, 2, "(N, D) x A^T + b", 0)                           \
     X(LINEAR_BWD_DY, LINEAR, BWD_IN, "dy", F32, 2, "(N, D)", 0)                                    \
     X(LINEAR_BWD_DX, LINEAR, BWD_OUT, "dx", F32, 2, "(N, C)", 0)                                   \
-    X(DENSE_FWD_WEIGHT, DENSE_PULL, FWD_OUT, "weight", F32, 2, "(R_s, C) the shard's rows, now", 0) \
+    X(DENSE_FWD_HELD, DENSE_PULL, FWD_IN, "held_image", I64, 1,                                    \
+      "(1) with reply_dtype BF16: the image the caller holds (an earlier reply's image[0])", 1)    \
+    X(DENSE_FWD_WEIGHT, DENSE_PULL, FWD_OUT, "weight", F32, 2,                                     \
+      "(R_s, C) the shard's rows, now; with reply_dtype BF16 their image or a delta to it", 0)     \
+    X(DENSE_FWD_IMAGE, DENSE_PULL, FWD_OUT, "image", I64, 1,                                       \
+      "(2) with reply_dtype BF16: [the image the caller holds after this reply, the image "        \
+      "weight is a BF16 delta to (0: weight is the image, F32)]",                                  \
+      1)                                                                                           \
     X(DENSE_BWD_GRAD, DENSE_PULL, BWD_IN, "grad", F32, 2, "(R_s, C) their gradient (the push)", 0) \
     X(LSTM_FWD_X, LSTM_SEQ, FWD_IN, "x", F32, 3, "(T, B, C) the group's input", 0)                 \
     X(LSTM_FWD_H0, LSTM_SEQ, FWD_IN, "h0", F32, 3,                                                 \
