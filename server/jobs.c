@@ -1359,8 +1359,18 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
                                 (unsigned long long)job->bsp_step, r, why);
         }
         for (int i = 0; i < c->nmods && st == FERRY_OK; i++) {
+            int had = job->nagg;
             ferry__ps_ctx_mod *e = agg_entry(job, c->mods[i].mod);
-            st = e != NULL ? ferry_grads_add(&e->G, &c->mods[i].G) : FERRY_NOMEM();
+            if (e != NULL && job->nagg > had) {
+                /* The module's first gradient of the step: moved into the sum, not added
+                 * to zeros (a one-rank job sums nothing). The context ends with the
+                 * empty one. */
+                ferry_grads g = e->G;
+                e->G = c->mods[i].G;
+                c->mods[i].G = g;
+            } else {
+                st = e != NULL ? ferry_grads_add(&e->G, &c->mods[i].G) : FERRY_NOMEM();
+            }
         }
         ferry__ps_ctx_retire(t, c, 1);
         ferry__ps_ctx_release(t, c);
