@@ -17,7 +17,9 @@
 #              pulled and pushed every step
 #   bsp2       2 ferry-ps + 2 bsp ranks (each half the batch columns)
 # Also each placement's wall-clock tokens/s over the same steps, and for the server
-# placements the servers' CPU per rank-step.
+# placements the servers' CPU per rank-step beside the time OpenBLAS sgemm takes for
+# their own FLOPs (the decoder GEMMs of the rows they hold; bench/gemm_limit).
+# bench/cpu_profile.sh splits one placement's CPU by phase.
 #
 #   bench/cpu_bench.sh [--build DIR] [--config small|medium|all] [--reps N]
 #                      [--steps SHORT:LONG] [--wire f32|bf16]
@@ -116,13 +118,14 @@ median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 for cfg in $CONFIGS; do
     case $cfg in
-    small) MODEL=(--preset small) PSX=(--local-vocab 5000) TPS=400 ;;            # batch 20 x bptt 20
-    medium) MODEL=(--preset medium) PSX=(--micro-batches 4) TPS=700 ;;           # batch 20 x bptt 35
+    small) MODEL=(--preset small) PSX=(--local-vocab 5000) TPS=400 H=200 PSV=5000 ;; # batch 20 x bptt 20
+    medium) MODEL=(--preset medium) PSX=(--micro-batches 4) TPS=700 H=650 PSV=10000 ;; # batch 20 x bptt 35
     *) echo "unknown config $cfg" >&2; exit 2 ;;
     esac
     echo
     echo "== $cfg: $TPS tokens per step; ${MODEL[*]}; ps path adds ${PSX[*]}"
-    printf "%-9s %12s %8s %10s %9s %14s\n" placement "cpu-s/1k tok" "vs 1t" "tok/s" "vs 2t" "server ms/rank-step"
+    printf "%-9s %12s %8s %10s %9s %14s %10s %8s\n" placement "cpu-s/1k tok" "vs 1t" "tok/s" "vs 2t" \
+        "server ms/rank-step" "sgemm ms" "ratio"
     base_cpu= base_wall=
     for p in local-1t local-2t ps bsp1 bsp2; do
         ranks=1
@@ -139,13 +142,24 @@ for cfg in $CONFIGS; do
         cpu=$(median <"$TMP/cpu") tok=$(median <"$TMP/wall") srv=$(median <"$TMP/srv")
         [ "$p" = local-1t ] && base_cpu=$cpu
         [ "$p" = local-2t ] && base_wall=$tok
-        printf "%-9s %12.3f %7.2fx %10.0f %8s %14s\n" "$p" "$cpu" \
+        # The servers' own FLOPs per rank-step (the decoder's GEMMs over the rows they
+        # hold) at OpenBLAS's one-thread sgemm rate on those shapes, measured now.
+        lim=-
+        case $p in
+        ps) lim=$("$BIN/bench/gemm_limit" "$TPS" "$H" "$PSV" | cut -d' ' -f1) ;;
+        bsp1) lim=$("$BIN/bench/gemm_limit" "$TPS" "$H" 10000 | cut -d' ' -f1) ;;
+        bsp2) lim=$("$BIN/bench/gemm_limit" $((TPS / 2)) "$H" 10000 | cut -d' ' -f1) ;;
+        esac
+        printf "%-9s %12.3f %7.2fx %10.0f %8s %14s %10s %8s\n" "$p" "$cpu" \
             "$(awk -v a="$cpu" -v b="$base_cpu" 'BEGIN { print a / b }')" "$tok" \
             "$([ -n "$base_wall" ] && awk -v a="$tok" -v b="$base_wall" 'BEGIN { printf "%.2fx", a / b }' || echo -)" \
-            "$([ "$p" = local-1t ] || [ "$p" = local-2t ] && echo - || printf "%.1f" "$srv")"
+            "$([ "$p" = local-1t ] || [ "$p" = local-2t ] && echo - || printf "%.1f" "$srv")" "$lim" \
+            "$([ "$lim" = - ] && echo - || awk -v a="$srv" -v b="$lim" 'BEGIN { printf "%.2fx", a / b }')"
     done
 done
 echo
 echo "cpu-s/1k tok: CPU seconds (user + sys, every process) per 1,000 job tokens, steady state;"
 echo "vs 1t: against the local one-thread trainer; tok/s and vs 2t: wall clock, against the local"
-echo "trainer on two threads; server ms/rank-step: every ferry-ps's CPU per step of one rank."
+echo "trainer on two threads; server ms/rank-step: every ferry-ps's CPU per step of one rank;"
+echo "sgemm ms: the servers' decoder GEMMs of one rank-step at the one-thread sgemm rate"
+echo "(bench/gemm_limit, same run), and ratio the servers' CPU against it."
