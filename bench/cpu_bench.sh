@@ -12,10 +12,12 @@
 #   local-1t   ferry-trainer --local --threads 1 (the baseline)
 #   local-2t   ferry-trainer --local --threads 2 (wall clock only: the bar for the others)
 #   ps         1 ferry-ps + 1 trainer: embedding and decoder on the server (small: with
-#              --local-vocab 5000, the vocabulary split), the LSTM in the trainer
-#   bsp1       1 ferry-ps + a one-rank bsp job: the LSTM's master copy on the server too,
-#              pulled and pushed every step
-#   bsp2       2 ferry-ps + 2 bsp ranks (each half the batch columns)
+#              --local-vocab 5000, the vocabulary split; medium: --micro-batches 4), the
+#              LSTM in the trainer
+#   bsp1       1 ferry-ps + a one-rank bsp job: the LSTM's master copy (and the trainer's
+#              vocabulary slice) on the server too, pulled and pushed every step; the
+#              same --local-vocab / --micro-batches as ps
+#   bsp2       2 ferry-ps + 2 bsp ranks (each half the batch columns), the same
 # Also each placement's wall-clock tokens/s over the same steps, and for the server
 # placements the servers' CPU per rank-step beside the time OpenBLAS sgemm takes for
 # their own FLOPs (the decoder GEMMs of the rows they hold; bench/gemm_limit).
@@ -93,7 +95,7 @@ run() {
     bsp1)
         start_ps "$p"
         trainer "$o" --ps "127.0.0.1:$PORT" --job "cpu-$n" --world 1 --rank 0 --sync bsp \
-            --wire-dtype "$WIRE" "${common[@]}"
+            --wire-dtype "$WIRE" "${PSX[@]}" "${common[@]}"
         local s
         s=$(ps_cpu_stop "$PS_PID")
         echo "$(awk -v a="$(tcpu "$o")" -v b="$s" 'BEGIN { print a + b }') $(twall "$o") $s" ;;
@@ -103,7 +105,7 @@ run() {
         local r pids=()
         for r in 0 1; do
             trainer "$o-r$r" --ps "127.0.0.1:$qa,127.0.0.1:$qb" --job "cpu2-$n" --world 2 \
-                --rank "$r" --sync bsp --wire-dtype "$WIRE" "${common[@]}" &
+                --rank "$r" --sync bsp --wire-dtype "$WIRE" "${PSX[@]}" "${common[@]}" &
             pids+=($!)
         done
         wait "${pids[@]}"
@@ -123,7 +125,7 @@ for cfg in $CONFIGS; do
     *) echo "unknown config $cfg" >&2; exit 2 ;;
     esac
     echo
-    echo "== $cfg: $TPS tokens per step; ${MODEL[*]}; ps path adds ${PSX[*]}"
+    echo "== $cfg: $TPS tokens per step; ${MODEL[*]}; ps and bsp paths add ${PSX[*]}"
     printf "%-9s %12s %8s %10s %9s %14s %10s %8s\n" placement "cpu-s/1k tok" "vs 1t" "tok/s" "vs 2t" \
         "server ms/rank-step" "sgemm ms" "ratio"
     base_cpu= base_wall=
@@ -147,8 +149,8 @@ for cfg in $CONFIGS; do
         lim=-
         case $p in
         ps) lim=$("$BIN/bench/gemm_limit" "$TPS" "$H" "$PSV" | cut -d' ' -f1) ;;
-        bsp1) lim=$("$BIN/bench/gemm_limit" "$TPS" "$H" 10000 | cut -d' ' -f1) ;;
-        bsp2) lim=$("$BIN/bench/gemm_limit" $((TPS / 2)) "$H" 10000 | cut -d' ' -f1) ;;
+        bsp1) lim=$("$BIN/bench/gemm_limit" "$TPS" "$H" "$PSV" | cut -d' ' -f1) ;;
+        bsp2) lim=$("$BIN/bench/gemm_limit" $((TPS / 2)) "$H" "$PSV" | cut -d' ' -f1) ;;
         esac
         printf "%-9s %12.3f %7.2fx %10.0f %8s %14s %10s %8s\n" "$p" "$cpu" \
             "$(awk -v a="$cpu" -v b="$base_cpu" 'BEGIN { print a / b }')" "$tok" \

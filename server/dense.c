@@ -98,23 +98,25 @@ static void image_advance(dense_image *im, const float *w, int64_t n) {
  * Image mutex held; the module's read lock keeps W still. */
 static ferry_status image_update(ferry__ps_module *m, dense_image *im) {
     int64_t n = m->rows * m->cols;
-    if (im->refused || (im->image != NULL && im->version == m->version && im->loads == m->loads))
+    if (im->refused || (im->id != 0 && im->version == m->version && im->loads == m->loads))
         return FERRY_OK;
     if (im->image == NULL) {
+        float *image = malloc((size_t)n * sizeof(float));
+        uint8_t *delta = malloc((size_t)n * 2);
+        if (image == NULL || delta == NULL) {
+            free(image);
+            free(delta);
+            return FERRY_NOMEM();
+        }
         if (ferry__ps_module_charge(m, n * 6, "its bf16 pull image") != FERRY_OK) {
             FERRY_LOG_WARN("%s; its bf16 pulls send exact f32 rows instead", ferry_error_last());
+            free(image);
+            free(delta);
             im->refused = 1;
             return FERRY_OK;
         }
-        im->image = malloc((size_t)n * sizeof(float));
-        im->delta = malloc((size_t)n * 2);
-        if (im->image == NULL || im->delta == NULL) {
-            free(im->image);
-            free(im->delta);
-            im->image = NULL;
-            im->delta = NULL;
-            return FERRY_NOMEM();
-        }
+        im->image = image;
+        im->delta = delta;
     }
     float *tmp = NULL;
     const float *w = NULL;
@@ -140,9 +142,10 @@ static ferry_status image_update(ferry__ps_module *m, dense_image *im) {
 
 /* The bf16 pull: "weight" is the image (F32) or a BF16 delta to the caller's, and
  * "image" says which. The reply's other F32 tensors: none, so its wire dtype is F32
- * (the image must arrive exact). */
-static ferry_status dense_pull_image(ferry__ps_module *m, ferry_rpc_msg *req,
-                                     ferry_rpc_msg *reply) {
+ * (the image must arrive exact). *exact = 1, nothing written: the module keeps no image
+ * (no room in the budget), the caller sends W. */
+static ferry_status dense_pull_image(ferry__ps_module *m, ferry_rpc_msg *req, ferry_rpc_msg *reply,
+                                     int *exact) {
     int64_t one[1] = {1};
     int ih;
     ferry_status st = ferry__ps_input(m, req, FERRY_WIRE_DENSE_FWD_HELD, one, &ih);
@@ -154,10 +157,12 @@ static ferry_status dense_pull_image(ferry__ps_module *m, ferry_rpc_msg *req,
     dense_image *im = m->impl;
     pthread_mutex_lock(&im->mu);
     st = image_update(m, im);
+    *exact = im->refused;
     pthread_mutex_unlock(&im->mu);
-    if (st != FERRY_OK || im->refused)
+    if (st != FERRY_OK || *exact)
         return st;
-    /* The module's read lock keeps the image as it is now until the reply is built. */
+    /* The image changes only when the version does, under the module's write lock: the
+     * read lock this call holds keeps it as it is until the reply is built. */
     (void)ferry_rpc_msg_set_wire_dtype(reply, FERRY_RPC_DTYPE_F32);
     int64_t dim[2] = {m->rows, m->cols}, n = m->rows * m->cols, two[1] = {2};
     int delta = held != 0 && (held == im->base || held == im->id);
@@ -191,10 +196,11 @@ static ferry_status dense_forward(ferry__ps_module *m, ferry_wire_mode mode, fer
     if (save != NULL)
         save->N = m->rows;
     if (reply->wire_dtype == FERRY_RPC_DTYPE_BF16) {
-        ferry_status st = dense_pull_image(m, req, reply);
-        if (st != FERRY_OK || !((dense_image *)m->impl)->refused)
+        int exact = 0;
+        ferry_status st = dense_pull_image(m, req, reply, &exact);
+        if (st != FERRY_OK || !exact)
             return st;
-        (void)ferry_rpc_msg_set_wire_dtype(reply, FERRY_RPC_DTYPE_F32); /* exact, below */
+        (void)ferry_rpc_msg_set_wire_dtype(reply, FERRY_RPC_DTYPE_F32); /* W, exact, below */
     }
     int64_t dim[2] = {m->rows, m->cols};
     float *w;

@@ -594,7 +594,61 @@ TEST(bf16_dense_images) {
     setup_deinit(&s);
 }
 
+/* No room in the model budget for the image (1.5x the weights): bf16 pulls are W,
+ * exact, in f32's bytes, and the server keeps serving. */
+TEST(bf16_dense_no_room) {
+    enum { R = 300, C = 129, N = R * C };
+    ferry_ps_config pc;
+    ferry_ps_config_default(&pc);
+    pc.listen = "127.0.0.1:0";
+    pc.max_model_bytes = 256 << 10; /* the weights (151 KiB), not their image too */
+    ferry_ps_server *srv;
+    CHECK_OK(ferry_ps_server_create(&pc, &srv));
+    CHECK_OK(ferry_ps_server_start(srv));
+    char target[64];
+    (void)snprintf(target, sizeof target, "127.0.0.1:%d", ferry_ps_server_port(srv));
+    ferry_cluster *cl[2];
+    ferry_remote *w[2];
+    for (int i = 0; i < 2; i++) {
+        ferry_cluster_config cc;
+        ferry_cluster_config_default(&cc);
+        cc.wire_bf16 = i == 0;
+        CHECK_OK(ferry_ps_connect(target, &cc, &cl[i]));
+        ferry_remote_config rc;
+        ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, "tight", R, C);
+        rc.bias = 0;
+        CHECK_OK(ferry_remote_create(cl[i], &rc, &w[i]));
+    }
+    float *a = malloc(N * sizeof *a), *f = malloc(N * sizeof *f), *g = malloc(N * sizeof *g);
+    CHECK(a != NULL && f != NULL && g != NULL);
+    for (int i = 0; i < N; i++)
+        g[i] = 0.01f;
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_dist_ctx_create(cl[0], &dc));
+    for (int step = 0; step < 3; step++) {
+        uint64_t sent, got0, got1, call;
+        ferry_cluster_bytes(cl[0], &sent, &got0);
+        (void)ferry_dist_ctx_begin(dc);
+        CHECK_OK(ferry_remote_dense_pull(w[0], dc, a, &call));
+        ferry_cluster_bytes(cl[0], &sent, &got1);
+        CHECK_OK(ferry_remote_dense_pull(w[1], NULL, f, NULL));
+        CHECK(memcmp(a, f, N * sizeof *a) == 0);
+        CHECK(got1 - got0 >= (uint64_t)N * sizeof(float));
+        CHECK_OK(ferry_remote_dense_push(w[0], dc, call, g));
+        CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.1));
+    }
+    ferry_dist_ctx_destroy(dc);
+    for (int i = 0; i < 2; i++) {
+        ferry_remote_destroy(w[i]);
+        ferry_cluster_destroy(cl[i]);
+    }
+    free(a);
+    free(f);
+    free(g);
+    ferry_ps_server_destroy(srv);
+}
+
 FERRY_TEST_MAIN(T(bsp_two_ranks_match_local) T(bsp_four_ranks_match_local)
                     T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local)
                         T(bsp_stages_match_local) T(membership_errors) T(bsp_missing_rank_times_out)
-                            T(bf16_dense_images))
+                            T(bf16_dense_images) T(bf16_dense_no_room))

@@ -4,7 +4,8 @@
  * tests/test_nn_cpu_ops.c: exp within 1 ulp, tanh 1.5 ulp, sigmoid 2.5 ulp.
  *
  * Vectorising idiom used by the callers: loops run in blocks of FERRY_VLANES with a
- * constant inner trip count, so GCC's -O2 ("very cheap") vectoriser takes them;
+ * constant inner trip count, so GCC's -O2 ("very cheap") vectoriser takes them (the
+ * selects below need -fno-trapping-math, set for every C file, to become blends);
  * results go through a small local array first, so possibly aliasing outputs need
  * no restrict. A scalar tail finishes each row with the same inline functions. */
 #ifndef FERRY_CPU_VMATH_H
