@@ -54,14 +54,14 @@ static void daemon_start(psd *d, const char *restore) {
     if (d->pid == 0) {
         (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test takes its daemon along */
         /* Under ASan freed memory sits in its quarantine and its own allocator, not
-         * malloc's: let it go back to the system so the RSS check measures ferry. */
+         * malloc's: let it go back to the system so the RSS check measures ferry,
+         * whether or not the caller set ASAN_OPTIONS (other builds ignore them). */
         const char *asan = getenv("ASAN_OPTIONS");
-        if (asan != NULL) {
-            static char opts[1024];
-            (void)snprintf(opts, sizeof opts,
-                           "%s:quarantine_size_mb=0:allocator_release_to_os_interval_ms=50", asan);
-            (void)setenv("ASAN_OPTIONS", opts, 1);
-        }
+        static char opts[1024];
+        (void)snprintf(opts, sizeof opts,
+                       "%s%squarantine_size_mb=0:allocator_release_to_os_interval_ms=50",
+                       asan != NULL ? asan : "", asan != NULL && asan[0] != '\0' ? ":" : "");
+        (void)setenv("ASAN_OPTIONS", opts, 1);
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
             (void)dup2(fd, 2);
