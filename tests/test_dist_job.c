@@ -507,6 +507,25 @@ TEST(bsp_missing_rank_times_out) {
     setup_deinit(&s);
 }
 
+/* A client of `targets` (bf16 wire or not) and its handle on dense module `name` (R, C),
+ * made on first use; dense_client_close undoes both. */
+static void dense_client_open(const char *targets, int bf16, const char *name, int64_t R, int64_t C,
+                              ferry_cluster **cl, ferry_remote **w) {
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.wire_bf16 = bf16;
+    CHECK_OK(ferry_ps_connect(targets, &cc, cl));
+    ferry_remote_config rc;
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, R, C);
+    rc.bias = 0;
+    CHECK_OK(ferry_remote_create(*cl, &rc, w));
+}
+
+static void dense_client_close(ferry_cluster *cl, ferry_remote *w) {
+    ferry_remote_destroy(w);
+    ferry_cluster_destroy(cl);
+}
+
 /* The dense pull in bf16 (proto section 3b), against 2 shards: two bf16 clients hold
  * the same image bit for bit; the first pull is W exactly, and each later one is within
  * 2^-8 of one step's change of W (16 times closer than W rounded to bf16 would be) in
@@ -519,16 +538,8 @@ TEST(bf16_dense_images) {
     enum { R = 300, C = 129, N = R * C, CLIENTS = 3, PULLS = 7 };
     ferry_cluster *cl[CLIENTS];
     ferry_remote *w[CLIENTS];
-    for (int i = 0; i < CLIENTS; i++) {
-        ferry_cluster_config cc;
-        ferry_cluster_config_default(&cc);
-        cc.wire_bf16 = i < 2; /* 0, 1: bf16; 2: f32 */
-        CHECK_OK(ferry_ps_connect(s.targets, &cc, &cl[i]));
-        ferry_remote_config rc;
-        ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, "img", R, C);
-        rc.bias = 0;
-        CHECK_OK(ferry_remote_create(cl[i], &rc, &w[i]));
-    }
+    for (int i = 0; i < CLIENTS; i++) /* 0, 1: bf16; 2: f32 */
+        dense_client_open(s.targets, i < 2, "img", R, C, &cl[i], &w[i]);
     float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b), *f = malloc(N * sizeof *f);
     float *prev = malloc(N * sizeof *prev), *g = malloc(N * sizeof *g);
     CHECK(a != NULL && b != NULL && f != NULL && prev != NULL && g != NULL);
@@ -582,10 +593,8 @@ TEST(bf16_dense_images) {
         CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.1));
     }
     ferry_dist_ctx_destroy(dc);
-    for (int i = 0; i < CLIENTS; i++) {
-        ferry_remote_destroy(w[i]);
-        ferry_cluster_destroy(cl[i]);
-    }
+    for (int i = 0; i < CLIENTS; i++)
+        dense_client_close(cl[i], w[i]);
     free(a);
     free(b);
     free(f);
@@ -609,16 +618,8 @@ TEST(bf16_dense_no_room) {
     (void)snprintf(target, sizeof target, "127.0.0.1:%d", ferry_ps_server_port(srv));
     ferry_cluster *cl[2];
     ferry_remote *w[2];
-    for (int i = 0; i < 2; i++) {
-        ferry_cluster_config cc;
-        ferry_cluster_config_default(&cc);
-        cc.wire_bf16 = i == 0;
-        CHECK_OK(ferry_ps_connect(target, &cc, &cl[i]));
-        ferry_remote_config rc;
-        ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, "tight", R, C);
-        rc.bias = 0;
-        CHECK_OK(ferry_remote_create(cl[i], &rc, &w[i]));
-    }
+    for (int i = 0; i < 2; i++) /* 0: bf16; 1: f32 */
+        dense_client_open(target, i == 0, "tight", R, C, &cl[i], &w[i]);
     float *a = malloc(N * sizeof *a), *f = malloc(N * sizeof *f), *g = malloc(N * sizeof *g);
     CHECK(a != NULL && f != NULL && g != NULL);
     for (int i = 0; i < N; i++)
@@ -638,10 +639,8 @@ TEST(bf16_dense_no_room) {
         CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.1));
     }
     ferry_dist_ctx_destroy(dc);
-    for (int i = 0; i < 2; i++) {
-        ferry_remote_destroy(w[i]);
-        ferry_cluster_destroy(cl[i]);
-    }
+    for (int i = 0; i < 2; i++)
+        dense_client_close(cl[i], w[i]);
     free(a);
     free(f);
     free(g);
