@@ -8,4 +8,7 @@ if(FERRY_WERROR)
 endif()
 if(FERRY_NATIVE AND NOT FERRY_SANITIZE)
   target_compile_options(ferry_warnings INTERFACE -march=native)
+else()
+  # Portable: the hot loops in two versions, AVX2+FMA and baseline (common/core/simd.h).
+  target_compile_definitions(ferry_warnings INTERFACE FERRY_SIMD_CLONES)
 endif()

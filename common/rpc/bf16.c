@@ -5,11 +5,12 @@
  * NaN test is a select). This file is compiled with -O3 (common/CMakeLists.txt). */
 #include <string.h>
 
+#include "common/core/simd.h"
 #include "common/rpc/rpc.h"
 
 enum { BF16_BLOCK = 512 };
 
-void ferry_rpc_bf16_narrow(void *dst, const float *src, size_t n) {
+FERRY_HOT_LOOP void ferry_rpc_bf16_narrow(void *dst, const float *src, size_t n) {
     uint8_t *out = dst;
     uint16_t h[BF16_BLOCK];
     uint32_t u[BF16_BLOCK];
@@ -36,7 +37,7 @@ void ferry_rpc_bf16_narrow(void *dst, const float *src, size_t n) {
     }
 }
 
-void ferry_rpc_bf16_widen(float *dst, const void *src, size_t n) {
+FERRY_HOT_LOOP void ferry_rpc_bf16_widen(float *dst, const void *src, size_t n) {
     const uint8_t *in = src;
     uint16_t h[BF16_BLOCK];
     uint32_t u[BF16_BLOCK];

@@ -5,6 +5,7 @@
  * the same per-unit functions below, which are the plain reference formulas. */
 #include "common/backend/cpu/cpu.h"
 #include "common/backend/cpu/vmath.h"
+#include "common/core/simd.h"
 
 /* One hidden unit forward: z holds the four pre-activations (i, f, g, o) on entry
  * and the activations on return; returns c and h through the pointers. */
@@ -23,8 +24,9 @@ static inline void cell_unit_forward(float *zi, float *zf, float *zg, float *zo,
     *h = o * ferry__vtanhf(cc);
 }
 
-ferry_status ferry__cpu_lstm_cell_forward(ferry_backend *be, int64_t N, int64_t H, float *gates,
-                                          const float *c_prev, float *c, float *h) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_lstm_cell_forward(ferry_backend *be, int64_t N, int64_t H,
+                                                         float *gates, const float *c_prev,
+                                                         float *c, float *h) {
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         float *z = gates + n * 4 * H; /* (4H): i, f, g, o pre-activations */
@@ -74,9 +76,10 @@ static inline float cell_unit_backward(float i, float f, float g, float o, float
     return dct * f;
 }
 
-ferry_status ferry__cpu_lstm_cell_backward(ferry_backend *be, int64_t N, int64_t H,
-                                           const float *gates, const float *c_prev, const float *c,
-                                           const float *dh, float *dc, float *dgates) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_lstm_cell_backward(ferry_backend *be, int64_t N, int64_t H,
+                                                          const float *gates, const float *c_prev,
+                                                          const float *c, const float *dh,
+                                                          float *dc, float *dgates) {
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         const float *a = gates + n * 4 * H; /* (4H): i, f, g, o activations */

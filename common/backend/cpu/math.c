@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include "common/backend/cpu/cpu.h"
+#include "common/core/simd.h"
 #include "common/backend/cpu/vmath.h"
 
 ferry_status ferry__cpu_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64_t N, int64_t K,
@@ -24,7 +25,7 @@ ferry_status ferry__cpu_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_fill(ferry_backend *be, float *x, int64_t n, float v) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_fill(ferry_backend *be, float *x, int64_t n, float v) {
     (void)be;
     int64_t i = 0;
     for (; i + FERRY_VLANES <= n; i += FERRY_VLANES)
@@ -35,7 +36,8 @@ ferry_status ferry__cpu_fill(ferry_backend *be, float *x, int64_t n, float v) {
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_axpy(ferry_backend *be, int64_t n, float alpha, const float *x, float *y) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_axpy(ferry_backend *be, int64_t n, float alpha,
+                                            const float *x, float *y) {
     (void)be;
     int64_t i = 0;
     for (; i + FERRY_VLANES <= n; i += FERRY_VLANES) {
@@ -50,7 +52,7 @@ ferry_status ferry__cpu_axpy(ferry_backend *be, int64_t n, float alpha, const fl
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_scale(ferry_backend *be, int64_t n, float alpha, float *x) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_scale(ferry_backend *be, int64_t n, float alpha, float *x) {
     (void)be;
     int64_t i = 0;
     for (; i + FERRY_VLANES <= n; i += FERRY_VLANES)
@@ -61,8 +63,8 @@ ferry_status ferry__cpu_scale(ferry_backend *be, int64_t n, float alpha, float *
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_mul(ferry_backend *be, int64_t n, const float *x, const float *y,
-                            float *out) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_mul(ferry_backend *be, int64_t n, const float *x,
+                                           const float *y, float *out) {
     (void)be;
     int64_t i = 0;
     for (; i + FERRY_VLANES <= n; i += FERRY_VLANES) {
@@ -77,7 +79,8 @@ ferry_status ferry__cpu_mul(ferry_backend *be, int64_t n, const float *x, const 
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_sumsq(ferry_backend *be, int64_t n, const float *x, double *out) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_sumsq(ferry_backend *be, int64_t n, const float *x,
+                                             double *out) {
     (void)be;
     double lane[FERRY_VLANES] = {0}; /* per-lane partial sums, combined in order */
     int64_t i = 0;
@@ -94,7 +97,7 @@ ferry_status ferry__cpu_sumsq(ferry_backend *be, int64_t n, const float *x, doub
 }
 
 /* row(D) += v(D), the inner loop of add_bias and sum_rows. */
-static void row_add(int64_t D, const float *v, float *row) {
+FERRY_HOT_LOOP static void row_add(int64_t D, const float *v, float *row) {
     int64_t d = 0;
     for (; d + FERRY_VLANES <= D; d += FERRY_VLANES) {
         float t[FERRY_VLANES];
@@ -107,16 +110,16 @@ static void row_add(int64_t D, const float *v, float *row) {
         row[d] += v[d];
 }
 
-ferry_status ferry__cpu_add_bias(ferry_backend *be, int64_t N, int64_t D, const float *b,
-                                 float *y) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_add_bias(ferry_backend *be, int64_t N, int64_t D,
+                                                const float *b, float *y) {
     (void)be;
     for (int64_t n = 0; n < N; n++)
         row_add(D, b, y + n * D); /* y[n, :] += b */
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_sum_rows(ferry_backend *be, int64_t N, int64_t D, const float *x,
-                                 float *out) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_sum_rows(ferry_backend *be, int64_t N, int64_t D,
+                                                const float *x, float *out) {
     (void)be;
     for (int64_t n = 0; n < N; n++)
         row_add(D, x + n * D, out); /* out += x[n, :] */

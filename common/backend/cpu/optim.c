@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "common/backend/cpu/cpu.h"
+#include "common/core/simd.h"
 #include "common/tensor/optim-consts.h"
 
 /* The update streams over 3-5 arrays; let GCC vectorise loops of unknown length at -O2
@@ -22,8 +23,8 @@
 
 /* SGD: d = g*s (+ wd p); buf = fresh ? d : m buf + (1-damp) d;
  * d = nesterov ? d + m buf : buf; p += -lr d. Without momentum buf is absent. */
-static void sgd_span(const ferry_optim_consts *c, int64_t n, float *restrict p, const float *restrict g,
-                     float *restrict buf, int fresh) {
+FERRY_HOT_LOOP static void sgd_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
+                                    const float *restrict g, float *restrict buf, int fresh) {
     const float s = c->scale, wd = c->wd, m = c->a, damp1 = c->a1, nlr = c->neg_lr;
     if (buf == NULL) {
         if (wd != 0.0f)
@@ -58,8 +59,8 @@ static void sgd_span(const ferry_optim_consts *c, int64_t n, float *restrict p, 
 }
 
 /* Adagrad: d = g*s (+ wd p); sum += d*d; p += -clr d / (sqrt(sum) + eps). */
-static void adagrad_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
-                         const float *restrict g, float *restrict sum) {
+FERRY_HOT_LOOP static void adagrad_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
+                                        const float *restrict g, float *restrict sum) {
     const float s = c->scale, wd = c->wd, nclr = c->neg_lr, eps = c->eps;
     for (int64_t i = 0; i < n; i++) {
         float d = g[i] * s;
@@ -74,8 +75,9 @@ static void adagrad_span(const ferry_optim_consts *c, int64_t n, float *restrict
 /* Adadelta: d = g*s (+ wd p); sq = rho sq + (1-rho) d^2;
  * delta = sqrt(acc + eps) / sqrt(sq + eps) * d; acc = rho acc + (1-rho) delta^2;
  * p += -lr delta. */
-static void adadelta_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
-                          const float *restrict g, float *restrict sq, float *restrict acc) {
+FERRY_HOT_LOOP static void adadelta_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
+                                         const float *restrict g, float *restrict sq,
+                                         float *restrict acc) {
     const float s = c->scale, wd = c->wd, rho = c->a, rho1 = c->a1, eps = c->eps;
     const float nlr = c->neg_lr;
     for (int64_t i = 0; i < n; i++) {
@@ -93,8 +95,9 @@ static void adadelta_span(const ferry_optim_consts *c, int64_t n, float *restric
 /* Adam(W): p *= 1 - lr wd (AdamW only); d = g*s (+ wd p, Adam only);
  * m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2;
  * p += (-lr/bc1) m / (sqrt(v)/sqrt(bc2) + eps). */
-static void adam_span(const ferry_optim_consts *c, int64_t n, float *restrict p, const float *restrict g,
-                      float *restrict m, float *restrict v) {
+FERRY_HOT_LOOP static void adam_span(const ferry_optim_consts *c, int64_t n, float *restrict p,
+                                     const float *restrict g, float *restrict m,
+                                     float *restrict v) {
     const float s = c->scale, wd = c->wd, b1 = c->a, b11 = c->a1, b2 = c->b, b21 = c->b1;
     const float nss = c->neg_lr, bc2s = c->bc2_sqrt, eps = c->eps, decay = c->decay;
     for (int64_t i = 0; i < n; i++) {

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "common/backend/cpu/cpu.h"
+#include "common/core/simd.h"
 #include "common/backend/cpu/vmath.h" /* FERRY_VLANES */
 
 ferry_status ferry__cpu_gather_rows(ferry_backend *be, int64_t count, int64_t D, const int32_t *idx,
@@ -13,8 +14,9 @@ ferry_status ferry__cpu_gather_rows(ferry_backend *be, int64_t count, int64_t D,
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_scatter_add_rows(ferry_backend *be, int64_t count, int64_t D,
-                                         const int32_t *idx, const float *src, float *dst) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_scatter_add_rows(ferry_backend *be, int64_t count, int64_t D,
+                                                        const int32_t *idx, const float *src,
+                                                        float *dst) {
     (void)be;
     for (int64_t n = 0; n < count; n++) {
         float *row = dst + (int64_t)idx[n] * D; /* (D) += src[n, :] */

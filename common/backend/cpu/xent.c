@@ -5,9 +5,10 @@
  * a fixed order, so results do not depend on anything but the input. */
 #include "common/backend/cpu/cpu.h"
 #include "common/backend/cpu/vmath.h"
+#include "common/core/simd.h"
 
 /* Max of z[0..V). */
-static float row_max_of(const float *z, int64_t V) {
+FERRY_HOT_LOOP static float row_max_of(const float *z, int64_t V) {
     float lane[FERRY_VLANES];
     for (int k = 0; k < FERRY_VLANES; k++)
         lane[k] = z[0];
@@ -24,7 +25,7 @@ static float row_max_of(const float *z, int64_t V) {
 }
 
 /* z[v] = e^(z[v] - mx); returns the sum in double. */
-static double row_exp_sum(float *z, int64_t V, float mx) {
+FERRY_HOT_LOOP static double row_exp_sum(float *z, int64_t V, float mx) {
     double lane[FERRY_VLANES] = {0};
     int64_t v = 0;
     for (; v + FERRY_VLANES <= V; v += FERRY_VLANES) {
@@ -47,7 +48,7 @@ static double row_exp_sum(float *z, int64_t V, float mx) {
 }
 
 /* z[v] *= s. */
-static void row_scale_by(float *z, int64_t V, float s) {
+FERRY_HOT_LOOP static void row_scale_by(float *z, int64_t V, float s) {
     int64_t v = 0;
     for (; v + FERRY_VLANES <= V; v += FERRY_VLANES)
         for (int k = 0; k < FERRY_VLANES; k++)
@@ -56,8 +57,9 @@ static void row_scale_by(float *z, int64_t V, float s) {
         z[v] *= s;
 }
 
-ferry_status ferry__cpu_xent_forward(ferry_backend *be, int64_t N, int64_t V, float *logits,
-                                     const int32_t *targets, float *loss_rows) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_xent_forward(ferry_backend *be, int64_t N, int64_t V,
+                                                    float *logits, const int32_t *targets,
+                                                    float *loss_rows) {
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         float *z = logits + n * V; /* (V) logits in, probabilities out */
@@ -70,8 +72,9 @@ ferry_status ferry__cpu_xent_forward(ferry_backend *be, int64_t N, int64_t V, fl
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_xent_backward(ferry_backend *be, int64_t N, int64_t V, float *probs,
-                                      const int32_t *targets, float scale) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_xent_backward(ferry_backend *be, int64_t N, int64_t V,
+                                                     float *probs, const int32_t *targets,
+                                                     float scale) {
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         float *p = probs + n * V; /* (V) probabilities in, gradient out */
@@ -83,9 +86,10 @@ ferry_status ferry__cpu_xent_backward(ferry_backend *be, int64_t N, int64_t V, f
 
 /* ---- sharded softmax: the same kernels over one vocabulary slice ---- */
 
-ferry_status ferry__cpu_softmax_partials(ferry_backend *be, int64_t N, int64_t V, float *z,
-                                         const int32_t *targets, float *row_max,
-                                         double *row_sumexp, float *target_logit) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_softmax_partials(ferry_backend *be, int64_t N, int64_t V,
+                                                        float *z, const int32_t *targets,
+                                                        float *row_max, double *row_sumexp,
+                                                        float *target_logit) {
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         float *zr = z + n * V; /* (V) logits in, exp(z - max) out */
@@ -96,9 +100,10 @@ ferry_status ferry__cpu_softmax_partials(ferry_backend *be, int64_t N, int64_t V
     return FERRY_OK;
 }
 
-ferry_status ferry__cpu_softmax_grad(ferry_backend *be, int64_t N, int64_t V, float *e,
-                                     const float *factor, const int32_t *targets,
-                                     const float *row_scale, float scale) {
+FERRY_HOT_LOOP ferry_status ferry__cpu_softmax_grad(ferry_backend *be, int64_t N, int64_t V,
+                                                    float *e, const float *factor,
+                                                    const int32_t *targets, const float *row_scale,
+                                                    float scale) {
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         float *p = e + n * V; /* (V) exp(z - max_slice) in, gradient out */
