@@ -24,8 +24,11 @@ export FERRY_PROGRESS=off OPENBLAS_NUM_THREADS=1
 
 cpu_model=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "machine: ${cpu_model:-unknown}, $(nproc) cores, $(($(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576)) GiB"
-core=$(OPENBLAS_VERBOSE=2 "$BIN/worker/ferry-trainer" --help 2>&1 | grep -m1 "^Core:" | cut -d' ' -f2 || true)
-echo "BLAS: OpenBLAS ${core:-?} kernels (as the daemons load them), 1 thread per process"
+# The kernels the trainer logs (after its re-exec to the strongest the CPU runs, the
+# daemons' policy); OpenBLAS's own first choice can be weaker.
+core=$("$BIN/worker/ferry-trainer" --local --data data/ptb --train-tokens 2000 --eval-tokens 200 \
+    --max-steps 1 2>&1 | grep -m1 -o "OpenBLAS: [^,]*" | cut -d' ' -f2- || true)
+echo "BLAS: OpenBLAS ${core:-?} kernels, 1 thread per process"
 
 DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt 20
     --max-steps "$STEPS" --log-interval 20)

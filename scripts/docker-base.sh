@@ -32,7 +32,15 @@ fi
 log=${DOCKERD_LOG:-/var/log/dockerd.log}
 if ! docker info >/dev/null 2>&1; then
     echo "starting dockerd (log: $log)" >&2
-    (dockerd >"$log" 2>&1 &)
+    # Only stdin/stdout/stderr go to the daemon: a descriptor the caller holds (a lock
+    # file under flock, a pipe it waits on) would otherwise stay open as long as dockerd.
+    (
+        for fd in /proc/self/fd/*; do
+            fd=${fd##*/}
+            [ "$fd" -gt 2 ] && { eval "exec $fd>&-" 2>/dev/null || true; }
+        done
+        exec dockerd >"$log" 2>&1 </dev/null
+    ) &
     for _ in $(seq 60); do
         docker info >/dev/null 2>&1 && break
         sleep 1
