@@ -4,11 +4,14 @@
 # job's tokens/s and the ratio. Each placement runs REPS times; medians are reported.
 #
 #   bench/compose_bench.sh [--reps N] [--build DIR] [--image IMAGE] [--variant NAME]...
+#                          [--cgroups]
 #
 # Placements:
 #   native     build/'s ferry-ps and ferry-trainer on loopback (the baseline)
 #   compose    docker/compose.yml as docker/README.md runs it (IMAGE, default ferry:latest)
 #   VARIANT    compose with docker/compose.VARIANT.yml layered on top (each --variant)
+#   native-cg  (--cgroups) native, but each process in a cpu cgroup of its own, as docker
+#              puts each container: separates the scheduling from the rest of docker
 # The job: PTB small, one epoch of 120,000 training tokens (the ranks split each
 # step's batch columns), checkpoints every 200 steps, as scripts/docker-job.sh runs it.
 # The figure is the epoch's tokens/s as rank 0 logs it ("epoch 1 done"); the epoch's
@@ -16,14 +19,15 @@
 # Needs a running dockerd and the image (scripts/docker-job.sh makes both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPS=3 BIN=build IMAGE=ferry:latest VARIANTS=()
+REPS=3 BIN=build IMAGE=ferry:latest VARIANTS=() CGROUPS=0
 while [ $# -gt 0 ]; do
     case $1 in
     --reps) REPS=$2; shift 2 ;;
     --build) BIN=$2; shift 2 ;;
     --image) IMAGE=$2; shift 2 ;;
     --variant) VARIANTS+=("$2"); shift 2 ;;
-    *) echo "usage: $0 [--reps N] [--build DIR] [--image IMAGE] [--variant NAME]..." >&2; exit 2 ;;
+    --cgroups) CGROUPS=1; shift ;;
+    *) echo "usage: $0 [--reps N] [--build DIR] [--image IMAGE] [--variant NAME]... [--cgroups]" >&2; exit 2 ;;
     esac
 done
 ARGS="--epochs 1 --train-tokens 120000 --eval-tokens 10000 --log-interval 100"
@@ -36,8 +40,24 @@ compose() { # [VARIANT] -- ARGS...
     if docker compose version >/dev/null 2>&1; then docker compose -p "$project" "${files[@]}" "$@"
     else docker-compose -p "$project" "${files[@]}" "$@"; fi
 }
+CG=/sys/fs/cgroup/cpu # cgroup v1's cpu hierarchy (what docker.io 20.10 uses here)
+if [ "$CGROUPS" = 1 ] && [ ! -w "$CG/cgroup.procs" ]; then
+    echo "--cgroups needs cgroup v1's cpu hierarchy at $CG, writable (root)" >&2
+    exit 2
+fi
+cg_put() { # NAME PID: PID into a cpu cgroup of its own (--cgroups)
+    [ "$CGROUPS" = 1 ] || return 0
+    mkdir -p "$CG/$project-$1" && echo "$2" >"$CG/$project-$1/cgroup.procs"
+}
+cg_clear() {
+    [ "$CGROUPS" = 1 ] || return 0
+    local g
+    for g in "$CG/$project"-*; do [ -d "$g" ] && rmdir "$g" 2>/dev/null; done
+    return 0
+}
 cleanup() {
     kill $(jobs -p) 2>/dev/null || true
+    cg_clear
     compose -- down -v >/dev/null 2>&1 || true
     rm -rf "$TMP"
 }
@@ -56,13 +76,14 @@ kernels() { # LOG
     grep -m1 -o "OpenBLAS: [^,;)]*" "$1" | head -1 || true
 }
 
-run_native() { # -> tokens/s on stdout
-    local d=$TMP/native ports=()
+run_native() { # [cg] -> tokens/s on stdout
+    local cg=${1:-} d=$TMP/native ports=()
     rm -rf "$d" && mkdir -p "$d/ck0" "$d/ck1"
     for s in 0 1; do
         "$BIN/server/ferry-ps" --listen 127.0.0.1:0 --port-file "$d/ps$s.port" --insecure \
             --server-id "ps$s" --checkpoint-dir "$d/ck$s" 2>"$d/ps$s.log" &
         echo $! >"$d/ps$s.pid"
+        [ -n "$cg" ] && cg_put "ps$s" $!
     done
     for s in 0 1; do
         for _ in $(seq 100); do [ -s "$d/ps$s.port" ] && break; sleep 0.1; done
@@ -76,11 +97,13 @@ run_native() { # -> tokens/s on stdout
             --data data/ptb --save "$d/lm.ck" --checkpoint-every 200 \
             --metrics-out "$d/rank$r.jsonl" $ARGS >"$d/rank$r.log" 2>&1 &
         pids+=($!)
+        [ -n "$cg" ] && cg_put "rank$r" $!
     done
     local rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     kill "$(cat "$d/ps0.pid")" "$(cat "$d/ps1.pid")" 2>/dev/null || true
     wait "$(cat "$d/ps0.pid")" "$(cat "$d/ps1.pid")" 2>/dev/null || true
+    cg_clear
     [ "$rc" = 0 ] || { echo "native: a rank failed: $(tail -n 3 "$d"/*.log)" >&2; exit 1; }
     cp "$d/rank0.log" "$TMP/native.last.log"
     epoch_tps "$d/rank0.log"
@@ -102,10 +125,12 @@ run_compose() { # [VARIANT|--] -> tokens/s on stdout
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 placements=(native compose "${VARIANTS[@]}")
+[ "$CGROUPS" = 1 ] && placements=(native native-cg compose "${VARIANTS[@]}")
 for ((rep = 1; rep <= REPS; rep++)); do
     for p in "${placements[@]}"; do
         case $p in
         native) tps=$(run_native) ;;
+        native-cg) tps=$(run_native cg) ;;
         compose) tps=$(run_compose --) ;;
         *) tps=$(run_compose "$p") ;;
         esac
