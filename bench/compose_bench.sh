@@ -19,6 +19,7 @@
 # Needs a running dockerd and the image (scripts/docker-job.sh makes both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 REPS=3 BIN=build IMAGE=ferry:latest VARIANTS=() CGROUPS=0
 while [ $# -gt 0 ]; do
     case $1 in
@@ -65,24 +66,23 @@ trap cleanup EXIT
 docker image inspect "$IMAGE" >/dev/null 2>&1 ||
     { echo "no image $IMAGE: run scripts/docker-job.sh first (it builds it)" >&2; exit 1; }
 
-cpu_model=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-echo "machine: ${cpu_model:-unknown}, $(nproc) cores; $(date -u +%FT%TZ); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "machine: $(bench_cpu_model), $(nproc) cores; $(date -u +%FT%TZ); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "job: 2 ferry-ps + 2 bsp ranks, PTB small, $ARGS"
 
 epoch_tps() { # LOG: rank 0's epoch tokens/s
     grep -m1 "epoch 1 done" "$1" | sed 's/.*steps, \([0-9.]*\) tokens\/s.*/\1/'
 }
 kernels() { # LOG
-    grep -m1 -o "OpenBLAS: [^,;)]*" "$1" | head -1 || true
+    grep -m1 -o "OpenBLAS: [^,;)]*" "$1" || true
 }
 
 run_native() { # [cg] -> tokens/s on stdout
-    local cg=${1:-} d=$TMP/native ports=()
+    local cg=${1:-} d=$TMP/native ports=() servers=()
     rm -rf "$d" && mkdir -p "$d/ck0" "$d/ck1"
     for s in 0 1; do
         "$BIN/server/ferry-ps" --listen 127.0.0.1:0 --port-file "$d/ps$s.port" --insecure \
             --server-id "ps$s" --checkpoint-dir "$d/ck$s" 2>"$d/ps$s.log" &
-        echo $! >"$d/ps$s.pid"
+        servers+=($!)
         [ -n "$cg" ] && cg_put "ps$s" $!
     done
     for s in 0 1; do
@@ -101,8 +101,8 @@ run_native() { # [cg] -> tokens/s on stdout
     done
     local rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
-    kill "$(cat "$d/ps0.pid")" "$(cat "$d/ps1.pid")" 2>/dev/null || true
-    wait "$(cat "$d/ps0.pid")" "$(cat "$d/ps1.pid")" 2>/dev/null || true
+    kill "${servers[@]}" 2>/dev/null || true
+    wait "${servers[@]}" 2>/dev/null || true
     cg_clear
     [ "$rc" = 0 ] || { echo "native: a rank failed: $(tail -n 3 "$d"/*.log)" >&2; exit 1; }
     cp "$d/rank0.log" "$TMP/native.last.log"
@@ -122,10 +122,9 @@ run_compose() { # [VARIANT|--] -> tokens/s on stdout
     epoch_tps "$log"
 }
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-
-placements=(native compose "${VARIANTS[@]}")
-[ "$CGROUPS" = 1 ] && placements=(native native-cg compose "${VARIANTS[@]}")
+placements=(native)
+[ "$CGROUPS" = 1 ] && placements+=(native-cg)
+placements+=(compose "${VARIANTS[@]}")
 for ((rep = 1; rep <= REPS; rep++)); do
     for p in "${placements[@]}"; do
         case $p in

@@ -29,6 +29,7 @@
 # Defaults: build, small, 1 rep, 100:300 steps (the issue's), f32.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BIN=build CONFIGS=small REPS=1 SHORT=100 LONG=300 WIRE=f32
 while [ $# -gt 0 ]; do
     case $1 in
@@ -47,11 +48,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 export FERRY_PROGRESS=off
 HZ=$(getconf CLK_TCK)
 
-cpu_model=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-echo "machine: ${cpu_model:-unknown}, $(nproc) cores; $(date -u +%FT%TZ); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-kern=$("$BIN/worker/ferry-trainer" --local --data data/ptb --train-tokens 2000 --eval-tokens 200 \
-    --max-steps 1 2>&1 | grep -m1 -o "OpenBLAS: [^,]*" | cut -d' ' -f2 || true)
-echo "BLAS: OpenBLAS ${kern:-?} kernels, 1 thread per process unless said; wire $WIRE;" \
+echo "machine: $(bench_cpu_model), $(nproc) cores; $(date -u +%FT%TZ); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "BLAS: OpenBLAS $(bench_kernels "$BIN") kernels, 1 thread per process unless said; wire $WIRE;" \
     "steady state = ${LONG}-step run minus ${SHORT}-step run"
 
 start_ps() { # NAME: a ferry-ps on an ephemeral port; sets PS_PID, PORT
@@ -116,7 +114,6 @@ run() {
             'BEGIN { printf "%.3f %.3f %s\n", a + b + s, (w0 > w1 ? w0 : w1), s }' ;;
     esac
 }
-median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 for cfg in $CONFIGS; do
     case $cfg in

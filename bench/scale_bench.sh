@@ -15,6 +15,7 @@
 # docs/scaling.md turns those costs into a model for 8, 64 and 512 trainers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BIN=${1:-build}
 REPS=${2:-3}
 STEPS=60 # measured: steps 21..60 (the first 20 warm up)
@@ -22,13 +23,8 @@ TMP=$(mktemp -d /tmp/ferry-scale.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 export FERRY_PROGRESS=off OPENBLAS_NUM_THREADS=1
 
-cpu_model=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-echo "machine: ${cpu_model:-unknown}, $(nproc) cores, $(($(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576)) GiB"
-# The kernels the trainer logs (after its re-exec to the strongest the CPU runs, the
-# daemons' policy); OpenBLAS's own first choice can be weaker.
-core=$("$BIN/worker/ferry-trainer" --local --data data/ptb --train-tokens 2000 --eval-tokens 200 \
-    --max-steps 1 2>&1 | grep -m1 -o "OpenBLAS: [^,]*" | cut -d' ' -f2- || true)
-echo "BLAS: OpenBLAS ${core:-?} kernels, 1 thread per process"
+echo "machine: $(bench_cpu_model), $(nproc) cores, $(($(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576)) GiB"
+echo "BLAS: OpenBLAS $(bench_kernels "$BIN") kernels, 1 thread per process"
 
 DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt 20
     --max-steps "$STEPS" --log-interval 20)
@@ -54,7 +50,6 @@ window_tok_s() {
 event_field() { # FILE EVENT FIELD: the field of the last such event
     grep "\"event\":\"$2\"" "$1" | tail -1 | sed "s/.*\"$3\":\([^,}]*\).*/\1/"
 }
-median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 run_local() {
     "$BIN/worker/ferry-trainer" --local "${DATA[@]}" --batch-size 20 \
