@@ -11,10 +11,13 @@
  * Locking: jobs->mu first, then a context's mutex, then a module's lock. A Step of
  * ssp or async runs without jobs->mu (it takes only its context and modules). */
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/core/log.h"
 #include "server/ps-impl.h"
@@ -41,6 +44,7 @@ typedef struct job_rank {
     uint64_t ctx_id, ctx_sess; /* its context of the step: id, and the session it is in */
     double loss_sum, tokens;
     int ck; /* asked for a checkpoint after this step */
+    uint64_t readmit;      /* JobStep.readmit */
     ferry_rpc_pending *gn; /* its GradNorm, waiting for the barrier */
     /* ssp: its Step's reply, built and waiting for the bound */
     ferry_rpc_pending *sp;
@@ -86,6 +90,7 @@ struct ferry__ps_job {
     int nagg;
     double agg_sumsq, agg_loss, agg_tokens;
     int agg_ck; /* some rank asked for a checkpoint after bsp_step */
+    uint64_t agg_readmit; /* the replicas the ranks re-admit after bsp_step (OR) */
     uint64_t applied; /* the last step applied */
     double applied_scale;
     uint64_t applied_version;
@@ -1210,6 +1215,145 @@ static ferry_status job_drop_call(ferry__ps_state *ps, const ferry__ps_session *
     return st != FERRY_OK ? st : ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+/* The member check of fetch and install: the job known here is the caller's and the
+ * session holds `rank`; a job unknown here (a fresh replica) is the caller's own.
+ * Fills the job's checkpoint file name of `step` and the owner its file must name. */
+static ferry_status replica_call_check(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                       const char *name, uint32_t rank, uint64_t step, int known,
+                                       char *file, size_t cap, char *owner) {
+    if (ps->checkpoint_dir[0] == '\0')
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "job '%s': this ferry-ps has no --checkpoint-dir to hold a replica's "
+                            "checkpoint",
+                            name);
+    pthread_mutex_lock(&ps->jobs.mu);
+    ferry__ps_job *job = job_find(&ps->jobs, name);
+    ferry_status st = FERRY_OK;
+    if (job == NULL && known)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%.63s' is unknown here (Join it first)", name);
+    else if (job != NULL && !ferry__ps_may_use(sess, job->owner))
+        st = not_yours(name);
+    else if (job != NULL && known && (rank >= job->world || !acts_as(sess, job, rank)))
+        st = not_held(job, rank);
+    if (st == FERRY_OK) {
+        (void)snprintf(owner, FERRY_RPC_IDENTITY_MAX, "%s",
+                       job != NULL ? job->owner : sess->identity);
+        char prefix[FERRY_RPC_NAME_MAX];
+        job_file_prefix(name, prefix, sizeof prefix);
+        (void)snprintf(file, cap, "%s/%s-step%llu.ckpt", ps->checkpoint_dir, prefix,
+                       (unsigned long long)step);
+    }
+    pthread_mutex_unlock(&ps->jobs.mu);
+    return st;
+}
+
+/* fetch: a checkpoint file's bytes, verified first, for a replica that re-joins. */
+static ferry_status job_fetch(ferry__ps_state *ps, const ferry__ps_session *sess, const char *name,
+                              const Ferry__V1__JobFetch *q, ferry_rpc_msg *reply) {
+    char path[1280], owner[FERRY_RPC_IDENTITY_MAX], fowner[FERRY_RPC_IDENTITY_MAX];
+    ferry_status st =
+        replica_call_check(ps, sess, name, q->rank, q->step, 1, path, sizeof path, owner);
+    uint64_t step = 0;
+    pthread_mutex_lock(&ps->checkpoint_mu); /* not while one is written */
+    if (st == FERRY_OK && (st = ferry__ps_checkpoint_verify(path, &step, fowner)) == FERRY_OK &&
+        (step != q->step || strcmp(fowner, owner) != 0))
+        st = ferry_errorf(FERRY_ERR_FORMAT, "%s holds step %llu of '%s', not step %llu of '%s'",
+                          path, (unsigned long long)step, fowner, (unsigned long long)q->step,
+                          owner);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    if (st == FERRY_OK) {
+        FILE *f = fopen(path, "rb");
+        long end = -1;
+        if (f != NULL && fseek(f, 0, SEEK_END) == 0 && (end = ftell(f)) > 0 &&
+            fseek(f, 0, SEEK_SET) == 0 && (data = malloc((size_t)end)) != NULL &&
+            fread(data, 1, (size_t)end, f) == (size_t)end)
+            len = (size_t)end;
+        else
+            st = data == NULL && end > 0 ? FERRY_NOMEM()
+                                         : ferry_errorf(FERRY_ERR_IO, "%s: cannot read it", path);
+        if (f != NULL)
+            fclose(f);
+    }
+    pthread_mutex_unlock(&ps->checkpoint_mu);
+    if (st == FERRY_OK) {
+        Ferry__V1__JobReply r;
+        ferry__v1__job_reply__init(&r);
+        r.checkpoint_data.data = data;
+        r.checkpoint_data.len = len;
+        r.checkpoint_path = path;
+        r.checkpoint_bytes = len;
+        st = ferry_rpc_msg_set_head(reply, &r.base);
+        FERRY_LOG_INFO("job '%s': sent %s (%zu bytes) for a replica that re-joins", name, path,
+                       len);
+    }
+    free(data);
+    return st;
+}
+
+/* install: a sibling replica's checkpoint becomes this server's file of that step. */
+static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                const char *name, const Ferry__V1__JobInstall *q,
+                                ferry_rpc_msg *reply) {
+    char path[1280], tmp[1300], owner[FERRY_RPC_IDENTITY_MAX], fowner[FERRY_RPC_IDENTITY_MAX];
+    ferry_status st =
+        replica_call_check(ps, sess, name, q->rank, q->step, 0, path, sizeof path, owner);
+    if (st != FERRY_OK)
+        return st;
+    const char *base = strrchr(path, '/');
+    (void)snprintf(tmp, sizeof tmp, "%.*s/.%s.XXXXXX", (int)(base - path), path, base + 1);
+    pthread_mutex_lock(&ps->checkpoint_mu);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0)
+        st = ferry_errorf(errno == ENOSPC ? FERRY_ERR_RESOURCE : FERRY_ERR_IO, "%s: %s", tmp,
+                          strerror(errno));
+    for (size_t off = 0; st == FERRY_OK && off < q->data.len;) {
+        ssize_t w = write(fd, q->data.data + off, q->data.len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            st = ferry_errorf(errno == ENOSPC ? FERRY_ERR_RESOURCE : FERRY_ERR_IO, "%s: %s", tmp,
+                              strerror(errno));
+        else
+            off += (size_t)w;
+    }
+    if (st == FERRY_OK && fsync(fd) != 0)
+        st = ferry_errorf(FERRY_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    uint64_t step = 0;
+    if (st == FERRY_OK && (st = ferry__ps_checkpoint_verify(tmp, &step, fowner)) == FERRY_OK) {
+        if (step != q->step)
+            st = ferry_errorf(FERRY_ERR_FORMAT, "the checkpoint sent holds step %llu, not %llu",
+                              (unsigned long long)step, (unsigned long long)q->step);
+        else if (strcmp(fowner, owner) != 0)
+            st = ferry_errorf(FERRY_ERR_DENIED,
+                              "the checkpoint sent is '%s''s, not the job owner's ('%s')", fowner,
+                              owner);
+    }
+    if (st == FERRY_OK && rename(tmp, path) != 0)
+        st = ferry_errorf(FERRY_ERR_IO, "%s: rename: %s", path, strerror(errno));
+    if (st != FERRY_OK && fd >= 0)
+        (void)unlink(tmp);
+    if (st == FERRY_OK) {
+        int dfd = open(ps->checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
+        }
+    }
+    pthread_mutex_unlock(&ps->checkpoint_mu);
+    if (st != FERRY_OK)
+        return st;
+    FERRY_LOG_INFO("job '%s': installed %s (%zu bytes, verified) from a sibling replica", name,
+                   path, q->data.len);
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
+    r.checkpoint_path = path;
+    r.checkpoint_bytes = q->data.len;
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
 ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
                               const Ferry__V1__JobRequest *q, ferry_rpc_msg *req,
                               ferry_rpc_msg *reply) {
@@ -1227,6 +1371,10 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
         return job_checkpoint(ps, sess, q->job, q->checkpoint, reply);
     case FERRY__V1__JOB_REQUEST__ACTION_DROP:
         return job_drop_call(ps, sess, q->job, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_FETCH:
+        return job_fetch(ps, sess, q->job, q->fetch, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_INSTALL:
+        return job_install(ps, sess, q->job, q->install, reply);
     case FERRY__V1__JOB_REQUEST__ACTION_JOIN:
     case FERRY__V1__JOB_REQUEST__ACTION_READY:
     case FERRY__V1__JOB_REQUEST__ACTION_LEAVE:
@@ -1236,7 +1384,7 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
     default:
         return ferry_errorf(FERRY_ERR_INVALID,
                             "Job '%s': no action (join | ready | leave | probe | recover | "
-                            "checkpoint | status | drop)",
+                            "checkpoint | status | drop | fetch | install)",
                             q->job);
     }
 }
@@ -1346,9 +1494,11 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
     agg_free(job);
     job->agg_loss = job->agg_tokens = job->agg_sumsq = 0.0;
     job->agg_ck = 0;
+    job->agg_readmit = 0;
     for (uint32_t r = 0; r < job->world && st == FERRY_OK; r++) {
         job_rank *k = rank_get(job, r); /* every rank arrived: its chunk exists */
         job->agg_ck |= k->ck;
+        job->agg_readmit |= k->readmit;
         job->agg_loss += k->loss_sum;
         job->agg_tokens += k->tokens;
         ferry__ps_ctx *c;
@@ -1407,6 +1557,7 @@ static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
         r.loss_sum = job->agg_loss;
         r.tokens = job->agg_tokens;
         r.checkpoint = job->agg_ck;
+        r.readmit = job->agg_readmit;
         st = ferry_rpc_msg_set_head(reply, &r.base);
     }
     free(metrics);
@@ -1502,6 +1653,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     k->loss_sum = js->loss_sum;
     k->tokens = js->tokens;
     k->ck = js->checkpoint;
+    k->readmit = js->readmit;
     job->arrived++;
     if (job->arrived < job->world) {
         ferry_rpc_pending *p = ferry_rpc_defer(reply);

@@ -21,6 +21,11 @@ void ferry_trainer_cli_init(ferry_trainer_cli *cli, ferry_trainer_config *cfg) {
          .help = "train the whole model in this process, as without --ps"},
         {.name = "ps", .type = FERRY_FLAG_STRING, .ptr = &cfg->ps, .metavar = "HOST:PORT[,...]",
          .help = "ferry-ps shards hosting the embedding and decoder"},
+        {.name = "replicas", .type = FERRY_FLAG_INT, .ptr = &cfg->replicas, .min = 1, .max = 16,
+         .metavar = "R", .defval = "1",
+         .help = "with --ps: R servers per shard, listed side by side; every call goes to each, "
+                 "and a shard whose server dies or stalls goes on with the others (no "
+                 "roll-back); a bsp job or one trainer"},
         {.name = "decoder-mode", .type = FERRY_FLAG_ENUM, .ptr = &cfg->decoder_mode,
          .choices = "logits|sharded-softmax",
          .help = "with --ps: logits cross the wire, or only per-row softmax partials"},

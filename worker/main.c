@@ -150,6 +150,15 @@ int main(int argc, char **argv) {
         return usage_error("--micro-batches %d needs --ps and --decoder-mode sharded-softmax (the "
                            "pipeline overlaps the trainer's LSTM with ferry-ps's decoder)",
                            cfg.micro_batches);
+    if (cfg.replicas > 1 && cfg.ps == NULL)
+        return usage_error("--replicas %d needs --ps (the servers that hold each shard)",
+                           cfg.replicas);
+    if (cfg.replicas > 1 && cfg.sync != NULL && strcmp(cfg.sync, "bsp") != 0)
+        return usage_error(
+            "--replicas %d needs --sync bsp: the replicas of a shard apply the ranks' "
+            "updates in the same order only when a barrier orders them (--sync "
+            "%s applies each on arrival)",
+            cfg.replicas, cfg.sync);
     if (cfg.wire_dtype != 0 && cfg.ps == NULL)
         return usage_error("--wire-dtype bf16 needs --ps (it is how tensors travel to ferry-ps)");
     if (cfg.local_vocab > 0 && (cfg.ps == NULL || cfg.decoder_mode != 1))

@@ -696,6 +696,7 @@ static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G
         return st;
     ferry_dist_ctx_job_loss(dc, &res->job_loss_sum, &res->job_tokens);
     res->checkpoint = ferry_dist_ctx_job_checkpoint(dc);
+    res->readmit = ferry_dist_ctx_job_readmit(dc);
     return FERRY_OK;
 }
 

@@ -131,6 +131,7 @@ typedef struct ferry_lm_step_result {
     double job_loss_sum, job_tokens;
     double sync_s; /* seconds in the job's GradNorm and Step (waiting for the others) */
     int checkpoint; /* a job rank asked for a checkpoint after this step */
+    uint64_t readmit; /* replicas every rank re-admits after this step (ferry_job_readmit) */
 } ferry_lm_step_result;
 
 /* One training step: forward, backward across processes, the Stiefel penalty

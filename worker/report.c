@@ -73,6 +73,42 @@ static ferry_status log_pipeline(trainer *t) {
     return ferry_metrics_write_kv(t->metrics, "pipeline", 6, keys, vals);
 }
 
+ferry_status ferry__trainer_note_failover(trainer *t) {
+    uint64_t n = ferry_cluster_replicas_dropped(t->cluster, NULL, 0);
+    if (n == t->drops_seen)
+        return FERRY_OK;
+    t->drops_seen = n;
+    int degraded = 0, shards = ferry_cluster_size(t->cluster);
+    for (int s = 0; s < shards; s++) {
+        int live, R = ferry_cluster_replicas(t->cluster, s, &live);
+        degraded += live < R;
+    }
+    FERRY_LOG_INFO("step %lld: %llu replica%s dropped so far; %d of %d shards run degraded; no "
+                   "roll-back",
+                   (long long)t->step, (unsigned long long)n, n == 1 ? "" : "s", degraded, shards);
+    if (t->metrics == NULL)
+        return FERRY_OK;
+    const char *keys[] = {"step", "dropped", "degraded_shards"};
+    double vals[] = {(double)t->step, (double)n, degraded};
+    return ferry_metrics_write_kv(t->metrics, "failover", 3, keys, vals);
+}
+
+ferry_status ferry__trainer_readmit(trainer *t) {
+    double t0 = ferry_now();
+    int back = 0;
+    uint64_t bytes = 0, mask = t->readmit;
+    t->readmit = 0;
+    ferry_status st = ferry_job_readmit(t->job, mask, (uint64_t)t->step, &back, &bytes);
+    if (st != FERRY_OK || t->metrics == NULL)
+        return st;
+    int offered = 0;
+    for (uint64_t m = mask; m != 0; m &= m - 1)
+        offered++;
+    const char *keys[] = {"step", "offered", "readmitted", "bytes", "seconds"};
+    double vals[] = {(double)t->step, offered, back, (double)bytes, ferry_now() - t0};
+    return ferry_metrics_write_kv(t->metrics, "readmit", 5, keys, vals);
+}
+
 /* A metrics record (and, with a constraint, the penalty and per-layer feasibility)
  * every log interval. `loss` is the mean cross-entropy per token, without penalty. */
 ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, double tok_s,
@@ -176,6 +212,20 @@ void ferry__trainer_metrics_page(void *user, ferry_prom *p) {
                       "calls sent again after a stall or a lost connection");
     ferry_prom_sample(p, "ferry_trainer_retries_total", NULL,
                       (double)ferry_cluster_retries(t->cluster));
+    ferry_prom_family(p, "ferry_trainer_replicas_dropped_total", "counter",
+                      "replicas dropped: a call its siblings answered failed (--replicas)");
+    ferry_prom_sample(p, "ferry_trainer_replicas_dropped_total", NULL,
+                      (double)ferry_cluster_replicas_dropped(t->cluster, NULL, 0));
+    ferry_prom_family(p, "ferry_trainer_shard_replicas_live", "gauge",
+                      "replicas of each shard still called; the first one's answers count");
+    for (int s = 0; s < ferry_cluster_size(t->cluster); s++) {
+        int nlive;
+        (void)ferry_cluster_replicas(t->cluster, s, &nlive);
+        char shard[16];
+        (void)snprintf(shard, sizeof shard, "%d", s);
+        const char *l[] = {"shard", shard, "primary", ferry_cluster_target(t->cluster, s), NULL};
+        ferry_prom_sample(p, "ferry_trainer_shard_replicas_live", l, nlive);
+    }
     static const char *const methods[] = {"Forward", "Backward", "GradNorm", "Step"};
     ferry_prom_family(p, "ferry_trainer_call_latency_seconds", "histogram",
                       "calls to each ferry-ps, by method: sending to the fan-out's last answer");

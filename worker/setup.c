@@ -85,6 +85,10 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
                    (unsigned long long)mc->seed, ferry_optim_kind_name(oc->kind), oc->lr,
                    (double)cfg->clip, cfg->loss_scale ? "sum-time" : "mean",
                    cfg->decoder_mode ? "sharded-softmax" : "logits");
+    if (cfg->replicas > 1) { /* every rank must see the same shards */
+        size_t len = strlen(model);
+        (void)snprintf(model + len, sizeof model - len, " replicas=%d", cfg->replicas);
+    }
     jc.name = cfg->job;
     jc.world = cfg->world;
     jc.rank = cfg->rank;
@@ -254,6 +258,7 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
     cc.resolve_timeout_ms = (int)(cfg->resolve_timeout_s * 1000.0);
     cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
     cc.wire_bf16 = cfg->wire_dtype == 1;
+    cc.replicas = cfg->replicas;
     char *token = NULL;
     if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
         return st;
@@ -288,8 +293,11 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
             ferry_remote_shards(ferry_lm_embedding_remote(t->lm)))
         FERRY_LOG_INFO("--continue: training from the parameters ferry-ps holds for '%s'",
                        ferry_remote_name(ferry_lm_embedding_remote(t->lm)));
-    FERRY_LOG_INFO("distributed: %d ferry-ps (%s), decoder %s, wire %s",
-                   ferry_cluster_size(t->cluster), cfg->ps,
+    char reps[48] = "";
+    if (cfg->replicas > 1)
+        (void)snprintf(reps, sizeof reps, " shards x %d replicas", cfg->replicas);
+    FERRY_LOG_INFO("distributed: %d ferry-ps%s (%s), decoder %s, wire %s",
+                   ferry_cluster_size(t->cluster), reps, cfg->ps,
                    cfg->decoder_mode ? "sharded-softmax" : "logits",
                    cfg->wire_dtype ? "bf16 (activations and dense pulls/pushes rounded)" : "f32");
     if (st == FERRY_OK && cfg->local_vocab > 0)

@@ -46,6 +46,8 @@ typedef struct trainer {
     double sync_s;            /* time in the job's GradNorm/Step since the last log line */
     char pipe_note[64];       /* the pipeline's busy fractions, for the progress line */
     uint64_t wire_last;       /* bytes on the wire at the last log line */
+    uint64_t drops_seen;      /* replicas dropped, as of the last failover event */
+    uint64_t readmit;         /* replicas to re-admit after this step's checkpoint */
     ferry_lr_schedule sched;
     ferry_metrics *metrics;
     ferry_progress *progress;
@@ -89,6 +91,12 @@ int ferry__trainer_recoverable(ferry_status st);
 
 /* ---- report.c: what the run reports ---- */
 
+/* After a step: a replica dropped since the last call (ferry_cluster_replicas_dropped)
+ * becomes a "failover" event in --metrics-out (the log has its line already). */
+ferry_status ferry__trainer_note_failover(trainer *t);
+/* After a step whose answer offered dropped replicas back (t->readmit) and its
+ * checkpoint: ferry_job_readmit, and a "readmit" event in --metrics-out. */
+ferry_status ferry__trainer_readmit(trainer *t);
 ferry_status ferry__trainer_log_train(trainer *t, int64_t nsteps, double loss, double tok_s,
                                       double elapsed);
 void ferry__trainer_describe_params(const trainer *t, char *buf, size_t cap);

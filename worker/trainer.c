@@ -116,6 +116,19 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
         .job_step = (uint64_t)t->step + 1,
     };
     ferry_lm_step_result r;
+    /* Rank 0 offers the dropped replicas that answer again, before a step the job
+     * checkpoints after: the copy it restores them from is that checkpoint. */
+    if (t->job != NULL && cfg->rank == 0 && cfg->replicas > 1 && cfg->checkpoint_every > 0 &&
+        (t->step + 1) % cfg->checkpoint_every == 0 &&
+        ferry_cluster_replicas_dropped(t->cluster, NULL, 0) > 0) {
+        uint64_t offer = 0;
+        int probe_ms = cfg->deadline_ms < 1000 ? (int)cfg->deadline_ms : 1000;
+        (void)ferry_job_offer_readmit(t->job, probe_ms, &offer);
+        if (offer != 0)
+            FERRY_LOG_INFO("step %lld: dropped replicas answer again; offering to re-admit them "
+                           "after this step's checkpoint",
+                           (long long)t->step + 1);
+    }
     int asked = checkpoint_requested != 0;
     if (asked) {
         checkpoint_requested = 0;
@@ -127,13 +140,14 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
     if (st != FERRY_OK)
         return ferry_errorf(st, "step %lld: %s", (long long)t->step + 1, ferry_error_last());
     t->ck_asked = t->job != NULL ? r.checkpoint : asked;
+    t->readmit = r.readmit;
     *loss_sum = r.job_loss_sum;
     *tokens = r.job_tokens;
     *grad_norm = r.grad_norm;
     t->sync_s += r.sync_s;
     t->penalty_sum += r.penalty;
     t->step++;
-    return FERRY_OK;
+    return t->cluster != NULL ? ferry__trainer_note_failover(t) : FERRY_OK;
 }
 
 static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
@@ -205,6 +219,8 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
             st = ferry__trainer_save_checkpoint(t, t->epoch, i + 1);
         }
         t->ck_asked = 0;
+        if (st == FERRY_OK && t->readmit != 0)
+            st = ferry__trainer_readmit(t);
         if (st == FERRY_OK)
             t->op_t0 = 0.0; /* the step and its checkpoint are done */
         if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_requested) {

@@ -17,6 +17,7 @@ typedef struct ferry_trainer_config {
     const char *data;        /* corpus dir: train.txt, valid.txt, test.txt */
     const char *device;      /* cpu | cuda[:N] */
     const char *ps;          /* host:port[,host:port...] of ferry-ps shards; NULL: local */
+    int replicas;            /* > 1: --ps lists each shard's replicas side by side */
     int decoder_mode;        /* ferry_decoder_mode: logits | sharded-softmax */
     int wire_dtype;          /* 0 f32, 1 bf16: how activations and dense pulls/pushes travel */
     /* model */

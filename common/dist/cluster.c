@@ -54,13 +54,223 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
                                        c->cfg.deadline_ms);
 }
 
-static ferry_status rehello(ferry_cluster *c, int i);
+static ferry_status rehello(ferry_cluster *c, int p);
+static ferry_status hello_one(ferry_cluster *c, int p, int deadline_ms);
 
 /* Methods a caller may send again after a failure in transit: each is applied once
  * on the server however often it arrives (or changes nothing). */
 static int retry_safe(ferry_rpc_method m) {
     return m == FERRY_RPC_FORWARD || m == FERRY_RPC_BACKWARD || m == FERRY_RPC_GRAD_NORM ||
            m == FERRY_RPC_STEP || m == FERRY_RPC_GET_PARAMS || m == FERRY_RPC_STATS;
+}
+
+/* ---- replicas ---- */
+
+/* Replica p (shard p / R) failed a call (m, why) that a sibling answered: the shard's
+ * calls go to the others from now on, first among them the one whose answers count. */
+static void replica_drop(ferry_cluster *c, int p, ferry_rpc_method m, const char *why, int stale) {
+    int g = p / c->R, left = 0;
+    pthread_mutex_lock(&c->hello_mu);
+    int was = c->live[p];
+    c->live[p] = 0;
+    for (int r = c->R - 1; r >= 0; r--) {
+        if (c->live[g * c->R + r]) {
+            c->clients[g] = c->all[g * c->R + r];
+            left++;
+        }
+    }
+    if (was) {
+        atomic_fetch_add(&c->dropped, 1);
+        (void)snprintf(c->last_drop, sizeof c->last_drop,
+                       "replica %s of shard %d dropped: its %s %s (%.120s)%s; shard %d goes on "
+                       "with %s (%d of %d replicas)",
+                       ferry_rpc_client_target(c->all[p]), g, ferry_rpc_method_name(m),
+                       stale ? "answer is behind its sibling's" : "failed", why,
+                       stale ? "" : " while a sibling answered", g,
+                       ferry_rpc_client_target(c->clients[g]), left, c->R);
+    }
+    pthread_mutex_unlock(&c->hello_mu);
+    if (was)
+        FERRY_LOG_WARN("%s", c->last_drop);
+}
+
+/* Job replies of a shard's replicas (entries [a, b) that answered OK) that must not
+ * be taken as alike. A recover restores, on each replica, the newest offered step it
+ * holds: a replica that missed steps (it was frozen, or restarted from an older
+ * checkpoint, and a restarted trainer that did not know it was dropped called it)
+ * restores an older one. The newest is the job's; the others are dropped. A probe
+ * is answered by the replica that holds the newest checkpoint, so the roll-back
+ * offers what the shard can restore. Returns the entry whose answer counts; sets
+ * stale[e] for the replicas to drop. */
+static int job_pick(const ferry_rpc_fanout *calls, int a, int b, unsigned char *stale) {
+    int best = -1;
+    uint64_t best_resume = 0, best_ck = 0;
+    for (int e = a; e < b; e++) {
+        const Ferry__V1__JobReply *r = calls[e].reply->head;
+        if (calls[e].status != FERRY_OK || r == NULL)
+            continue;
+        uint64_t resume = r->resume_file[0] != '\0' ? r->resume_step + 1 : 0;
+        uint64_t ck = r->n_checkpoints > 0 ? r->checkpoints[r->n_checkpoints - 1] + 1 : 0;
+        if (best < 0 || resume > best_resume || (resume == best_resume && ck > best_ck))
+            best = e, best_resume = resume, best_ck = ck;
+    }
+    for (int e = a; e < b && best >= 0; e++) {
+        const Ferry__V1__JobReply *r = calls[e].reply->head;
+        if (calls[e].status == FERRY_OK && r != NULL && r->resume_file[0] != '\0' &&
+            r->resume_step + 1 < best_resume)
+            stale[e] = 1;
+    }
+    return best;
+}
+
+int ferry__dist_replica_live(ferry_cluster *c, int p) {
+    pthread_mutex_lock(&c->hello_mu);
+    int live = p >= 0 && p < c->n * c->R && c->live[p];
+    pthread_mutex_unlock(&c->hello_mu);
+    return live;
+}
+
+int ferry__dist_replica_primary(ferry_cluster *c, int g) {
+    int p = g * c->R;
+    pthread_mutex_lock(&c->hello_mu);
+    for (int r = c->R - 1; r >= 0; r--)
+        p = c->live[g * c->R + r] ? g * c->R + r : p;
+    pthread_mutex_unlock(&c->hello_mu);
+    return p;
+}
+
+void ferry__dist_replica_readmit(ferry_cluster *c, int p) {
+    int g = p / c->R;
+    pthread_mutex_lock(&c->hello_mu);
+    c->live[p] = 1;
+    for (int r = c->R - 1; r >= 0; r--) {
+        if (c->live[g * c->R + r])
+            c->clients[g] = c->all[g * c->R + r];
+    }
+    pthread_mutex_unlock(&c->hello_mu);
+}
+
+ferry_status ferry__dist_replica_call(ferry_cluster *c, int p, ferry_rpc_method m,
+                                      const ferry_rpc_msg *req, ferry_rpc_msg *reply,
+                                      int deadline_ms) {
+    if (p < 0 || p >= c->n * c->R)
+        return ferry_errorf(FERRY_ERR_INVALID, "replica %d outside [0, %d)", p, c->n * c->R);
+    return ferry_rpc_call(c->all[p], m, req, reply, deadline_ms);
+}
+
+/* The live replicas of shard g into out (at most R), in order. */
+static int replicas_live(ferry_cluster *c, int g, int *out) {
+    int k = 0;
+    pthread_mutex_lock(&c->hello_mu);
+    for (int r = 0; r < c->R; r++) {
+        if (c->live[g * c->R + r])
+            out[k++] = g * c->R + r;
+    }
+    pthread_mutex_unlock(&c->hello_mu);
+    return k;
+}
+
+/* One round of a fan-out: logical entry at[j] (server servers[at[j]], request
+ * reqs[shared ? 0 : at[j]], or with FERRY__DIST_PER_REPLICA reqs[p] for replica p)
+ * to every live replica of its shard, concurrently. The
+ * first replica's answer lands in replies[at[j]], unless only a later one succeeded:
+ * then that one's. res[at[j]] gets the entry's result: OK when some replica answered
+ * OK (the replicas that did not are dropped), else the first replica's failure,
+ * preferring an answer from a server to a failure in transit. pst[p]: each replica's
+ * own status. */
+static ferry_status fan_round(ferry_cluster *c, ferry_rpc_method method, int k, const int *at,
+                              const int *servers, const ferry_rpc_msg *reqs, int shared,
+                              ferry_rpc_msg *replies, int deadline_ms, void (*during)(void *arg),
+                              void *arg, ferry_rpc_fanout *res, ferry_status *pst) {
+    int cap = k * c->R;
+    ferry_rpc_fanout *calls = calloc((size_t)cap, sizeof *calls);
+    ferry_rpc_msg *extra = calloc((size_t)cap, sizeof *extra);
+    int *phys = calloc((size_t)cap, sizeof *phys), *first = calloc((size_t)k + 1, sizeof *first);
+    unsigned char *stale = calloc((size_t)cap, 1);
+    if (calls == NULL || extra == NULL || phys == NULL || first == NULL || stale == NULL) {
+        free(calls);
+        free(extra);
+        free(phys);
+        free(first);
+        free(stale);
+        return FERRY_NOMEM();
+    }
+    int m = 0;
+    for (int j = 0; j < k; j++) {
+        int i = at[j], nl = replicas_live(c, servers[i], &phys[m]);
+        first[j] = m;
+        if (nl == 0) /* every replica dropped: the shard's primary (it failed alone) */
+            phys[m] = servers[i] * c->R, nl = 1;
+        for (int e = m; e < m + nl; e++) {
+            ferry_rpc_msg_init(&extra[e]);
+            calls[e].client = c->all[phys[e]];
+            calls[e].method = method;
+            calls[e].req = shared == FERRY__DIST_PER_REPLICA ? &reqs[phys[e]]
+                           : shared                          ? &reqs[0]
+                                                             : &reqs[i];
+            calls[e].reply = e == m ? &replies[i] : &extra[e];
+            calls[e].group = c->R > 1 ? j + 1 : 0;
+        }
+        m += nl;
+    }
+    first[k] = m;
+    /* A replica that a peer stopped calling holds a bsp GradNorm until the sync
+     * timeout; once a sibling answered, it gets one deadline more. */
+    (void)ferry_rpc_call_many_grace(calls, m, deadline_ms, c->R > 1 ? c->cfg.deadline_ms : 0,
+                                    during, arg);
+    for (int j = 0; j < k; j++) {
+        int i = at[j], ok = -1, pick = first[j];
+        for (int e = first[j]; e < first[j + 1]; e++) {
+            pst[phys[e]] = calls[e].status;
+            if (calls[e].status == FERRY_OK && ok < 0)
+                ok = e;
+        }
+        if (ok >= 0 && method == FERRY_RPC_JOB && first[j + 1] - first[j] > 1)
+            ok = job_pick(calls, first[j], first[j + 1], stale);
+        if (ok < 0) {
+            for (int e = first[j]; e < first[j + 1]; e++) {
+                if (!calls[e].transport) {
+                    pick = e;
+                    break;
+                }
+            }
+        } else {
+            pick = ok;
+            if (ok != first[j]) { /* its answer is the entry's */
+                ferry_rpc_msg t = replies[i];
+                replies[i] = extra[ok];
+                extra[ok] = t;
+            }
+            for (int e = first[j]; e < first[j + 1]; e++) {
+                if (calls[e].status != FERRY_OK)
+                    replica_drop(c, phys[e], method, calls[e].error, 0);
+                else if (stale[e])
+                    replica_drop(c, phys[e], method,
+                                 "a recover restored an older step: it missed steps", 1);
+            }
+        }
+        res[i].client = calls[pick].client;
+        res[i].status = calls[pick].status;
+        res[i].transport = calls[pick].transport;
+        memcpy(res[i].error, calls[pick].error, sizeof res[i].error);
+    }
+    for (int e = 0; e < m; e++)
+        ferry_rpc_msg_deinit(&extra[e]);
+    free(calls);
+    free(extra);
+    free(phys);
+    free(first);
+    free(stale);
+    return FERRY_OK;
+}
+
+/* The first failed entry's status (its detail in ferry_error_last), or FERRY_OK. */
+static ferry_status fan_first(const ferry_rpc_fanout *res, int n) {
+    for (int i = 0; i < n; i++) {
+        if (res[i].status != FERRY_OK)
+            return ferry_errorf(res[i].status, "%s", res[i].error);
+    }
+    return FERRY_OK;
 }
 
 /* The fan-out behind every ferry__dist_fanout*: calls that failed in transit go again
@@ -73,20 +283,32 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
             during(arg);
         return FERRY_OK;
     }
-    ferry_rpc_fanout *calls = calloc((size_t)n, sizeof *calls);
+    int P = c->n * c->R;
+    ferry_rpc_fanout *res = calloc((size_t)n, sizeof *res);
     int *idx = calloc((size_t)n, sizeof *idx);
-    if (calls == NULL || idx == NULL) {
-        free(calls);
+    ferry_status *pst = calloc((size_t)P, sizeof *pst);
+    unsigned char *said = calloc((size_t)P, 1);
+    if (res == NULL || idx == NULL || pst == NULL || said == NULL) {
+        free(res);
         free(idx);
+        free(pst);
+        free(said);
         return FERRY_NOMEM();
     }
     for (int i = 0; i < n; i++) {
-        calls[i].client = c->clients[servers[i]];
-        calls[i].method = method;
-        calls[i].req = &reqs[shared ? 0 : i];
-        calls[i].reply = &replies[i];
+        if (servers[i] < 0 || servers[i] >= c->n) {
+            free(res);
+            free(idx);
+            free(pst);
+            free(said);
+            return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", servers[i], c->n);
+        }
+        idx[i] = i;
     }
-    ferry_status st = ferry_rpc_call_many_during(calls, n, deadline_ms, during, arg);
+    ferry_status st = fan_round(c, method, n, idx, servers, reqs, shared, replies, deadline_ms,
+                                during, arg, res, pst);
+    if (st == FERRY_OK)
+        st = fan_first(res, n);
     /* A server that no longer knows this client's session (it restarted, or the session
      * expired) refused the call before running it: say Hello there again and send the
      * call once more. What the old session held is gone; the server says so then. */
@@ -94,27 +316,22 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         int m = 0;
         ferry_status hs = FERRY_OK;
         for (int i = 0; i < n && hs == FERRY_OK; i++) {
-            if (calls[i].status != FERRY_ERR_SESSION)
+            if (res[i].status != FERRY_ERR_SESSION)
                 continue;
-            int seen = 0;
-            for (int k = 0; k < m; k++) /* one Hello per server */
-                seen |= servers[idx[k]] == servers[i];
-            if (!seen)
-                hs = rehello(c, servers[i]);
+            for (int r = 0; r < c->R && hs == FERRY_OK; r++) {
+                int p = servers[i] * c->R + r;
+                if (pst[p] == FERRY_ERR_SESSION && !said[p]) { /* one Hello per server */
+                    said[p] = 1;
+                    hs = rehello(c, p);
+                }
+            }
             idx[m++] = i;
         }
-        ferry_rpc_fanout *again = hs == FERRY_OK ? calloc((size_t)m, sizeof *again) : NULL;
-        if (again != NULL) {
-            for (int k = 0; k < m; k++)
-                again[k] = calls[idx[k]];
-            (void)ferry_rpc_call_many(again, m, deadline_ms);
-            for (int k = 0; k < m; k++)
-                calls[idx[k]] = again[k];
-            free(again);
-            st = FERRY_OK; /* the first entry that still failed, if any */
-            for (int i = 0; i < n && st == FERRY_OK; i++)
-                if (calls[i].status != FERRY_OK)
-                    st = ferry_errorf(calls[i].status, "%s", calls[i].error);
+        if (hs == FERRY_OK) {
+            st = fan_round(c, method, m, idx, servers, reqs, shared, replies, deadline_ms, NULL,
+                           NULL, res, pst);
+            if (st == FERRY_OK)
+                st = fan_first(res, n); /* the first entry that still failed, if any */
         }
     }
     int retry_ms = atomic_load(&c->retry_ms);
@@ -125,9 +342,9 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
          * (even an error) is final. */
         int m = 0;
         for (int i = 0; i < n; i++) {
-            if (calls[i].status == FERRY_OK)
+            if (res[i].status == FERRY_OK)
                 continue;
-            if (!calls[i].transport)
+            if (!res[i].transport)
                 m = -1;
             if (m < 0)
                 break;
@@ -144,32 +361,25 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         /* Short pauses: a restarted server is reached within a second of listening
          * (the channel reconnects within 250 ms, transport-grpc.c). */
         pause_ms = pause_ms * 2 > 250 ? 250 : pause_ms * 2;
-        /* Compact the failed entries to the front, send them, put them back. */
-        ferry_rpc_fanout *again = calloc((size_t)m, sizeof *again);
-        if (again == NULL) {
-            st = FERRY_NOMEM();
-            break;
-        }
-        for (int k = 0; k < m; k++)
-            again[k] = calls[idx[k]];
         atomic_fetch_add(&c->retries, (uint64_t)m);
         /* No attempt runs past the window. */
         int dl = deadline_ms > 0 ? deadline_ms : c->cfg.deadline_ms;
         double left_ms = retry_ms - (ferry_now() - t0) * 1000.0;
         if (left_ms < dl)
             dl = left_ms > 100.0 ? (int)left_ms : 100;
-        st = ferry_rpc_call_many(again, m, dl);
-        for (int k = 0; k < m; k++)
-            calls[idx[k]] = again[k];
-        free(again);
+        st = fan_round(c, method, m, idx, servers, reqs, shared, replies, dl, NULL, NULL, res, pst);
+        if (st == FERRY_OK)
+            st = fan_first(res, n);
         if (st == FERRY_OK)
             FERRY_LOG_WARN("%s %s answered after %d %s (%.1f s)",
-                           ferry_rpc_client_target(calls[idx[0]].client),
+                           ferry_rpc_client_target(res[idx[0]].client),
                            ferry_rpc_method_name(method), attempt,
                            attempt == 1 ? "retry" : "retries", ferry_now() - t0);
     }
-    free(calls);
+    free(res);
     free(idx);
+    free(pst);
+    free(said);
     return st;
 }
 
@@ -226,7 +436,7 @@ static void hello_request(ferry_cluster *c, Ferry__V1__HelloRequest *q) {
  * sends from now on (holding its Session stream open). *changed += 1 on a restart. */
 static ferry_status hello_apply(ferry_cluster *c, int i, const Ferry__V1__HelloReply *r,
                                 int *changed) {
-    const char *target = ferry_rpc_client_target(c->clients[i]);
+    const char *target = ferry_rpc_client_target(c->all[i]);
     if (r->contract_major != FERRY_CONTRACT_MAJOR)
         return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                             "%s speaks contract %u.%u; this client speaks %d.%d (ferry.v1)", target,
@@ -241,41 +451,59 @@ static ferry_status hello_apply(ferry_cluster *c, int i, const Ferry__V1__HelloR
     (void)snprintf(c->identity, sizeof c->identity, "%s", r->identity);
     /* Context calls now name it: a later restart refuses them instead of serving them
      * from a new state. */
-    ferry_rpc_client_set_incarnation(c->clients[i], r->incarnation);
-    return ferry_rpc_client_set_session(c->clients[i], r->session, 1);
+    ferry_rpc_client_set_incarnation(c->all[i], r->incarnation);
+    return ferry_rpc_client_set_session(c->all[i], r->session, 1);
 }
 
 ferry_status ferry_cluster_hello(ferry_cluster *c, int *restarted) {
     Ferry__V1__HelloRequest q;
     hello_request(c, &q);
-    ferry_rpc_msg req, *replies = calloc((size_t)c->n, sizeof *replies);
-    int *servers = calloc((size_t)c->n, sizeof *servers);
+    int P = c->n * c->R, m = 0;
+    ferry_rpc_msg req, *replies = calloc((size_t)P, sizeof *replies);
+    ferry_rpc_fanout *calls = calloc((size_t)P, sizeof *calls);
+    int *phys = calloc((size_t)P, sizeof *phys);
     ferry_rpc_msg_init(&req);
-    ferry_status st = replies && servers ? ferry_rpc_msg_set_head(&req, &q.base) : FERRY_NOMEM();
-    for (int i = 0; i < c->n && replies != NULL && servers != NULL; i++) {
-        ferry_rpc_msg_init(&replies[i]);
-        servers[i] = i;
+    ferry_status st =
+        replies && calls && phys ? ferry_rpc_msg_set_head(&req, &q.base) : FERRY_NOMEM();
+    for (int g = 0; st == FERRY_OK && g < c->n; g++) /* every replica still called */
+        m += replicas_live(c, g, &phys[m]);
+    for (int e = 0; st == FERRY_OK && e < m; e++) {
+        ferry_rpc_msg_init(&replies[e]);
+        calls[e] = (ferry_rpc_fanout){.client = c->all[phys[e]],
+                                      .method = FERRY_RPC_HELLO,
+                                      .req = &req,
+                                      .reply = &replies[e]};
     }
     if (st == FERRY_OK)
-        st = ferry__dist_fanout(c, FERRY_RPC_HELLO, c->n, servers, &req, 1, replies);
+        st = ferry_rpc_call_many(calls, m, c->cfg.deadline_ms);
     int changed = 0;
     pthread_mutex_lock(&c->hello_mu);
-    for (int i = 0; st == FERRY_OK && i < c->n; i++)
-        st = hello_apply(c, i, replies[i].head, &changed);
+    for (int e = 0; st == FERRY_OK && e < m; e++)
+        st = hello_apply(c, phys[e], replies[e].head, &changed);
     pthread_mutex_unlock(&c->hello_mu);
-    for (int i = 0; replies != NULL && i < c->n; i++)
-        ferry_rpc_msg_deinit(&replies[i]);
+    for (int e = 0; replies != NULL && e < m; e++)
+        ferry_rpc_msg_deinit(&replies[e]);
     ferry_rpc_msg_deinit(&req);
     free(replies);
-    free(servers);
+    free(calls);
+    free(phys);
     if (st == FERRY_OK && restarted != NULL)
         *restarted = changed;
     return st;
 }
 
-/* Hello to server i alone, after a call found its session gone (the server restarted
+/* Hello to replica p alone, after a call found its session gone (the server restarted
  * or the session expired): a new session for the calls that follow. */
-static ferry_status rehello(ferry_cluster *c, int i) {
+static ferry_status rehello(ferry_cluster *c, int p) {
+    ferry_status st = hello_one(c, p, c->cfg.deadline_ms);
+    if (st == FERRY_OK)
+        FERRY_LOG_INFO("%s: a new session (the last one was gone)",
+                       ferry_rpc_client_target(c->all[p]));
+    return st;
+}
+
+/* Hello to replica p alone, within deadline_ms. */
+static ferry_status hello_one(ferry_cluster *c, int p, int deadline_ms) {
     Ferry__V1__HelloRequest q;
     hello_request(c, &q);
     ferry_rpc_msg req, reply;
@@ -283,17 +511,14 @@ static ferry_status rehello(ferry_cluster *c, int i) {
     ferry_rpc_msg_init(&reply);
     ferry_status st = ferry_rpc_msg_set_head(&req, &q.base);
     if (st == FERRY_OK)
-        st = ferry_rpc_call(c->clients[i], FERRY_RPC_HELLO, &req, &reply, c->cfg.deadline_ms);
+        st = ferry_rpc_call(c->all[p], FERRY_RPC_HELLO, &req, &reply, deadline_ms);
     int changed = 0;
     pthread_mutex_lock(&c->hello_mu);
     if (st == FERRY_OK)
-        st = hello_apply(c, i, reply.head, &changed);
+        st = hello_apply(c, p, reply.head, &changed);
     pthread_mutex_unlock(&c->hello_mu);
     ferry_rpc_msg_deinit(&reply);
     ferry_rpc_msg_deinit(&req);
-    if (st == FERRY_OK)
-        FERRY_LOG_INFO("%s: a new session (the last one was gone)",
-                       ferry_rpc_client_target(c->clients[i]));
     return st;
 }
 
@@ -391,6 +616,12 @@ static ferry_status resolve(const char *target, const char *host) {
 
 /* The reason OpenSSL gave inside gRPC's message ("... SSL routines::certificate verify
  * failed"), into out; "" when there is none. */
+ferry_status ferry__dist_replica_hello(ferry_cluster *c, int p, int deadline_ms) {
+    if (p < 0 || p >= c->n * c->R)
+        return ferry_errorf(FERRY_ERR_INVALID, "replica %d outside [0, %d)", p, c->n * c->R);
+    return hello_one(c, p, deadline_ms);
+}
+
 static void ssl_reason(const char *why, char *out, size_t cap) {
     const char *p = strstr(why, "routines::");
     p = p != NULL ? p + strlen("routines::") : NULL;
@@ -406,7 +637,7 @@ static void ssl_reason(const char *why, char *out, size_t cap) {
 static ferry_status explain_tls(ferry_cluster *c, int i, ferry_status st) {
     char why[512], host[256], reason[128];
     (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-    const char *target = ferry_rpc_client_target(c->clients[i]);
+    const char *target = ferry_rpc_client_target(c->all[i]);
     const char *colon = strrchr(target, ':');
     int handshake = strstr(why, "andshake") != NULL, closed = strstr(why, "Socket closed") != NULL;
     if (st != FERRY_ERR_UNAVAILABLE || (!handshake && !closed) || colon == NULL ||
@@ -460,7 +691,7 @@ static ferry_status connect_all(ferry_cluster *c, char **list) {
     for (;;) {
         st = FERRY_OK;
         char host[256];
-        for (int i = 0; i < c->n && st == FERRY_OK; i++) {
+        for (int i = 0; i < c->n * c->R && st == FERRY_OK; i++) {
             if ((st = check_target(list[i], host, sizeof host)) == FERRY_OK && host[0] != '\0')
                 st = resolve(list[i], host);
         }
@@ -469,7 +700,7 @@ static ferry_status connect_all(ferry_cluster *c, char **list) {
             st = ferry_cluster_hello(c, NULL);
             ferry_cluster_set_wait_for_ready(c, c->cfg.wait_for_ready);
         }
-        for (int i = 0; st == FERRY_ERR_UNAVAILABLE && i < c->n; i++) {
+        for (int i = 0; st == FERRY_ERR_UNAVAILABLE && i < c->n * c->R; i++) {
             if (strncmp(ferry_error_last(), list[i], strlen(list[i])) == 0 &&
                 ferry_error_last()[strlen(list[i])] == ' ')
                 st = explain_tls(c, i, st); /* "<target> Hello: ..." */
@@ -544,9 +775,30 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
     atomic_init(&c->next_ctx, (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
     atomic_init(&c->retry_ms, c->cfg.retry_ms > 0 ? c->cfg.retry_ms : 0);
     atomic_init(&c->retries, 0);
-    c->clients = calloc((size_t)n, sizeof *c->clients);
+    c->R = c->cfg.replicas > 1 ? c->cfg.replicas : 1;
+    if (n % c->R != 0) {
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "%d servers for %d replicas per shard: list each shard's %d replicas "
+                          "side by side (a multiple of %d servers)",
+                          n, c->R, c->R, c->R);
+        goto done;
+    }
+    for (int i = 0; i < n && c->R > 1; i++) {
+        for (int k = 0; k < i; k++) {
+            if (strcmp(list[i], list[k]) == 0) {
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "server %s is listed twice: each replica is a server of its own",
+                                  list[i]);
+                goto done;
+            }
+        }
+    }
+    c->clients = calloc((size_t)(n / c->R), sizeof *c->clients);
+    c->all = calloc((size_t)n, sizeof *c->all);
+    c->live = calloc((size_t)n, sizeof *c->live);
     c->incarnation = calloc((size_t)n, sizeof *c->incarnation);
-    if (c->clients == NULL || c->incarnation == NULL) {
+    atomic_init(&c->dropped, 0);
+    if (c->clients == NULL || c->all == NULL || c->live == NULL || c->incarnation == NULL) {
         st = FERRY_NOMEM();
         goto done;
     }
@@ -568,10 +820,20 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
     rc.tls_ca_pem = pem[0];
     rc.tls_cert_pem = pem[1];
     rc.tls_key_pem = pem[2];
-    for (c->n = 0; st == FERRY_OK && c->n < n; c->n++) {
-        if ((st = ferry_rpc_client_create(list[c->n], &rc, &c->clients[c->n])) != FERRY_OK)
+    int made = 0;
+    for (; st == FERRY_OK && made < n; made++) {
+        if ((st = ferry_rpc_client_create(list[made], &rc, &c->all[made])) != FERRY_OK)
             break;
+        c->live[made] = 1;
     }
+    if (st != FERRY_OK) {
+        for (int i = 0; i < made; i++)
+            ferry_rpc_client_destroy(c->all[i]);
+        made = 0;
+    }
+    c->n = made / c->R;
+    for (int g = 0; g < c->n; g++)
+        c->clients[g] = c->all[g * c->R];
     for (int i = 0; i < 3; i++)
         ferry_secret_free(pem[i]);
     c->cfg.token = NULL; /* the rpc clients keep their own copies */
@@ -596,11 +858,11 @@ ferry_status ferry_ps_open(const char *targets, const ferry_cluster_config *cfg,
     char **list = NULL;
     ferry_status st = cluster_open(targets, cfg, &c, &list);
     char host[256];
-    for (int i = 0; st == FERRY_OK && i < c->n; i++) {
+    for (int i = 0; st == FERRY_OK && i < c->n * c->R; i++) {
         if ((st = check_target(list[i], host, sizeof host)) == FERRY_OK && host[0] != '\0')
             st = resolve(list[i], host);
     }
-    int n = c != NULL ? c->n : 0;
+    int n = c != NULL ? c->n * c->R : 0;
     free_list(list, n);
     if (st != FERRY_OK) {
         ferry_cluster_destroy(c);
@@ -617,7 +879,7 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
     ferry_status st = cluster_open(targets, cfg, &c, &list);
     if (st != FERRY_OK)
         return st;
-    int n = c->n;
+    int n = c->n * c->R;
     if ((st = connect_all(c, list)) == FERRY_OK) {
         FERRY_LOG_DEBUG("connected to %d ferry-ps servers (%s)", n, targets);
         *out = c;
@@ -631,9 +893,11 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
 void ferry_cluster_destroy(ferry_cluster *c) {
     if (c == NULL)
         return;
-    for (int i = 0; c->clients != NULL && i < c->n; i++)
-        ferry_rpc_client_destroy(c->clients[i]);
+    for (int i = 0; c->all != NULL && i < c->n * c->R; i++)
+        ferry_rpc_client_destroy(c->all[i]);
     free(c->clients);
+    free(c->all);
+    free(c->live);
     free(c->incarnation);
     pthread_mutex_destroy(&c->hello_mu);
     free(c);
@@ -676,8 +940,13 @@ ferry_status ferry_cluster_call_stats(ferry_cluster *c, int server, const char *
 ferry_status ferry_cluster_health(ferry_cluster *c, int server, int *serving) {
     if (server < 0 || server >= c->n)
         return ferry_errorf(FERRY_ERR_INVALID, "server %d outside [0, %d)", server, c->n);
-    ferry_status st = ferry_rpc_health_check(c->clients[server], c->cfg.deadline_ms, serving);
-    return explain_tls(c, server, st);
+    ferry_rpc_client *cl = c->clients[server];
+    ferry_status st = ferry_rpc_health_check(cl, c->cfg.deadline_ms, serving);
+    for (int p = 0; p < c->n * c->R; p++) {
+        if (c->all[p] == cl)
+            st = explain_tls(c, p, st);
+    }
+    return st;
 }
 
 uint64_t ferry_cluster_retries(const ferry_cluster *c) {
@@ -685,9 +954,9 @@ uint64_t ferry_cluster_retries(const ferry_cluster *c) {
 }
 
 void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on) {
-    for (int i = 0; c != NULL && i < c->n; i++) {
-        if (c->clients[i] != NULL)
-            ferry_rpc_client_set_wait_for_ready(c->clients[i], on);
+    for (int i = 0; c != NULL && i < c->n * c->R; i++) {
+        if (c->all[i] != NULL)
+            ferry_rpc_client_set_wait_for_ready(c->all[i], on);
     }
 }
 
@@ -696,14 +965,39 @@ const char *ferry_cluster_target(const ferry_cluster *c, int server) {
 }
 
 uint64_t ferry_cluster_incarnation(const ferry_cluster *c, int server) {
-    return server >= 0 && server < c->n ? c->incarnation[server] : 0;
+    for (int p = 0; server >= 0 && server < c->n && p < c->n * c->R; p++) {
+        if (c->all[p] == c->clients[server])
+            return c->incarnation[p];
+    }
+    return 0;
+}
+
+int ferry_cluster_replicas(const ferry_cluster *c, int server, int *live) {
+    ferry_cluster *w = (ferry_cluster *)(uintptr_t)c;
+    int k = 0;
+    pthread_mutex_lock(&w->hello_mu);
+    for (int r = 0; server >= 0 && server < c->n && r < c->R; r++)
+        k += c->live[server * c->R + r];
+    pthread_mutex_unlock(&w->hello_mu);
+    if (live != NULL)
+        *live = k;
+    return c->R;
+}
+
+uint64_t ferry_cluster_replicas_dropped(ferry_cluster *c, char *last, size_t cap) {
+    pthread_mutex_lock(&c->hello_mu);
+    if (last != NULL && cap > 0)
+        (void)snprintf(last, cap, "%s", c->last_drop);
+    uint64_t n = atomic_load(&c->dropped);
+    pthread_mutex_unlock(&c->hello_mu);
+    return n;
 }
 
 void ferry_cluster_bytes(ferry_cluster *c, uint64_t *sent, uint64_t *received) {
     uint64_t s = 0, r = 0;
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; i < c->n * c->R; i++) {
         uint64_t a, b;
-        ferry_rpc_client_bytes(c->clients[i], &a, &b);
+        ferry_rpc_client_bytes(c->all[i], &a, &b);
         s += a;
         r += b;
     }

@@ -194,6 +194,7 @@ static Ferry__V1__JobStep *ctx_job(const ferry_dist_ctx *dc, Ferry__V1__JobStep 
     js->loss_sum = dc->job_loss;
     js->tokens = dc->job_tokens;
     js->checkpoint = atomic_load(&dc->job->ck_request) != 0;
+    js->readmit = atomic_load(&dc->job->readmit_request);
     return js;
 }
 
@@ -212,6 +213,7 @@ ferry_status ferry_dist_ctx_set_job(ferry_dist_ctx *dc, ferry_job *job, uint64_t
     dc->job_loss_out = loss_sum;
     dc->job_tokens_out = tokens;
     dc->job_ck_out = 0;
+    dc->job_readmit_out = 0;
     return FERRY_OK;
 }
 
@@ -221,6 +223,10 @@ void ferry_job_request_checkpoint(ferry_job *job) {
 
 int ferry_dist_ctx_job_checkpoint(const ferry_dist_ctx *dc) {
     return dc->job_ck_out;
+}
+
+uint64_t ferry_dist_ctx_job_readmit(const ferry_dist_ctx *dc) {
+    return dc->job_readmit_out;
 }
 
 void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double *tokens) {
@@ -281,8 +287,11 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
         dc->job_loss_out = r0->loss_sum;
         dc->job_tokens_out = r0->tokens;
         dc->job_ck_out = r0->checkpoint;
+        dc->job_readmit_out = r0->readmit;
         if (js.checkpoint) /* delivered: the answer carries it from now on */
             atomic_store(&dc->job->ck_request, 0);
+        if (js.readmit != 0)
+            atomic_store(&dc->job->readmit_request, 0);
     }
     replies_deinit(replies, n);
     if (st == FERRY_OK)

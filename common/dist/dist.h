@@ -22,9 +22,14 @@ struct ferry_cluster {
     char client_id[128];
     char identity[FERRY_RPC_IDENTITY_MAX]; /* who the servers take this client for */
     pthread_mutex_t hello_mu;              /* Hello's bookkeeping: incarnation, session */
-    int n;                         /* servers */
-    ferry_rpc_client **clients;    /* (n) */
-    uint64_t *incarnation;         /* (n) as of the last Hello; 0 before the first */
+    int n;                                 /* shards: the servers a caller indexes */
+    ferry_rpc_client *_Atomic *clients;    /* (n) each shard's first live replica */
+    int R;                                 /* replicas per shard (cfg.replicas, at least 1) */
+    ferry_rpc_client **all;                /* (n·R) replica r of shard s at s·R + r */
+    unsigned char *live;                   /* (n·R) 0: dropped (hello_mu) */
+    uint64_t *incarnation;                 /* (n·R) as of the last Hello; 0 before the first */
+    atomic_uint_fast64_t dropped;          /* replicas dropped */
+    char last_drop[320];                   /* the latest drop, as logged (hello_mu) */
     atomic_uint_fast64_t next_ctx; /* low 48 bits of the next context id */
     atomic_int retry_ms;           /* ferry_cluster_set_retry */
     atomic_uint_fast64_t retries;  /* calls sent again */
@@ -97,6 +102,7 @@ struct ferry_job {
     char name[FERRY_RPC_NAME_MAX];
     char model[1024];
     atomic_int ck_request; /* ferry_job_request_checkpoint, sent with the next GradNorm */
+    atomic_uint_fast64_t readmit_request; /* ferry_job_offer_readmit, with the next GradNorm */
     uint64_t last_step;    /* ferry_job_set_last_step */
 };
 
@@ -145,6 +151,7 @@ struct ferry_dist_ctx {
     double job_loss, job_tokens;
     double job_loss_out, job_tokens_out;
     int job_ck_out; /* the GradNorm's answer: checkpoint after this step */
+    uint64_t job_readmit_out; /* the GradNorm's answer: replicas re-admitted after it */
 };
 
 /* A new call record in dc (call id assigned, linked); NULL when out of memory. */
@@ -156,12 +163,30 @@ void ferry__dist_call_drop(ferry_dist_ctx *dc, ferry__dist_call *call);
 /* Marks server as joined by this context (dc may be NULL: nothing to mark). */
 void ferry__dist_touch(ferry_dist_ctx *dc, int server);
 
+/* DeleteModule of `name` on one server (the shard there). */
+ferry_status ferry__dist_delete_module_on(ferry_cluster *c, int server, const char *name);
 /* Runs n calls of one method concurrently with the cluster's deadline: call i goes
  * to servers[i] with reqs[shared ? 0 : i] and answers into replies[i] (initialized
  * by the caller, who deinitializes them). Returns the first failure's status with
- * its detail naming the peer. */
-/* DeleteModule of `name` on one server (the shard there). */
-ferry_status ferry__dist_delete_module_on(ferry_cluster *c, int server, const char *name);
+ * its detail naming the peer. With replicas, call i goes to every live replica of
+ * shard servers[i] and replies[i] holds the first one's answer (cluster.c). shared
+ * FERRY__DIST_PER_REPLICA: reqs has one request per replica, reqs[s·R + r]. */
+#define FERRY__DIST_PER_REPLICA 2
+
+/* Replicas one by one (a re-admission, job.c): replica p is server p of the --ps
+ * list, of shard p / R. */
+int ferry__dist_replica_live(ferry_cluster *c, int p);
+/* The replica whose answers count for shard g (its first live one). */
+int ferry__dist_replica_primary(ferry_cluster *c, int g);
+/* One call to replica p alone, live or not; no retries. */
+ferry_status ferry__dist_replica_call(ferry_cluster *c, int p, ferry_rpc_method m,
+                                      const ferry_rpc_msg *req, ferry_rpc_msg *reply,
+                                      int deadline_ms);
+/* Hello to replica p alone: a new session there, its incarnation recorded. */
+ferry_status ferry__dist_replica_hello(ferry_cluster *c, int p, int deadline_ms);
+/* Replica p is called again from the next call on, first in its shard if it comes
+ * first in the list. */
+void ferry__dist_replica_readmit(ferry_cluster *c, int p);
 ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n,
                                 const int *servers, const ferry_rpc_msg *reqs, int shared,
                                 ferry_rpc_msg *replies);

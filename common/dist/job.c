@@ -45,6 +45,8 @@ typedef struct job_msg {
     Ferry__V1__JobRecover recover;
     Ferry__V1__JobCheckpoint checkpoint;
     Ferry__V1__JobStatus status;
+    Ferry__V1__JobFetch fetch;
+    Ferry__V1__JobInstall install;
 } job_msg;
 
 /* The member description of this rank: world, rank, sync mode, and the model as
@@ -113,6 +115,16 @@ static void job_request(ferry_job *job, int action, job_msg *m) {
         ferry__v1__job_checkpoint__init(&m->checkpoint);
         m->checkpoint.rank = (uint32_t)job->cfg.rank;
         m->q.checkpoint = &m->checkpoint;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_FETCH:
+        ferry__v1__job_fetch__init(&m->fetch);
+        m->fetch.rank = (uint32_t)job->cfg.rank;
+        m->q.fetch = &m->fetch;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_INSTALL:
+        ferry__v1__job_install__init(&m->install);
+        m->install.rank = (uint32_t)job->cfg.rank;
+        m->q.install = &m->install;
         break;
     default:
         ferry__v1__job_status__init(&m->status);
@@ -345,28 +357,158 @@ ferry_status ferry_job_checkpoint(ferry_job *job, uint64_t step) {
         return FERRY_NOMEM();
     job_request(job, FERRY__V1__JOB_REQUEST__ACTION_CHECKPOINT, m);
     m->checkpoint.step = step;
-    ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS], replies[FERRY_DIST_MAX_SERVERS];
+    int P = c->n * c->R;
+    ferry_rpc_msg *reqs = calloc((size_t)P, sizeof *reqs);
+    ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
     int servers[FERRY_DIST_MAX_SERVERS];
-    ferry_status st = FERRY_OK;
+    ferry_status st = reqs != NULL ? FERRY_OK : FERRY_NOMEM();
     for (int i = 0; i < c->n; i++) {
         servers[i] = i;
-        ferry_rpc_msg_init(&reqs[i]);
         ferry_rpc_msg_init(&replies[i]);
+    }
+    for (int p = 0; reqs != NULL && p < P; p++) {
+        ferry_rpc_msg_init(&reqs[p]);
         /* Each server's own incarnation: a server restarted since the step refuses. */
-        m->checkpoint.incarnation = c->incarnation[i];
+        m->checkpoint.incarnation = c->incarnation[p];
         if (st == FERRY_OK)
-            st = ferry_rpc_msg_set_head(&reqs[i], &m->q.base);
+            st = ferry_rpc_msg_set_head(&reqs[p], &m->q.base);
     }
     free(m);
     /* Sent again after a stall or a lost reply: the server answers a repeat of the file
      * it wrote last with that file. */
     if (st == FERRY_OK)
-        st = ferry__dist_fanout_retry(c, FERRY_RPC_JOB, c->n, servers, reqs, 0, replies);
-    for (int i = 0; i < c->n; i++) {
-        ferry_rpc_msg_deinit(&reqs[i]);
+        st = ferry__dist_fanout_retry(c, FERRY_RPC_JOB, c->n, servers, reqs,
+                                      FERRY__DIST_PER_REPLICA, replies);
+    for (int i = 0; i < c->n; i++)
         ferry_rpc_msg_deinit(&replies[i]);
-    }
+    for (int p = 0; reqs != NULL && p < P; p++)
+        ferry_rpc_msg_deinit(&reqs[p]);
+    free(reqs);
     return st;
+}
+
+/* ---- re-admitting a dropped replica (--replicas) ---- */
+
+ferry_status ferry_job_offer_readmit(ferry_job *job, int probe_ms, uint64_t *mask) {
+    ferry_cluster *c = job->c;
+    uint64_t offer = 0;
+    for (int p = 0; c->R > 1 && p < c->n * c->R && p < 64; p++) {
+        if (ferry__dist_replica_live(c, p))
+            continue;
+        /* A frozen replica costs this rank probe_ms here, once per checkpoint. */
+        if (ferry__dist_replica_hello(c, p, probe_ms) == FERRY_OK)
+            offer |= 1ull << p;
+    }
+    if (offer != 0)
+        atomic_store(&job->readmit_request, offer);
+    if (mask != NULL)
+        *mask = offer;
+    return FERRY_OK;
+}
+
+/* One Job request to replica p alone; *reply initialised here. */
+static ferry_status replica_job(ferry_job *job, int p, const job_msg *m, int deadline_ms,
+                                ferry_rpc_msg *reply) {
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(reply);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &m->q.base);
+    if (st == FERRY_OK)
+        st = ferry__dist_replica_call(job->c, p, FERRY_RPC_JOB, &req, reply, deadline_ms);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
+/* Rank 0: the shard's checkpoint of `step`, from its primary to replica p. */
+static ferry_status readmit_copy(ferry_job *job, int p, uint64_t step, uint64_t *bytes) {
+    ferry_cluster *c = job->c;
+    int src = ferry__dist_replica_primary(c, p / c->R);
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_NOMEM();
+    ferry_rpc_msg data, ack;
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_FETCH, m);
+    m->fetch.step = step;
+    ferry_status st = replica_job(job, src, m, c->cfg.deadline_ms, &data);
+    ferry_rpc_msg_init(&ack);
+    if (st == FERRY_OK) {
+        const Ferry__V1__JobReply *r = data.head;
+        job_request(job, FERRY__V1__JOB_REQUEST__ACTION_INSTALL, m);
+        m->install.step = step;
+        m->install.data = r->checkpoint_data;
+        *bytes = r->checkpoint_data.len;
+        ferry_rpc_msg_deinit(&ack);
+        st = replica_job(job, p, m, c->cfg.deadline_ms, &ack);
+        if (st == FERRY_OK)
+            FERRY_LOG_INFO("job '%s': checkpoint of step %llu copied from %s to %s (%.2f MB)",
+                           job->name, (unsigned long long)step,
+                           ferry_rpc_client_target(c->all[src]), ferry_rpc_client_target(c->all[p]),
+                           (double)*bytes / 1e6);
+    }
+    ferry_rpc_msg_deinit(&data);
+    ferry_rpc_msg_deinit(&ack);
+    free(m);
+    return st;
+}
+
+ferry_status ferry_job_readmit(ferry_job *job, uint64_t mask, uint64_t step, int *readmitted,
+                               uint64_t *bytes) {
+    ferry_cluster *c = job->c;
+    int back = 0;
+    uint64_t moved = 0;
+    int wait_ms =
+        c->cfg.deadline_ms + (job->cfg.sync_timeout_ms > 0 ? job->cfg.sync_timeout_ms : 60000);
+    for (int p = 0; p < c->n * c->R && p < 64; p++) {
+        if (!(mask >> p & 1) || ferry__dist_replica_live(c, p))
+            continue;
+        const char *target = ferry_rpc_client_target(c->all[p]);
+        double t0 = ferry_now();
+        uint64_t n = 0;
+        ferry_status st = ferry__dist_replica_hello(c, p, c->cfg.deadline_ms);
+        if (st == FERRY_OK && job->cfg.rank == 0)
+            st = readmit_copy(job, p, step, &n);
+        char why[512] = "";
+        if (st != FERRY_OK)
+            (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        /* The recover barrier there: every rank takes its rank on the replica, and it
+         * restores the checkpoint rank 0 copied. Rank 0 offers nothing when the copy
+         * failed, so the others' wait ends at once with that refusal. */
+        job_msg *m = calloc(1, sizeof *m);
+        ferry_rpc_msg reply;
+        ferry_rpc_msg_init(&reply);
+        ferry_status rs = m != NULL ? FERRY_OK : FERRY_NOMEM();
+        if (m != NULL && (st == FERRY_OK || job->cfg.rank == 0)) {
+            job_request(job, FERRY__V1__JOB_REQUEST__ACTION_RECOVER, m);
+            m->recover.checkpoints = &step;
+            m->recover.n_checkpoints = st == FERRY_OK ? 1 : 0;
+            rs = replica_job(job, p, m, wait_ms, &reply);
+            const Ferry__V1__JobReply *r = reply.head;
+            if (rs == FERRY_OK && r->resume_step != step)
+                rs = ferry_errorf(FERRY_ERR_EXISTS, "%s restored step %llu, not %llu", target,
+                                  (unsigned long long)r->resume_step, (unsigned long long)step);
+            if (rs != FERRY_OK && why[0] == '\0')
+                (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        }
+        ferry_rpc_msg_deinit(&reply);
+        free(m);
+        if (st == FERRY_OK && rs == FERRY_OK) {
+            ferry__dist_replica_readmit(c, p);
+            back++;
+            moved += n;
+            FERRY_LOG_INFO("replica %s of shard %d re-admitted after step %llu: %s%.2f s; it is "
+                           "called from the next step on",
+                           target, p / c->R, (unsigned long long)step,
+                           job->cfg.rank == 0 ? "checkpoint copied, " : "", ferry_now() - t0);
+        } else {
+            FERRY_LOG_WARN("replica %s of shard %d stays out after step %llu: %s", target, p / c->R,
+                           (unsigned long long)step, why);
+        }
+    }
+    if (readmitted != NULL)
+        *readmitted = back;
+    if (bytes != NULL)
+        *bytes = moved;
+    return FERRY_OK;
 }
 
 const ferry_job_config *ferry_job_get_config(const ferry_job *job) {

@@ -72,6 +72,10 @@ typedef struct client_call {
     int transport;        /* failed in transit, not by the server's answer */
     int prepared; /* the metadata arrays and details are initialized */
     int started;  /* the batch is running: one completion will come */
+    int done;     /* its completion came */
+    int lagged;   /* cancelled: a replica of its group answered grace_ms before */
+    double cut;   /* > 0: cancel it at this time (ferry_now) unless done */
+    int grace_ms; /* for its message */
 } client_call;
 
 /* ---- Completion queues ------------------------------------------------------------ */
@@ -371,6 +375,9 @@ static ferry_status call_result(client_call *c, ferry_rpc_msg *reply) {
     details[n] = '\0';
     if (c->error_string != NULL)
         FERRY_LOG_DEBUG("rpc %s %s: %s", cl->target, c->what, c->error_string);
+    if (c->lagged)
+        return ferry_errorf(st, "%s %s: no answer %d ms after a replica of its shard answered",
+                            cl->target, c->what, c->grace_ms);
     if (c->code == GRPC_STATUS_DEADLINE_EXCEEDED && !from_server)
         return ferry_errorf(st, "%s %s: DEADLINE_EXCEEDED (deadline %d ms)", cl->target, c->what,
                             c->deadline_ms);
@@ -404,6 +411,43 @@ static void cq_wait_all(grpc_completion_queue *cq, int started) {
     }
 }
 
+/* Waits for `started` completions, cancelling a group's laggards grace_ms after the
+ * first answer of a server in that group. */
+static void cq_wait_grace(grpc_completion_queue *cq, client_call *cc, const ferry_rpc_fanout *calls,
+                          int n, int started, int grace_ms) {
+    for (int left = started; left > 0;) {
+        double now = ferry_now(), next = 0.0;
+        for (int i = 0; i < n; i++) {
+            client_call *c = &cc[i];
+            if (!c->started || c->done || c->lagged || c->cut <= 0.0)
+                continue;
+            if (c->cut <= now) {
+                c->lagged = 1;
+                grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED,
+                                             "a replica of its group answered before", NULL);
+            } else if (next == 0.0 || c->cut < next) {
+                next = c->cut;
+            }
+        }
+        gpr_timespec until = next > 0.0 ? ferry__grpc_deadline_in((int)((next - now) * 1000.0) + 1)
+                                        : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+        grpc_event ev = ferry__grpc_cq_next(cq, until);
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        client_call *c = ev.tag;
+        c->done = 1;
+        left--;
+        int i = (int)(c - cc), answered = c->code != GRPC_STATUS_DEADLINE_EXCEEDED &&
+                                          c->code != GRPC_STATUS_UNAVAILABLE;
+        for (int k = 0; answered && calls[i].group > 0 && k < n; k++) {
+            if (k != i && calls[k].group == calls[i].group && cc[k].cut <= 0.0) {
+                cc[k].cut = ferry_now() + grace_ms / 1000.0;
+                cc[k].grace_ms = grace_ms;
+            }
+        }
+    }
+}
+
 /* ---- Public calls ------------------------------------------------------------------------ */
 
 static void fanout_fail(ferry_rpc_fanout *fo, ferry_status st) {
@@ -417,6 +461,11 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
 
 ferry_status ferry_rpc_call_many_during(ferry_rpc_fanout *calls, int n, int deadline_ms,
                                         void (*during)(void *arg), void *arg) {
+    return ferry_rpc_call_many_grace(calls, n, deadline_ms, 0, during, arg);
+}
+
+ferry_status ferry_rpc_call_many_grace(ferry_rpc_fanout *calls, int n, int deadline_ms,
+                                       int grace_ms, void (*during)(void *arg), void *arg) {
     if (n < 0 || (n > 0 && calls == NULL))
         return ferry_errorf(FERRY_ERR_INVALID, "rpc fan-out of %d calls", n);
     for (int i = 0; i < n; i++) {
@@ -465,7 +514,10 @@ ferry_status ferry_rpc_call_many_during(ferry_rpc_fanout *calls, int n, int dead
     double t0 = ferry_now();
     if (during != NULL)
         during(arg);
-    cq_wait_all(cq, started);
+    if (grace_ms > 0)
+        cq_wait_grace(cq, cc, calls, n, started, grace_ms);
+    else
+        cq_wait_all(cq, started);
     double took = ferry_now() - t0;
     ferry_status first = FERRY_OK;
     char first_error[sizeof calls[0].error] = "";

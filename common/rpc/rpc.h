@@ -43,7 +43,7 @@ struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.
 /* The wire contract's version (proto/ferry.proto section 1): major 1 = package ferry.v1;
  * a minor only adds. */
 #define FERRY_CONTRACT_MAJOR 1
-#define FERRY_CONTRACT_MINOR 1
+#define FERRY_CONTRACT_MINOR 2
 
 #define FERRY_RPC_MAX_DIMS                  4
 #define FERRY_RPC_NAME_MAX                  64   /* bytes, with the terminating NUL */
@@ -561,6 +561,9 @@ typedef struct ferry_rpc_fanout {
                                  not by the server's answer: the server may or may not
                                  have run it */
     char error[256];          /* out: its detail message, "" on success */
+    /* Replicas (ferry_rpc_call_many_grace): entries with the same group > 0 are one
+     * call to the replicas of a shard. 0: on its own. */
+    int group;
 } ferry_rpc_fanout;
 
 /* Starts all n calls at once, each with the deadline (<= 0: its client's
@@ -572,6 +575,13 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
  * and before waiting for their answers: work of the caller's own that overlaps with
  * the servers'. during may be NULL. The client's latency figures for these calls
  * (ferry_rpc_client_method_stats) then span the caller's work too. */
+/* The same, where a group's laggards are cut short: once one entry of a group has
+ * its answer (any answer from the server), the others of that group get grace_ms
+ * more, then are cancelled and fail in transit (DEADLINE_EXCEEDED). A replica that
+ * a peer trainer stopped calling holds a bsp GradNorm in its barrier until the sync
+ * timeout; its siblings answered long before. */
+ferry_status ferry_rpc_call_many_grace(ferry_rpc_fanout *calls, int n, int deadline_ms,
+                                       int grace_ms, void (*during)(void *arg), void *arg);
 ferry_status ferry_rpc_call_many_during(ferry_rpc_fanout *calls, int n, int deadline_ms,
                                         void (*during)(void *arg), void *arg);
 

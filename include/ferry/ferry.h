@@ -102,10 +102,19 @@ typedef struct ferry_cluster_config {
      * value rounded to nearest even; the servers' parameters and optimizer state stay
      * float32. 0: float32, exact. CreateModule, Get/SetParams are always exact. */
     int wire_bf16;
+    /* Replicated shards: targets lists R servers per shard, each shard's replicas side
+     * by side ("a0,a1,b0,b1" with R = 2: shard 0 on a0 and a1, shard 1 on b0 and b1),
+     * so ferry_cluster_size is the target count / R. Every call goes to every live
+     * replica of its shard and the first one's answer is taken; a replica that fails a
+     * call its siblings answered (dies, stalls past the deadline, restarted) is dropped
+     * and the shard goes on with the others, no roll-back. The replicas stay identical
+     * only where their calls are deterministic: one trainer, or a bsp job. 0 or 1: one
+     * server per shard. */
+    int replicas;
     /* Room to grow (ferry_cluster_config_default zeroes it): a later release of the same soname
      * takes new fields from it, each meaning its default at zero, so a caller built against this
      * header keeps its behaviour and the struct its size. */
-    unsigned char reserved[60];
+    unsigned char reserved[56];
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
@@ -152,6 +161,12 @@ FERRY_API void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on);
 FERRY_API void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms);
 /* Calls sent again so far (see ferry_cluster_set_retry). */
 FERRY_API uint64_t ferry_cluster_retries(const ferry_cluster *c);
+/* Replicated shards (ferry_cluster_config.replicas): the replicas per shard, and in
+ * *live (may be NULL) how many of shard `server`'s are still called. */
+FERRY_API int ferry_cluster_replicas(const ferry_cluster *c, int server, int *live);
+/* Replicas dropped so far, and the latest drop's log line in last (cap bytes, may be
+ * NULL): which server, the call it failed and why, who serves its shard now. */
+FERRY_API uint64_t ferry_cluster_replicas_dropped(ferry_cluster *c, char *last, size_t cap);
 
 /* This process's calls of one method ("Forward", ...) to one server: how many, how
  * many failed, and their latency (from sending to the fan-out's last answer) per
@@ -706,6 +721,22 @@ FERRY_API void ferry_job_request_checkpoint(ferry_job *job);
  * any rank, the same answer on every rank; else this rank's own request), so that
  * every rank checkpoints after this same step. */
 FERRY_API int ferry_dist_ctx_job_checkpoint(const ferry_dist_ctx *dc);
+/* Re-admitting dropped replicas (ferry_cluster_config.replicas, bsp): rank 0, before a
+ * step after which the job checkpoints, calls ferry_job_offer_readmit: each dropped
+ * replica that answers a Hello within probe_ms is offered, in this rank's next
+ * GradNorm (a bit per server of the --ps list, p < 64); *mask (may be NULL) receives
+ * the offer. After that GradNorm, ferry_dist_ctx_job_readmit gives every rank the
+ * same offer, and after the job's checkpoint of that step every rank calls
+ * ferry_job_readmit with it: rank 0 copies the shard's checkpoint of `step` from a
+ * live replica to each offered one (JobFetch, JobInstall: verified there), then
+ * every rank takes its rank back on it through a recover barrier that restores that
+ * checkpoint, and calls it again from the next step on. *readmitted (may be NULL):
+ * how many came back; *bytes (may be NULL): the bytes copied (rank 0). A replica
+ * that fails any of this stays out (logged); the job goes on. */
+FERRY_API ferry_status ferry_job_offer_readmit(ferry_job *job, int probe_ms, uint64_t *mask);
+FERRY_API uint64_t ferry_dist_ctx_job_readmit(const ferry_dist_ctx *dc);
+FERRY_API ferry_status ferry_job_readmit(ferry_job *job, uint64_t mask, uint64_t step,
+                                         int *readmitted, uint64_t *bytes);
 /* Forgets the open context without telling the servers (they sweep it after their
  * --context-ttl): after a peer failed, no cleanup call waits on a dead server. */
 FERRY_API void ferry_dist_ctx_abandon(ferry_dist_ctx *dc);
