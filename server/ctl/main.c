@@ -1,7 +1,7 @@
 /* ferry-ctl - an operator's CLI for ferry-ps, over libferry's public API:
  *
  *   ferry-ctl --ps HOST:PORT[,...] health | stats | modules [PREFIX] | drop NAME |
- *                                  drop-job JOB | checkpoint [NAME] | shutdown
+ *                                  drop-job JOB | checkpoint [NAME] | shutdown | job JOB
  *
  * with the same token and TLS flags as ferry-trainer (checkpoint and shutdown need the
  * admin token; modules, drop and drop-job act on the caller's identity's modules and
@@ -40,6 +40,68 @@ static int fail(const char *what) {
     return FERRY_EXIT_RUNTIME;
 }
 
+/* job JOB: where each server's copy of the job stands (its step, its newest
+ * checkpoint, a roll-back under way), and with --replicas R which replica of each
+ * shard the trainers take answers from: the first one at the shard's newest step (a
+ * replica behind it was dropped; it is re-admitted at a checkpoint step). */
+static int show_job(ferry_cluster *c, const char *name, int replicas) {
+    int n = ferry_cluster_size(c), rc = 0;
+    ferry_job_config jc = {.name = name, .world = 1, .rank = 0};
+    ferry_job *job = NULL;
+    if (ferry_job_create(c, &jc, &job) != FERRY_OK)
+        return fail("job");
+    ferry_job_probe_result *pr = calloc((size_t)n, sizeof *pr);
+    int *ok = calloc((size_t)n, sizeof *ok);
+    if (pr == NULL || ok == NULL) {
+        free(pr);
+        free(ok);
+        ferry_job_destroy(job);
+        return fail("job");
+    }
+    for (int s = 0; s < n; s++) {
+        ok[s] = ferry_job_probe(job, s, &pr[s]) == FERRY_OK;
+        if (!ok[s])
+            rc = fail("job"); /* names the server */
+    }
+    for (int g = 0; g * replicas < n; g++) {
+        uint64_t top = 0;
+        int primary = -1;
+        for (int s = g * replicas; s < (g + 1) * replicas && s < n; s++)
+            top = ok[s] && pr[s].has_state && pr[s].state_step > top ? pr[s].state_step : top;
+        if (replicas > 1)
+            (void)printf("shard %d:\n", g);
+        for (int s = g * replicas; s < (g + 1) * replicas && s < n; s++) {
+            const char *role = "";
+            if (replicas > 1 && ok[s] && pr[s].has_state && pr[s].state_step == top) {
+                role = primary < 0 ? "  primary" : "  replica, in step";
+                primary = primary < 0 ? s : primary;
+            } else if (replicas > 1 && ok[s] && pr[s].has_state) {
+                role = "  replica, behind: dropped until re-admitted at a checkpoint step";
+            }
+            if (!ok[s]) {
+                (void)printf("  %-24s unreachable\n", ferry_cluster_target(c, s));
+                continue;
+            }
+            char ck[48] = "none";
+            if (pr[s].n > 0)
+                (void)snprintf(ck, sizeof ck, "step %llu",
+                               (unsigned long long)pr[s].steps[pr[s].n - 1]);
+            if (pr[s].has_state)
+                (void)printf("  %-24s at step %-8llu newest checkpoint %s%s%s\n",
+                             ferry_cluster_target(c, s), (unsigned long long)pr[s].state_step, ck,
+                             pr[s].rolling_back ? "  (rolling back)" : "", role);
+            else
+                (void)printf("  %-24s does not hold the job (newest checkpoint %s)\n",
+                             ferry_cluster_target(c, s), ck);
+            ferry_job_probe_free(&pr[s]);
+        }
+    }
+    free(pr);
+    free(ok);
+    ferry_job_destroy(job);
+    return rc;
+}
+
 static int usage_error(const char *msg) {
     ferry_log_fatal("%s", msg);
     return FERRY_EXIT_USAGE;
@@ -50,7 +112,7 @@ int main(int argc, char **argv) {
     if (getenv("FERRY_LOG") == NULL)
         ferry_log_set_level(FERRY_LOG_LEVEL_WARN); /* a tool's output is its answer */
     const char *ps = NULL, *token_file = NULL, *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
-    int deadline_ms = 5000, grace_ms = 5000, log_format = 0;
+    int deadline_ms = 5000, grace_ms = 5000, log_format = 0, replicas = 1;
     /* The command and its argument come after the flags. */
     int nflags = argc;
     for (int i = 1; i < argc; i++) {
@@ -79,6 +141,9 @@ int main(int argc, char **argv) {
          .max = 3600000, .help = "deadline of every call"},
         {.name = "grace-ms", .type = FERRY_FLAG_INT, .ptr = &grace_ms, .min = 0, .max = 600000,
          .help = "shutdown: time the server's calls in flight get"},
+        {.name = "replicas", .type = FERRY_FLAG_INT, .ptr = &replicas, .min = 1, .max = 16,
+         .defval = "1",
+         .help = "job: --ps lists each shard's R replicas side by side, as the trainers' --ps"},
         {.name = "log-format", .type = FERRY_FLAG_ENUM, .ptr = &log_format,
          .choices = "text|json", .help = "log lines, and the error line, as text or as JSON"},
     };
@@ -93,8 +158,8 @@ int main(int argc, char **argv) {
     ferry_flags fs = {.prog = "ferry-ctl",
                       .summary = "operates ferry-ps: ferry-ctl [flags] health | stats | "
                                  "modules [PREFIX] | drop NAME | drop-job JOB | "
-                                 "checkpoint [NAME] | shutdown\n(health is the grpc.health.v1 "
-                                 "Check: no token needed)",
+                                 "checkpoint [NAME] | shutdown | job JOB\n(health is the "
+                                 "grpc.health.v1 Check: no token needed)",
                       .flags = flags,
                       .nflags = (int)(sizeof flags / sizeof flags[0]),
                       .env = env,
@@ -111,15 +176,15 @@ int main(int argc, char **argv) {
         return 0;
     const char *cmd = nflags < argc ? argv[nflags] : NULL;
     const char *arg = nflags + 1 < argc ? argv[nflags + 1] : NULL;
-    static const char *const cmds[] = {"health",   "stats", "modules", "checkpoint",
-                                       "shutdown", "drop",  "drop-job"};
+    static const char *const cmds[] = {"health",   "stats", "modules",  "checkpoint",
+                                       "shutdown", "drop",  "drop-job", "job"};
     int which = -1;
-    for (int i = 0; cmd != NULL && i < 7; i++)
+    for (int i = 0; cmd != NULL && i < 8; i++)
         which = strcmp(cmd, cmds[i]) == 0 ? i : which;
     if (which < 0 || (arg != NULL && which != 2 && which != 3 && which < 5) ||
         (arg == NULL && which >= 5) || nflags + 2 < argc)
         return usage_error("want one of health, stats, modules [PREFIX], drop NAME, drop-job JOB, "
-                           "checkpoint [NAME], shutdown (see --help)");
+                           "checkpoint [NAME], shutdown, job JOB (see --help)");
     char *token = NULL;
     if (which != 0 && ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK)
         return usage_error(ferry_error_last());
@@ -161,6 +226,8 @@ int main(int argc, char **argv) {
             rc = fail("checkpoint");
         else
             (void)printf("checkpoint written on %d servers\n", ferry_cluster_size(c));
+    } else if (which == 7) {
+        rc = show_job(c, arg, replicas);
     } else if (which >= 5) {
         int on = 0;
         if ((st = which == 5 ? ferry_cluster_delete_module(c, arg, &on)

@@ -88,6 +88,12 @@ run_job() {
     [ "$rc" = 0 ] || fail "$dir: rank 0 exited $rc: $(tail -5 "$dir/r0.log")"
     wait "${rpid[1]}" || rc=$?
     [ "$rc" = 0 ] || fail "$dir: rank 1 exited $rc: $(tail -5 "$dir/r1.log")"
+    for ((s = 0; s < ns; s++)); do # a restarted server is up before ferry-ctl asks it
+        name=$(basename "$dir")-ps$s PS_PID=${pspid[$s]}
+        WAIT_LOG=$TMP/$name.log wait_until "ferry-ps $name up" 60 ps_port_written_
+    done
+    "$FERRY_BIN/server/ferry-ctl" --ps "$pss" --replicas "$R" job rep >"$dir/ctl.txt" 2>&1 ||
+        fail "$dir: ferry-ctl job: $(cat "$dir/ctl.txt")"
     for ((s = 0; s < ns; s++)); do
         name=$(basename "$dir")-ps$s PS_PID=${pspid[$s]}
         WAIT_LOG=$TMP/$name.log wait_until "ferry-ps $name up" 60 ps_port_written_
@@ -147,7 +153,10 @@ run_job "$TMP/ref" 2 1
 run_job "$TMP/undisturbed" 4 2
 same_as_reference "$TMP/undisturbed" 0 1 2 3
 no_rollback "$TMP/undisturbed"
-ok "2 shards x 2 replicas: bit-identical to 2 unreplicated servers, replicas identical (loss $(last_loss "$TMP/ref/m0.jsonl"))"
+grep -q "^shard 1:" "$TMP/undisturbed/ctl.txt" &&
+    [ "$(grep -c "at step $STEPS .*primary" "$TMP/undisturbed/ctl.txt")" = 2 ] ||
+    fail "ferry-ctl job: $(cat "$TMP/undisturbed/ctl.txt")"
+ok "2 shards x 2 replicas: bit-identical to 2 unreplicated servers, replicas identical (loss $(last_loss "$TMP/ref/m0.jsonl")); ferry-ctl job shows a primary per shard"
 
 # ---- SIGKILL trials ----
 readmitted=0
@@ -167,11 +176,15 @@ for ((t = 1; t <= TRIALS; t++)); do
     if back=$(grep -o 're-admitted after step [0-9]*' "$dir/r0.log"); then
         grep -q 're-admitted' "$dir/r1.log" || fail "$dir: rank 0 re-admitted server $victim, rank 1 did not"
         same_as_reference "$dir" "$victim"
+        [ "$(grep -c "at step $STEPS .*primary\|at step $STEPS .*in step" "$dir/ctl.txt")" = 4 ] ||
+            fail "$dir: ferry-ctl job does not show all four replicas in step: $(cat "$dir/ctl.txt")"
         readmitted=$((readmitted + 1))
         how="re-admitted ${back#re-admitted }, identical there too"
     else
         [ ! -e "$dir/ck$victim/rep-step$STEPS.ckpt" ] ||
             fail "$dir: server $victim, never re-admitted, wrote a checkpoint of step $STEPS"
+        grep -q "127.0.0.1:[0-9]* .*behind\|127.0.0.1:[0-9]* .*does not hold" "$dir/ctl.txt" ||
+            fail "$dir: ferry-ctl job does not show the restarted server behind: $(cat "$dir/ctl.txt")"
         how="not re-admitted before the end"
     fi
     ok "trial $t: server $victim (shard $((victim / 2))) SIGKILLed at step $at, restarted 0.$((delay * 2)) s later: no roll-back, identical; $how"

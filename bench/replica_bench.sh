@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# replica_bench.sh - what replicated shards cost and what a failover takes: a bsp job
+# of 2 ranks x 2 shards, PTB small (E = H = 200, 20 columns per rank), with one server
+# per shard (R = 1, 2 ferry-ps) and with two (R = 2, --replicas 2, 4 ferry-ps),
+# interleaved in one run. Per configuration, medians of REPS runs: the job's tokens/s
+# over steps 21..60, the servers' CPU per step (/proc utime + stime of every ferry-ps),
+# the bytes rank 0 moves per step. Then, with R = 2: a replica SIGKILLed at step 30 and
+# a replica frozen (SIGSTOP) at step 30 for 3 s (--deadline-ms 1000): the time of the
+# step the failure hit, beside the median step. No roll-back happens in either (the
+# script checks the log).
+#
+#   bench/replica_bench.sh [BUILD_DIR] [REPS]          # default: build 3
+#
+# Every process shares this machine's cores: R = 2 doubles the servers' work on the
+# same cores, so the tokens/s ratio here is an upper bound of the cost a cluster pays,
+# where each replica has cores of its own and the trainer waits for the slower of two
+# answers instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+BIN=${1:-build}
+REPS=${2:-3}
+STEPS=60
+TMP=$(mktemp -d /tmp/ferry-replica.XXXXXX)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+export FERRY_PROGRESS=off OPENBLAS_NUM_THREADS=1
+
+echo "machine: $(bench_cpu_model), $(nproc) cores; $(date -u +%FT%TZ); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "BLAS: OpenBLAS $(bench_kernels "$BIN") kernels, 1 thread per process"
+DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt 20
+    --batch-size 40 --max-steps "$STEPS" --log-interval 1 --deadline-ms 1000)
+echo "job: 2 bsp ranks x 2 shards, PTB small, ${DATA[*]}"
+
+ticks() { # PID...: utime + stime, clock ticks
+    local t=0
+    for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+    echo "$t"
+}
+HZ=$(getconf CLK_TCK)
+step_times() { # FILE: each step's seconds, "step seconds" per line
+    awk '/"event":"train"/ {
+        match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
+        match($0, /"elapsed_s":[0-9.e+-]+/); e = substr($0, RSTART + 12, RLENGTH - 12) + 0
+        if (s > 1) printf "%d %.4f\n", s, e - prev; prev = e }' "$1"
+}
+
+# run R [FAULT]: R replicas per shard; FAULT kill|stop hits server 1 (shard 0's second
+# replica) when rank 0 logs step 30. Prints "tok/s server_ms/step MB/step/rank".
+run() {
+    local R=$1 fault=${2:-} ns=$((2 * $1)) pids=() targets="" i
+    for ((i = 0; i < ns; i++)); do
+        rm -f "$TMP/ps$i.port"
+        "$BIN/server/ferry-ps" --listen 127.0.0.1:0 --port-file "$TMP/ps$i.port" 2>"$TMP/ps$i.log" &
+        pids+=($!)
+    done
+    for ((i = 0; i < ns; i++)); do
+        for _ in $(seq 200); do [ -s "$TMP/ps$i.port" ] && break; sleep 0.05; done
+        targets+="${targets:+,}127.0.0.1:$(cat "$TMP/ps$i.port")"
+    done
+    local t0 trs=()
+    t0=$(ticks "${pids[@]}")
+    rm -f "$TMP"/r*.jsonl
+    for r in 0 1; do
+        "$BIN/worker/ferry-trainer" --ps "$targets" --replicas "$R" --job rb --world 2 --rank "$r" \
+            --sync bsp "${DATA[@]}" --metrics-out "$TMP/r$r.jsonl" 2>"$TMP/r$r.log" &
+        trs+=($!)
+    done
+    if [ -n "$fault" ]; then
+        for _ in $(seq 3000); do grep -q '"step":30,' "$TMP/r0.jsonl" 2>/dev/null && break; sleep 0.01; done
+        case $fault in
+        kill) kill -9 "${pids[1]}" ;;
+        stop) kill -STOP "${pids[1]}"; sleep 3; kill -CONT "${pids[1]}" ;;
+        esac
+    fi
+    for p in "${trs[@]}"; do wait "$p" || { echo "a rank failed: $(tail -2 "$TMP"/r*.log)" >&2; exit 1; }; done
+    local t1
+    t1=$(ticks "${pids[@]}" 2>/dev/null || echo 0)
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+    ! grep -q 'rolled back' "$TMP"/r*.log || { echo "$fault: a roll-back" >&2; exit 1; }
+    local tok bytes
+    tok=$(step_times "$TMP/r0.jsonl" | awk -v tps=$((20 * 40)) '$1 > 20 { t += $2; n++ } END { printf "%.0f", n * tps / t }')
+    bytes=$(grep '"event":"job"' "$TMP/r0.jsonl" | tail -1 | sed 's/.*"wire_bytes_per_step":\([^,}]*\).*/\1/')
+    awk -v tok="$tok" -v b="$bytes" -v t="$((t1 - t0))" -v hz="$HZ" -v s="$STEPS" \
+        'BEGIN { printf "%s %.1f %.2f\n", tok, 1000 * t / hz / s, b / 1e6 }'
+}
+
+for rep in $(seq "$REPS"); do
+    for R in 1 2; do
+        res=$(run "$R")
+        echo "$res" >>"$TMP/R$R"
+        echo "rep $rep R=$R: $res (tok/s, server ms/step, MB/step/rank)"
+    done
+done
+printf "\n%-4s %10s %10s %18s %16s\n" R "tok/s" "vs R=1" "server ms/step" "MB/step/rank"
+base=$(cut -d' ' -f1 "$TMP/R1" | median)
+for R in 1 2; do
+    tok=$(cut -d' ' -f1 "$TMP/R$R" | median)
+    ms=$(cut -d' ' -f2 "$TMP/R$R" | median)
+    mb=$(cut -d' ' -f3 "$TMP/R$R" | median)
+    awk -v R="$R" -v tok="$tok" -v base="$base" -v ms="$ms" -v mb="$mb" \
+        'BEGIN { printf "%-4d %10.0f %9.2fx %18.1f %16.2f\n", R, tok, tok / base, ms, mb }'
+done
+
+echo
+for fault in kill stop; do
+    run 2 "$fault" >/dev/null
+    step_times "$TMP/r0.jsonl" >"$TMP/steps"
+    med=$(awk '$1 > 20 { print $2 }' "$TMP/steps" | median)
+    worst=$(awk '$1 > 30 { print }' "$TMP/steps" | sort -k2 -g | tail -1)
+    drop=$(grep -m1 -o 'its [A-Za-z]* failed ([^)]*)' "$TMP/r0.log" || echo "?")
+    echo "failover ($fault server 1 at step 30): step ${worst% *} took ${worst#* } s, median step $med s; $drop"
+done
