@@ -9,7 +9,10 @@
 # step the failure hit, beside the median step. No roll-back happens in either (the
 # script checks the log).
 #
-#   bench/replica_bench.sh [BUILD_DIR] [REPS]          # default: build 3
+#   bench/replica_bench.sh [BUILD_DIR] [REPS] [-- TRAINER_FLAGS...]   # default: build 3
+#
+# TRAINER_FLAGS go to every rank (e.g. -- --local-vocab 5000: the decoder's tail in the
+# trainers, less server work to replicate).
 #
 # Every process shares this machine's cores: R = 2 doubles the servers' work on the
 # same cores, so the tokens/s ratio here is an upper bound of the cost a cluster pays,
@@ -20,6 +23,9 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 BIN=${1:-build}
 REPS=${2:-3}
+shift $(($# < 2 ? $# : 2))
+[ "${1:-}" = -- ] && shift
+EXTRA=("$@")
 STEPS=60
 TMP=$(mktemp -d /tmp/ferry-replica.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
@@ -28,12 +34,12 @@ export FERRY_PROGRESS=off OPENBLAS_NUM_THREADS=1
 echo "machine: $(bench_cpu_model), $(nproc) cores; $(date -u +%FT%TZ); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "BLAS: OpenBLAS $(bench_kernels "$BIN") kernels, 1 thread per process"
 DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt 20
-    --batch-size 40 --max-steps "$STEPS" --log-interval 1 --deadline-ms 1000)
+    --batch-size 40 --max-steps "$STEPS" --log-interval 1 --deadline-ms 1000 ${EXTRA[@]+"${EXTRA[@]}"})
 echo "job: 2 bsp ranks x 2 shards, PTB small, ${DATA[*]}"
 
-ticks() { # PID...: utime + stime, clock ticks
-    local t=0
-    for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+ticks() { # PID...: utime + stime, clock ticks (of the processes still there)
+    local t=0 p
+    for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
     echo "$t"
 }
 HZ=$(getconf CLK_TCK)
@@ -61,8 +67,17 @@ run() {
     t0=$(ticks "${pids[@]}")
     rm -f "$TMP"/r*.jsonl
     for r in 0 1; do
-        "$BIN/worker/ferry-trainer" --ps "$targets" --replicas "$R" --job rb --world 2 --rank "$r" \
-            --sync bsp "${DATA[@]}" --metrics-out "$TMP/r$r.jsonl" 2>"$TMP/r$r.log" &
+        # The rank's own CPU, from the shell's accounting of its one child (`times`):
+        # what a cluster, each replica on cores of its own, still pays on this side.
+        (
+            rc=0
+            "$BIN/worker/ferry-trainer" --ps "$targets" --replicas "$R" --job rb --world 2 \
+                --rank "$r" --sync bsp "${DATA[@]}" --metrics-out "$TMP/r$r.jsonl" \
+                2>"$TMP/r$r.log" || rc=$?
+            times >"$TMP/cpu$r.all" # not in a pipe: a subshell has no children
+            tail -1 "$TMP/cpu$r.all" >"$TMP/cpu$r"
+            exit $rc
+        ) &
         trs+=($!)
     done
     if [ -n "$fault" ]; then
@@ -74,32 +89,38 @@ run() {
     fi
     for p in "${trs[@]}"; do wait "$p" || { echo "a rank failed: $(tail -2 "$TMP"/r*.log)" >&2; exit 1; }; done
     local t1
-    t1=$(ticks "${pids[@]}" 2>/dev/null || echo 0)
+    t1=$(ticks "${pids[@]}")
     kill -TERM "${pids[@]}" 2>/dev/null || true
     wait "${pids[@]}" 2>/dev/null || true
     ! grep -q 'rolled back' "$TMP"/r*.log || { echo "$fault: a roll-back" >&2; exit 1; }
     local tok bytes
     tok=$(step_times "$TMP/r0.jsonl" | awk -v tps=$((20 * 40)) '$1 > 20 { t += $2; n++ } END { printf "%.0f", n * tps / t }')
     bytes=$(grep '"event":"job"' "$TMP/r0.jsonl" | tail -1 | sed 's/.*"wire_bytes_per_step":\([^,}]*\).*/\1/')
-    awk -v tok="$tok" -v b="$bytes" -v t="$((t1 - t0))" -v hz="$HZ" -v s="$STEPS" \
-        'BEGIN { printf "%s %.1f %.2f\n", tok, 1000 * t / hz / s, b / 1e6 }'
+    local cpu # the ranks' user + sys seconds ("XmY.YYYs XmY.YYYs" per rank)
+    cpu=$(cat "$TMP/cpu0" "$TMP/cpu1" | tr 'ms' '  ' |
+        awk '{ t += 60 * $1 + $2 + 60 * $3 + $4 } END { printf "%.3f", t }')
+    awk -v tok="$tok" -v b="$bytes" -v t="$((t1 - t0))" -v hz="$HZ" -v s="$STEPS" -v c="$cpu" \
+        'BEGIN { printf "%s %.1f %.2f %.1f\n", tok, 1000 * t / hz / s, b / 1e6, 1000 * c / s }'
 }
 
 for rep in $(seq "$REPS"); do
     for R in 1 2; do
         res=$(run "$R")
         echo "$res" >>"$TMP/R$R"
-        echo "rep $rep R=$R: $res (tok/s, server ms/step, MB/step/rank)"
+        echo "rep $rep R=$R: $res (tok/s, server ms/step, MB/step/rank, ranks' ms/step)"
     done
 done
-printf "\n%-4s %10s %10s %18s %16s\n" R "tok/s" "vs R=1" "server ms/step" "MB/step/rank"
-base=$(cut -d' ' -f1 "$TMP/R1" | median)
+[ "$REPS" -gt 0 ] && printf "\n%-4s %10s %10s %18s %16s %18s\n" R "tok/s" "vs R=1" "server ms/step" \
+    "MB/step/rank" "ranks' ms/step"
+[ "$REPS" -gt 0 ] && base=$(cut -d' ' -f1 "$TMP/R1" | median)
 for R in 1 2; do
+    [ "$REPS" -gt 0 ] || break
     tok=$(cut -d' ' -f1 "$TMP/R$R" | median)
     ms=$(cut -d' ' -f2 "$TMP/R$R" | median)
     mb=$(cut -d' ' -f3 "$TMP/R$R" | median)
-    awk -v R="$R" -v tok="$tok" -v base="$base" -v ms="$ms" -v mb="$mb" \
-        'BEGIN { printf "%-4d %10.0f %9.2fx %18.1f %16.2f\n", R, tok, tok / base, ms, mb }'
+    rk=$(cut -d' ' -f4 "$TMP/R$R" | median)
+    awk -v R="$R" -v tok="$tok" -v base="$base" -v ms="$ms" -v mb="$mb" -v rk="$rk" \
+        'BEGIN { printf "%-4d %10.0f %9.2fx %18.1f %16.2f %18.1f\n", R, tok, tok / base, ms, mb, rk }'
 done
 
 echo
