@@ -317,6 +317,21 @@ static uint64_t modules_fingerprint(ferry__ps_registry *r) {
  * process last wrote whole, at the same step, with no module stepped or set since
  * and the file still there, is a retry of that call: it is answered with that file,
  * neither written again nor charged to the rate (it holds what a new write would). */
+ferry_status ferry__ps_checkpoint_take_token(ferry__ps_state *s) {
+    /* A token bucket: ck_rate per minute, in bursts of as many. */
+    double now = ferry_now();
+    s->ck_tokens += (now - s->ck_last) * s->ck_rate / 60.0;
+    s->ck_tokens = s->ck_tokens > s->ck_rate ? s->ck_rate : s->ck_tokens;
+    s->ck_last = now;
+    if (s->ck_tokens < 1.0)
+        return ferry_errorf(FERRY_ERR_BUSY,
+                            "Checkpoint refused: more than %g per minute "
+                            "(--checkpoint-rate); try again in %.1f s",
+                            s->ck_rate, (1.0 - s->ck_tokens) * 60.0 / s->ck_rate);
+    s->ck_tokens -= 1.0;
+    return FERRY_OK;
+}
+
 ferry_status ferry__ps_checkpoint_named(ferry__ps_state *s, const char *name, const char *owner,
                                         uint64_t step, char *path, size_t cap, uint64_t *bytes) {
     char file[160];
@@ -341,18 +356,10 @@ ferry_status ferry__ps_checkpoint_named(ferry__ps_state *s, const char *name, co
                        (unsigned long long)step);
         return FERRY_OK;
     }
-    /* A token bucket: ck_rate per minute, in bursts of as many. */
-    double now = ferry_now();
-    s->ck_tokens += (now - s->ck_last) * s->ck_rate / 60.0;
-    s->ck_tokens = s->ck_tokens > s->ck_rate ? s->ck_rate : s->ck_tokens;
-    s->ck_last = now;
-    if (s->ck_tokens < 1.0) {
+    if ((st = ferry__ps_checkpoint_take_token(s)) != FERRY_OK) {
         pthread_mutex_unlock(&s->checkpoint_mu);
-        return ferry_errorf(FERRY_ERR_BUSY, "Checkpoint refused: more than %g per minute "
-                                            "(--checkpoint-rate); try again in %.1f s",
-                            s->ck_rate, (1.0 - s->ck_tokens) * 60.0 / s->ck_rate);
+        return st;
     }
-    s->ck_tokens -= 1.0;
     st = ferry__ps_checkpoint_write(&s->reg, s->checkpoint_dir, file, owner, step,
                                     s->checkpoint_keep, bytes);
     s->ck_done[0] = '\0';

@@ -360,8 +360,57 @@ ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step, char 
     return FERRY_OK;
 }
 
+/* A module section's owner (cap >= FERRY_RPC_IDENTITY_MAX); FERRY_ERR_FORMAT if its
+ * header is bad. */
+static ferry_status module_owner(const ferry_cksec *sec, const char *path, char *owner) {
+    ferry_ckcur c = ferry_ckcur_of(sec);
+    uint32_t name_len = ferry_ckcur_u32(&c);
+    const char *np =
+        name_len > 0 && name_len < FERRY_RPC_NAME_MAX ? ferry_ckcur_bytes(&c, name_len) : NULL;
+    uint32_t owner_len = np != NULL ? ferry_ckcur_u32(&c) : 0;
+    const char *op =
+        np != NULL && owner_len < FERRY_RPC_IDENTITY_MAX ? ferry_ckcur_bytes(&c, owner_len) : NULL;
+    if (np == NULL || op == NULL || c.bad)
+        return ferry_errorf(FERRY_ERR_FORMAT, "%s: bad module header", path);
+    memcpy(owner, op, owner_len);
+    owner[owner_len] = '\0';
+    return FERRY_OK;
+}
+
+/* Every module of ck, and its META, belong to `owner`: FERRY_ERR_DENIED naming the first
+ * that does not. */
+static ferry_status owned_by(const ferry_ckr *ck, const char *meta_owner, const char *owner) {
+    if (strcmp(meta_owner, owner) != 0)
+        return ferry_errorf(FERRY_ERR_DENIED, "%s is a checkpoint of '%s', not of '%s'", ck->path,
+                            meta_owner, owner);
+    for (uint32_t i = 1; i < ck->n; i++) {
+        char o[FERRY_RPC_IDENTITY_MAX];
+        ferry_status st = module_owner(&ck->sec[i], ck->path, o);
+        if (st != FERRY_OK)
+            return st;
+        if (strcmp(o, owner) != 0)
+            return ferry_errorf(FERRY_ERR_DENIED,
+                                "%s: module section %u belongs to '%s', not to '%s'", ck->path, i,
+                                o, owner);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_checkpoint_check_owner(const char *path, const char *owner, uint64_t *step) {
+    ferry_ckr ck;
+    ferry_status st = ck_open(path, &ck);
+    if (st != FERRY_OK)
+        return st;
+    uint32_t n = 0;
+    char meta_owner[FERRY_RPC_IDENTITY_MAX];
+    if ((st = read_meta(&ck, step, &n, meta_owner)) == FERRY_OK)
+        st = owned_by(&ck, meta_owner, owner);
+    ferry_ckr_free(&ck);
+    return st;
+}
+
 ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
-                                       uint64_t *step) {
+                                       const char *only, uint64_t *step) {
     ferry_ckr ck;
     ferry_status st = ck_open(path, &ck);
     if (st != FERRY_OK)
@@ -370,6 +419,8 @@ ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *
     uint64_t s = 0;
     char owner[FERRY_RPC_IDENTITY_MAX];
     st = read_meta(&ck, &s, &n, owner);
+    if (st == FERRY_OK && only != NULL) /* before anything is changed */
+        st = owned_by(&ck, owner, only);
     for (uint32_t i = 1; i < ck.n && st == FERRY_OK; i++) {
         if (ck.sec[i].tag != FERRY_CK_TAG("MODL"))
             st = ferry_errorf(FERRY_ERR_FORMAT, "%s: section %u is not a module", path, i + 1);

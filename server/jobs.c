@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/core/log.h"
@@ -939,7 +940,7 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         (void)snprintf(file, sizeof file, "%s-step%llu.ckpt", prefix, (unsigned long long)best);
         (void)snprintf(path, sizeof path, "%s/%s", ps->checkpoint_dir, file);
         pthread_mutex_lock(&ps->checkpoint_mu);
-        st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, path, NULL);
+        st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, path, job->owner, NULL);
         ps->ck_done[0] = '\0'; /* parameters rolled back: no Checkpoint is a repeat now */
         (void)ferry__ps_checkpoint_sweep_temps(ps->checkpoint_dir, prefix);
         pthread_mutex_unlock(&ps->checkpoint_mu);
@@ -1221,11 +1222,6 @@ static ferry_status job_drop_call(ferry__ps_state *ps, const ferry__ps_session *
 static ferry_status replica_call_check(ferry__ps_state *ps, const ferry__ps_session *sess,
                                        const char *name, uint32_t rank, uint64_t step, int known,
                                        char *file, size_t cap, char *owner) {
-    if (ps->checkpoint_dir[0] == '\0')
-        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
-                            "job '%s': this ferry-ps has no --checkpoint-dir to hold a replica's "
-                            "checkpoint",
-                            name);
     pthread_mutex_lock(&ps->jobs.mu);
     ferry__ps_job *job = job_find(&ps->jobs, name);
     ferry_status st = FERRY_OK;
@@ -1235,6 +1231,11 @@ static ferry_status replica_call_check(ferry__ps_state *ps, const ferry__ps_sess
         st = not_yours(name);
     else if (job != NULL && known && (rank >= job->world || !acts_as(sess, job, rank)))
         st = not_held(job, rank);
+    else if (ps->checkpoint_dir[0] == '\0') /* who asks is checked first */
+        st = ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                          "job '%s': this ferry-ps has no --checkpoint-dir to hold a replica's "
+                          "checkpoint",
+                          name);
     if (st == FERRY_OK) {
         (void)snprintf(owner, FERRY_RPC_IDENTITY_MAX, "%s",
                        job != NULL ? job->owner : sess->identity);
@@ -1291,7 +1292,11 @@ static ferry_status job_fetch(ferry__ps_state *ps, const ferry__ps_session *sess
     return st;
 }
 
-/* install: a sibling replica's checkpoint becomes this server's file of that step. */
+/* install: a sibling replica's checkpoint becomes this server's file of that step. The
+ * bytes are the caller's, so the file is taken only when it and every module in it
+ * belong to the job's owner (the caller's identity for a job unknown here), and it
+ * replaces only a file of that owner's; the recover that restores it checks the owner
+ * again. It takes a token of --checkpoint-rate, as a written checkpoint does. */
 static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *sess,
                                 const char *name, const Ferry__V1__JobInstall *q,
                                 ferry_rpc_msg *reply) {
@@ -1303,8 +1308,16 @@ static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *se
     const char *base = strrchr(path, '/');
     (void)snprintf(tmp, sizeof tmp, "%.*s/.%s.XXXXXX", (int)(base - path), path, base + 1);
     pthread_mutex_lock(&ps->checkpoint_mu);
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0)
+    uint64_t step = 0;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && ferry__ps_checkpoint_verify(path, &step, fowner) == FERRY_OK &&
+        strcmp(fowner, owner) != 0)
+        st = ferry_errorf(FERRY_ERR_DENIED, "job '%s': %s is another identity's checkpoint", name,
+                          path);
+    if (st == FERRY_OK)
+        st = ferry__ps_checkpoint_take_token(ps);
+    int fd = -1;
+    if (st == FERRY_OK && (fd = mkostemp(tmp, O_CLOEXEC)) < 0)
         st = ferry_errorf(errno == ENOSPC ? FERRY_ERR_RESOURCE : FERRY_ERR_IO, "%s: %s", tmp,
                           strerror(errno));
     for (size_t off = 0; st == FERRY_OK && off < q->data.len;) {
@@ -1321,21 +1334,16 @@ static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *se
         st = ferry_errorf(FERRY_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
     if (fd >= 0)
         close(fd);
-    uint64_t step = 0;
-    if (st == FERRY_OK && (st = ferry__ps_checkpoint_verify(tmp, &step, fowner)) == FERRY_OK) {
-        if (step != q->step)
-            st = ferry_errorf(FERRY_ERR_FORMAT, "the checkpoint sent holds step %llu, not %llu",
-                              (unsigned long long)step, (unsigned long long)q->step);
-        else if (strcmp(fowner, owner) != 0)
-            st = ferry_errorf(FERRY_ERR_DENIED,
-                              "the checkpoint sent is '%s''s, not the job owner's ('%s')", fowner,
-                              owner);
-    }
+    if (st == FERRY_OK && (st = ferry__ps_checkpoint_check_owner(tmp, owner, &step)) == FERRY_OK &&
+        step != q->step)
+        st = ferry_errorf(FERRY_ERR_FORMAT, "the checkpoint sent holds step %llu, not %llu",
+                          (unsigned long long)step, (unsigned long long)q->step);
     if (st == FERRY_OK && rename(tmp, path) != 0)
         st = ferry_errorf(FERRY_ERR_IO, "%s: rename: %s", path, strerror(errno));
     if (st != FERRY_OK && fd >= 0)
         (void)unlink(tmp);
     if (st == FERRY_OK) {
+        ps->ck_done[0] = '\0'; /* no Checkpoint of that name is a repeat now */
         int dfd = open(ps->checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd >= 0) {
             (void)fsync(dfd);

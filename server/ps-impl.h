@@ -548,9 +548,14 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
  * modules (charged to their owners' accounts in Q; NULL: uncharged), or loads them into
  * the existing ones of the same configuration. *step
  * (may be NULL) receives the job step it belongs to. FERRY_ERR_FORMAT naming the
- * file and what is wrong; nothing is changed then. */
+ * file and what is wrong; nothing is changed then. `only` (NULL: any): the identity
+ * the file and every module in it must belong to, else FERRY_ERR_DENIED, nothing
+ * changed (a job's checkpoint holds only its owner's modules). */
 ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
-                                       uint64_t *step);
+                                       const char *only, uint64_t *step);
+/* Verifies path whole, like ferry__ps_checkpoint_read, and that it and every module in
+ * it belong to `owner` (FERRY_ERR_DENIED); *step: its job step. Changes nothing. */
+ferry_status ferry__ps_checkpoint_check_owner(const char *path, const char *owner, uint64_t *step);
 /* What a probe knows of a directory's checkpoint files: name, size, modification time
  * and inode, and what verifying the file found (its step and owner, or that it is
  * damaged). A file is read and CRC-checked once; later probes trust this while its
@@ -703,6 +708,9 @@ ferry_status ferry__ps_checkpoint_job_steps(const char *dir, ferry__ps_manifest 
  * within --checkpoint-rate; a named request repeating the last one written, with no
  * module changed since, is answered with that file. path receives its path. */
 struct ferry__ps_state;
+/* One checkpoint written (or installed) out of --checkpoint-rate's token bucket:
+ * FERRY_ERR_BUSY saying when to try again. checkpoint_mu held. */
+ferry_status ferry__ps_checkpoint_take_token(struct ferry__ps_state *s);
 ferry_status ferry__ps_checkpoint_named(struct ferry__ps_state *s, const char *name,
                                         const char *owner, uint64_t step, char *path, size_t cap,
                                         uint64_t *bytes);

@@ -226,7 +226,7 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
         FERRY_LOG_INFO("restoring the newest complete checkpoint of %s: %s",
                        ps->checkpoint_dir, newest);
     }
-    if (restore != NULL && (st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, restore,
+    if (restore != NULL && (st = ferry__ps_checkpoint_read(&ps->reg, &ps->quotas, restore, NULL,
                                                            &ps->restored_step)) != FERRY_OK) {
         ferry_ps_server_destroy(s);
         return st;

@@ -66,8 +66,9 @@ static int retry_safe(ferry_rpc_method m) {
 
 /* ---- replicas ---- */
 
-/* Replica p (shard p / R) failed a call (m, why) that a sibling answered: the shard's
- * calls go to the others from now on, first among them the one whose answers count. */
+/* Replica p (shard p / R) failed a call (m, why) that a sibling answered (stale 0), or
+ * answered behind its sibling (1), or is dropped for `why` alone (2): the shard's calls
+ * go to the others from now on, first among them the one whose answers count. */
 static void replica_drop(ferry_cluster *c, int p, ferry_rpc_method m, const char *why, int stale) {
     int g = p / c->R, left = 0;
     pthread_mutex_lock(&c->hello_mu);
@@ -79,19 +80,31 @@ static void replica_drop(ferry_cluster *c, int p, ferry_rpc_method m, const char
             left++;
         }
     }
+    char line[sizeof c->last_drop] = "";
     if (was) {
         atomic_fetch_add(&c->dropped, 1);
+        char what[200];
+        if (stale == 2) /* why says it all */
+            (void)snprintf(what, sizeof what, "%.190s", why);
+        else
+            (void)snprintf(what, sizeof what, "its %s %s (%.120s)%s", ferry_rpc_method_name(m),
+                           stale ? "answer is behind its sibling's" : "failed", why,
+                           stale ? "" : " while a sibling answered");
         (void)snprintf(c->last_drop, sizeof c->last_drop,
-                       "replica %s of shard %d dropped: its %s %s (%.120s)%s; shard %d goes on "
-                       "with %s (%d of %d replicas)",
-                       ferry_rpc_client_target(c->all[p]), g, ferry_rpc_method_name(m),
-                       stale ? "answer is behind its sibling's" : "failed", why,
-                       stale ? "" : " while a sibling answered", g,
+                       "replica %s of shard %d dropped: %s; shard %d goes on with %s (%d of %d "
+                       "replicas)",
+                       ferry_rpc_client_target(c->all[p]), g, what, g,
                        ferry_rpc_client_target(c->clients[g]), left, c->R);
+        memcpy(line, c->last_drop, sizeof line);
     }
     pthread_mutex_unlock(&c->hello_mu);
     if (was)
-        FERRY_LOG_WARN("%s", c->last_drop);
+        FERRY_LOG_WARN("%s", line);
+}
+
+void ferry__dist_replica_drop(ferry_cluster *c, int p, const char *why) {
+    if (p >= 0 && p < c->n * c->R)
+        replica_drop(c, p, FERRY_RPC_JOB, why, 2);
 }
 
 /* Job replies of a shard's replicas (entries [a, b) that answered OK) that must not

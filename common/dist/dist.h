@@ -184,6 +184,8 @@ ferry_status ferry__dist_replica_call(ferry_cluster *c, int p, ferry_rpc_method 
                                       int deadline_ms);
 /* Hello to replica p alone: a new session there, its incarnation recorded. */
 ferry_status ferry__dist_replica_hello(ferry_cluster *c, int p, int deadline_ms);
+/* Replica p is not called any more (logged with why). */
+void ferry__dist_replica_drop(ferry_cluster *c, int p, const char *why);
 /* Replica p is called again from the next call on, first in its shard if it comes
  * first in the list. */
 void ferry__dist_replica_readmit(ferry_cluster *c, int p);

@@ -456,11 +456,19 @@ ferry_status ferry_job_readmit(ferry_job *job, uint64_t mask, uint64_t step, int
     ferry_cluster *c = job->c;
     int back = 0;
     uint64_t moved = 0;
-    int wait_ms =
-        c->cfg.deadline_ms + (job->cfg.sync_timeout_ms > 0 ? job->cfg.sync_timeout_ms : 60000);
+    /* Rank 0's copy takes at most two deadlines (fetch, install) before it joins the
+     * barrier; a rank that gives up on it sooner than the sync timeout is at the next
+     * step's barrier in time for the others. */
+    int wait_ms = 3 * c->cfg.deadline_ms + 1000;
     for (int p = 0; p < c->n * c->R && p < 64; p++) {
-        if (!(mask >> p & 1) || ferry__dist_replica_live(c, p))
+        if (!(mask >> p & 1))
             continue;
+        /* Every rank the offer reached takes part, so no barrier waits for one that
+         * stayed away: a replica this rank still calls is dropped first (in bsp it is
+         * not: rank 0 dropped it, so its barrier stopped), and a failure here offers
+         * nothing rather than skipping the barrier. */
+        if (ferry__dist_replica_live(c, p))
+            ferry__dist_replica_drop(c, p, "re-admitted from a copy, as rank 0 offered");
         const char *target = ferry_rpc_client_target(c->all[p]);
         double t0 = ferry_now();
         uint64_t n = 0;
@@ -471,13 +479,13 @@ ferry_status ferry_job_readmit(ferry_job *job, uint64_t mask, uint64_t step, int
         if (st != FERRY_OK)
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
         /* The recover barrier there: every rank takes its rank on the replica, and it
-         * restores the checkpoint rank 0 copied. Rank 0 offers nothing when the copy
-         * failed, so the others' wait ends at once with that refusal. */
+         * restores the checkpoint rank 0 copied. A rank offers nothing when its part
+         * failed (rank 0: the copy), so the others' wait ends with that refusal. */
         job_msg *m = calloc(1, sizeof *m);
         ferry_rpc_msg reply;
         ferry_rpc_msg_init(&reply);
         ferry_status rs = m != NULL ? FERRY_OK : FERRY_NOMEM();
-        if (m != NULL && (st == FERRY_OK || job->cfg.rank == 0)) {
+        if (m != NULL) {
             job_request(job, FERRY__V1__JOB_REQUEST__ACTION_RECOVER, m);
             m->recover.checkpoints = &step;
             m->recover.n_checkpoints = st == FERRY_OK ? 1 : 0;

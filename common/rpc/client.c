@@ -73,7 +73,7 @@ typedef struct client_call {
     int prepared; /* the metadata arrays and details are initialized */
     int started;  /* the batch is running: one completion will come */
     int done;     /* its completion came */
-    int lagged;   /* cancelled: a replica of its group answered grace_ms before */
+    int lagged;   /* cancelled: a replica of its group answered OK grace_ms before */
     double cut;   /* > 0: cancel it at this time (ferry_now) unless done */
     int grace_ms; /* for its message */
 } client_call;
@@ -432,13 +432,15 @@ static void cq_wait_grace(grpc_completion_queue *cq, client_call *cc, const ferr
         gpr_timespec until = next > 0.0 ? ferry__grpc_deadline_in((int)((next - now) * 1000.0) + 1)
                                         : gpr_inf_future(GPR_CLOCK_MONOTONIC);
         grpc_event ev = ferry__grpc_cq_next(cq, until);
+        FERRY_ASSERT(ev.type == GRPC_OP_COMPLETE || ev.type == GRPC_QUEUE_TIMEOUT);
         if (ev.type != GRPC_OP_COMPLETE)
             continue;
         client_call *c = ev.tag;
         c->done = 1;
         left--;
-        int i = (int)(c - cc), answered = c->code != GRPC_STATUS_DEADLINE_EXCEEDED &&
-                                          c->code != GRPC_STATUS_UNAVAILABLE;
+        /* Only a sibling's OK starts the clock: a restarted sibling's instant refusal
+         * must not cut short the one replica that holds the step. */
+        int i = (int)(c - cc), answered = c->code == GRPC_STATUS_OK;
         for (int k = 0; answered && calls[i].group > 0 && k < n; k++) {
             if (k != i && calls[k].group == calls[i].group && cc[k].cut <= 0.0) {
                 cc[k].cut = ferry_now() + grace_ms / 1000.0;

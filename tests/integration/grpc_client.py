@@ -260,6 +260,9 @@ def mode_attack(stub, job):
         ctx_id=ctxs[0], job=pb.JobStep(job=job, rank=1, step=step))))
     say("other-step", m.code("Step", pb.StepRequest(
         ctx_id=ctxs[0], scale=1.0, job=pb.JobStep(job=job, rank=1, step=step))))
+    say("other-fetch", m.code("Job", pb.JobRequest(job=job, fetch=pb.JobFetch(rank=0, step=1))))
+    say("other-install", m.code("Job", pb.JobRequest(
+        job=job, install=pb.JobInstall(rank=0, step=1, data=b"FERRYPS3"))))
     say("other-setparams", m.code("SetParams", pb.SetParamsRequest(
         module=job + "/emb", row_begin=0, tensors=[f32([1, 1], [-1000.0], "weight")])))
     # The victim's own identity, another session: no rank of the job is this session's.
@@ -268,6 +271,8 @@ def mode_attack(stub, job):
     say("stolen-ready", s.code("Job", pb.JobRequest(job=job, ready=pb.JobReady(rank=0))))
     say("stolen-recover", s.code("Job", pb.JobRequest(
         job=job, recover=pb.JobRecover(member=mb, checkpoints=[0]))))
+    say("stolen-fetch-rank1", s.code("Job", pb.JobRequest(
+        job=job, fetch=pb.JobFetch(rank=1, step=1))))
     say("stolen-gradnorm-rank1", s.code("GradNorm", pb.GradNormRequest(
         ctx_id=ctxs[0], job=pb.JobStep(job=job, rank=1, step=step))))
     say("stolen-step-rank1", s.code("Step", pb.StepRequest(

@@ -163,18 +163,21 @@ expect_attack other-probe PERMISSION_DENIED
 expect_attack other-checkpoint PERMISSION_DENIED
 expect_attack other-gradnorm PERMISSION_DENIED
 expect_attack other-step PERMISSION_DENIED
+expect_attack other-fetch PERMISSION_DENIED
+expect_attack other-install PERMISSION_DENIED
 expect_attack other-setparams PERMISSION_DENIED
 expect_attack stolen-join-rank0 ALREADY_EXISTS
 expect_attack stolen-leave-rank1 PERMISSION_DENIED
 expect_attack stolen-ready PERMISSION_DENIED
 expect_attack stolen-recover ALREADY_EXISTS
+expect_attack stolen-fetch-rank1 PERMISSION_DENIED
 expect_attack stolen-gradnorm-rank1 PERMISSION_DENIED
 expect_attack stolen-step-rank1 PERMISSION_DENIED
 expect_attack stolen-release-found 0
 expect_attack stolen-step-replay NOT_FOUND
 expect_attack other-with-stolen-session UNAUTHENTICATED
 expect_attack refusals-name-nobody yes
-[ "$(grep -c . "$TMP/attack")" -eq 19 ] || fail "attack: $(cat "$TMP/attack")"
+[ "$(grep -c . "$TMP/attack")" -eq 22 ] || fail "attack: $(cat "$TMP/attack")"
 for r in 0 1; do
     a=$(train_losses "$TMP/ref.r$r.jsonl")
     [ "$(echo "$a" | grep -c .)" -eq 300 ] || fail "reference rank $r logged $(echo "$a" | grep -c .) losses"
