@@ -16,4 +16,14 @@ bench_kernels() { # BUILD_DIR
     echo "${k:-?}"
 }
 
+# bench_ticks PID...: the user + system CPU of the processes, in clock ticks
+# (getconf CLK_TCK a second); a process already gone counts nothing.
+bench_ticks() {
+    local t=0 p
+    for p in "$@"; do
+        [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+    done
+    echo "$t"
+}
+
 median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; } # of stdin's lines

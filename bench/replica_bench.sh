@@ -37,11 +37,6 @@ DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt
     --batch-size 40 --max-steps "$STEPS" --log-interval 1 --deadline-ms 1000 ${EXTRA[@]+"${EXTRA[@]}"})
 echo "job: 2 bsp ranks x 2 shards, PTB small, ${DATA[*]}"
 
-ticks() { # PID...: utime + stime, clock ticks (of the processes still there)
-    local t=0 p
-    for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-    echo "$t"
-}
 HZ=$(getconf CLK_TCK)
 step_times() { # FILE: each step's seconds, "step seconds" per line
     awk '/"event":"train"/ {
@@ -64,7 +59,7 @@ run() {
         targets+="${targets:+,}127.0.0.1:$(cat "$TMP/ps$i.port")"
     done
     local t0 trs=()
-    t0=$(ticks "${pids[@]}")
+    t0=$(bench_ticks "${pids[@]}")
     rm -f "$TMP"/r*.jsonl
     for r in 0 1; do
         # The rank's own CPU, from the shell's accounting of its one child (`times`):
@@ -89,7 +84,7 @@ run() {
     fi
     for p in "${trs[@]}"; do wait "$p" || { echo "a rank failed: $(tail -2 "$TMP"/r*.log)" >&2; exit 1; }; done
     local t1
-    t1=$(ticks "${pids[@]}")
+    t1=$(bench_ticks "${pids[@]}")
     kill -TERM "${pids[@]}" 2>/dev/null || true
     wait "${pids[@]}" 2>/dev/null || true
     ! grep -q 'rolled back' "$TMP"/r*.log || { echo "$fault: a roll-back" >&2; exit 1; }

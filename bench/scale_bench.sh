@@ -29,14 +29,6 @@ echo "BLAS: OpenBLAS $(bench_kernels "$BIN") kernels, 1 thread per process"
 DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt 20
     --max-steps "$STEPS" --log-interval 20)
 
-# ticks PID...: utime + stime of the processes, in clock ticks.
-ticks() {
-    local t=0
-    for p in "$@"; do
-        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
-    done
-    echo "$t"
-}
 HZ=$(getconf CLK_TCK)
 
 # tokens/s over steps 21..60: FILE TOKENS_PER_STEP, from the train events' elapsed_s.
@@ -69,7 +61,7 @@ run_job() { # N K -> "tok/s bytes/step server_ms/step/rank sync_fraction"
         targets+="${targets:+,}127.0.0.1:$(cat "$TMP/ps$i.port")"
     done
     local t0 trs=()
-    t0=$(ticks "${pids[@]}")
+    t0=$(bench_ticks "${pids[@]}")
     for r in $(seq 0 $((n - 1))); do
         "$BIN/worker/ferry-trainer" --ps "$targets" --job scale --world "$n" --rank "$r" --sync bsp \
             "${DATA[@]}" --batch-size $((20 * n)) --metrics-out "$TMP/r$r.jsonl" 2>"$TMP/r$r.log" &
@@ -77,7 +69,7 @@ run_job() { # N K -> "tok/s bytes/step server_ms/step/rank sync_fraction"
     done
     for p in "${trs[@]}"; do wait "$p" || { echo "a rank failed: $(tail -2 "$TMP"/r*.log)" >&2; exit 1; }; done
     local t1
-    t1=$(ticks "${pids[@]}")
+    t1=$(bench_ticks "${pids[@]}")
     kill -TERM "${pids[@]}"
     wait "${pids[@]}" 2>/dev/null || true
     local tok bytes sync
