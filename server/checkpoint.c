@@ -166,6 +166,14 @@ static void retain(int dirfd, const char *dir, const char *current, int keep) {
     free(files);
 }
 
+void ferry__ps_checkpoint_retain(const char *dir, const char *current, int keep) {
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0)
+        return;
+    retain(dirfd, dir, current, keep);
+    (void)close(dirfd);
+}
+
 ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
                                         const char *owner, uint64_t step, int keep,
                                         uint64_t *bytes) {

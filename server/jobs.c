@@ -1349,6 +1349,9 @@ static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *se
             (void)fsync(dfd);
             close(dfd);
         }
+        /* Installed files count against --checkpoint-keep as written ones do: no
+         * client grows the directory past it. */
+        ferry__ps_checkpoint_retain(ps->checkpoint_dir, base + 1, ps->checkpoint_keep);
     }
     pthread_mutex_unlock(&ps->checkpoint_mu);
     if (st != FERRY_OK)

@@ -553,6 +553,9 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
  * changed (a job's checkpoint holds only its owner's modules). */
 ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
                                        const char *only, uint64_t *step);
+/* Deletes all but the newest `keep` checkpoints of dir (--checkpoint-keep); the file
+ * `current` stays. */
+void ferry__ps_checkpoint_retain(const char *dir, const char *current, int keep);
 /* Verifies path whole, like ferry__ps_checkpoint_read, and that it and every module in
  * it belong to `owner` (FERRY_ERR_DENIED); *step: its job step. Changes nothing. */
 ferry_status ferry__ps_checkpoint_check_owner(const char *path, const char *owner, uint64_t *step);
