@@ -4,20 +4,21 @@
 # per shard (R = 1, 2 ferry-ps) and with two (R = 2, --replicas 2, 4 ferry-ps),
 # interleaved in one run. Per configuration, medians of REPS runs: the job's tokens/s
 # over steps 21..60, the servers' CPU per step (/proc utime + stime of every ferry-ps),
-# the bytes rank 0 moves per step. Then, with R = 2: a replica SIGKILLed at step 30 and
-# a replica frozen (SIGSTOP) at step 30 for 3 s (--deadline-ms 1000): the time of the
-# step the failure hit, beside the median step. No roll-back happens in either (the
-# script checks the log).
+# the bytes rank 0 moves per step. R = 2 runs twice: primary-backup (the default: the
+# backups apply the primary's summed gradient) and --replication active (every replica
+# computes every call). Then, with R = 2 primary-backup: shard 0's primary SIGKILLed at
+# step 30, frozen (SIGSTOP) at step 30 for 3 s (--deadline-ms 1000), and its backup
+# SIGKILLed: the time of the step the failure hit, beside the median step. No roll-back
+# happens in any (the script checks the log).
 #
 #   bench/replica_bench.sh [BUILD_DIR] [REPS] [-- TRAINER_FLAGS...]   # default: build 3
 #
 # TRAINER_FLAGS go to every rank (e.g. -- --local-vocab 5000: the decoder's tail in the
 # trainers, less server work to replicate).
 #
-# Every process shares this machine's cores: R = 2 doubles the servers' work on the
-# same cores, so the tokens/s ratio here is an upper bound of the cost a cluster pays,
-# where each replica has cores of its own and the trainer waits for the slower of two
-# answers instead.
+# Every process shares this machine's cores: active R = 2 doubles the servers' work on
+# the same cores, so its ratio here is an upper bound of the cost a cluster pays, where
+# each replica has cores of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -45,10 +46,12 @@ step_times() { # FILE: each step's seconds, "step seconds" per line
         if (s > 1) printf "%d %.4f\n", s, e - prev; prev = e }' "$1"
 }
 
-# run R [FAULT]: R replicas per shard; FAULT kill|stop hits server 1 (shard 0's second
-# replica) when rank 0 logs step 30. Prints "tok/s server_ms/step MB/step/rank".
+# run R MODE [FAULT:S]: R replicas per shard, --replication MODE; FAULT kill|stop hits
+# server S (0: shard 0's primary, 1: its backup) when rank 0 logs step 30. Prints
+# "tok/s server_ms/step MB/step/rank ranks'_ms/step".
 run() {
-    local R=$1 fault=${2:-} ns=$((2 * $1)) pids=() targets="" i
+    local R=$1 mode=$2 f=${3:-} ns=$((2 * $1)) pids=() targets="" i
+    local fault=${f%:*} victim=${f#*:}
     for ((i = 0; i < ns; i++)); do
         rm -f "$TMP/ps$i.port"
         "$BIN/server/ferry-ps" --listen 127.0.0.1:0 --port-file "$TMP/ps$i.port" 2>"$TMP/ps$i.log" &
@@ -66,7 +69,8 @@ run() {
         # what a cluster, each replica on cores of its own, still pays on this side.
         (
             rc=0
-            "$BIN/worker/ferry-trainer" --ps "$targets" --replicas "$R" --job rb --world 2 \
+            "$BIN/worker/ferry-trainer" --ps "$targets" --replicas "$R" --replication "$mode" \
+                --job rb --world 2 \
                 --rank "$r" --sync bsp "${DATA[@]}" --metrics-out "$TMP/r$r.jsonl" \
                 2>"$TMP/r$r.log" || rc=$?
             times >"$TMP/cpu$r.all" # not in a pipe: a subshell has no children
@@ -78,8 +82,8 @@ run() {
     if [ -n "$fault" ]; then
         for _ in $(seq 3000); do grep -q '"step":30,' "$TMP/r0.jsonl" 2>/dev/null && break; sleep 0.01; done
         case $fault in
-        kill) kill -9 "${pids[1]}" ;;
-        stop) kill -STOP "${pids[1]}"; sleep 3; kill -CONT "${pids[1]}" ;;
+        kill) kill -9 "${pids[$victim]}" ;;
+        stop) kill -STOP "${pids[$victim]}"; sleep 3; kill -CONT "${pids[$victim]}" ;;
         esac
     fi
     for p in "${trs[@]}"; do wait "$p" || { echo "a rank failed: $(tail -2 "$TMP"/r*.log)" >&2; exit 1; }; done
@@ -98,32 +102,36 @@ run() {
         'BEGIN { printf "%s %.1f %.2f %.1f\n", tok, 1000 * t / hz / s, b / 1e6, 1000 * c / s }'
 }
 
+CONFIGS=("1 primary-backup" "2 primary-backup" "2 active")
 for rep in $(seq "$REPS"); do
-    for R in 1 2; do
-        res=$(run "$R")
-        echo "$res" >>"$TMP/R$R"
-        echo "rep $rep R=$R: $res (tok/s, server ms/step, MB/step/rank, ranks' ms/step)"
+    for k in 0 1 2; do
+        res=$(run ${CONFIGS[$k]})
+        echo "$res" >>"$TMP/C$k"
+        echo "rep $rep R=${CONFIGS[$k]}: $res (tok/s, server ms/step, MB/step/rank, ranks' ms/step)"
     done
 done
-[ "$REPS" -gt 0 ] && printf "\n%-4s %10s %10s %18s %16s %18s\n" R "tok/s" "vs R=1" "server ms/step" \
-    "MB/step/rank" "ranks' ms/step"
-[ "$REPS" -gt 0 ] && base=$(cut -d' ' -f1 "$TMP/R1" | median)
-for R in 1 2; do
+[ "$REPS" -gt 0 ] && printf "\n%-18s %10s %10s %18s %16s %18s\n" R "tok/s" "vs R=1" \
+    "server ms/step" "MB/step/rank" "ranks' ms/step"
+[ "$REPS" -gt 0 ] && base=$(cut -d' ' -f1 "$TMP/C0" | median)
+for k in 0 1 2; do
     [ "$REPS" -gt 0 ] || break
-    tok=$(cut -d' ' -f1 "$TMP/R$R" | median)
-    ms=$(cut -d' ' -f2 "$TMP/R$R" | median)
-    mb=$(cut -d' ' -f3 "$TMP/R$R" | median)
-    rk=$(cut -d' ' -f4 "$TMP/R$R" | median)
-    awk -v R="$R" -v tok="$tok" -v base="$base" -v ms="$ms" -v mb="$mb" -v rk="$rk" \
-        'BEGIN { printf "%-4d %10.0f %9.2fx %18.1f %16.2f %18.1f\n", R, tok, tok / base, ms, mb, rk }'
+    tok=$(cut -d' ' -f1 "$TMP/C$k" | median)
+    ms=$(cut -d' ' -f2 "$TMP/C$k" | median)
+    mb=$(cut -d' ' -f3 "$TMP/C$k" | median)
+    rk=$(cut -d' ' -f4 "$TMP/C$k" | median)
+    name=${CONFIGS[$k]}
+    [ "$k" = 0 ] && name=1
+    awk -v R="$name" -v tok="$tok" -v base="$base" -v ms="$ms" -v mb="$mb" -v rk="$rk" \
+        'BEGIN { printf "%-18s %10.0f %9.2fx %18.1f %16.2f %18.1f\n", R, tok, tok / base, ms, mb, rk }'
 done
 
 echo
-for fault in kill stop; do
-    run 2 "$fault" >/dev/null
+for fault in kill:0 stop:0 kill:1; do
+    run 2 primary-backup "$fault" >/dev/null
     step_times "$TMP/r0.jsonl" >"$TMP/steps"
     med=$(awk '$1 > 20 { print $2 }' "$TMP/steps" | median)
     worst=$(awk '$1 > 30 { print }' "$TMP/steps" | sort -k2 -g | tail -1)
     drop=$(grep -m1 -o 'its [A-Za-z]* failed ([^)]*)' "$TMP/r0.log" || echo "?")
-    echo "failover ($fault server 1 at step 30): step ${worst% *} took ${worst#* } s, median step $med s; $drop"
+    who=$([ "${fault#*:}" = 0 ] && echo "shard 0's primary" || echo "shard 0's backup")
+    echo "failover (${fault%:*} $who at step 30): step ${worst% *} took ${worst#* } s, median step $med s; $drop"
 done

@@ -417,12 +417,11 @@ ferry_status ferry__ps_step_context(ferry__ps_state *ps, uint64_t sess,
 ferry_status ferry__ps_on_step(ferry__ps_state *ps, ferry__ps_session *sess,
                                const Ferry__V1__StepRequest *q, ferry_rpc_msg *req,
                                ferry_rpc_msg *reply) {
-    (void)req; /* the header says it all */
     ferry_status st = step_check(q);
     if (st != FERRY_OK)
         return st;
     if (q->job != NULL && q->job->job[0] != '\0')
-        return ferry__ps_job_step(ps, sess, q, reply);
+        return ferry__ps_job_step(ps, sess, q, req, reply);
     return ferry__ps_step_context(ps, sess->serial, q, reply);
 }
 

@@ -47,7 +47,15 @@ typedef struct job_rank {
     int ck; /* asked for a checkpoint after this step */
     uint64_t readmit;      /* JobStep.readmit */
     ferry_rpc_pending *gn; /* its GradNorm, waiting for the barrier */
-    /* ssp: its Step's reply, built and waiting for the bound */
+    int want_sum;          /* JobStep.want_sum of its GradNorm */
+    double hold_until;     /* JobStep.hold_ms: answer gn `pending` then (0: never) */
+    /* Its GradNorm reply, built when the barrier completed while the rank had been
+     * answered `pending` (no call to answer): its next GradNorm gets it. */
+    ferry_rpc_msg gn_kept;
+    int has_kept;
+    /* ssp: its Step's reply, built and waiting for the bound; bsp: its Step of the
+     * step after the last applied, waiting for the Step that installs the sum (sp_step;
+     * sp_reply unused) */
     ferry_rpc_pending *sp;
     ferry_rpc_msg sp_reply;
     uint64_t sp_step;
@@ -92,6 +100,8 @@ struct ferry__ps_job {
     double agg_sumsq, agg_loss, agg_tokens;
     int agg_ck; /* some rank asked for a checkpoint after bsp_step */
     uint64_t agg_readmit; /* the replicas the ranks re-admit after bsp_step (OR) */
+    uint32_t sum_rank;    /* 1 + the rank of bsp_step that asked for the sum (0: none):
+                             one per step, so the copies a step keeps are bounded */
     uint64_t applied; /* the last step applied */
     double applied_scale;
     uint64_t applied_version;
@@ -194,6 +204,8 @@ static void job_fail_waiters(ferry__ps_job *job, ferry_status st, const char *wh
             if (k->arrived && !job->bsp_complete) { /* withdrawn: its GradNorm failed */
                 k->arrived = 0;
                 job->arrived--;
+                if (job->sum_rank == r + 1)
+                    job->sum_rank = 0;
             }
         }
         if (k->sp != NULL) {
@@ -246,8 +258,20 @@ void ferry__ps_jobs_stop(ferry__ps_jobs *j) {
 
 /* Frees a job (unlinked already, no call waiting on it) and gives its memory, its place
  * in the jobs' count and its owner's back. */
+/* Drops every rank's kept GradNorm reply (a new step opens, a roll-back, the end). */
+static void kept_clear(ferry__ps_job *job) {
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r);
+        if (k != NULL && k->has_kept) {
+            ferry_rpc_msg_deinit(&k->gn_kept);
+            k->has_kept = 0;
+        }
+    }
+}
+
 static void job_free(ferry__ps_jobs *j, ferry__ps_job *job) {
     agg_free(job);
+    kept_clear(job);
     free(job->applied_metrics);
     free(job->rec_set);
     for (uint32_t c = 0; c < (job->world + JOB_CHUNK - 1) / JOB_CHUNK; c++)
@@ -971,6 +995,8 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
     job->bsp_step = best;
     job->bsp_complete = 0;
     job->arrived = 0;
+    job->sum_rank = 0;
+    kept_clear(job);
     job->applied = best;
     job->applied_scale = 0.0;
     job->recoveries++;
@@ -1548,13 +1574,72 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
     return st;
 }
 
-/* The GradNorm reply every rank of a summed bsp step receives. */
-static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
+/* Appends module entry e's summed gradient to reply as SummedModule *sm and its
+ * tensors (proto: SummedModule): copies, so the reply outlives the sum. */
+static ferry_status sum_encode(const ferry__ps_ctx_mod *e, Ferry__V1__SummedModule *sm,
+                               ferry_rpc_msg *reply) {
+    const ferry_params *P = e->G.P;
+    int before = reply->ntensors;
+    ferry_status st = FERRY_OK;
+    ferry__v1__summed_module__init(sm);
+    sm->module = (char *)(uintptr_t)e->mod->name;
+    sm->penalty_done = e->penalty_done != 0;
+    sm->penalty = e->penalty;
+    sm->feasibility = e->feasibility;
+    for (int i = 0; i < P->count && st == FERRY_OK; i++) {
+        const ferry_param *p = &P->items[i];
+        if (!e->G.touched[i])
+            continue;
+        ferry_rpc_tensor t;
+        memset(&t, 0, sizeof t);
+        (void)snprintf(t.name, sizeof t.name, "%s", p->name);
+        if (p->flags & FERRY_PARAM_ROW_SPARSE) {
+            const ferry_rowgrad *rg = &e->G.rows[i];
+            t.dtype = FERRY_RPC_DTYPE_I64;
+            t.ndim = 1;
+            t.dim[0] = rg->count;
+            t.data = rg->rows;
+            t.nbytes = (size_t)rg->count * sizeof(int64_t);
+            if ((st = ferry_rpc_msg_add_copy(reply, &t)) != FERRY_OK)
+                break;
+            t.dtype = FERRY_RPC_DTYPE_F32;
+            t.ndim = 2;
+            t.dim[1] = rg->D;
+            t.data = rg->values;
+            t.nbytes = (size_t)(rg->count * rg->D) * sizeof(float);
+        } else {
+            t.dtype = FERRY_RPC_DTYPE_F32;
+            t.ndim = 1;
+            t.dim[0] = p->numel;
+            t.data = e->G.dense + p->offset;
+            t.nbytes = (size_t)p->numel * sizeof(float);
+        }
+        st = ferry_rpc_msg_add_copy(reply, &t);
+    }
+    sm->tensors = (uint32_t)(reply->ntensors - before);
+    return st;
+}
+
+/* The GradNorm reply every rank of a summed bsp step receives; with want_sum, the
+ * summed gradient too (JobStep.want_sum). */
+static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply, int want_sum) {
     Ferry__V1__GradNormReply r;
     ferry__v1__grad_norm_reply__init(&r);
     Ferry__V1__Metric *metrics = calloc((size_t)job->nagg + 1, sizeof *metrics);
     Ferry__V1__Metric **ptrs = calloc((size_t)job->nagg + 1, sizeof *ptrs);
-    ferry_status st = metrics != NULL && ptrs != NULL ? FERRY_OK : FERRY_NOMEM();
+    Ferry__V1__SummedModule *sums = want_sum ? calloc((size_t)job->nagg + 1, sizeof *sums) : NULL;
+    Ferry__V1__SummedModule **sptrs =
+        want_sum ? calloc((size_t)job->nagg + 1, sizeof *sptrs) : NULL;
+    ferry_status st =
+        metrics != NULL && ptrs != NULL && (!want_sum || (sums != NULL && sptrs != NULL))
+            ? FERRY_OK
+            : FERRY_NOMEM();
+    for (int i = 0; i < job->nagg && want_sum && st == FERRY_OK; i++) {
+        st = sum_encode(&job->agg[i], &sums[i], reply);
+        sptrs[i] = &sums[i];
+        r.n_sum = (size_t)i + 1;
+    }
+    r.sum = sptrs;
     if (st == FERRY_OK) {
         for (int i = 0; i < job->nagg; i++) {
             ferry__v1__metric__init(&metrics[i]);
@@ -1573,7 +1658,45 @@ static ferry_status bsp_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
     }
     free(metrics);
     free(ptrs);
+    free(sums);
+    free(sptrs);
     return st;
+}
+
+/* The answer to a GradNorm held past its JobStep.hold_ms: the barrier is still open. */
+static ferry_status pending_reply(ferry_rpc_msg *reply) {
+    Ferry__V1__GradNormReply r;
+    ferry__v1__grad_norm_reply__init(&r);
+    r.pending = 1;
+    return ferry_rpc_msg_set_head(reply, &r.base);
+}
+
+/* Holds rank k's GradNorm p until the barrier completes, or until its hold_ms. */
+static void gn_hold(job_rank *k, ferry_rpc_pending *p, const Ferry__V1__JobStep *js) {
+    unsigned hold = js->hold_ms > 60000 ? 60000 : js->hold_ms;
+    k->gn = p;
+    k->want_sum = js->want_sum;
+    k->hold_until = hold > 0 ? ferry_now() + hold / 1000.0 : 0.0;
+}
+
+void ferry__ps_jobs_release_holds(ferry__ps_jobs *j) {
+    pthread_mutex_lock(&j->mu);
+    double now = ferry_now();
+    for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+        if (job->sync != FERRY__PS_BSP || job->arrived == 0 || job->bsp_complete)
+            continue;
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+            job_rank *k = rank_get(job, r);
+            if (k->gn == NULL || k->hold_until == 0.0 || now < k->hold_until)
+                continue;
+            ferry_rpc_msg m;
+            ferry_rpc_msg_init(&m);
+            ferry_status st = pending_reply(&m);
+            ferry_rpc_pending_finish(k->gn, st, &m); /* the arrival stays */
+            k->gn = NULL;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
 }
 
 static void waiter_names(const ferry__ps_job *job, int arrived, char *buf, size_t cap) {
@@ -1604,8 +1727,12 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
         rank_peek(job, js->rank)->ctx_sess == sess->serial) {
         /* The same GradNorm again: a retry after its reply was lost or late. */
         job_rank *k = rank_get(job, js->rank);
-        if (job->bsp_complete) {
-            st = bsp_reply(job, reply);
+        if (job->bsp_complete && k->has_kept) { /* built when the barrier completed */
+            *reply = k->gn_kept;
+            ferry_rpc_msg_init(&k->gn_kept);
+            k->has_kept = 0;
+        } else if (job->bsp_complete) {
+            st = bsp_reply(job, reply, js->want_sum);
         } else {
             ferry_rpc_pending *p = ferry_rpc_defer(reply);
             if (p == NULL) {
@@ -1617,7 +1744,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
                                        (unsigned long long)s);
                     ferry_rpc_pending_finish(k->gn, FERRY_ERR_TIMEOUT, NULL);
                 }
-                k->gn = p;
+                gn_hold(k, p, js);
             }
         }
         pthread_mutex_unlock(&j->mu);
@@ -1636,6 +1763,8 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
             job->bsp_step = s;
             job->bsp_complete = 0;
             job->arrived = 0;
+            job->sum_rank = 0;
+            kept_clear(job);
         } else {
             st = ferry_errorf(FERRY_ERR_INVALID,
                               "bsp: rank %u sent GradNorm of step %llu, but job '%s' is at step "
@@ -1649,6 +1778,11 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     if (st == FERRY_OK && k->arrived)
         st = ferry_errorf(FERRY_ERR_EXISTS, "bsp step %llu: rank %u sent GradNorm twice",
                           (unsigned long long)s, js->rank);
+    if (st == FERRY_OK && js->want_sum && job->sum_rank != 0)
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "bsp step %llu: rank %u asks for the summed gradient, but rank %u "
+                          "already does (one rank per step ships it)",
+                          (unsigned long long)s, js->rank, job->sum_rank - 1);
     char absent[512];
     if (st == FERRY_OK && (st = bsp_blocker(job, js->rank, s, absent, sizeof absent)) != FERRY_OK) {
         job_fail_waiters(job, st, absent); /* they wait for the same rank */
@@ -1659,6 +1793,8 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
         return st;
     }
     k->arrived = 1;
+    if (js->want_sum)
+        job->sum_rank = js->rank + 1;
     k->ctx_id = q->ctx_id;
     k->ctx_sess = sess->serial;
     k->loss_sum = js->loss_sum;
@@ -1671,10 +1807,12 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
         if (p == NULL) {
             k->arrived = 0;
             job->arrived--;
+            if (job->sum_rank == js->rank + 1)
+                job->sum_rank = 0;
             st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "bsp GradNorm must wait, and this call "
                                                      "cannot (no network call to answer later)");
         } else {
-            k->gn = p;
+            gn_hold(k, p, js);
             k->wait_since = ferry_now();
         }
         pthread_mutex_unlock(&j->mu);
@@ -1692,27 +1830,181 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     double now = ferry_now();
     for (uint32_t r = 0; r < job->world; r++) {
         job_rank *w = rank_get(job, r);
-        if (w == NULL || w->gn == NULL)
+        if (w == NULL || r == js->rank)
             continue;
+        if (w->gn == NULL) { /* answered `pending`: its next GradNorm gets this */
+            ferry_rpc_msg_init(&w->gn_kept);
+            w->has_kept = bsp_reply(job, &w->gn_kept, w->want_sum) == FERRY_OK;
+            if (!w->has_kept)
+                ferry_rpc_msg_deinit(&w->gn_kept);
+            continue;
+        }
         ferry_rpc_msg m;
         ferry_rpc_msg_init(&m);
-        ferry_status ws = bsp_reply(job, &m);
+        ferry_status ws = bsp_reply(job, &m, w->want_sum);
         ferry_rpc_pending_finish(w->gn, ws, &m);
         w->gn = NULL;
         w->waited_s += now - w->wait_since;
     }
-    st = bsp_reply(job, reply);
+    st = bsp_reply(job, reply, js->want_sum);
     pthread_mutex_unlock(&j->mu);
     return st;
 }
 
-/* bsp Step: the first Step of a summed step applies it; later ones acknowledge. */
-static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q,
+/* A Step's installed sum (StepRequest.install): the modules, found as session sess may
+ * use them, with their gradients, read whole before the job is touched. */
+typedef struct install {
+    ferry__ps_ctx_mod *mods;
+    int n;
+} install;
+
+static void install_free(install *in) {
+    for (int i = 0; i < in->n; i++) {
+        ferry_grads_deinit(&in->mods[i].G);
+        ferry__ps_module_put(in->mods[i].mod);
+    }
+    free(in->mods);
+    in->mods = NULL;
+    in->n = 0;
+}
+
+static ferry_status install_param(ferry_grads *G, int idx, const ferry_rpc_msg *req, size_t *t,
+                                  size_t end) {
+    const ferry_param *p = &G->P->items[idx];
+    const ferry_rpc_tensor *a = &req->tensors[*t];
+    if (!(p->flags & FERRY_PARAM_ROW_SPARSE)) {
+        if (a->dtype != FERRY_RPC_DTYPE_F32 || a->ndim != 1 || a->dim[0] != p->numel)
+            return ferry_errorf(FERRY_ERR_SHAPE, "'%s' needs %lld float32 values", p->name,
+                                (long long)p->numel);
+        float *dst = ferry_grads_dense(G, idx);
+        if (dst == NULL)
+            return FERRY_NOMEM();
+        memcpy(dst, a->data, a->nbytes);
+        *t += 1;
+        return FERRY_OK;
+    }
+    const ferry_rpc_tensor *v = *t + 1 < end ? &req->tensors[*t + 1] : NULL;
+    int64_t D = G->rows[idx].D;
+    if (a->dtype != FERRY_RPC_DTYPE_I64 || a->ndim != 1 || v == NULL ||
+        v->dtype != FERRY_RPC_DTYPE_F32 || v->ndim != 2 || v->dim[0] != a->dim[0] ||
+        v->dim[1] != D || a->dim[0] > INT32_MAX)
+        return ferry_errorf(FERRY_ERR_SHAPE,
+                            "row-sparse '%s' needs int64 row ids (count) then "
+                            "float32 rows (count, %lld)",
+                            p->name, (long long)D);
+    int64_t count = a->dim[0];
+    int32_t *ids = malloc((size_t)(count > 0 ? count : 1) * 2 * sizeof *ids);
+    if (ids == NULL)
+        return FERRY_NOMEM();
+    int32_t *slots = ids + count;
+    const int64_t *rows = a->data;
+    ferry_status st = FERRY_OK;
+    for (int64_t i = 0; i < count && st == FERRY_OK; i++) {
+        if (rows[i] < 0 || rows[i] > INT32_MAX)
+            st = ferry_errorf(FERRY_ERR_RANGE, "'%s': row %lld", p->name, (long long)rows[i]);
+        ids[i] = (int32_t)rows[i];
+    }
+    if (st == FERRY_OK)
+        st = ferry_grads_row_slots(G, idx, count, ids, slots);
+    if (st == FERRY_OK && G->rows[idx].count != count)
+        st = ferry_errorf(FERRY_ERR_INVALID, "'%s': a row id repeats", p->name);
+    const float *src = v->data;
+    for (int64_t i = 0; i < count && st == FERRY_OK; i++)
+        memcpy(G->rows[idx].values + (int64_t)slots[i] * D, src + i * D, (size_t)D * sizeof *src);
+    free(ids);
+    *t += 2;
+    return st;
+}
+
+/* Reads StepRequest.install (proto: SummedModule) into *in. */
+static ferry_status install_read(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                 const Ferry__V1__StepRequest *q, const ferry_rpc_msg *req,
+                                 install *in) {
+    memset(in, 0, sizeof *in);
+    if (q->n_summed > 4096)
+        return ferry_errorf(FERRY_ERR_INVALID, "install: %zu modules", q->n_summed);
+    if ((in->mods = calloc(q->n_summed + 1, sizeof *in->mods)) == NULL)
+        return FERRY_NOMEM();
+    size_t t = 0, ntensors = (size_t)req->ntensors;
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < q->n_summed && st == FERRY_OK; i++) {
+        const Ferry__V1__SummedModule *sm = q->summed[i];
+        ferry__ps_module *m = ferry__ps_module_find(ps, sess, sm->module);
+        if (m == NULL)
+            return ferry_errorf(FERRY_ERR_NOT_FOUND, "install: no module '%s'", sm->module);
+        ferry__ps_ctx_mod *e = &in->mods[in->n];
+        e->mod = m;
+        if ((st = ferry_grads_init(&e->G, &m->P)) != FERRY_OK) {
+            ferry__ps_module_put(m);
+            break;
+        }
+        in->n++;
+        e->penalty_done = sm->penalty_done;
+        e->penalty = sm->penalty;
+        e->feasibility = sm->feasibility;
+        if (sm->tensors > ntensors - t) {
+            st = ferry_errorf(FERRY_ERR_INVALID, "install: module '%s' has %u tensors, %zu left",
+                              sm->module, sm->tensors, ntensors - t);
+            break;
+        }
+        size_t end = t + sm->tensors;
+        pthread_rwlock_rdlock(&m->lock); /* its parameter table */
+        while (t < end && st == FERRY_OK) {
+            int idx = ferry_params_find(&m->P, req->tensors[t].name);
+            if (idx < 0 || e->G.touched[idx])
+                st = ferry_errorf(FERRY_ERR_INVALID, "install: module '%s': %s parameter '%s'",
+                                  sm->module, idx < 0 ? "no" : "repeated", req->tensors[t].name);
+            else
+                st = install_param(&e->G, idx, req, &t, end);
+        }
+        pthread_rwlock_unlock(&m->lock);
+    }
+    if (st == FERRY_OK && t != ntensors)
+        st = ferry_errorf(FERRY_ERR_INVALID, "install: %zu tensors beyond the modules'",
+                          ntensors - t);
+    return st;
+}
+
+/* Answers rank k's Step of the last applied step (the step's reply: version, metrics). */
+static ferry_status applied_reply(const ferry__ps_job *job, ferry_rpc_msg *reply);
+
+/* bsp Step: the first Step of a summed step applies it; later ones acknowledge. A
+ * Step that installs the sum (in != NULL) on a server that did not sum the step
+ * applies the installed one; a plain Step that arrives first waits for it. */
+static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q, install *in,
                              ferry_rpc_msg *reply) {
     const Ferry__V1__JobStep *js = q->job;
     uint64_t s = js->step;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry_status st = FERRY_OK;
+    int unsummed = s == job->applied + 1 && job->bsp_step + 1 == s && !job->recovering;
+    if (in != NULL && unsummed) { /* the primary's sum becomes this step's */
+        agg_free(job);
+        kept_clear(job);
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+            rank_get(job, r)->arrived = 0;
+        job->agg = in->mods;
+        job->nagg = in->n;
+        in->mods = NULL;
+        in->n = 0;
+        job->bsp_step = s;
+        job->bsp_complete = 1;
+        job->arrived = 0;
+    } else if (in == NULL && unsummed && job->failed[0] == '\0') {
+        job_rank *k = rank_get(job, js->rank); /* joined: it exists */
+        ferry_rpc_pending *p = ferry_rpc_defer(reply);
+        if (p == NULL)
+            return ferry_errorf(FERRY_ERR_UNSUPPORTED, "bsp Step must wait, and this call "
+                                                       "cannot (no network call to answer later)");
+        if (k->sp != NULL) { /* a retry of the waiting Step replaces it */
+            (void)ferry_errorf(FERRY_ERR_TIMEOUT, "bsp: superseded by a retry");
+            ferry_rpc_pending_finish(k->sp, FERRY_ERR_TIMEOUT, NULL);
+        }
+        k->sp = p;
+        k->sp_step = s;
+        k->wait_since = ferry_now();
+        return FERRY_OK;
+    }
     if (s == job->bsp_step && job->bsp_complete && job->applied + 1 == s) {
         job_metric *mt = calloc(3 * (size_t)job->nagg + 1, sizeof *mt);
         if (mt == NULL)
@@ -1767,6 +2059,22 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
     }
     job_rank *k = rank_get(job, js->rank); /* joined: it exists */
     k->steps = s > k->steps ? s : k->steps;
+    for (uint32_t w = rank_skip(job, 0); w < job->world; w = rank_skip(job, w + 1)) {
+        job_rank *o = rank_get(job, w);       /* Steps that waited for this one */
+        if (o->sp == NULL || o->sp_step != s) /* (its own: an attempt its caller left) */
+            continue;
+        ferry_rpc_msg m;
+        ferry_rpc_msg_init(&m);
+        ferry_status ws = applied_reply(job, &m);
+        ferry_rpc_pending_finish(o->sp, ws, &m);
+        o->sp = NULL;
+        o->steps = s > o->steps ? s : o->steps;
+    }
+    return applied_reply(job, reply);
+}
+
+static ferry_status applied_reply(const ferry__ps_job *job, ferry_rpc_msg *reply) {
+    ferry_status st;
     Ferry__V1__StepReply r;
     ferry__v1__step_reply__init(&r);
     r.version = job->applied_version;
@@ -1809,14 +2117,26 @@ static void ssp_release(ferry__ps_job *job) {
 }
 
 ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
-                                const Ferry__V1__StepRequest *q, ferry_rpc_msg *reply) {
+                                const Ferry__V1__StepRequest *q, const ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply) {
     ferry__ps_jobs *j = &ps->jobs;
     const Ferry__V1__JobStep *js = q->job;
+    install in = {NULL, 0};
+    ferry_status st = q->install ? install_read(ps, sess, q, req, &in) : FERRY_OK;
+    if (st != FERRY_OK) {
+        char why[512];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        install_free(&in);
+        return ferry_errorf(st, "bsp Step of step %llu: %s", (unsigned long long)js->step, why);
+    }
     pthread_mutex_lock(&j->mu);
     ferry__ps_job *job = NULL;
-    ferry_status st = job_of(j, sess, js, &job);
+    st = job_of(j, sess, js, &job);
+    if (st == FERRY_OK && q->install && job->sync != FERRY__PS_BSP)
+        st = ferry_errorf(FERRY_ERR_INVALID, "Step: install is for bsp jobs");
     if (st == FERRY_OK && job->sync == FERRY__PS_BSP)
-        st = bsp_step(job, q, reply);
+        st = bsp_step(job, q, q->install ? &in : NULL, reply);
+    install_free(&in);
     if (st != FERRY_OK || job->sync == FERRY__PS_BSP) {
         pthread_mutex_unlock(&j->mu);
         return st;
@@ -1940,6 +2260,16 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j, ferry__ps_sessions *S) {
                                now - k->wait_since, arrived);
                 job_fail(job, why);
                 break;
+            }
+            if (k->sp != NULL && job->sync == FERRY__PS_BSP && now - k->wait_since > job->wait_s) {
+                (void)ferry_errorf(FERRY_ERR_TIMEOUT,
+                                   "bsp step %llu of job '%s': rank %u's Step waited %.1f s for "
+                                   "the Step that installs the step's sum (--sync-timeout)",
+                                   (unsigned long long)k->sp_step, job->name, r,
+                                   now - k->wait_since);
+                ferry_rpc_pending_finish(k->sp, FERRY_ERR_TIMEOUT, NULL);
+                k->sp = NULL;
+                continue;
             }
             if (k->sp != NULL && now - k->wait_since > job->wait_s) {
                 uint32_t slow = 0;

@@ -530,6 +530,9 @@ void ferry__ps_jobs_deinit(ferry__ps_jobs *j);
  * timer). */
 struct ferry__ps_sessions;
 void ferry__ps_jobs_expire(ferry__ps_jobs *j, struct ferry__ps_sessions *S);
+/* Answers `pending` to every bsp GradNorm held past its JobStep.hold_ms (the sweep's
+ * hold timer, every 100 ms). */
+void ferry__ps_jobs_release_holds(ferry__ps_jobs *j);
 
 /* ---- the server's state and its request handlers ---- */
 
@@ -651,7 +654,8 @@ void ferry__ps_prometheus(ferry__ps_state *s, struct ferry_prom *p);
 ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *sess,
                                      const Ferry__V1__GradNormRequest *q, ferry_rpc_msg *reply);
 ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
-                                const Ferry__V1__StepRequest *q, ferry_rpc_msg *reply);
+                                const Ferry__V1__StepRequest *q, const ferry_rpc_msg *req,
+                                ferry_rpc_msg *reply);
 /* The context's own GradNorm (handlers.c), into reply. */
 ferry_status ferry__ps_grad_norm_context(ferry__ps_state *ps, uint64_t sess,
                                          const Ferry__V1__GradNormRequest *q, ferry_rpc_msg *reply);

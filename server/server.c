@@ -31,6 +31,7 @@ struct ferry_ps_server {
     uv_async_t wake;
     uv_timer_t sweep;
     double last_trim;  /* the last ferry_rpc_release_idle_memory (on_sweep) */
+    uv_timer_t holds;  /* held bsp GradNorms past their hold_ms */
     uv_timer_t drain;  /* --drain-ms: NOT_SERVING before the rpc server stops */
     int drain_grace;   /* the grace the stop asked for, used when the drain ends; -1: none */
     uv_signal_t sigint, sigterm;
@@ -419,6 +420,11 @@ static void on_sweep(uv_timer_t *t) {
     }
 }
 
+static void on_holds(uv_timer_t *t) {
+    ferry_ps_server *s = t->data;
+    ferry__ps_jobs_release_holds(&s->ps.jobs);
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
     ferry_ps_server *s = h->data;
     FERRY_LOG_INFO("received %s", signum == SIGINT ? "SIGINT" : "SIGTERM");
@@ -433,7 +439,8 @@ static ferry_status server_run(ferry_ps_server *s, int signals) {
     }
     int rc = uv_loop_init(&s->loop);
     if (rc == 0 && (rc = uv_async_init(&s->loop, &s->wake, on_wake)) == 0 &&
-        (rc = uv_timer_init(&s->loop, &s->sweep)) == 0)
+        (rc = uv_timer_init(&s->loop, &s->sweep)) == 0 &&
+        (rc = uv_timer_init(&s->loop, &s->holds)) == 0)
         rc = uv_timer_init(&s->loop, &s->drain);
     if (rc == 0 && signals && (rc = uv_signal_init(&s->loop, &s->sigint)) == 0)
         rc = uv_signal_init(&s->loop, &s->sigterm);
@@ -441,7 +448,8 @@ static ferry_status server_run(ferry_ps_server *s, int signals) {
         pthread_mutex_unlock(&s->mu);
         return ferry_errorf(FERRY_ERR_IO, "libuv: %s", uv_strerror(rc));
     }
-    s->wake.data = s->sweep.data = s->drain.data = s->sigint.data = s->sigterm.data = s;
+    s->wake.data = s->sweep.data = s->holds.data = s->drain.data = s->sigint.data =
+        s->sigterm.data = s;
     s->loop_state = 1;
     if (s->stopping)
         uv_async_send(&s->wake);
@@ -450,6 +458,7 @@ static ferry_status server_run(ferry_ps_server *s, int signals) {
     double every = s->cfg.context_ttl_s * 250.0;
     uint64_t every_ms = every < 50.0 ? 50 : every > 1000.0 ? 1000 : (uint64_t)every;
     (void)uv_timer_start(&s->sweep, on_sweep, every_ms, every_ms);
+    (void)uv_timer_start(&s->holds, on_holds, 100, 100);
     if (signals) {
         (void)uv_signal_start(&s->sigint, on_signal, SIGINT);
         (void)uv_signal_start(&s->sigterm, on_signal, SIGTERM);

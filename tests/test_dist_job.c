@@ -45,7 +45,10 @@
 #ifndef LR
 #define LR 0.1
 #endif
-#define SERVERS 2
+#define SERVERS 2 /* shards */
+
+/* Replicas per shard of the next setup (1: none; 2: the replicated tests). */
+static int g_R = 1;
 
 typedef struct setup {
     ferry_backend *be;
@@ -56,8 +59,9 @@ typedef struct setup {
     float clip;
     const char *stages; /* --stages of every rank, or NULL */
     int micro;          /* --micro-batches of every rank (0, 1: none) */
-    ferry_ps_server *srv[SERVERS];
-    char targets[128];
+    int R;              /* replicas per shard (g_R at setup_init) */
+    ferry_ps_server *srv[SERVERS * 2]; /* shard g's replica r at g * R + r */
+    char targets[256];
 } setup;
 
 typedef struct rank_run {
@@ -100,6 +104,7 @@ static void *rank_main(void *arg) {
     ferry_cluster_config cc;
     ferry_cluster_config_default(&cc);
     cc.worker_id = (uint16_t)r->rank;
+    cc.replicas = s->R;
     ferry_ctx *ctx = NULL;
     ferry_optim *opt = NULL;
     int c0 = r->rank * GB / r->world, c1 = (r->rank + 1) * GB / r->world;
@@ -206,8 +211,9 @@ static void setup_init(setup *s, float stiefel, ferry_optim_kind kind, double lr
     s->oc = ferry_optim_defaults(kind);
     s->oc.lr = lr;
     s->clip = 5.0f;
+    s->R = g_R;
     size_t len = 0;
-    for (int i = 0; i < SERVERS; i++) {
+    for (int i = 0; i < SERVERS * s->R; i++) {
         ferry_ps_config pc;
         ferry_ps_config_default(&pc);
         pc.listen = "127.0.0.1:0";
@@ -219,7 +225,7 @@ static void setup_init(setup *s, float stiefel, ferry_optim_kind kind, double lr
 }
 
 static void setup_deinit(setup *s) {
-    for (int i = 0; i < SERVERS; i++)
+    for (int i = 0; i < SERVERS * s->R; i++)
         ferry_ps_server_destroy(s->srv[i]);
     ferry_batch_destroy(s->b);
     ferry_corpus_destroy(s->corpus);
@@ -333,6 +339,72 @@ static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind 
             micro > 1 ? micro : 1, STEPS, ref[0] / (BPTT * GB), ref[STEPS - 1] / (BPTT * GB), worst,
             pw, pworst);
 
+    /* Replicated (primary-backup): the backups applied the primaries' sums, so each
+     * shard's replicas hold the same bytes. Read through a client of replica r of every
+     * shard. */
+    for (int r = 1; r < s.R; r++) {
+        ferry_cluster *cl[2];
+        for (int k = 0; k < 2; k++) {
+            char t[128];
+            int rr = k == 0 ? 0 : r;
+            (void)snprintf(t, sizeof t, "127.0.0.1:%d,127.0.0.1:%d",
+                           ferry_ps_server_port(s.srv[0 * s.R + rr]),
+                           ferry_ps_server_port(s.srv[1 * s.R + rr]));
+            CHECK_OK(ferry_ps_connect(t, NULL, &cl[k]));
+        }
+        int checked = 0;
+        for (int g = -3; g < lm0->ngroups; g++) {
+            const char *name, *param = "weight";
+            int64_t rows, numel;
+            if (g == -3) { /* the job's dense block: the ranks' LSTM, one float per row */
+                if (lm0->dense_remote == NULL)
+                    continue;
+                name = ferry_remote_name(lm0->dense_remote);
+                rows = numel = lm0->P.numel;
+            } else if (g < 0) { /* the embedding and the decoder, shaped as the local model's */
+                int idx = ferry_params_find(&loc->P, g == -2 ? "encoder.weight" : "decoder.weight");
+                name = ferry_remote_name(g == -2 ? lm0->emb_remote : lm0->dec_remote);
+                rows = loc->P.items[idx].shape.dim[0];
+                numel = loc->P.items[idx].numel;
+            } else if (lm0->groups[g].server >= 0) { /* a stage's layers: one packed row */
+                name = ferry_remote_name(lm0->groups[g].remote);
+                rows = 1;
+                numel = lm0->groups[g].view.numel;
+            } else {
+                continue;
+            }
+            float *a = malloc((size_t)numel * sizeof *a), *b = malloc((size_t)numel * sizeof *b);
+            CHECK(a != NULL && b != NULL);
+            ferry_remote *ma, *mb;
+            ferry_cluster *one[2] = {NULL, NULL}; /* a stage's server alone */
+            for (int k = 0; k < 2 && g >= 0; k++) {
+                char t[64];
+                (void)snprintf(
+                    t, sizeof t, "127.0.0.1:%d",
+                    ferry_ps_server_port(s.srv[lm0->groups[g].server * s.R + (k == 0 ? 0 : r)]));
+                CHECK_OK(ferry_ps_connect(t, NULL, &one[k]));
+            }
+            CHECK_OK(ferry_remote_attach(g >= 0 ? one[0] : cl[0], name, NULL, &ma));
+            CHECK_OK(ferry_remote_attach(g >= 0 ? one[1] : cl[1], name, NULL, &mb));
+            CHECK_OK(ferry_remote_get_params(ma, param, 0, rows, a));
+            CHECK_OK(ferry_remote_get_params(mb, param, 0, rows, b));
+            CHECK(memcmp(a, b, (size_t)numel * sizeof *a) == 0);
+            checked++;
+            ferry_remote_destroy(ma);
+            ferry_remote_destroy(mb);
+            ferry_cluster_destroy(one[0]);
+            ferry_cluster_destroy(one[1]);
+            free(a);
+            free(b);
+        }
+        CHECK(checked >= 3);
+        fprintf(stderr, "  replicas 0 and %d of each shard: %d modules bit-identical\n", r,
+                checked);
+        ferry_cluster_destroy(cl[0]);
+        ferry_cluster_destroy(cl[1]);
+        CHECK_EQ(ferry_cluster_replicas_dropped(runs[0].cl, NULL, 0), 0);
+    }
+
     /* With micro-batches every rank ran its pipe every step, in that many chunks. */
     for (int r = 0; r < world && micro > 1; r++) {
         ferry_lm_pipe_stats ps;
@@ -343,7 +415,7 @@ static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind 
     }
     /* Every server applied each step once and holds no context. */
     ferry_ps_stats st;
-    for (int i = 0; i < SERVERS; i++) {
+    for (int i = 0; i < SERVERS; i++) { /* a shard's primary; its backups made none */
         CHECK_OK(ferry_cluster_stats(runs[0].cl, i, &st));
         CHECK_EQ(st.contexts_live, 0);
     }
@@ -391,6 +463,20 @@ TEST(bsp_adam_stiefel_matches_local) {
 TEST(bsp_stages_match_local) {
     bsp_matches_local_placed(2, 0.1f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp-stages", 3,
                              "ps1:1,ps0:1,local:1", 3);
+}
+
+/* Replicated shards, primary-backup (2 shards x 2 replicas): the backups never see a
+ * Forward, Backward or GradNorm; they apply the sum their primary made, shipped by the
+ * ranks with the Step (the Stiefel penalty's gradient already in, and Adam's state
+ * advanced by the same update), and end bit-identical to their primaries, while the
+ * job matches the local trainer as the unreplicated one does. Also with layers on the
+ * servers (lstm modules) and micro-batches. */
+TEST(bsp_replicas_primary_backup) {
+    g_R = 2;
+    bsp_matches_local(2, 0.1f, FERRY_OPTIM_ADAM, 1e-3, 1e-3, "bsp-rep-adam");
+    bsp_matches_local_placed(2, 0.1f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp-rep-stages", 3,
+                             "ps1:1,ps0:1,local:1", 3);
+    g_R = 1;
 }
 
 /* Membership: rank out of range, a rank claimed twice, another world, another model;
@@ -649,5 +735,6 @@ TEST(bf16_dense_no_room) {
 
 FERRY_TEST_MAIN(T(bsp_two_ranks_match_local) T(bsp_four_ranks_match_local)
                     T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local)
-                        T(bsp_stages_match_local) T(membership_errors) T(bsp_missing_rank_times_out)
-                            T(bf16_dense_images) T(bf16_dense_no_room))
+                        T(bsp_stages_match_local) T(bsp_replicas_primary_backup)
+                            T(membership_errors) T(bsp_missing_rank_times_out) T(bf16_dense_images)
+                                T(bf16_dense_no_room))

@@ -23,6 +23,7 @@
 #include "check.h"
 #include "session.h"
 #include "ferry.pb-c.h"
+#include "common/core/log.h" /* ferry_now */
 #include "common/rpc/rpc.h"
 #include "common/rpc/testing.h"
 #include "server/ps.h"
@@ -218,12 +219,15 @@ static const char *path_of(ferry_rpc_method m) {
     return p[m];
 }
 
+/* The deadline of send_raw's calls. */
+static int raw_deadline_ms = 10000;
+
 /* Sends raw bytes; returns the status, prints the server's message. */
 static ferry_status send_raw(psd *d, ferry_rpc_method m, const buf *b, ferry_rpc_msg *reply) {
     ferry_rpc_msg tmp;
     ferry_rpc_msg_init(&tmp);
     ferry_status st = ferry__rpc_call_raw(d->c, path_of(m), b->p != NULL ? b->p : (uint8_t *)"",
-                                          b->n, m, reply != NULL ? reply : &tmp, 10000);
+                                          b->n, m, reply != NULL ? reply : &tmp, raw_deadline_ms);
     if (st != FERRY_OK)
         fprintf(stderr, "  %s -> %s\n", ferry_rpc_method_name(m), ferry_error_last());
     ferry_rpc_msg_deinit(&tmp);
@@ -829,14 +833,152 @@ TEST(hostile_requests) {
         sq.ctx_id = 77;
         sq.job = &js;
         js.step = 1;
-        expect(&d, "Step of a bsp step never summed", send_head(&d, FERRY_RPC_STEP, &sq.base, NULL),
+        /* A backup's Step before the primary's sum arrives waits for it (primary-backup
+         * replicas): here nobody sends it, so the caller's deadline ends the wait. */
+        raw_deadline_ms = 300;
+        expect(&d, "Step of a bsp step never summed: waits for its install",
+               send_head(&d, FERRY_RPC_STEP, &sq.base, NULL), FERRY_ERR_TIMEOUT, NULL);
+        raw_deadline_ms = 10000;
+        js.step = 2;
+        expect(&d, "Step two steps ahead", send_head(&d, FERRY_RPC_STEP, &sq.base, NULL),
                FERRY_ERR_INVALID, "has applied step 0");
+        js.step = 1;
+        /* The sum a Step installs (StepRequest.install): checked whole before the job
+         * is touched, and only in modules this identity may use. */
+        Ferry__V1__SummedModule sm, *smp = &sm;
+        ferry__v1__summed_module__init(&sm);
+        sq.install = 1;
+        sq.n_summed = 1;
+        sq.summed = &smp;
+        sm.module = "nosuch";
+        expect(&d, "install into a module that does not exist",
+               send_head(&d, FERRY_RPC_STEP, &sq.base, NULL), FERRY_ERR_NOT_FOUND,
+               "install: no module 'nosuch'");
+        sm.module = "emb";
+        sm.tensors = 2;
+        expect(&d, "install naming tensors it does not carry",
+               send_head(&d, FERRY_RPC_STEP, &sq.base, NULL), FERRY_ERR_INVALID,
+               "has 2 tensors, 0 left");
+        {
+            buf t = {0};
+            int64_t rows[2] = {1, 1};
+            float vals[2 * E_DIM] = {0};
+            uint64_t rd[1] = {2}, vd[2] = {2, E_DIM};
+            put_tensor(&t, FERRY_RPC_DTYPE_I64, rd, 1, "weight", rows, sizeof rows);
+            put_tensor(&t, FERRY_RPC_DTYPE_F32, vd, 2, "weight", vals, sizeof vals);
+            expect(&d, "install with a row id twice", send_head(&d, FERRY_RPC_STEP, &sq.base, &t),
+                   FERRY_ERR_INVALID, "a row id repeats");
+            free(t.p);
+            t = (buf){0};
+            rows[0] = V_EMB + 5;
+            rd[0] = vd[0] = 1;
+            put_tensor(&t, FERRY_RPC_DTYPE_I64, rd, 1, "weight", rows, sizeof rows[0]);
+            put_tensor(&t, FERRY_RPC_DTYPE_F32, vd, 2, "weight", vals, E_DIM * sizeof(float));
+            expect(&d, "install of a row past the table",
+                   send_head(&d, FERRY_RPC_STEP, &sq.base, &t), FERRY_ERR_RANGE, NULL);
+            free(t.p);
+            t = (buf){0};
+            vd[1] = E_DIM + 1;
+            put_tensor(&t, FERRY_RPC_DTYPE_I64, rd, 1, "weight", rows, sizeof rows[0]);
+            put_tensor(&t, FERRY_RPC_DTYPE_F32, vd, 2, "weight", vals, (E_DIM + 1) * sizeof(float));
+            expect(&d, "install of rows of the wrong width",
+                   send_head(&d, FERRY_RPC_STEP, &sq.base, &t), FERRY_ERR_SHAPE, "row-sparse");
+            free(t.p);
+            t = (buf){0};
+            sm.tensors = 1;
+            uint64_t two[1] = {2};
+            put_tensor(&t, FERRY_RPC_DTYPE_F32, two, 1, "nope", vals, sizeof(float) * 2);
+            expect(&d, "install of a parameter the module lacks",
+                   send_head(&d, FERRY_RPC_STEP, &sq.base, &t), FERRY_ERR_INVALID,
+                   "no parameter 'nope'");
+            sm.tensors = 0;
+            expect(&d, "install with tensors beyond its modules",
+                   send_head(&d, FERRY_RPC_STEP, &sq.base, &t), FERRY_ERR_INVALID,
+                   "beyond the modules'");
+            free(t.p);
+            /* A well-formed one applies step 1 here, as the step's first Step: the
+             * Step that waited above (its caller gone) is answered with it. */
+            t = (buf){0};
+            sm.tensors = 2;
+            rows[0] = 3;
+            vd[1] = E_DIM;
+            put_tensor(&t, FERRY_RPC_DTYPE_I64, rd, 1, "weight", rows, sizeof rows[0]);
+            put_tensor(&t, FERRY_RPC_DTYPE_F32, vd, 2, "weight", vals, E_DIM * sizeof(float));
+            expect(&d, "install of step 1's sum", send_head(&d, FERRY_RPC_STEP, &sq.base, &t),
+                   FERRY_OK, NULL);
+            expect(&d, "install of a step applied already: acknowledged",
+                   send_head(&d, FERRY_RPC_STEP, &sq.base, &t), FERRY_OK, NULL);
+            free(t.p);
+        }
+        sq.install = 0;
+        sq.n_summed = 0;
+        sq.summed = NULL;
         expect(&thief, "GradNorm as a rank another session holds",
                send_head(&thief, FERRY_RPC_GRAD_NORM, &gn.base, NULL), FERRY_ERR_DENIED,
                "this session holds no rank");
         expect(&thief, "Step as a rank another session holds",
                send_head(&thief, FERRY_RPC_STEP, &sq.base, NULL), FERRY_ERR_DENIED,
                "this session holds no rank");
+        /* Step 2 with rank 1 on the second session: a GradNorm held past its hold_ms
+         * answers `pending` (a live server waiting for ranks), one rank per step takes
+         * the sum, and the rank answered `pending` gets the completed barrier's reply,
+         * sum included, when it asks again. */
+        j.action_case = FERRY__V1__JOB_REQUEST__ACTION_JOIN;
+        j.join = &jj;
+        mb.rank = 1;
+        CHECK_OK(send_head(&thief, FERRY_RPC_JOB, &j.base, NULL));
+        mb.rank = 0;
+        float g1[4 * E_DIM];
+        for (int i = 0; i < 4 * E_DIM; i++)
+            g1[i] = 0.25f;
+        CHECK_OK(emb_forward(&d, 78, 1, ids, 4));
+        CHECK_OK(emb_backward(&d, 78, 1, g1, 4, E_DIM));
+        CHECK_OK(emb_forward(&thief, 79, 1, ids, 4));
+        CHECK_OK(emb_backward(&thief, 79, 1, g1, 4, E_DIM));
+        js.step = 2;
+        js.rank = 0;
+        js.want_sum = 1;
+        js.hold_ms = 200;
+        gn.ctx_id = 78;
+        ferry_rpc_msg rep;
+        ferry_rpc_msg_init(&rep);
+        buf hb = {0};
+        put_head(&hb, &gn.base);
+        double t0 = ferry_now();
+        CHECK_OK(send_raw(&d, FERRY_RPC_GRAD_NORM, &hb, &rep));
+        double held = ferry_now() - t0;
+        expect(&d, "GradNorm held past its hold_ms: pending",
+               ((const Ferry__V1__GradNormReply *)rep.head)->pending && held >= 0.19 && held < 2.0
+                   ? FERRY_OK
+                   : FERRY_ERR_INVALID,
+               FERRY_OK, NULL);
+        ferry_rpc_msg_deinit(&rep);
+        js.rank = 1;
+        gn.ctx_id = 79;
+        expect(&thief, "a second rank asks for the step's sum",
+               send_head(&thief, FERRY_RPC_GRAD_NORM, &gn.base, NULL), FERRY_ERR_INVALID,
+               "rank 0 already does");
+        js.want_sum = 0;
+        js.hold_ms = 0;
+        CHECK_OK(send_head(&thief, FERRY_RPC_GRAD_NORM, &gn.base, NULL)); /* the last rank */
+        CHECK_OK(send_raw(&d, FERRY_RPC_GRAD_NORM, &hb, &rep));           /* rank 0 again */
+        const Ferry__V1__GradNormReply *gr = rep.head;
+        expect(&d, "the pending rank's GradNorm again: the barrier's reply, with the sum",
+               !gr->pending && gr->n_sum == 1 && strcmp(gr->sum[0]->module, "emb") == 0 &&
+                       gr->sum[0]->tensors == 2 && rep.ntensors == 2 && gr->sum_squares > 0.0
+                   ? FERRY_OK
+                   : FERRY_ERR_INVALID,
+               FERRY_OK, NULL);
+        ferry_rpc_msg_deinit(&rep);
+        free(hb.p);
+        js.rank = 0;
+        sq.ctx_id = 78;
+        js.step = 2;
+        CHECK_OK(send_head(&d, FERRY_RPC_STEP, &sq.base, NULL));
+        js.rank = 1;
+        sq.ctx_id = 79;
+        CHECK_OK(send_head(&thief, FERRY_RPC_STEP, &sq.base, NULL));
+        js.rank = 0;
         ferry_rpc_client_destroy(thief.c);
     }
 

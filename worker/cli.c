@@ -23,9 +23,12 @@ void ferry_trainer_cli_init(ferry_trainer_cli *cli, ferry_trainer_config *cfg) {
          .help = "ferry-ps shards hosting the embedding and decoder"},
         {.name = "replicas", .type = FERRY_FLAG_INT, .ptr = &cfg->replicas, .min = 1, .max = 16,
          .metavar = "R", .defval = "1",
-         .help = "with --ps: R servers per shard, listed side by side; every call goes to each, "
-                 "and a shard whose server dies or stalls goes on with the others (no "
-                 "roll-back); a bsp job or one trainer"},
+         .help = "with --ps: R servers per shard, listed side by side; a shard whose server "
+                 "dies or stalls goes on with the others (no roll-back); --sync bsp"},
+        {.name = "replication", .type = FERRY_FLAG_ENUM, .ptr = &cfg->replication,
+         .choices = "primary-backup|active",
+         .help = "with --replicas: the primary computes and ships each step's summed gradient "
+                 "to the backups with the Step, or every replica computes every call"},
         {.name = "decoder-mode", .type = FERRY_FLAG_ENUM, .ptr = &cfg->decoder_mode,
          .choices = "logits|sharded-softmax",
          .help = "with --ps: logits cross the wire, or only per-row softmax partials"},

@@ -87,7 +87,8 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
                    cfg->decoder_mode ? "sharded-softmax" : "logits");
     if (cfg->replicas > 1) { /* every rank must see the same shards */
         size_t len = strlen(model);
-        (void)snprintf(model + len, sizeof model - len, " replicas=%d", cfg->replicas);
+        (void)snprintf(model + len, sizeof model - len, " replicas=%d%s", cfg->replicas,
+                       cfg->replication == FERRY_REPLICATION_ACTIVE ? " replication=active" : "");
     }
     jc.name = cfg->job;
     jc.world = cfg->world;
@@ -259,6 +260,7 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
     cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
     cc.wire_bf16 = cfg->wire_dtype == 1;
     cc.replicas = cfg->replicas;
+    cc.replication = cfg->replication;
     char *token = NULL;
     if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
         return st;
@@ -293,9 +295,10 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
             ferry_remote_shards(ferry_lm_embedding_remote(t->lm)))
         FERRY_LOG_INFO("--continue: training from the parameters ferry-ps holds for '%s'",
                        ferry_remote_name(ferry_lm_embedding_remote(t->lm)));
-    char reps[48] = "";
+    char reps[64] = "";
     if (cfg->replicas > 1)
-        (void)snprintf(reps, sizeof reps, " shards x %d replicas", cfg->replicas);
+        (void)snprintf(reps, sizeof reps, " shards x %d replicas, %s", cfg->replicas,
+                       cfg->replication == FERRY_REPLICATION_ACTIVE ? "active" : "primary-backup");
     FERRY_LOG_INFO("distributed: %d ferry-ps%s (%s), decoder %s, wire %s",
                    ferry_cluster_size(t->cluster), reps, cfg->ps,
                    cfg->decoder_mode ? "sharded-softmax" : "logits",
@@ -378,12 +381,14 @@ static ferry_status setup_start(trainer *t) {
     if (cfg->load == NULL && t->recover &&
         (st = ferry__trainer_save_checkpoint(t, 1, 0)) != FERRY_OK)
         return st;
-    if (t->recover) {
-        ferry_cluster_set_wait_for_ready(t->cluster, 0); /* a dead server fails at once */
-        /* A call lost in a stall or a broken connection is sent again (the servers
-         * apply it once); a restarted server refuses it, and the job rolls back. */
+    /* A dead server fails at once: a replica's sibling goes on without waiting a
+     * deadline for it. */
+    if (t->recover || cfg->replicas > 1)
+        ferry_cluster_set_wait_for_ready(t->cluster, 0);
+    /* A call lost in a stall or a broken connection is sent again (the servers apply
+     * it once); a restarted server refuses it, and the job rolls back. */
+    if (t->recover)
         ferry_cluster_set_retry(t->cluster, (int)(cfg->recovery_timeout_s * 1000.0));
-    }
     return FERRY_OK;
 }
 

@@ -18,6 +18,7 @@ typedef struct ferry_trainer_config {
     const char *device;      /* cpu | cuda[:N] */
     const char *ps;          /* host:port[,host:port...] of ferry-ps shards; NULL: local */
     int replicas;            /* > 1: --ps lists each shard's replicas side by side */
+    int replication;         /* FERRY_REPLICATION_*: --replication primary-backup|active */
     int decoder_mode;        /* ferry_decoder_mode: logits | sharded-softmax */
     int wire_dtype;          /* 0 f32, 1 bf16: how activations and dense pulls/pushes travel */
     /* model */

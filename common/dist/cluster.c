@@ -67,7 +67,8 @@ static int retry_safe(ferry_rpc_method m) {
 /* ---- replicas ---- */
 
 /* Replica p (shard p / R) failed a call (m, why) that a sibling answered (stale 0), or
- * answered behind its sibling (1), or is dropped for `why` alone (2): the shard's calls
+ * answered behind its sibling (1), or is dropped for `why` alone (2), or failed a call
+ * that the next replica takes over (3, primary-backup): the shard's calls
  * go to the others from now on, first among them the one whose answers count. */
 static void replica_drop(ferry_cluster *c, int p, ferry_rpc_method m, const char *why, int stale) {
     int g = p / c->R, left = 0;
@@ -86,6 +87,9 @@ static void replica_drop(ferry_cluster *c, int p, ferry_rpc_method m, const char
         char what[200];
         if (stale == 2) /* why says it all */
             (void)snprintf(what, sizeof what, "%.190s", why);
+        else if (stale == 3) /* primary-backup: the next replica takes over */
+            (void)snprintf(what, sizeof what, "its %s failed (%.150s)", ferry_rpc_method_name(m),
+                           why);
         else
             (void)snprintf(what, sizeof what, "its %s %s (%.120s)%s", ferry_rpc_method_name(m),
                            stale ? "answer is behind its sibling's" : "failed", why,
@@ -171,6 +175,192 @@ ferry_status ferry__dist_replica_call(ferry_cluster *c, int p, ferry_rpc_method 
     return ferry_rpc_call(c->all[p], m, req, reply, deadline_ms);
 }
 
+/* ---- primary-backup ---- */
+
+/* A shard's calls of the open context since its last Step (struct ferry_cluster). */
+typedef struct ferry__dist_replay {
+    ferry_rpc_method *m;
+    ferry_rpc_msg *req;
+    int n, cap;
+    int overflow; /* one could not be kept: this context cannot fail over */
+} ferry__dist_replay;
+
+#define REPLAY_MAX 4096 /* calls kept per shard and context */
+
+void ferry__dist_set_passive(ferry_cluster *c, int on) {
+    atomic_store(&c->passive, on && c->R > 1 && c->log != NULL);
+}
+
+int ferry__dist_passive(ferry_cluster *c) {
+    return atomic_load(&c->passive);
+}
+
+int ferry__dist_backups(ferry_cluster *c, int g) {
+    int k = 0;
+    pthread_mutex_lock(&c->hello_mu);
+    for (int r = 0; r < c->R; r++)
+        k += c->live[g * c->R + r];
+    pthread_mutex_unlock(&c->hello_mu);
+    return k > 0 ? k - 1 : 0;
+}
+
+/* The methods that go to the primary alone under primary-backup: a context's calls
+ * (their effects are the context's, summed at the barrier and shipped with the Step
+ * to the backups) and evaluation. */
+static int primary_only(ferry_cluster *c, ferry_rpc_method m) {
+    return (m == FERRY_RPC_FORWARD || m == FERRY_RPC_BACKWARD || m == FERRY_RPC_GRAD_NORM ||
+            m == FERRY_RPC_RELEASE_CONTEXT) &&
+           atomic_load(&c->passive);
+}
+
+/* Whether request req of method m acts inside a context (what a replay must redo). */
+static int in_context(ferry_rpc_method m, const ferry_rpc_msg *req) {
+    if ((m != FERRY_RPC_FORWARD && m != FERRY_RPC_BACKWARD) || req->head_bytes == NULL)
+        return 0;
+    ProtobufCMessage *h =
+        protobuf_c_message_unpack(req->head_desc, NULL, req->head_len, req->head_bytes);
+    if (h == NULL)
+        return 1; /* kept: a replay sends what was sent */
+    int in = m == FERRY_RPC_FORWARD ? ((Ferry__V1__ForwardRequest *)h)->ctx_id != 0 &&
+                                          !((Ferry__V1__ForwardRequest *)h)->no_grad
+                                    : ((Ferry__V1__BackwardRequest *)h)->ctx_id != 0;
+    protobuf_c_message_free_unpacked(h, NULL);
+    return in;
+}
+
+static void log_clear(ferry_cluster *c, int g) {
+    pthread_mutex_lock(&c->log_mu);
+    ferry__dist_replay *L = &c->log[g];
+    for (int i = 0; i < L->n; i++)
+        ferry_rpc_msg_deinit(&L->req[i]);
+    L->n = 0;
+    L->overflow = 0;
+    pthread_mutex_unlock(&c->log_mu);
+}
+
+static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rpc_msg *req) {
+    pthread_mutex_lock(&c->log_mu);
+    ferry__dist_replay *L = &c->log[g];
+    if (L->n == L->cap && !L->overflow) {
+        int cap = L->cap ? 2 * L->cap : 8;
+        ferry_rpc_method *mm = cap <= REPLAY_MAX ? realloc(L->m, (size_t)cap * sizeof *mm) : NULL;
+        if (mm != NULL)
+            L->m = mm;
+        ferry_rpc_msg *rr = mm != NULL ? realloc(L->req, (size_t)cap * sizeof *rr) : NULL;
+        if (rr != NULL) {
+            L->req = rr;
+            L->cap = cap;
+        }
+        L->overflow = rr == NULL;
+    }
+    if (!L->overflow && ferry_rpc_msg_clone(&L->req[L->n], req) == FERRY_OK)
+        L->m[L->n++] = m;
+    else
+        L->overflow = 1;
+    pthread_mutex_unlock(&c->log_mu);
+}
+
+static void log_free(ferry_cluster *c) {
+    for (int g = 0; c->log != NULL && g < c->n; g++) {
+        log_clear(c, g);
+        free(c->log[g].m);
+        free(c->log[g].req);
+    }
+    free(c->log);
+}
+
+/* One call on replica p, its outcome in *f (status, transport, error). */
+static void call_one(ferry_cluster *c, int p, ferry_rpc_method m, const ferry_rpc_msg *req,
+                     ferry_rpc_msg *reply, int deadline_ms, ferry_rpc_fanout *f) {
+    ferry_rpc_msg_deinit(reply);
+    memset(f, 0, sizeof *f);
+    f->client = c->all[p];
+    f->method = m;
+    f->req = req;
+    f->reply = reply;
+    (void)ferry_rpc_call_many(f, 1, deadline_ms);
+}
+
+/* Replays shard g's kept calls on replica p, in order. */
+static ferry_status replay(ferry_cluster *c, int g, int p, int deadline_ms, ferry_rpc_fanout *f) {
+    pthread_mutex_lock(&c->log_mu);
+    ferry__dist_replay *L = &c->log[g];
+    ferry_status st = FERRY_OK;
+    if (L->overflow) {
+        memset(f, 0, sizeof *f);
+        f->status = st = FERRY_ERR_UNAVAILABLE;
+        (void)snprintf(f->error, sizeof f->error,
+                       "the context's calls to shard %d were not "
+                       "all kept (out of memory or over %d): no "
+                       "fail-over inside it",
+                       g, REPLAY_MAX);
+    }
+    for (int i = 0; i < L->n && st == FERRY_OK; i++) {
+        ferry_rpc_msg r;
+        ferry_rpc_msg_init(&r);
+        call_one(c, p, L->m[i], &L->req[i], &r, deadline_ms, f);
+        ferry_rpc_msg_deinit(&r);
+        st = f->status;
+    }
+    pthread_mutex_unlock(&c->log_mu);
+    return st;
+}
+
+/* A failure the next replica may not share: the primary is gone, stalled, restarted
+ * (its sessions, contexts or incarnation are not the caller's), or lost the context. */
+static int failover_worthy(const ferry_rpc_fanout *f) {
+    return f->transport || f->status == FERRY_ERR_TIMEOUT || f->status == FERRY_ERR_UNAVAILABLE ||
+           f->status == FERRY_ERR_SESSION || f->status == FERRY_ERR_NOT_FOUND;
+}
+
+/* The first live replica of shard g after... any but `not`, or -1. */
+static int other_live(ferry_cluster *c, int g, int not ) {
+    int q = -1;
+    pthread_mutex_lock(&c->hello_mu);
+    for (int r = c->R - 1; r >= 0; r--) {
+        if (c->live[g * c->R + r] && g * c->R + r != not )
+            q = g * c->R + r;
+    }
+    pthread_mutex_unlock(&c->hello_mu);
+    return q;
+}
+
+/* Primary-backup, after a primary-only call (*f, on replica *p of shard g) came back:
+ * a GradNorm the barrier holds (`pending`) goes again, within budget_ms from t0; a
+ * failure the next replica may not share drops the primary, replays the context's
+ * kept calls on the next live replica and sends the call there (*p becomes it). */
+static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
+                           const ferry_rpc_msg *req, ferry_rpc_msg *reply, ferry_rpc_fanout *f,
+                           int budget_ms, double t0) {
+    for (;;) {
+        int left = budget_ms - (int)((ferry_now() - t0) * 1000.0);
+        int dl = left < c->cfg.deadline_ms ? (left > 100 ? left : 100) : c->cfg.deadline_ms;
+        if (f->status == FERRY_OK) {
+            const Ferry__V1__GradNormReply *r = reply->head;
+            if (m != FERRY_RPC_GRAD_NORM || r == NULL || !r->pending)
+                return;
+            if (left <= 0) {
+                f->status = FERRY_ERR_TIMEOUT;
+                f->transport = 0;
+                (void)snprintf(f->error, sizeof f->error,
+                               "bsp barrier on %s still open after %.1f s (the job's sync "
+                               "timeout)",
+                               ferry_rpc_client_target(c->all[*p]), budget_ms / 1000.0);
+                return;
+            }
+            call_one(c, *p, m, req, reply, dl, f);
+            continue;
+        }
+        int q = failover_worthy(f) ? other_live(c, g, *p) : -1;
+        if (q < 0)
+            return;
+        replica_drop(c, *p, m, f->error, 3);
+        *p = q;
+        if (replay(c, g, q, dl, f) == FERRY_OK)
+            call_one(c, q, m, req, reply, dl, f);
+    }
+}
+
 /* The live replicas of shard g into out (at most R), in order. */
 static int replicas_live(ferry_cluster *c, int g, int *out) {
     int k = 0;
@@ -208,12 +398,14 @@ static ferry_status fan_round(ferry_cluster *c, ferry_rpc_method method, int k, 
         free(stale);
         return FERRY_NOMEM();
     }
-    int m = 0;
+    int m = 0, pas = primary_only(c, method);
     for (int j = 0; j < k; j++) {
         int i = at[j], nl = replicas_live(c, servers[i], &phys[m]);
         first[j] = m;
         if (nl == 0) /* every replica dropped: the shard's primary (it failed alone) */
             phys[m] = servers[i] * c->R, nl = 1;
+        if (pas)
+            nl = 1;
         for (int e = m; e < m + nl; e++) {
             ferry_rpc_msg_init(&extra[e]);
             calls[e].client = c->all[phys[e]];
@@ -229,8 +421,29 @@ static ferry_status fan_round(ferry_cluster *c, ferry_rpc_method method, int k, 
     first[k] = m;
     /* A replica that a peer stopped calling holds a bsp GradNorm until the sync
      * timeout; once a sibling answered, it gets one deadline more. */
-    (void)ferry_rpc_call_many_grace(calls, m, deadline_ms, c->R > 1 ? c->cfg.deadline_ms : 0,
-                                    during, arg);
+    /* Primary-backup: a GradNorm's barrier answers `pending` within the deadline. */
+    double t0 = ferry_now();
+    int dl = pas && method == FERRY_RPC_GRAD_NORM && deadline_ms > c->cfg.deadline_ms
+                 ? c->cfg.deadline_ms
+                 : deadline_ms;
+    (void)ferry_rpc_call_many_grace(calls, m, dl, c->R > 1 ? c->cfg.deadline_ms : 0, during, arg);
+    for (int j = 0; pas && j < k; j++) {
+        int e = first[j], g = servers[at[j]];
+        passive_settle(c, method, g, &phys[e], calls[e].req, calls[e].reply, &calls[e], deadline_ms,
+                       t0);
+        if (calls[e].status == FERRY_OK && method == FERRY_RPC_RELEASE_CONTEXT)
+            log_clear(c, g);
+        else if (calls[e].status == FERRY_OK && in_context(method, calls[e].req))
+            log_keep(c, g, method, calls[e].req);
+    }
+    for (int j = 0; j < k && method == FERRY_RPC_STEP && c->log != NULL; j++) {
+        for (int e = first[j]; e < first[j + 1]; e++) {
+            if (calls[e].status == FERRY_OK) { /* the context ended on the shard */
+                log_clear(c, servers[at[j]]);
+                break;
+            }
+        }
+    }
     for (int j = 0; j < k; j++) {
         int i = at[j], ok = -1, pick = first[j];
         for (int e = first[j]; e < first[j + 1]; e++) {
@@ -262,7 +475,7 @@ static ferry_status fan_round(ferry_cluster *c, ferry_rpc_method method, int k, 
                                  "a recover restored an older step: it missed steps", 1);
             }
         }
-        res[i].client = calls[pick].client;
+        res[i].client = c->all[phys[pick]];
         res[i].status = calls[pick].status;
         res[i].transport = calls[pick].transport;
         memcpy(res[i].error, calls[pick].error, sizeof res[i].error);
@@ -768,6 +981,7 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
         goto done;
     }
     pthread_mutex_init(&c->hello_mu, NULL);
+    pthread_mutex_init(&c->log_mu, NULL);
     if (cfg != NULL)
         c->cfg = *cfg;
     else
@@ -810,7 +1024,10 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
     c->all = calloc((size_t)n, sizeof *c->all);
     c->live = calloc((size_t)n, sizeof *c->live);
     c->incarnation = calloc((size_t)n, sizeof *c->incarnation);
+    if (c->R > 1)
+        c->log = calloc((size_t)(n / c->R), sizeof *c->log);
     atomic_init(&c->dropped, 0);
+    atomic_init(&c->passive, 0);
     if (c->clients == NULL || c->all == NULL || c->live == NULL || c->incarnation == NULL) {
         st = FERRY_NOMEM();
         goto done;
@@ -912,6 +1129,8 @@ void ferry_cluster_destroy(ferry_cluster *c) {
     free(c->all);
     free(c->live);
     free(c->incarnation);
+    log_free(c);
+    pthread_mutex_destroy(&c->log_mu);
     pthread_mutex_destroy(&c->hello_mu);
     free(c);
 }

@@ -83,6 +83,8 @@ static void ctx_close(ferry_dist_ctx *dc) {
         dc->calls = next;
     }
     memset(dc->touched, 0, (size_t)dc->c->n);
+    for (int i = 0; i < dc->c->n; i++)
+        ferry_rpc_msg_deinit(&dc->sums[i]);
     dc->id = 0;
 }
 
@@ -98,7 +100,13 @@ static void metrics_clear(ferry_dist_ctx *dc) {
 
 ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out) {
     ferry_dist_ctx *dc = calloc(1, sizeof *dc);
-    if (dc == NULL || (dc->touched = calloc((size_t)c->n, 1)) == NULL) {
+    if (dc == NULL || (dc->touched = calloc((size_t)c->n, 1)) == NULL ||
+        (dc->sums = calloc((size_t)c->n, sizeof *dc->sums)) == NULL ||
+        (dc->sum_src = calloc((size_t)c->n, sizeof *dc->sum_src)) == NULL) {
+        if (dc != NULL) {
+            free(dc->touched);
+            free(dc->sums);
+        }
         free(dc);
         return FERRY_NOMEM();
     }
@@ -135,6 +143,8 @@ void ferry_dist_ctx_destroy(ferry_dist_ctx *dc) {
         FERRY_LOG_WARN("context left to the servers' sweep: %s", ferry_error_last());
     ctx_close(dc);
     free(dc->touched);
+    free(dc->sums);
+    free(dc->sum_src);
     metrics_clear(dc);
     pthread_mutex_destroy(&dc->mu);
     free(dc);
@@ -236,6 +246,13 @@ void ferry_dist_ctx_job_loss(const ferry_dist_ctx *dc, double *loss_sum, double 
         *tokens = dc->job_tokens_out;
 }
 
+/* Whether this rank installs shard g's sum on its backups (primary-backup): the
+ * shards are dealt out to the ranks round robin. */
+static int installs(const ferry_dist_ctx *dc, int g) {
+    return dc->job != NULL && dc->job->cfg.sync == FERRY_SYNC_BSP && ferry__dist_passive(dc->c) &&
+           dc->job->cfg.world > 0 && g % dc->job->cfg.world == dc->job->cfg.rank;
+}
+
 /* One header to every touched server; replies[i] answers servers[i]. */
 static ferry_status ctx_fanout(ferry_dist_ctx *dc, ferry_rpc_method method,
                                const ProtobufCMessage *head, int *servers, ferry_rpc_msg *replies,
@@ -278,7 +295,32 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
     q.job = ctx_job(dc, &js);
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
-    ferry_status st = ctx_fanout(dc, FERRY_RPC_GRAD_NORM, &q.base, servers, replies, &n);
+    ferry_status st;
+    if (q.job != NULL && ferry__dist_passive(dc->c)) {
+        /* Primary-backup: the barrier answers within the deadline (a stalled primary is
+         * told from ranks that are late), and the rank that installs a shard's sum on
+         * its backups asks for it. */
+        js.hold_ms = (uint32_t)(dc->c->cfg.deadline_ms / 2);
+        ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS];
+        n = 0;
+        st = FERRY_OK;
+        for (int i = 0; i < dc->c->n && st == FERRY_OK; i++) {
+            if (!dc->touched[i])
+                continue;
+            js.want_sum = installs(dc, i) && ferry__dist_backups(dc->c, i) > 0;
+            servers[n] = i;
+            ferry_rpc_msg_init(&replies[n]);
+            ferry_rpc_msg_init(&reqs[n]);
+            st = ferry_rpc_msg_set_head(&reqs[n++], &q.base);
+        }
+        if (st == FERRY_OK)
+            st = ferry__dist_fanout_deadline(dc->c, FERRY_RPC_GRAD_NORM, n, servers, reqs, 0,
+                                             replies, ctx_deadline(dc));
+        for (int i = 0; i < n; i++)
+            ferry_rpc_msg_deinit(&reqs[i]);
+    } else {
+        st = ctx_fanout(dc, FERRY_RPC_GRAD_NORM, &q.base, servers, replies, &n);
+    }
     double total = 0.0;
     for (int i = 0; st == FERRY_OK && i < n; i++) /* in server order: deterministic */
         total += ((const Ferry__V1__GradNormReply *)replies[i].head)->sum_squares;
@@ -292,6 +334,15 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
             atomic_store(&dc->job->ck_request, 0);
         if (js.readmit != 0)
             atomic_store(&dc->job->readmit_request, 0);
+    }
+    for (int i = 0; i < n && st == FERRY_OK; i++) { /* sums, kept for the Step */
+        const Ferry__V1__GradNormReply *r = replies[i].head;
+        if (r->n_sum == 0)
+            continue;
+        ferry_rpc_msg_deinit(&dc->sums[servers[i]]);
+        dc->sums[servers[i]] = replies[i];
+        ferry_rpc_msg_init(&replies[i]);
+        dc->sum_src[servers[i]] = ferry__dist_replica_primary(dc->c, servers[i]);
     }
     replies_deinit(replies, n);
     if (st == FERRY_OK)
@@ -348,6 +399,50 @@ ferry_status ferry_dist_ctx_metric(const ferry_dist_ctx *dc, const char *name, d
                         name, dc->nmetrics);
 }
 
+/* The Step of a rank that installs sums (primary-backup): each replica of a shard it
+ * holds the sum of, but the one that summed it, gets the Step with the sum (its
+ * SummedModules and tensors, borrowed from the GradNorm reply); every other replica
+ * the plain Step. */
+static ferry_status step_install(ferry_dist_ctx *dc, Ferry__V1__StepRequest *q, int *servers,
+                                 ferry_rpc_msg *replies, int *n) {
+    int P = dc->c->n * dc->c->R;
+    *n = 0;
+    ferry_rpc_msg *reqs = calloc((size_t)P, sizeof *reqs);
+    if (reqs == NULL)
+        return FERRY_NOMEM();
+    ferry_status st = FERRY_OK;
+    for (int p = 0; p < P && st == FERRY_OK; p++) {
+        int g = p / dc->c->R;
+        const Ferry__V1__GradNormReply *r = dc->sums[g].head;
+        if (p % dc->c->R == 0 && dc->touched[g]) {
+            servers[*n] = g;
+            ferry_rpc_msg_init(&replies[(*n)++]);
+        }
+        int with = r != NULL && dc->touched[g] && p != dc->sum_src[g];
+        q->install = with;
+        q->n_summed = with ? r->n_sum : 0;
+        q->summed = with ? r->sum : NULL;
+        if ((st = ferry_rpc_msg_set_head(&reqs[p], &q->base)) != FERRY_OK)
+            break;
+        for (int t = 0; with && t < dc->sums[g].ntensors && st == FERRY_OK; t++) {
+            ferry_rpc_tensor b = dc->sums[g].tensors[t];
+            b.release = NULL; /* borrowed: the sum outlives the call */
+            b.release_user = NULL;
+            st = ferry_rpc_msg_add(&reqs[p], &b);
+        }
+    }
+    q->install = 0;
+    q->n_summed = 0;
+    q->summed = NULL;
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout_deadline(dc->c, FERRY_RPC_STEP, *n, servers, reqs,
+                                         FERRY__DIST_PER_REPLICA, replies, ctx_deadline(dc));
+    for (int p = 0; p < P; p++)
+        ferry_rpc_msg_deinit(&reqs[p]);
+    free(reqs);
+    return st;
+}
+
 /* The Step itself; the split step's thread runs it. */
 static ferry_status step_now(ferry_dist_ctx *dc, float grad_scale, double lr) {
     metrics_clear(dc);
@@ -368,7 +463,11 @@ static ferry_status step_now(ferry_dist_ctx *dc, float grad_scale, double lr) {
     q.job = ctx_job(dc, &js);
     int servers[FERRY_DIST_MAX_SERVERS], n;
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
-    ferry_status st = ctx_fanout(dc, FERRY_RPC_STEP, &q.base, servers, replies, &n);
+    int any_sum = 0;
+    for (int i = 0; i < dc->c->n; i++)
+        any_sum |= dc->touched[i] && dc->sums[i].head != NULL;
+    ferry_status st = any_sum ? step_install(dc, &q, servers, replies, &n)
+                              : ctx_fanout(dc, FERRY_RPC_STEP, &q.base, servers, replies, &n);
     if (st == FERRY_OK)
         metrics_keep(dc, replies, n);
     replies_deinit(replies, n);

@@ -34,7 +34,20 @@ struct ferry_cluster {
     atomic_int retry_ms;           /* ferry_cluster_set_retry */
     atomic_uint_fast64_t retries;  /* calls sent again */
     int tls; /* how the clients connect: 0 plaintext, 1 TLS, 2 TLS with a certificate */
+    /* Primary-backup (ferry__dist_set_passive: a bsp job's contexts with R > 1):
+     * Forward, Backward, GradNorm and ReleaseContext go to each shard's primary only;
+     * a shard's calls inside the open context since its last Step are kept (log, under
+     * log_mu) to replay on the next replica when the primary fails. */
+    atomic_int passive;
+    pthread_mutex_t log_mu;
+    struct ferry__dist_replay *log; /* (n) */
 };
+
+/* Turns primary-backup on for c's job contexts (R > 1; see struct ferry_cluster). */
+void ferry__dist_set_passive(ferry_cluster *c, int on);
+int ferry__dist_passive(ferry_cluster *c);
+/* The live replicas of shard g other than its primary. */
+int ferry__dist_backups(ferry_cluster *c, int g);
 
 /* The client's side of a module kind beyond its contract row: the file that holds
  * the kind's calls (calls.c: embedding, dense; decoder.c: decoder, linear; lstm.c)
@@ -152,6 +165,11 @@ struct ferry_dist_ctx {
     double job_loss_out, job_tokens_out;
     int job_ck_out; /* the GradNorm's answer: checkpoint after this step */
     uint64_t job_readmit_out; /* the GradNorm's answer: replicas re-admitted after it */
+    /* Primary-backup: the summed gradient of each shard this rank installs on the
+     * shard's backups with its Step (GradNormReply.sum; empty: none), and the replica
+     * that summed it (it needs no install). (servers) each. */
+    ferry_rpc_msg *sums;
+    int *sum_src;
 };
 
 /* A new call record in dc (call id assigned, linked); NULL when out of memory. */

@@ -207,6 +207,8 @@ ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, fer
     (void)snprintf(job->model, sizeof job->model, "%s", cfg->model != NULL ? cfg->model : "");
     job->cfg.name = job->name;
     job->cfg.model = job->model;
+    if (cfg->sync == FERRY_SYNC_BSP && c->cfg.replication == FERRY_REPLICATION_PRIMARY_BACKUP)
+        ferry__dist_set_passive(c, 1);
     *out = job;
     return FERRY_OK;
 }

@@ -395,6 +395,26 @@ ferry_status ferry_rpc_msg_add_copy(ferry_rpc_msg *m, const ferry_rpc_tensor *t)
     return FERRY_OK;
 }
 
+ferry_status ferry_rpc_msg_clone(ferry_rpc_msg *dst, const ferry_rpc_msg *src) {
+    ferry_rpc_msg_init(dst);
+    if (src->head != NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "ferry_rpc_msg_clone: a received message");
+    if (src->head_bytes != NULL) {
+        if ((dst->head_bytes = malloc(src->head_len > 0 ? src->head_len : 1)) == NULL)
+            return FERRY_NOMEM();
+        memcpy(dst->head_bytes, src->head_bytes, src->head_len);
+        dst->head_len = src->head_len;
+        dst->head_desc = src->head_desc;
+    }
+    dst->wire_dtype = src->wire_dtype;
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < src->ntensors && st == FERRY_OK; i++)
+        st = ferry_rpc_msg_add_copy(dst, &src->tensors[i]);
+    if (st != FERRY_OK)
+        ferry_rpc_msg_deinit(dst);
+    return st;
+}
+
 ferry_status ferry_rpc_msg_take(ferry_rpc_msg *m, int i, ferry_rpc_tensor *out) {
     if (i < 0 || i >= m->ntensors)
         return ferry_errorf(FERRY_ERR_INVALID, "tensor index %d outside 0..%d", i, m->ntensors - 1);

@@ -43,7 +43,7 @@ struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.
 /* The wire contract's version (proto/ferry.proto section 1): major 1 = package ferry.v1;
  * a minor only adds. */
 #define FERRY_CONTRACT_MAJOR 1
-#define FERRY_CONTRACT_MINOR 2
+#define FERRY_CONTRACT_MINOR 3
 
 #define FERRY_RPC_MAX_DIMS                  4
 #define FERRY_RPC_NAME_MAX                  64   /* bytes, with the terminating NUL */
@@ -221,6 +221,13 @@ ferry_status ferry_rpc_msg_add(ferry_rpc_msg *m, const ferry_rpc_tensor *t);
 /* Like ferry_rpc_msg_add, but copies t->data into an owned aligned buffer, so
  * the caller's bytes are free again on return (t->release is not called). */
 ferry_status ferry_rpc_msg_add_copy(ferry_rpc_msg *m, const ferry_rpc_tensor *t);
+
+/* Makes *dst (empty: initialized or deinitialized) a request that sends what src
+ * sends, owning copies of its header and tensors, so src's borrowed bytes may go
+ * away (a call kept to send again elsewhere). src must be a message built locally
+ * (its header set with ferry_rpc_msg_set_head or none). FERRY_ERR_NOMEM, with *dst
+ * left empty. */
+ferry_status ferry_rpc_msg_clone(ferry_rpc_msg *dst, const ferry_rpc_msg *src);
 
 /* Appends an owned, uninitialized, 64-byte-aligned tensor of the given type and
  * shape and returns its storage in *data (NULL for 0 bytes), for a handler to

@@ -70,6 +70,8 @@ extern "C" {
 
 typedef struct ferry_cluster ferry_cluster;
 
+enum { FERRY_REPLICATION_PRIMARY_BACKUP = 0, FERRY_REPLICATION_ACTIVE = 1 };
+
 typedef struct ferry_cluster_config {
     uint16_t worker_id;       /* high 16 bits of every context id this process makes */
     int deadline_ms;          /* deadline of every call; 0: 10000 */
@@ -111,10 +113,20 @@ typedef struct ferry_cluster_config {
      * only where their calls are deterministic: one trainer, or a bsp job. 0 or 1: one
      * server per shard. */
     int replicas;
+    /* How a bsp job's contexts use the replicas (replicas > 1, once a bsp job of this
+     * cluster is made: ferry_job_create or _join):
+     * FERRY_REPLICATION_PRIMARY_BACKUP (0, the default): Forward, Backward and GradNorm
+     * go to each shard's first live replica (its primary) alone; the ranks, dealt the
+     * shards round robin, ship the primary's summed gradient of each step to the
+     * backups with their Step, which applies it there too, so a backup spends a Step's
+     * work, not the step's. A primary that fails a call is dropped, and this process
+     * replays the context's calls of the step on the next replica, which takes over.
+     * FERRY_REPLICATION_ACTIVE (1): every call to every live replica, as above. */
+    int replication;
     /* Room to grow (ferry_cluster_config_default zeroes it): a later release of the same soname
      * takes new fields from it, each meaning its default at zero, so a caller built against this
      * header keeps its behaviour and the struct its size. */
-    unsigned char reserved[56];
+    unsigned char reserved[52];
 } ferry_cluster_config;
 
 /* worker_id 0, deadline 10 s, default message limit, fail fast. */
