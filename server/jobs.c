@@ -59,6 +59,7 @@ typedef struct job_rank {
     ferry_rpc_pending *sp;
     ferry_rpc_msg sp_reply;
     uint64_t sp_step;
+    double sp_scale; /* bsp: the waiting Step's gradient scale */
     double wait_since;
     double waited_s; /* seconds its calls waited, in all */
     /* recovery: its recover call, waiting for the other ranks */
@@ -1614,7 +1615,10 @@ static ferry_status sum_encode(const ferry__ps_ctx_mod *e, Ferry__V1__SummedModu
             t.data = e->G.dense + p->offset;
             t.nbytes = (size_t)p->numel * sizeof(float);
         }
-        st = ferry_rpc_msg_add_copy(reply, &t);
+        void *dst; /* the gradients are the backend's memory (a device's, with --device) */
+        if ((st = ferry_rpc_msg_alloc(reply, t.dtype, t.ndim, t.dim, t.name, &dst)) == FERRY_OK &&
+            t.nbytes > 0)
+            st = ferry_backend_copy(P->be, dst, t.data, t.nbytes, FERRY_COPY_DEVICE_TO_HOST);
     }
     sm->tensors = (uint32_t)(reply->ntensors - before);
     return st;
@@ -1671,11 +1675,12 @@ static ferry_status pending_reply(ferry_rpc_msg *reply) {
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
-/* Holds rank k's GradNorm p until the barrier completes, or until its hold_ms. */
-static void gn_hold(job_rank *k, ferry_rpc_pending *p, const Ferry__V1__JobStep *js) {
+/* Holds rank k's GradNorm p until the barrier completes, or until its hold_ms; want:
+ * its reply carries the sum (the rank's first arrival of the step decides). */
+static void gn_hold(job_rank *k, ferry_rpc_pending *p, const Ferry__V1__JobStep *js, int want) {
     unsigned hold = js->hold_ms > 60000 ? 60000 : js->hold_ms;
     k->gn = p;
-    k->want_sum = js->want_sum;
+    k->want_sum = want;
     k->hold_until = hold > 0 ? ferry_now() + hold / 1000.0 : 0.0;
 }
 
@@ -1725,14 +1730,18 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     if (st == FERRY_OK && s == job->bsp_step && rank_peek(job, js->rank)->arrived &&
         rank_peek(job, js->rank)->ctx_id == q->ctx_id &&
         rank_peek(job, js->rank)->ctx_sess == sess->serial) {
-        /* The same GradNorm again: a retry after its reply was lost or late. */
+        /* The same GradNorm again: a retry after its reply was lost or late, or after
+         * `pending`. */
         job_rank *k = rank_get(job, js->rank);
+        char why[512];
         if (job->bsp_complete && k->has_kept) { /* built when the barrier completed */
             *reply = k->gn_kept;
             ferry_rpc_msg_init(&k->gn_kept);
             k->has_kept = 0;
         } else if (job->bsp_complete) {
-            st = bsp_reply(job, reply, js->want_sum);
+            st = bsp_reply(job, reply, k->want_sum);
+        } else if ((st = bsp_blocker(job, js->rank, s, why, sizeof why)) != FERRY_OK) {
+            (void)ferry_errorf(st, "%s", why); /* a rank it waits for is not coming */
         } else {
             ferry_rpc_pending *p = ferry_rpc_defer(reply);
             if (p == NULL) {
@@ -1744,7 +1753,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
                                        (unsigned long long)s);
                     ferry_rpc_pending_finish(k->gn, FERRY_ERR_TIMEOUT, NULL);
                 }
-                gn_hold(k, p, js);
+                gn_hold(k, p, js, k->want_sum);
             }
         }
         pthread_mutex_unlock(&j->mu);
@@ -1812,7 +1821,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
             st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "bsp GradNorm must wait, and this call "
                                                      "cannot (no network call to answer later)");
         } else {
-            gn_hold(k, p, js);
+            gn_hold(k, p, js, js->want_sum);
             k->wait_since = ferry_now();
         }
         pthread_mutex_unlock(&j->mu);
@@ -1879,9 +1888,8 @@ static ferry_status install_param(ferry_grads *G, int idx, const ferry_rpc_msg *
         float *dst = ferry_grads_dense(G, idx);
         if (dst == NULL)
             return FERRY_NOMEM();
-        memcpy(dst, a->data, a->nbytes);
         *t += 1;
-        return FERRY_OK;
+        return ferry_backend_copy(G->P->be, dst, a->data, a->nbytes, FERRY_COPY_HOST_TO_DEVICE);
     }
     const ferry_rpc_tensor *v = *t + 1 < end ? &req->tensors[*t + 1] : NULL;
     int64_t D = G->rows[idx].D;
@@ -1909,8 +1917,9 @@ static ferry_status install_param(ferry_grads *G, int idx, const ferry_rpc_msg *
     if (st == FERRY_OK && G->rows[idx].count != count)
         st = ferry_errorf(FERRY_ERR_INVALID, "'%s': a row id repeats", p->name);
     const float *src = v->data;
-    for (int64_t i = 0; i < count && st == FERRY_OK; i++)
-        memcpy(G->rows[idx].values + (int64_t)slots[i] * D, src + i * D, (size_t)D * sizeof *src);
+    for (int64_t i = 0; i < count && st == FERRY_OK; i++) /* the backend's memory */
+        st = ferry_backend_copy(G->P->be, G->rows[idx].values + (int64_t)slots[i] * D, src + i * D,
+                                (size_t)D * sizeof *src, FERRY_COPY_HOST_TO_DEVICE);
     free(ids);
     *t += 2;
     return st;
@@ -1921,8 +1930,8 @@ static ferry_status install_read(ferry__ps_state *ps, const ferry__ps_session *s
                                  const Ferry__V1__StepRequest *q, const ferry_rpc_msg *req,
                                  install *in) {
     memset(in, 0, sizeof *in);
-    if (q->n_summed > 4096)
-        return ferry_errorf(FERRY_ERR_INVALID, "install: %zu modules", q->n_summed);
+    if (q->n_summed == 0 || q->n_summed > 4096)
+        return ferry_errorf(FERRY_ERR_INVALID, "install: %zu modules (1 to 4096)", q->n_summed);
     if ((in->mods = calloc(q->n_summed + 1, sizeof *in->mods)) == NULL)
         return FERRY_NOMEM();
     size_t t = 0, ntensors = (size_t)req->ntensors;
@@ -1932,6 +1941,12 @@ static ferry_status install_read(ferry__ps_state *ps, const ferry__ps_session *s
         ferry__ps_module *m = ferry__ps_module_find(ps, sess, sm->module);
         if (m == NULL)
             return ferry_errorf(FERRY_ERR_NOT_FOUND, "install: no module '%s'", sm->module);
+        for (int k = 0; k < in->n; k++) {
+            if (in->mods[k].mod == m) {
+                ferry__ps_module_put(m);
+                return ferry_errorf(FERRY_ERR_INVALID, "install: module '%s' twice", sm->module);
+            }
+        }
         ferry__ps_ctx_mod *e = &in->mods[in->n];
         e->mod = m;
         if ((st = ferry_grads_init(&e->G, &m->P)) != FERRY_OK) {
@@ -2002,6 +2017,7 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
         }
         k->sp = p;
         k->sp_step = s;
+        k->sp_scale = scale;
         k->wait_since = ferry_now();
         return FERRY_OK;
     }
@@ -2065,10 +2081,18 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
             continue;
         ferry_rpc_msg m;
         ferry_rpc_msg_init(&m);
-        ferry_status ws = applied_reply(job, &m);
-        ferry_rpc_pending_finish(o->sp, ws, &m);
+        ferry_status ws = o->sp_scale == job->applied_scale
+                              ? applied_reply(job, &m)
+                              : ferry_errorf(FERRY_ERR_INVALID,
+                                             "bsp step %llu of job '%s': rank %u steps with "
+                                             "gradient scale %.9g, but the step was applied "
+                                             "with %.9g",
+                                             (unsigned long long)s, job->name, w, o->sp_scale,
+                                             job->applied_scale);
+        ferry_rpc_pending_finish(o->sp, ws, ws == FERRY_OK ? &m : NULL);
         o->sp = NULL;
-        o->steps = s > o->steps ? s : o->steps;
+        if (ws == FERRY_OK)
+            o->steps = s > o->steps ? s : o->steps;
     }
     return applied_reply(job, reply);
 }
@@ -2122,7 +2146,15 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
     ferry__ps_jobs *j = &ps->jobs;
     const Ferry__V1__JobStep *js = q->job;
     install in = {NULL, 0};
-    ferry_status st = q->install ? install_read(ps, sess, q, req, &in) : FERRY_OK;
+    ferry__ps_job *job = NULL;
+    ferry_status st = FERRY_OK;
+    if (q->install) { /* the rank is the session's before its bytes are read */
+        pthread_mutex_lock(&j->mu);
+        st = job_of(j, sess, js, &job);
+        pthread_mutex_unlock(&j->mu);
+        if (st == FERRY_OK)
+            st = install_read(ps, sess, q, req, &in);
+    }
     if (st != FERRY_OK) {
         char why[512];
         (void)snprintf(why, sizeof why, "%s", ferry_error_last());
@@ -2130,7 +2162,6 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
         return ferry_errorf(st, "bsp Step of step %llu: %s", (unsigned long long)js->step, why);
     }
     pthread_mutex_lock(&j->mu);
-    ferry__ps_job *job = NULL;
     st = job_of(j, sess, js, &job);
     if (st == FERRY_OK && q->install && job->sync != FERRY__PS_BSP)
         st = ferry_errorf(FERRY_ERR_INVALID, "Step: install is for bsp jobs");

@@ -531,7 +531,7 @@ void ferry__ps_jobs_deinit(ferry__ps_jobs *j);
 struct ferry__ps_sessions;
 void ferry__ps_jobs_expire(ferry__ps_jobs *j, struct ferry__ps_sessions *S);
 /* Answers `pending` to every bsp GradNorm held past its JobStep.hold_ms (the sweep's
- * hold timer, every 100 ms). */
+ * hold timer, every 50 ms). */
 void ferry__ps_jobs_release_holds(ferry__ps_jobs *j);
 
 /* ---- the server's state and its request handlers ---- */

@@ -458,7 +458,7 @@ static ferry_status server_run(ferry_ps_server *s, int signals) {
     double every = s->cfg.context_ttl_s * 250.0;
     uint64_t every_ms = every < 50.0 ? 50 : every > 1000.0 ? 1000 : (uint64_t)every;
     (void)uv_timer_start(&s->sweep, on_sweep, every_ms, every_ms);
-    (void)uv_timer_start(&s->holds, on_holds, 100, 100);
+    (void)uv_timer_start(&s->holds, on_holds, 50, 50);
     if (signals) {
         (void)uv_signal_start(&s->sigint, on_signal, SIGINT);
         (void)uv_signal_start(&s->sigterm, on_signal, SIGTERM);

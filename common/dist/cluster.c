@@ -177,18 +177,30 @@ ferry_status ferry__dist_replica_call(ferry_cluster *c, int p, ferry_rpc_method 
 
 /* ---- primary-backup ---- */
 
-/* A shard's calls of the open context since its last Step (struct ferry_cluster). */
+/* A shard's calls of open contexts since their last Step (struct ferry_cluster): each
+ * with its context id, to replay on the next replica when the primary fails. */
 typedef struct ferry__dist_replay {
     ferry_rpc_method *m;
     ferry_rpc_msg *req;
+    uint64_t *ctx;
     int n, cap;
-    int overflow; /* one could not be kept: this context cannot fail over */
+    size_t bytes;
+    uint64_t lost; /* a context whose calls could not all be kept (0: none) */
 } ferry__dist_replay;
 
-#define REPLAY_MAX 4096 /* calls kept per shard and context */
+#define REPLAY_MAX       1024        /* calls kept per shard */
+#define REPLAY_MAX_BYTES (512 << 20) /* and their bytes */
 
 void ferry__dist_set_passive(ferry_cluster *c, int on) {
-    atomic_store(&c->passive, on && c->R > 1 && c->log != NULL);
+    pthread_mutex_lock(&c->hello_mu);
+    int minor = c->min_minor;
+    pthread_mutex_unlock(&c->hello_mu);
+    int old = minor < 3; /* servers before contract 1.3 know no install */
+    if (on && c->R > 1 && old)
+        FERRY_LOG_WARN("a ferry-ps of contract 1.%d (before 1.3) knows no primary-backup: the "
+                       "replicas stay active (every call to each)",
+                       minor);
+    atomic_store(&c->passive, on && c->R > 1 && c->log != NULL && !old);
 }
 
 int ferry__dist_passive(ferry_cluster *c) {
@@ -213,58 +225,124 @@ static int primary_only(ferry_cluster *c, ferry_rpc_method m) {
            atomic_load(&c->passive);
 }
 
-/* Whether request req of method m acts inside a context (what a replay must redo). */
-static int in_context(ferry_rpc_method m, const ferry_rpc_msg *req) {
-    if ((m != FERRY_RPC_FORWARD && m != FERRY_RPC_BACKWARD) || req->head_bytes == NULL)
+/* The context request req of method m acts in (0: none, or nothing kept there: an
+ * evaluation's Forward). */
+static uint64_t req_ctx(ferry_rpc_method m, const ferry_rpc_msg *req) {
+    if (req->head_bytes == NULL)
         return 0;
     ProtobufCMessage *h =
         protobuf_c_message_unpack(req->head_desc, NULL, req->head_len, req->head_bytes);
     if (h == NULL)
-        return 1; /* kept: a replay sends what was sent */
-    int in = m == FERRY_RPC_FORWARD ? ((Ferry__V1__ForwardRequest *)h)->ctx_id != 0 &&
-                                          !((Ferry__V1__ForwardRequest *)h)->no_grad
-                                    : ((Ferry__V1__BackwardRequest *)h)->ctx_id != 0;
+        return 0;
+    uint64_t ctx = 0;
+    switch (m) {
+    case FERRY_RPC_FORWARD:
+        if (!((Ferry__V1__ForwardRequest *)h)->no_grad)
+            ctx = ((Ferry__V1__ForwardRequest *)h)->ctx_id;
+        break;
+    case FERRY_RPC_BACKWARD:
+        ctx = ((Ferry__V1__BackwardRequest *)h)->ctx_id;
+        break;
+    case FERRY_RPC_GRAD_NORM:
+        ctx = ((Ferry__V1__GradNormRequest *)h)->ctx_id;
+        break;
+    case FERRY_RPC_STEP:
+        ctx = ((Ferry__V1__StepRequest *)h)->ctx_id;
+        break;
+    case FERRY_RPC_RELEASE_CONTEXT:
+        ctx = ((Ferry__V1__ReleaseContextRequest *)h)->ctx_id;
+        break;
+    default:
+        break;
+    }
     protobuf_c_message_free_unpacked(h, NULL);
-    return in;
+    return ctx;
 }
 
-static void log_clear(ferry_cluster *c, int g) {
+static size_t msg_bytes(const ferry_rpc_msg *m) {
+    size_t n = m->head_len;
+    for (int i = 0; i < m->ntensors; i++)
+        n += m->tensors[i].nbytes;
+    return n;
+}
+
+/* Drops the kept calls of context ctx (0: of every context); log_mu held. */
+static void log_drop_locked(ferry__dist_replay *L, uint64_t ctx) {
+    int k = 0;
+    for (int i = 0; i < L->n; i++) {
+        if (ctx == 0 || L->ctx[i] == ctx) {
+            L->bytes -= msg_bytes(&L->req[i]);
+            ferry_rpc_msg_deinit(&L->req[i]);
+            continue;
+        }
+        L->m[k] = L->m[i];
+        L->req[k] = L->req[i];
+        L->ctx[k++] = L->ctx[i];
+    }
+    L->n = k;
+    if (ctx == 0 || L->lost == ctx)
+        L->lost = 0;
+}
+
+static void log_clear(ferry_cluster *c, int g, uint64_t ctx) {
     pthread_mutex_lock(&c->log_mu);
-    ferry__dist_replay *L = &c->log[g];
-    for (int i = 0; i < L->n; i++)
-        ferry_rpc_msg_deinit(&L->req[i]);
-    L->n = 0;
-    L->overflow = 0;
+    log_drop_locked(&c->log[g], ctx);
     pthread_mutex_unlock(&c->log_mu);
 }
 
-static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rpc_msg *req) {
+void ferry__dist_forget_context(ferry_cluster *c, uint64_t ctx) {
+    for (int g = 0; c->log != NULL && g < c->n; g++)
+        log_clear(c, g, ctx);
+}
+
+static int log_full(const ferry__dist_replay *L, size_t nb) {
+    return L->n == REPLAY_MAX || L->bytes + nb > (size_t)REPLAY_MAX_BYTES;
+}
+
+static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rpc_msg *req,
+                     uint64_t ctx) {
     pthread_mutex_lock(&c->log_mu);
     ferry__dist_replay *L = &c->log[g];
-    if (L->n == L->cap && !L->overflow) {
+    size_t nb = msg_bytes(req);
+    /* Full: other contexts' calls go first (abandoned ones that nothing ended). */
+    for (int i = 0; i < L->n && log_full(L, nb) && L->lost != ctx; i++) {
+        if (L->ctx[i] != ctx) {
+            log_drop_locked(L, L->ctx[i]);
+            i = -1;
+        }
+    }
+    int ok = L->lost != ctx && !log_full(L, nb);
+    if (ok && L->n == L->cap) {
         int cap = L->cap ? 2 * L->cap : 8;
-        ferry_rpc_method *mm = cap <= REPLAY_MAX ? realloc(L->m, (size_t)cap * sizeof *mm) : NULL;
+        ferry_rpc_method *mm = realloc(L->m, (size_t)cap * sizeof *mm);
         if (mm != NULL)
             L->m = mm;
         ferry_rpc_msg *rr = mm != NULL ? realloc(L->req, (size_t)cap * sizeof *rr) : NULL;
-        if (rr != NULL) {
+        if (rr != NULL)
             L->req = rr;
+        uint64_t *cc = rr != NULL ? realloc(L->ctx, (size_t)cap * sizeof *cc) : NULL;
+        if (cc != NULL) {
+            L->ctx = cc;
             L->cap = cap;
         }
-        L->overflow = rr == NULL;
+        ok = cc != NULL;
     }
-    if (!L->overflow && ferry_rpc_msg_clone(&L->req[L->n], req) == FERRY_OK)
-        L->m[L->n++] = m;
-    else
-        L->overflow = 1;
+    if (ok && ferry_rpc_msg_clone(&L->req[L->n], req) == FERRY_OK) {
+        L->m[L->n] = m;
+        L->ctx[L->n++] = ctx;
+        L->bytes += nb;
+    } else {
+        L->lost = ctx; /* this context cannot fail over: a replay would miss calls */
+    }
     pthread_mutex_unlock(&c->log_mu);
 }
 
 static void log_free(ferry_cluster *c) {
     for (int g = 0; c->log != NULL && g < c->n; g++) {
-        log_clear(c, g);
+        log_clear(c, g, 0);
         free(c->log[g].m);
         free(c->log[g].req);
+        free(c->log[g].ctx);
     }
     free(c->log);
 }
@@ -281,39 +359,62 @@ static void call_one(ferry_cluster *c, int p, ferry_rpc_method m, const ferry_rp
     (void)ferry_rpc_call_many(f, 1, deadline_ms);
 }
 
-/* Replays shard g's kept calls on replica p, in order. */
-static ferry_status replay(ferry_cluster *c, int g, int p, int deadline_ms, ferry_rpc_fanout *f) {
+/* Whether shard g's calls of context ctx were all kept (a replay can redo them). */
+static int log_whole(ferry_cluster *c, int g, uint64_t ctx) {
+    pthread_mutex_lock(&c->log_mu);
+    int whole = ctx == 0 || c->log[g].lost != ctx;
+    pthread_mutex_unlock(&c->log_mu);
+    return whole;
+}
+
+/* Replays shard g's kept calls of context ctx on replica p, in order, each with a
+ * deadline of its own. */
+static ferry_status replay(ferry_cluster *c, int g, int p, uint64_t ctx, ferry_rpc_fanout *f) {
     pthread_mutex_lock(&c->log_mu);
     ferry__dist_replay *L = &c->log[g];
     ferry_status st = FERRY_OK;
-    if (L->overflow) {
-        memset(f, 0, sizeof *f);
-        f->status = st = FERRY_ERR_UNAVAILABLE;
-        (void)snprintf(f->error, sizeof f->error,
-                       "the context's calls to shard %d were not "
-                       "all kept (out of memory or over %d): no "
-                       "fail-over inside it",
-                       g, REPLAY_MAX);
-    }
-    for (int i = 0; i < L->n && st == FERRY_OK; i++) {
+    int n = 0;
+    for (int i = 0; i < L->n && st == FERRY_OK && ctx != 0; i++) {
+        if (L->ctx[i] != ctx)
+            continue;
         ferry_rpc_msg r;
         ferry_rpc_msg_init(&r);
-        call_one(c, p, L->m[i], &L->req[i], &r, deadline_ms, f);
+        call_one(c, p, L->m[i], &L->req[i], &r, c->cfg.deadline_ms, f);
         ferry_rpc_msg_deinit(&r);
         st = f->status;
+        n++;
     }
     pthread_mutex_unlock(&c->log_mu);
+    if (n > 0 && st == FERRY_OK)
+        FERRY_LOG_INFO("%s: replayed %d call%s of context %#llx of shard %d",
+                       ferry_rpc_client_target(c->all[p]), n, n == 1 ? "" : "s",
+                       (unsigned long long)ctx, g);
     return st;
 }
 
-/* A failure the next replica may not share: the primary is gone, stalled, restarted
- * (its sessions, contexts or incarnation are not the caller's), or lost the context. */
-static int failover_worthy(const ferry_rpc_fanout *f) {
-    return f->transport || f->status == FERRY_ERR_TIMEOUT || f->status == FERRY_ERR_UNAVAILABLE ||
-           f->status == FERRY_ERR_SESSION || f->status == FERRY_ERR_NOT_FOUND;
+/* A failure the next replica does not share: the primary is gone, stalled past the
+ * deadline, or restarted (a stale incarnation; or an unknown session, when a new Hello
+ * finds another incarnation). Anything else (an error in the request, a session that
+ * merely expired) it would answer alike, or is no reason to leave it. */
+static int failover_worthy(ferry_cluster *c, int p, const ferry_rpc_fanout *f) {
+    if (f->transport || f->status == FERRY_ERR_TIMEOUT || f->status == FERRY_ERR_UNAVAILABLE)
+        return 1;
+    if (f->status == FERRY_ERR_NOT_FOUND)
+        return strstr(f->error, "this ferry-ps restarted") != NULL;
+    if (f->status != FERRY_ERR_SESSION)
+        return 0;
+    pthread_mutex_lock(&c->hello_mu);
+    uint64_t was = c->incarnation[p];
+    pthread_mutex_unlock(&c->hello_mu);
+    if (hello_one(c, p, c->cfg.deadline_ms) != FERRY_OK)
+        return 1;
+    pthread_mutex_lock(&c->hello_mu);
+    int restarted = c->incarnation[p] != was;
+    pthread_mutex_unlock(&c->hello_mu);
+    return restarted;
 }
 
-/* The first live replica of shard g after... any but `not`, or -1. */
+/* The first live replica of shard g other than `not`, or -1. */
 static int other_live(ferry_cluster *c, int g, int not ) {
     int q = -1;
     pthread_mutex_lock(&c->hello_mu);
@@ -326,20 +427,23 @@ static int other_live(ferry_cluster *c, int g, int not ) {
 }
 
 /* Primary-backup, after a primary-only call (*f, on replica *p of shard g) came back:
- * a GradNorm the barrier holds (`pending`) goes again, within budget_ms from t0; a
- * failure the next replica may not share drops the primary, replays the context's
- * kept calls on the next live replica and sends the call there (*p becomes it). */
+ * a GradNorm the barrier holds (`pending`) goes again, within budget_ms from t0 (a
+ * resend the budget cut short that times out is the barrier's time-out, not the
+ * server's); a failure the next replica does not share drops the primary, replays the
+ * context's kept calls on the next live replica and sends the call there, each with a
+ * deadline of its own (*p becomes it). */
 static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
                            const ferry_rpc_msg *req, ferry_rpc_msg *reply, ferry_rpc_fanout *f,
                            int budget_ms, double t0) {
+    uint64_t ctx = req_ctx(m, req);
+    int cut = 0;
     for (;;) {
         int left = budget_ms - (int)((ferry_now() - t0) * 1000.0);
-        int dl = left < c->cfg.deadline_ms ? (left > 100 ? left : 100) : c->cfg.deadline_ms;
         if (f->status == FERRY_OK) {
             const Ferry__V1__GradNormReply *r = reply->head;
             if (m != FERRY_RPC_GRAD_NORM || r == NULL || !r->pending)
                 return;
-            if (left <= 0) {
+            if (left < 100) {
                 f->status = FERRY_ERR_TIMEOUT;
                 f->transport = 0;
                 (void)snprintf(f->error, sizeof f->error,
@@ -348,16 +452,20 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
                                ferry_rpc_client_target(c->all[*p]), budget_ms / 1000.0);
                 return;
             }
-            call_one(c, *p, m, req, reply, dl, f);
+            cut = left < c->cfg.deadline_ms;
+            call_one(c, *p, m, req, reply, cut ? left : c->cfg.deadline_ms, f);
             continue;
         }
-        int q = failover_worthy(f) ? other_live(c, g, *p) : -1;
-        if (q < 0)
+        if (cut && f->status == FERRY_ERR_TIMEOUT)
+            return; /* the barrier outlived the budget: the sync timeout, not a stall */
+        int q = other_live(c, g, *p);
+        if (q < 0 || !log_whole(c, g, ctx) || !failover_worthy(c, *p, f))
             return;
         replica_drop(c, *p, m, f->error, 3);
         *p = q;
-        if (replay(c, g, q, dl, f) == FERRY_OK)
-            call_one(c, q, m, req, reply, dl, f);
+        cut = 0;
+        if (replay(c, g, q, ctx, f) == FERRY_OK)
+            call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
     }
 }
 
@@ -429,17 +537,19 @@ static ferry_status fan_round(ferry_cluster *c, ferry_rpc_method method, int k, 
     (void)ferry_rpc_call_many_grace(calls, m, dl, c->R > 1 ? c->cfg.deadline_ms : 0, during, arg);
     for (int j = 0; pas && j < k; j++) {
         int e = first[j], g = servers[at[j]];
-        passive_settle(c, method, g, &phys[e], calls[e].req, calls[e].reply, &calls[e], deadline_ms,
-                       t0);
-        if (calls[e].status == FERRY_OK && method == FERRY_RPC_RELEASE_CONTEXT)
-            log_clear(c, g);
-        else if (calls[e].status == FERRY_OK && in_context(method, calls[e].req))
-            log_keep(c, g, method, calls[e].req);
+        const ferry_rpc_msg *req = calls[e].req;
+        passive_settle(c, method, g, &phys[e], req, calls[e].reply, &calls[e], deadline_ms, t0);
+        uint64_t ctx = calls[e].status == FERRY_OK ? req_ctx(method, req) : 0;
+        if (ctx != 0 && method == FERRY_RPC_RELEASE_CONTEXT)
+            log_clear(c, g, ctx);
+        else if (ctx != 0 && (method == FERRY_RPC_FORWARD || method == FERRY_RPC_BACKWARD))
+            log_keep(c, g, method, req, ctx);
     }
-    for (int j = 0; j < k && method == FERRY_RPC_STEP && c->log != NULL; j++) {
+    for (int j = 0; j < k && method == FERRY_RPC_STEP && atomic_load(&c->passive); j++) {
         for (int e = first[j]; e < first[j + 1]; e++) {
-            if (calls[e].status == FERRY_OK) { /* the context ended on the shard */
-                log_clear(c, servers[at[j]]);
+            uint64_t ctx;
+            if (calls[e].status == FERRY_OK && (ctx = req_ctx(method, calls[e].req)) != 0) {
+                log_clear(c, servers[at[j]], ctx); /* the context ended on the shard */
                 break;
             }
         }
@@ -674,6 +784,7 @@ static ferry_status hello_apply(ferry_cluster *c, int i, const Ferry__V1__HelloR
         ++*changed;
     }
     c->incarnation[i] = r->incarnation;
+    c->min_minor = (int)r->contract_minor < c->min_minor ? (int)r->contract_minor : c->min_minor;
     (void)snprintf(c->identity, sizeof c->identity, "%s", r->identity);
     /* Context calls now name it: a later restart refuses them instead of serving them
      * from a new state. */
@@ -1028,6 +1139,7 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
         c->log = calloc((size_t)(n / c->R), sizeof *c->log);
     atomic_init(&c->dropped, 0);
     atomic_init(&c->passive, 0);
+    c->min_minor = INT32_MAX;
     if (c->clients == NULL || c->all == NULL || c->live == NULL || c->incarnation == NULL) {
         st = FERRY_NOMEM();
         goto done;

@@ -130,6 +130,8 @@ void ferry_dist_ctx_abandon(ferry_dist_ctx *dc) {
     if (dc == NULL)
         return;
     step_settle(dc);
+    if (dc->id != 0)
+        ferry__dist_forget_context(dc->c, dc->id);
     ctx_close(dc);
     dc->job = NULL;
     dc->job_step = 0;
@@ -300,7 +302,7 @@ ferry_status ferry_dist_ctx_grad_sumsq(ferry_dist_ctx *dc, double *sumsq) {
         /* Primary-backup: the barrier answers within the deadline (a stalled primary is
          * told from ranks that are late), and the rank that installs a shard's sum on
          * its backups asks for it. */
-        js.hold_ms = (uint32_t)(dc->c->cfg.deadline_ms / 2);
+        js.hold_ms = (uint32_t)(dc->c->cfg.deadline_ms / 3 > 0 ? dc->c->cfg.deadline_ms / 3 : 1);
         ferry_rpc_msg reqs[FERRY_DIST_MAX_SERVERS];
         n = 0;
         st = FERRY_OK;

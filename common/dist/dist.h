@@ -41,6 +41,7 @@ struct ferry_cluster {
     atomic_int passive;
     pthread_mutex_t log_mu;
     struct ferry__dist_replay *log; /* (n) */
+    int min_minor;                  /* the lowest contract minor a Hello answered (hello_mu) */
 };
 
 /* Turns primary-backup on for c's job contexts (R > 1; see struct ferry_cluster). */
@@ -48,6 +49,9 @@ void ferry__dist_set_passive(ferry_cluster *c, int on);
 int ferry__dist_passive(ferry_cluster *c);
 /* The live replicas of shard g other than its primary. */
 int ferry__dist_backups(ferry_cluster *c, int g);
+/* Forgets the calls kept for a replay of context ctx (abandoned: no Step or release
+ * will end it). */
+void ferry__dist_forget_context(ferry_cluster *c, uint64_t ctx);
 
 /* The client's side of a module kind beyond its contract row: the file that holds
  * the kind's calls (calls.c: embedding, dense; decoder.c: decoder, linear; lstm.c)
