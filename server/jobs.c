@@ -1049,6 +1049,10 @@ static void state_reply(const ferry__ps_job *job, Ferry__V1__JobReply *r) {
     r->world = job->world;
     r->finished = job->finished;
     r->min_step = job_min_steps(job, NULL);
+    if (job->sync == FERRY__PS_BSP) {
+        r->bsp_step = job->bsp_step;
+        r->bsp_arrived = job->bsp_complete ? 0 : job->arrived;
+    }
 }
 
 /* checkpoint: the job's checkpoint of a step, written outside the jobs lock. */

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "common/dist/dist.h" /* ferry__dist_replica_drop */
 #include "common/core/log.h" /* ferry_now */
 #include "common/rpc/rpc.h"  /* the bf16 conversions */
 #include "server/ps.h"
@@ -49,6 +50,9 @@
 
 /* Replicas per shard of the next setup (1: none; 2: the replicated tests). */
 static int g_R = 1;
+/* > 0: at this step rank 0 stops calling shard 0's primary (as if it had stalled for
+ * rank 0 alone): the ranks split, and rank 1 must follow rank 0 to the backup. */
+static int g_split_at = 0;
 
 typedef struct setup {
     ferry_backend *be;
@@ -138,6 +142,8 @@ static void *rank_main(void *arg) {
         st = ferry_ctx_create(s->be, &ctx);
     for (int step = 0; step < STEPS && st == FERRY_OK; step++) {
         ferry_tensor tin, ttg;
+        if (g_split_at > 0 && step == g_split_at && r->rank == 0)
+            ferry__dist_replica_drop(r->cl, 0, "the test's split");
         window(s, step, c0, c1, in, tg, &tin, &ttg);
         ferry_lm_step_args a = step_args(s, step);
         ferry_lm_step_result res;
@@ -342,7 +348,13 @@ static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind 
     /* Replicated (primary-backup): the backups applied the primaries' sums, so each
      * shard's replicas hold the same bytes. Read through a client of replica r of every
      * shard. */
-    for (int r = 1; r < s.R; r++) {
+    for (int r = 1; r < s.R && g_split_at > 0; r++) { /* both left shard 0's primary */
+        for (int k = 0; k < world; k++)
+            CHECK_EQ(ferry_cluster_replicas_dropped(runs[k].cl, NULL, 0), 1);
+        fprintf(stderr, "  split at step %d: rank 1 followed rank 0 to shard 0's backup\n",
+                g_split_at);
+    }
+    for (int r = 1; r < s.R && g_split_at == 0; r++) {
         ferry_cluster *cl[2];
         for (int k = 0; k < 2; k++) {
             char t[128];
@@ -476,6 +488,12 @@ TEST(bsp_replicas_primary_backup) {
     bsp_matches_local(2, 0.1f, FERRY_OPTIM_ADAM, 1e-3, 1e-3, "bsp-rep-adam");
     bsp_matches_local_placed(2, 0.1f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp-rep-stages", 3,
                              "ps1:1,ps0:1,local:1", 3);
+    /* Rank 0 alone leaves shard 0's primary at step 7: rank 1, waiting at the primary's
+     * barrier (answered `pending`), finds rank 0 at the backup's and follows it, its
+     * calls of the step replayed there; the job still matches the local trainer. */
+    g_split_at = 7;
+    bsp_matches_local(2, 0.0f, FERRY_OPTIM_SGD, LR, 1e-5, "bsp-rep-split");
+    g_split_at = 0;
     g_R = 1;
 }
 

@@ -426,6 +426,42 @@ static int other_live(ferry_cluster *c, int g, int not ) {
     return q;
 }
 
+/* A GradNorm (req) answered `pending` by replica p of shard g: the later live replica
+ * of the shard where ranks wait at the barrier of the same job step (they failed over
+ * to it: p stalled for them, and came back before this rank's calls found it out), or
+ * -1. The shard's ranks then meet there. */
+static int moved_to(ferry_cluster *c, int g, int p, const ferry_rpc_msg *req) {
+    Ferry__V1__GradNormRequest *h = (Ferry__V1__GradNormRequest *)protobuf_c_message_unpack(
+        req->head_desc, NULL, req->head_len, req->head_bytes);
+    if (h == NULL)
+        return -1;
+    int found = -1;
+    Ferry__V1__JobStatus js = FERRY__V1__JOB_STATUS__INIT;
+    Ferry__V1__JobRequest jq = FERRY__V1__JOB_REQUEST__INIT;
+    jq.job = h->job != NULL ? h->job->job : "";
+    jq.action_case = FERRY__V1__JOB_REQUEST__ACTION_STATUS;
+    jq.status = &js;
+    ferry_rpc_msg q, r;
+    ferry_rpc_msg_init(&q);
+    ferry_rpc_msg_init(&r);
+    int dl = c->cfg.deadline_ms < 1000 ? c->cfg.deadline_ms : 1000;
+    for (int x = p + 1; x < (g + 1) * c->R && found < 0 && h->job != NULL; x++) {
+        ferry_rpc_fanout f;
+        if (!ferry__dist_replica_live(c, x) ||
+            (q.head_bytes == NULL && ferry_rpc_msg_set_head(&q, &jq.base) != FERRY_OK))
+            continue;
+        call_one(c, x, FERRY_RPC_JOB, &q, &r, dl, &f);
+        const Ferry__V1__JobReply *jr = r.head;
+        if (f.status == FERRY_OK && jr != NULL && jr->bsp_step == h->job->step &&
+            jr->bsp_arrived > 0)
+            found = x;
+    }
+    ferry_rpc_msg_deinit(&q);
+    ferry_rpc_msg_deinit(&r);
+    protobuf_c_message_free_unpacked(&h->base, NULL);
+    return found;
+}
+
 /* Primary-backup, after a primary-only call (*f, on replica *p of shard g) came back:
  * a GradNorm the barrier holds (`pending`) goes again, within budget_ms from t0 (a
  * resend the budget cut short that times out is the barrier's time-out, not the
@@ -443,6 +479,20 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
             const Ferry__V1__GradNormReply *r = reply->head;
             if (m != FERRY_RPC_GRAD_NORM || r == NULL || !r->pending)
                 return;
+            int q = moved_to(c, g, *p, req);
+            if (q >= 0 && log_whole(c, g, ctx)) { /* the other ranks went on there */
+                char why[200];
+                (void)snprintf(why, sizeof why,
+                               "the job's other ranks went on with %s (their calls here failed)",
+                               ferry_rpc_client_target(c->all[q]));
+                for (int x = *p; x < q; x++)
+                    replica_drop(c, x, m, why, 2);
+                *p = q;
+                cut = 0;
+                if (replay(c, g, q, ctx, f) == FERRY_OK)
+                    call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
+                continue;
+            }
             if (left < 100) {
                 f->status = FERRY_ERR_TIMEOUT;
                 f->transport = 0;
