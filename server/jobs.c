@@ -909,6 +909,37 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         ferry_rpc_pending_finish(k->rec, FERRY_ERR_BUSY, NULL);
         k->rec = NULL;
     }
+    /* An offer newer than every step offered so far that meets none of them is a newer
+     * roll-back (a replica's re-admission after the one its ranks gave up on: a rank
+     * could not reach it): the arrivals of the older one are withdrawn, so that their
+     * ranks, who went on, do not hold this one. */
+    uint64_t newest = 0;
+    int meets = 0;
+    for (size_t i = 0; i < q->n_checkpoints; i++) {
+        newest = q->checkpoints[i] > newest ? q->checkpoints[i] : newest;
+        meets |= job->rec_n > 0 && bsearch(&q->checkpoints[i], job->rec_set, job->rec_n,
+                                           sizeof *job->rec_set, cmp_step) != NULL;
+    }
+    if (job->rec_arrived > 0 && !meets && q->n_checkpoints > 0 &&
+        (job->rec_n == 0 || newest > job->rec_set[job->rec_n - 1])) {
+        char why[160];
+        (void)snprintf(why, sizeof why,
+                       "job '%s': a newer roll-back (to step %llu, rank %u) replaced this one",
+                       job->name, (unsigned long long)newest, rank);
+        FERRY_LOG_WARN("%s", why);
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+            job_rank *w = rank_get(job, r);
+            if (w != NULL && w->rec != NULL && w != k) {
+                (void)ferry_errorf(FERRY_ERR_BUSY, "%s", why);
+                ferry_rpc_pending_finish(w->rec, FERRY_ERR_BUSY, NULL);
+                w->rec = NULL;
+            }
+            if (w != NULL)
+                w->rec_arrived = 0;
+        }
+        job->rec_arrived = 0;
+        job->rec_n = 0;
+    }
     /* The steps every rank offered: the intersection. */
     if (!k->rec_arrived) {
         ferry_status st = rec_offer(job, q->checkpoints, q->n_checkpoints);
@@ -1719,6 +1750,8 @@ static void waiter_names(const ferry__ps_job *job, int arrived, char *buf, size_
         (void)snprintf(buf, cap, "none");
 }
 
+static ferry_status rejoin_error(const ferry__ps_job *job, uint64_t s, uint32_t rank);
+
 ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *sess,
                                      const Ferry__V1__GradNormRequest *q, ferry_rpc_msg *reply) {
     ferry__ps_jobs *j = &ps->jobs;
@@ -1778,6 +1811,14 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
             job->arrived = 0;
             job->sum_rank = 0;
             kept_clear(job);
+            for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+                job_rank *w = rank_get(job, r); /* Steps waiting for an install of s */
+                if (w->sp != NULL && w->sp_step == s) {
+                    ferry_status es = rejoin_error(job, s, r);
+                    ferry_rpc_pending_finish(w->sp, es, NULL);
+                    w->sp = NULL;
+                }
+            }
         } else {
             st = ferry_errorf(FERRY_ERR_INVALID,
                               "bsp: rank %u sent GradNorm of step %llu, but job '%s' is at step "
@@ -1987,6 +2028,17 @@ static ferry_status install_read(ferry__ps_state *ps, const ferry__ps_session *s
 /* Answers rank k's Step of the last applied step (the step's reply: version, metrics). */
 static ferry_status applied_reply(const ferry__ps_job *job, ferry_rpc_msg *reply);
 
+/* The answer to a Step of step s that waits for, or arrives at, a barrier of s opened
+ * here: the shard's primary that summed it is gone, and a rank that failed over
+ * re-sums it here. The rank replays its calls of the step here (its GradNorm too) and
+ * steps again (the client knows this error by its words). */
+static ferry_status rejoin_error(const ferry__ps_job *job, uint64_t s, uint32_t rank) {
+    return ferry_errorf(FERRY_ERR_BUSY,
+                        "bsp step %llu of job '%s': its barrier opened here without rank %u: "
+                        "replay the step here",
+                        (unsigned long long)s, job->name, rank);
+}
+
 /* bsp Step: the first Step of a summed step applies it; later ones acknowledge. A
  * Step that installs the sum (in != NULL) on a server that did not sum the step
  * applies the installed one; a plain Step that arrives first waits for it. */
@@ -1997,6 +2049,9 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry_status st = FERRY_OK;
     int unsummed = s == job->applied + 1 && job->bsp_step + 1 == s && !job->recovering;
+    if (s == job->applied + 1 && job->bsp_step == s && !job->bsp_complete && !job->recovering &&
+        !rank_peek(job, js->rank)->arrived)
+        return rejoin_error(job, s, js->rank);
     if (in != NULL && unsummed) { /* the primary's sum becomes this step's */
         agg_free(job);
         kept_clear(job);

@@ -979,6 +979,31 @@ TEST(hostile_requests) {
         sq.ctx_id = 79;
         CHECK_OK(send_head(&thief, FERRY_RPC_STEP, &sq.base, NULL));
         js.rank = 0;
+        /* A recover barrier whose first arrival was given up by its caller (a replica's
+         * re-admission that one rank could not reach): a newer roll-back that meets none
+         * of its steps replaces it instead of failing against the stale offer. */
+        {
+            Ferry__V1__JobRecover rc;
+            ferry__v1__job_recover__init(&rc);
+            rc.member = &mb;
+            uint64_t old_step = 5, new_step = 10;
+            rc.n_checkpoints = 1;
+            rc.checkpoints = &old_step;
+            j.action_case = FERRY__V1__JOB_REQUEST__ACTION_RECOVER;
+            j.recover = &rc;
+            raw_deadline_ms = 300;
+            expect(&d, "rank 0 recovers to step 5; nobody else comes",
+                   send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_TIMEOUT, NULL);
+            mb.rank = 1;
+            rc.checkpoints = &new_step;
+            expect(&thief, "rank 1 recovers to step 10: the stale offer is replaced",
+                   send_head(&thief, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_TIMEOUT, NULL);
+            raw_deadline_ms = 10000;
+            mb.rank = 0;
+            expect(&d, "rank 0 recovers to step 10: they meet (no such file here)",
+                   send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_NOT_FOUND,
+                   "the ranks offer steps 10;");
+        }
         ferry_rpc_client_destroy(thief.c);
     }
 

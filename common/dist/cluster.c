@@ -368,23 +368,42 @@ static int log_whole(ferry_cluster *c, int g, uint64_t ctx) {
 }
 
 /* Replays shard g's kept calls of context ctx on replica p, in order, each with a
- * deadline of its own. */
-static ferry_status replay(ferry_cluster *c, int g, int p, uint64_t ctx, ferry_rpc_fanout *f) {
+ * deadline of its own; a GradNorm the barrier holds (`pending`) goes again, for up to
+ * budget_ms. */
+static ferry_status replay(ferry_cluster *c, int g, int p, uint64_t ctx, int budget_ms,
+                           ferry_rpc_fanout *out) {
+    ferry_rpc_fanout one, *f = &one; /* out keeps its request and reply */
+    memset(f, 0, sizeof *f);
     pthread_mutex_lock(&c->log_mu);
     ferry__dist_replay *L = &c->log[g];
     ferry_status st = FERRY_OK;
     int n = 0;
+    double t0 = ferry_now();
     for (int i = 0; i < L->n && st == FERRY_OK && ctx != 0; i++) {
         if (L->ctx[i] != ctx)
             continue;
         ferry_rpc_msg r;
         ferry_rpc_msg_init(&r);
-        call_one(c, p, L->m[i], &L->req[i], &r, c->cfg.deadline_ms, f);
+        const Ferry__V1__GradNormReply *gr;
+        do {
+            call_one(c, p, L->m[i], &L->req[i], &r, c->cfg.deadline_ms, f);
+            gr = L->m[i] == FERRY_RPC_GRAD_NORM && f->status == FERRY_OK ? r.head : NULL;
+        } while (gr != NULL && gr->pending && (ferry_now() - t0) * 1000.0 < budget_ms);
+        if (gr != NULL && gr->pending) {
+            f->status = FERRY_ERR_TIMEOUT;
+            (void)snprintf(f->error, sizeof f->error,
+                           "replayed GradNorm: the barrier on %s is "
+                           "still open after %.1f s",
+                           ferry_rpc_client_target(c->all[p]), budget_ms / 1000.0);
+        }
         ferry_rpc_msg_deinit(&r);
         st = f->status;
         n++;
     }
     pthread_mutex_unlock(&c->log_mu);
+    out->status = f->status;
+    out->transport = f->transport;
+    memcpy(out->error, f->error, sizeof out->error);
     if (n > 0 && st == FERRY_OK)
         FERRY_LOG_INFO("%s: replayed %d call%s of context %#llx of shard %d",
                        ferry_rpc_client_target(c->all[p]), n, n == 1 ? "" : "s",
@@ -489,7 +508,7 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
                     replica_drop(c, x, m, why, 2);
                 *p = q;
                 cut = 0;
-                if (replay(c, g, q, ctx, f) == FERRY_OK)
+                if (replay(c, g, q, ctx, budget_ms, f) == FERRY_OK)
                     call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
                 continue;
             }
@@ -514,8 +533,34 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
         replica_drop(c, *p, m, f->error, 3);
         *p = q;
         cut = 0;
-        if (replay(c, g, q, ctx, f) == FERRY_OK)
+        if (replay(c, g, q, ctx, budget_ms, f) == FERRY_OK)
             call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
+    }
+}
+
+/* Primary-backup, a Step round: a replica that answered that the step's barrier opened
+ * there without this rank (the primary that summed it died after answering this
+ * rank's GradNorm, and a rank that had no answer re-sums the step there) gets this
+ * rank's calls of the step replayed, its GradNorm included, then the Step again; the
+ * replicas whose Step failed in transit are dropped first. */
+static void step_rejoin(ferry_cluster *c, int g, ferry_rpc_fanout *calls, const int *phys, int a,
+                        int b, int budget_ms) {
+    for (int e = a; e < b; e++) {
+        if (calls[e].status != FERRY_ERR_BUSY ||
+            strstr(calls[e].error, "replay the step here") == NULL)
+            continue;
+        uint64_t ctx = req_ctx(FERRY_RPC_STEP, calls[e].req);
+        if (!log_whole(c, g, ctx))
+            return;
+        for (int x = a; x < b; x++) {
+            if (x != e && calls[x].status != FERRY_OK && failover_worthy(c, phys[x], &calls[x]))
+                replica_drop(c, phys[x], FERRY_RPC_STEP, calls[x].error, 3);
+        }
+        ferry_rpc_msg *reply = calls[e].reply;
+        const ferry_rpc_msg *req = calls[e].req;
+        if (replay(c, g, phys[e], ctx, budget_ms, &calls[e]) == FERRY_OK)
+            call_one(c, phys[e], FERRY_RPC_STEP, req, reply, c->cfg.deadline_ms, &calls[e]);
+        return;
     }
 }
 
@@ -592,9 +637,11 @@ static ferry_status fan_round(ferry_cluster *c, ferry_rpc_method method, int k, 
         uint64_t ctx = calls[e].status == FERRY_OK ? req_ctx(method, req) : 0;
         if (ctx != 0 && method == FERRY_RPC_RELEASE_CONTEXT)
             log_clear(c, g, ctx);
-        else if (ctx != 0 && (method == FERRY_RPC_FORWARD || method == FERRY_RPC_BACKWARD))
+        else if (ctx != 0)
             log_keep(c, g, method, req, ctx);
     }
+    for (int j = 0; j < k && method == FERRY_RPC_STEP && atomic_load(&c->passive); j++)
+        step_rejoin(c, servers[at[j]], calls, phys, first[j], first[j + 1], deadline_ms);
     for (int j = 0; j < k && method == FERRY_RPC_STEP && atomic_load(&c->passive); j++) {
         for (int e = first[j]; e < first[j + 1]; e++) {
             uint64_t ctx;
@@ -1006,7 +1053,13 @@ static ferry_status resolve(const char *target, const char *host) {
 ferry_status ferry__dist_replica_hello(ferry_cluster *c, int p, int deadline_ms) {
     if (p < 0 || p >= c->n * c->R)
         return ferry_errorf(FERRY_ERR_INVALID, "replica %d outside [0, %d)", p, c->n * c->R);
-    return hello_one(c, p, deadline_ms);
+    /* A dropped replica's channel may still be backing off from the connection it lost:
+     * this Hello waits for it to connect (within deadline_ms) instead of failing at once,
+     * so that every rank that re-admits it reaches it alike. */
+    ferry_rpc_client_set_wait_for_ready(c->all[p], 1);
+    ferry_status st = hello_one(c, p, deadline_ms);
+    ferry_rpc_client_set_wait_for_ready(c->all[p], atomic_load(&c->wait_ready));
+    return st;
 }
 
 static void ssl_reason(const char *why, char *out, size_t cap) {
@@ -1189,6 +1242,7 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
         c->log = calloc((size_t)(n / c->R), sizeof *c->log);
     atomic_init(&c->dropped, 0);
     atomic_init(&c->passive, 0);
+    atomic_init(&c->wait_ready, c->cfg.wait_for_ready);
     c->min_minor = INT32_MAX;
     if (c->clients == NULL || c->all == NULL || c->live == NULL || c->incarnation == NULL) {
         st = FERRY_NOMEM();
@@ -1348,6 +1402,8 @@ uint64_t ferry_cluster_retries(const ferry_cluster *c) {
 }
 
 void ferry_cluster_set_wait_for_ready(ferry_cluster *c, int on) {
+    if (c != NULL)
+        atomic_store(&c->wait_ready, on);
     for (int i = 0; c != NULL && i < c->n * c->R; i++) {
         if (c->all[i] != NULL)
             ferry_rpc_client_set_wait_for_ready(c->all[i], on);

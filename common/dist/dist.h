@@ -42,6 +42,7 @@ struct ferry_cluster {
     pthread_mutex_t log_mu;
     struct ferry__dist_replay *log; /* (n) */
     int min_minor;                  /* the lowest contract minor a Hello answered (hello_mu) */
+    atomic_int wait_ready;          /* ferry_cluster_set_wait_for_ready's, as last set */
 };
 
 /* Turns primary-backup on for c's job contexts (R > 1; see struct ferry_cluster). */

@@ -17,12 +17,18 @@ cleanup() {
     local pids
     pids=$(jobs -p || true)
     [ -n "$pids" ] && kill $pids 2>/dev/null || true
+    # FERRY_KEEP_FAILED=DIR: a failed test's files (logs, checkpoints) are kept there.
+    if [ -n "${FERRY_KEEP_FAILED:-}" ] && [ "${failed_:-0}" = 1 ]; then
+        rm -rf "$FERRY_KEEP_FAILED" && cp -a "$TMP" "$FERRY_KEEP_FAILED" &&
+            echo "files of the failed test kept in $FERRY_KEEP_FAILED" >&2
+    fi
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 
 fail() {
     echo "FAIL: $*" >&2
+    failed_=1
     exit 1
 }
 
