@@ -920,8 +920,8 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         meets |= job->rec_n > 0 && bsearch(&q->checkpoints[i], job->rec_set, job->rec_n,
                                            sizeof *job->rec_set, cmp_step) != NULL;
     }
-    if (job->rec_arrived > 0 && !meets && q->n_checkpoints > 0 &&
-        (job->rec_n == 0 || newest > job->rec_set[job->rec_n - 1])) {
+    if (job->rec_arrived > 0 && !meets && q->n_checkpoints > 0 && job->rec_n > 0 &&
+        newest > job->rec_set[job->rec_n - 1]) {
         char why[160];
         (void)snprintf(why, sizeof why,
                        "job '%s': a newer roll-back (to step %llu, rank %u) replaced this one",
@@ -939,6 +939,8 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
         }
         job->rec_arrived = 0;
         job->rec_n = 0;
+        job->rec_since = ferry_now();
+        job->rec_last = q->last_step;
     }
     /* The steps every rank offered: the intersection. */
     if (!k->rec_arrived) {

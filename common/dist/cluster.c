@@ -185,8 +185,33 @@ typedef struct ferry__dist_replay {
     uint64_t *ctx;
     int n, cap;
     size_t bytes;
-    uint64_t lost; /* a context whose calls could not all be kept (0: none) */
+    /* Contexts whose calls could not all be kept (0: a free slot); lost_all: more than
+     * the slots hold, so none may be replayed until the log is empty. */
+    uint64_t lost[8];
+    int lost_all;
 } ferry__dist_replay;
+
+static int lost_has(const ferry__dist_replay *L, uint64_t ctx) {
+    for (int i = 0; i < 8; i++) {
+        if (L->lost[i] == ctx)
+            return 1;
+    }
+    return L->lost_all;
+}
+
+static void lost_add(ferry__dist_replay *L, uint64_t ctx) {
+    for (int i = 0; i < 8; i++) {
+        if (L->lost[i] == ctx)
+            return;
+    }
+    for (int i = 0; i < 8; i++) {
+        if (L->lost[i] == 0) {
+            L->lost[i] = ctx;
+            return;
+        }
+    }
+    L->lost_all = 1;
+}
 
 #define REPLAY_MAX       1024        /* calls kept per shard */
 #define REPLAY_MAX_BYTES (512 << 20) /* and their bytes */
@@ -280,8 +305,12 @@ static void log_drop_locked(ferry__dist_replay *L, uint64_t ctx) {
         L->ctx[k++] = L->ctx[i];
     }
     L->n = k;
-    if (ctx == 0 || L->lost == ctx)
-        L->lost = 0;
+    for (int i = 0; i < 8; i++) {
+        if (ctx == 0 || L->lost[i] == ctx)
+            L->lost[i] = 0;
+    }
+    if (ctx == 0 || L->n == 0)
+        L->lost_all = 0;
 }
 
 static void log_clear(ferry_cluster *c, int g, uint64_t ctx) {
@@ -304,14 +333,17 @@ static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rp
     pthread_mutex_lock(&c->log_mu);
     ferry__dist_replay *L = &c->log[g];
     size_t nb = msg_bytes(req);
-    /* Full: other contexts' calls go first (abandoned ones that nothing ended). */
-    for (int i = 0; i < L->n && log_full(L, nb) && L->lost != ctx; i++) {
+    /* Full: other contexts' calls go first (abandoned ones that nothing ended); they
+     * are lost for a replay. */
+    for (int i = 0; i < L->n && log_full(L, nb) && !lost_has(L, ctx); i++) {
         if (L->ctx[i] != ctx) {
-            log_drop_locked(L, L->ctx[i]);
+            uint64_t other = L->ctx[i];
+            log_drop_locked(L, other);
+            lost_add(L, other);
             i = -1;
         }
     }
-    int ok = L->lost != ctx && !log_full(L, nb);
+    int ok = !lost_has(L, ctx) && !log_full(L, nb);
     if (ok && L->n == L->cap) {
         int cap = L->cap ? 2 * L->cap : 8;
         ferry_rpc_method *mm = realloc(L->m, (size_t)cap * sizeof *mm);
@@ -332,7 +364,7 @@ static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rp
         L->ctx[L->n++] = ctx;
         L->bytes += nb;
     } else {
-        L->lost = ctx; /* this context cannot fail over: a replay would miss calls */
+        lost_add(L, ctx); /* this context cannot fail over: a replay would miss calls */
     }
     pthread_mutex_unlock(&c->log_mu);
 }
@@ -362,7 +394,7 @@ static void call_one(ferry_cluster *c, int p, ferry_rpc_method m, const ferry_rp
 /* Whether shard g's calls of context ctx were all kept (a replay can redo them). */
 static int log_whole(ferry_cluster *c, int g, uint64_t ctx) {
     pthread_mutex_lock(&c->log_mu);
-    int whole = ctx == 0 || c->log[g].lost != ctx;
+    int whole = ctx == 0 || !lost_has(&c->log[g], ctx);
     pthread_mutex_unlock(&c->log_mu);
     return whole;
 }
@@ -374,33 +406,48 @@ static ferry_status replay(ferry_cluster *c, int g, int p, uint64_t ctx, int bud
                            ferry_rpc_fanout *out) {
     ferry_rpc_fanout one, *f = &one; /* out keeps its request and reply */
     memset(f, 0, sizeof *f);
+    /* The context's calls, copied out: the calls go without log_mu held. */
     pthread_mutex_lock(&c->log_mu);
     ferry__dist_replay *L = &c->log[g];
-    ferry_status st = FERRY_OK;
     int n = 0;
-    double t0 = ferry_now();
-    for (int i = 0; i < L->n && st == FERRY_OK && ctx != 0; i++) {
+    for (int i = 0; i < L->n; i++)
+        n += ctx != 0 && L->ctx[i] == ctx;
+    ferry_rpc_msg *reqs = calloc((size_t)n + 1, sizeof *reqs);
+    ferry_rpc_method *ms = calloc((size_t)n + 1, sizeof *ms);
+    ferry_status st = reqs != NULL && ms != NULL ? FERRY_OK : FERRY_NOMEM();
+    for (int i = 0, k = 0; i < L->n && st == FERRY_OK && k < n; i++) {
         if (L->ctx[i] != ctx)
             continue;
+        ms[k] = L->m[i];
+        st = ferry_rpc_msg_clone(&reqs[k++], &L->req[i]);
+    }
+    pthread_mutex_unlock(&c->log_mu);
+    if (st != FERRY_OK) {
+        f->status = st;
+        (void)snprintf(f->error, sizeof f->error, "%s", ferry_error_last());
+    }
+    double t0 = ferry_now();
+    for (int i = 0; i < n && st == FERRY_OK; i++) {
         ferry_rpc_msg r;
         ferry_rpc_msg_init(&r);
         const Ferry__V1__GradNormReply *gr;
         do {
-            call_one(c, p, L->m[i], &L->req[i], &r, c->cfg.deadline_ms, f);
-            gr = L->m[i] == FERRY_RPC_GRAD_NORM && f->status == FERRY_OK ? r.head : NULL;
+            call_one(c, p, ms[i], &reqs[i], &r, c->cfg.deadline_ms, f);
+            gr = ms[i] == FERRY_RPC_GRAD_NORM && f->status == FERRY_OK ? r.head : NULL;
         } while (gr != NULL && gr->pending && (ferry_now() - t0) * 1000.0 < budget_ms);
         if (gr != NULL && gr->pending) {
             f->status = FERRY_ERR_TIMEOUT;
             (void)snprintf(f->error, sizeof f->error,
-                           "replayed GradNorm: the barrier on %s is "
-                           "still open after %.1f s",
+                           "replayed GradNorm: the barrier on %s is still open after %.1f s",
                            ferry_rpc_client_target(c->all[p]), budget_ms / 1000.0);
         }
         ferry_rpc_msg_deinit(&r);
         st = f->status;
-        n++;
     }
-    pthread_mutex_unlock(&c->log_mu);
+    for (int i = 0; reqs != NULL && i < n; i++)
+        ferry_rpc_msg_deinit(&reqs[i]);
+    free(reqs);
+    free(ms);
     out->status = f->status;
     out->transport = f->transport;
     memcpy(out->error, f->error, sizeof out->error);
@@ -508,7 +555,7 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
                     replica_drop(c, x, m, why, 2);
                 *p = q;
                 cut = 0;
-                if (replay(c, g, q, ctx, budget_ms, f) == FERRY_OK)
+                if (replay(c, g, q, ctx, left > 100 ? left : 100, f) == FERRY_OK)
                     call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
                 continue;
             }
@@ -533,7 +580,7 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
         replica_drop(c, *p, m, f->error, 3);
         *p = q;
         cut = 0;
-        if (replay(c, g, q, ctx, budget_ms, f) == FERRY_OK)
+        if (replay(c, g, q, ctx, left > 100 ? left : 100, f) == FERRY_OK)
             call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
     }
 }
@@ -875,6 +922,11 @@ static ferry_status hello_apply(ferry_cluster *c, int i, const Ferry__V1__HelloR
                             "%s speaks contract %u.%u; this client speaks %d.%d (ferry.v1)", target,
                             r->contract_major, r->contract_minor, FERRY_CONTRACT_MAJOR,
                             FERRY_CONTRACT_MINOR);
+    if (atomic_load(&c->passive) && r->contract_minor < 3)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "%s speaks contract %u.%u: it cannot be a replica of this "
+                            "primary-backup job (1.3 or later)",
+                            target, r->contract_major, r->contract_minor);
     if (c->incarnation[i] != 0 && c->incarnation[i] != r->incarnation) {
         FERRY_LOG_WARN("%s restarted: incarnation %016llx, was %016llx", target,
                        (unsigned long long)r->incarnation, (unsigned long long)c->incarnation[i]);

@@ -438,9 +438,11 @@ static void cq_wait_grace(grpc_completion_queue *cq, client_call *cc, const ferr
         client_call *c = ev.tag;
         c->done = 1;
         left--;
-        /* Only a sibling's OK starts the clock: a restarted sibling's instant refusal
-         * must not cut short the one replica that holds the step. */
-        int i = (int)(c - cc), answered = c->code == GRPC_STATUS_OK;
+        /* Only a sibling's OK starts the clock, or its ABORTED (BUSY: the step moved
+         * there, or the job rolls back): a restarted sibling's instant refusal must not
+         * cut short the one replica that holds the step. */
+        int i = (int)(c - cc),
+            answered = c->code == GRPC_STATUS_OK || c->code == GRPC_STATUS_ABORTED;
         for (int k = 0; answered && calls[i].group > 0 && k < n; k++) {
             if (k != i && calls[k].group == calls[i].group && cc[k].cut <= 0.0) {
                 cc[k].cut = ferry_now() + grace_ms / 1000.0;

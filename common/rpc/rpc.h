@@ -583,9 +583,10 @@ ferry_status ferry_rpc_call_many(ferry_rpc_fanout *calls, int n, int deadline_ms
  * the servers'. during may be NULL. The client's latency figures for these calls
  * (ferry_rpc_client_method_stats) then span the caller's work too. */
 /* The same, where a group's laggards are cut short: once one entry of a group has
- * been answered OK, the others of that group get grace_ms more, then are cancelled and fail in
- * transit (DEADLINE_EXCEEDED). A replica that a peer trainer stopped calling holds a bsp GradNorm
- * in its barrier until the sync timeout; its siblings answered long before. */
+ * been answered OK (or ABORTED: a server's BUSY), the others of that group get grace_ms more, then
+ * are cancelled and fail in transit (DEADLINE_EXCEEDED). A replica that a peer trainer stopped
+ * calling holds a bsp GradNorm in its barrier until the sync timeout; its siblings answered long
+ * before. */
 ferry_status ferry_rpc_call_many_grace(ferry_rpc_fanout *calls, int n, int deadline_ms,
                                        int grace_ms, void (*during)(void *arg), void *arg);
 ferry_status ferry_rpc_call_many_during(ferry_rpc_fanout *calls, int n, int deadline_ms,
