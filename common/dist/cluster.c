@@ -458,6 +458,20 @@ static ferry_status replay(ferry_cluster *c, int g, int p, uint64_t ctx, int bud
     return st;
 }
 
+/* A replay on replica q that failed part way: q may hold some of the context's calls
+ * and not others, so no call of the context may go there now (not even once more after
+ * a failure in transit: the status is the client's own, not one to retry). */
+static void replay_failed(ferry_cluster *c, int q, ferry_rpc_fanout *f) {
+    char why[sizeof f->error];
+    (void)snprintf(why, sizeof why, "%s", f->error);
+    (void)snprintf(f->error, sizeof f->error,
+                   "the context's calls could not all be replayed on %s (%.150s): its step "
+                   "cannot go on",
+                   ferry_rpc_client_target(c->all[q]), why);
+    f->status = FERRY_ERR_BUSY;
+    f->transport = 0;
+}
+
 /* A failure the next replica does not share: the primary is gone, stalled past the
  * deadline, or restarted (a stale incarnation; or an unknown session, when a new Hello
  * finds another incarnation). Anything else (an error in the request, a session that
@@ -555,8 +569,11 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
                     replica_drop(c, x, m, why, 2);
                 *p = q;
                 cut = 0;
-                if (replay(c, g, q, ctx, left > 100 ? left : 100, f) == FERRY_OK)
-                    call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
+                if (replay(c, g, q, ctx, left > 100 ? left : 100, f) != FERRY_OK) {
+                    replay_failed(c, q, f);
+                    return;
+                }
+                call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
                 continue;
             }
             if (left < 100) {
@@ -580,8 +597,11 @@ static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
         replica_drop(c, *p, m, f->error, 3);
         *p = q;
         cut = 0;
-        if (replay(c, g, q, ctx, left > 100 ? left : 100, f) == FERRY_OK)
-            call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
+        if (replay(c, g, q, ctx, left > 100 ? left : 100, f) != FERRY_OK) {
+            replay_failed(c, q, f);
+            return;
+        }
+        call_one(c, q, m, req, reply, c->cfg.deadline_ms, f);
     }
 }
 
@@ -605,7 +625,9 @@ static void step_rejoin(ferry_cluster *c, int g, ferry_rpc_fanout *calls, const 
         }
         ferry_rpc_msg *reply = calls[e].reply;
         const ferry_rpc_msg *req = calls[e].req;
-        if (replay(c, g, phys[e], ctx, budget_ms, &calls[e]) == FERRY_OK)
+        if (replay(c, g, phys[e], ctx, budget_ms, &calls[e]) != FERRY_OK)
+            replay_failed(c, phys[e], &calls[e]);
+        else
             call_one(c, phys[e], FERRY_RPC_STEP, req, reply, c->cfg.deadline_ms, &calls[e]);
         return;
     }
