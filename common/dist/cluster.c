@@ -516,9 +516,12 @@ static int moved_to(ferry_cluster *c, int g, int p, const ferry_rpc_msg *req) {
     if (h == NULL)
         return -1;
     int found = -1;
-    Ferry__V1__JobStatus js = FERRY__V1__JOB_STATUS__INIT;
-    Ferry__V1__JobRequest jq = FERRY__V1__JOB_REQUEST__INIT;
-    jq.job = h->job != NULL ? h->job->job : "";
+    Ferry__V1__JobStatus js;
+    Ferry__V1__JobRequest jq;
+    ferry__v1__job_status__init(&js);
+    ferry__v1__job_request__init(&jq);
+    if (h->job != NULL)
+        jq.job = h->job->job;
     jq.action_case = FERRY__V1__JOB_REQUEST__ACTION_STATUS;
     jq.status = &js;
     ferry_rpc_msg q, r;
