@@ -180,9 +180,11 @@ ferry_status ferry__dist_replica_call(ferry_cluster *c, int p, ferry_rpc_method 
 /* A shard's calls of open contexts since their last Step (struct ferry_cluster): each
  * with its context id, to replay on the next replica when the primary fails. */
 typedef struct ferry__dist_replay {
-    ferry_rpc_method *m;
-    ferry_rpc_msg *req;
-    uint64_t *ctx;
+    struct replay_call {
+        ferry_rpc_method m;
+        ferry_rpc_msg req;
+        uint64_t ctx;
+    } * call;
     int n, cap;
     size_t bytes;
     /* Contexts whose calls could not all be kept (0: a free slot); lost_all: more than
@@ -295,14 +297,12 @@ static size_t msg_bytes(const ferry_rpc_msg *m) {
 static void log_drop_locked(ferry__dist_replay *L, uint64_t ctx) {
     int k = 0;
     for (int i = 0; i < L->n; i++) {
-        if (ctx == 0 || L->ctx[i] == ctx) {
-            L->bytes -= msg_bytes(&L->req[i]);
-            ferry_rpc_msg_deinit(&L->req[i]);
+        if (ctx == 0 || L->call[i].ctx == ctx) {
+            L->bytes -= msg_bytes(&L->call[i].req);
+            ferry_rpc_msg_deinit(&L->call[i].req);
             continue;
         }
-        L->m[k] = L->m[i];
-        L->req[k] = L->req[i];
-        L->ctx[k++] = L->ctx[i];
+        L->call[k++] = L->call[i];
     }
     L->n = k;
     for (int i = 0; i < 8; i++) {
@@ -336,8 +336,8 @@ static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rp
     /* Full: other contexts' calls go first (abandoned ones that nothing ended); they
      * are lost for a replay. */
     for (int i = 0; i < L->n && log_full(L, nb) && !lost_has(L, ctx); i++) {
-        if (L->ctx[i] != ctx) {
-            uint64_t other = L->ctx[i];
+        if (L->call[i].ctx != ctx) {
+            uint64_t other = L->call[i].ctx;
             log_drop_locked(L, other);
             lost_add(L, other);
             i = -1;
@@ -346,22 +346,16 @@ static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rp
     int ok = !lost_has(L, ctx) && !log_full(L, nb);
     if (ok && L->n == L->cap) {
         int cap = L->cap ? 2 * L->cap : 8;
-        ferry_rpc_method *mm = realloc(L->m, (size_t)cap * sizeof *mm);
-        if (mm != NULL)
-            L->m = mm;
-        ferry_rpc_msg *rr = mm != NULL ? realloc(L->req, (size_t)cap * sizeof *rr) : NULL;
-        if (rr != NULL)
-            L->req = rr;
-        uint64_t *cc = rr != NULL ? realloc(L->ctx, (size_t)cap * sizeof *cc) : NULL;
-        if (cc != NULL) {
-            L->ctx = cc;
+        struct replay_call *grown = realloc(L->call, (size_t)cap * sizeof *grown);
+        if (grown != NULL) {
+            L->call = grown;
             L->cap = cap;
         }
-        ok = cc != NULL;
+        ok = grown != NULL;
     }
-    if (ok && ferry_rpc_msg_clone(&L->req[L->n], req) == FERRY_OK) {
-        L->m[L->n] = m;
-        L->ctx[L->n++] = ctx;
+    if (ok && ferry_rpc_msg_clone(&L->call[L->n].req, req) == FERRY_OK) {
+        L->call[L->n].m = m;
+        L->call[L->n++].ctx = ctx;
         L->bytes += nb;
     } else {
         lost_add(L, ctx); /* this context cannot fail over: a replay would miss calls */
@@ -372,9 +366,7 @@ static void log_keep(ferry_cluster *c, int g, ferry_rpc_method m, const ferry_rp
 static void log_free(ferry_cluster *c) {
     for (int g = 0; c->log != NULL && g < c->n; g++) {
         log_clear(c, g, 0);
-        free(c->log[g].m);
-        free(c->log[g].req);
-        free(c->log[g].ctx);
+        free(c->log[g].call);
     }
     free(c->log);
 }
@@ -411,15 +403,15 @@ static ferry_status replay(ferry_cluster *c, int g, int p, uint64_t ctx, int bud
     ferry__dist_replay *L = &c->log[g];
     int n = 0;
     for (int i = 0; i < L->n; i++)
-        n += ctx != 0 && L->ctx[i] == ctx;
+        n += ctx != 0 && L->call[i].ctx == ctx;
     ferry_rpc_msg *reqs = calloc((size_t)n + 1, sizeof *reqs);
     ferry_rpc_method *ms = calloc((size_t)n + 1, sizeof *ms);
     ferry_status st = reqs != NULL && ms != NULL ? FERRY_OK : FERRY_NOMEM();
     for (int i = 0, k = 0; i < L->n && st == FERRY_OK && k < n; i++) {
-        if (L->ctx[i] != ctx)
+        if (L->call[i].ctx != ctx)
             continue;
-        ms[k] = L->m[i];
-        st = ferry_rpc_msg_clone(&reqs[k++], &L->req[i]);
+        ms[k] = L->call[i].m;
+        st = ferry_rpc_msg_clone(&reqs[k++], &L->call[i].req);
     }
     pthread_mutex_unlock(&c->log_mu);
     if (st != FERRY_OK) {
