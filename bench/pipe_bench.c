@@ -106,7 +106,7 @@ static void runner_step(runner *r, const ferry_batches *b, const bench_config *c
     ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w.targets);
     /* lr 0.1: at lr 1 the medium model is chaotic in its first steps, and runs whose
      * sums round differently (thread counts, micro-batches) part visibly by step 30. */
-    ferry_lm_step_args a = {1.0f / (float)c->B, 5.0f, 0.1, (uint64_t)i + 1, (uint64_t)i, 0};
+    ferry_lm_step_args a = {.loss_scale = 1.0f / (float)c->B, .clip = 5.0f, .lr = 0.1, .ctx_id = (uint64_t)i + 1, .seed = (uint64_t)i, .job_step = 0};
     ferry_lm_step_result res;
     /* After a 2-thread step, OpenBLAS's idle worker spins for 2^28 cycles (~0.1 s here)
      * before it sleeps: it would take the core a 1-thread placement's ferry-ps needs. */

@@ -179,8 +179,7 @@ static void runner_step(runner *r, const ferry_batches *b, int i, int warmup) {
     ferry_tensor in = ferry_tensor_wrap(be, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w.inputs);
     ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, s, (void *)(uintptr_t)w.targets);
     /* The trainer's defaults: loss summed over time, averaged over the batch. */
-    ferry_lm_step_args a = {1.0f / (float)B_SMALL, 5.0f, 1.0, (uint64_t)i + 1,
-                            1000003ull + (uint64_t)i, 0};
+    ferry_lm_step_args a = {.loss_scale = 1.0f / (float)B_SMALL, .clip = 5.0f, .lr = 1.0, .ctx_id = (uint64_t)i + 1, .seed = 1000003ull + (uint64_t)i, .job_step = 0};
     ferry_lm_step_result res;
     double t0 = ferry_now();
     check_ok(ferry_lm_train_step(r->lm, r->ctx, r->dc, r->opt, &in, &tg, &a, &res),

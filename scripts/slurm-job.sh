@@ -10,10 +10,17 @@
 #
 #   sbatch --ntasks=4 scripts/slurm-job.sh --epochs 1          # 4 ranks
 #   FERRY_SERVERS=4 sbatch -N 4 --ntasks=8 scripts/slurm-job.sh
+#   FERRY_ELASTIC=1:8 sbatch --ntasks=2 scripts/slurm-job.sh  # elastic: 2 now, up to 8
+#
+# An elastic job (FERRY_ELASTIC=MIN:MAX: --elastic, ranks picked at join) takes more
+# trainers while it runs: a later srun step into the allocation joins it, e.g.
+#   srun --jobid=<id> --overlap -n 2 ferry-trainer --ps <targets> --job slurm-<id> \
+#       --elastic MIN:MAX <the same arguments>
 #
 # Environment: FERRY_SERVERS (K, default 2), FERRY_PORT (first port, default 7000),
 # FERRY_BIN (directory holding ferry-ps and ferry-trainer; default: from PATH, else
-# ./build), FERRY_SYNC (bsp), FERRY_HOST (one address for every server, e.g.
+# ./build), FERRY_SYNC (bsp), FERRY_ELASTIC (MIN:MAX: an elastic job), FERRY_TRAINERS
+# (the trainers this script starts; default SLURM_NTASKS), FERRY_HOST (one address for every server, e.g.
 # 127.0.0.1 on a one-node allocation; default: each server's node name, listening on
 # every interface). Arguments go to every ferry-trainer (default data:
 # data/ptb under the submit directory).
@@ -35,7 +42,8 @@ host_of() { echo "${FERRY_HOST:-${nodes[$(($1 % ${#nodes[@]}))]}}"; }
 for i in $(seq 0 $((K - 1))); do
     targets+="${targets:+,}$(host_of "$i"):$((PORT + i))"
 done
-echo "ferry under Slurm job $SLURM_JOB_ID: $K servers ($targets), $SLURM_NTASKS ranks"
+N=${FERRY_TRAINERS:-$SLURM_NTASKS}
+echo "ferry under Slurm job $SLURM_JOB_ID: $K servers ($targets), $N ranks${FERRY_ELASTIC:+ (elastic $FERRY_ELASTIC)}"
 
 # Server i: task i of a step of K tasks, cyclic over the nodes, port PORT + i.
 srun --overlap --ntasks="$K" --distribution=cyclic --kill-on-bad-exit=0 \
@@ -52,6 +60,10 @@ done
 
 args=("$@")
 [[ " ${args[*]} " == *" --data "* ]] || args=(--data "${SLURM_SUBMIT_DIR:-.}/data/ptb" "${args[@]}")
-srun --overlap --ntasks="$SLURM_NTASKS" --kill-on-bad-exit=1 \
-    "$TRAINER_BIN" --ps "$targets" --job "slurm-$SLURM_JOB_ID" --sync "${FERRY_SYNC:-bsp}" \
-    "${args[@]}"
+if [ -n "${FERRY_ELASTIC:-}" ]; then
+    mode=(--elastic "$FERRY_ELASTIC")
+else
+    mode=(--sync "${FERRY_SYNC:-bsp}")
+fi
+srun --overlap --ntasks="$N" --kill-on-bad-exit=1 \
+    "$TRAINER_BIN" --ps "$targets" --job "slurm-$SLURM_JOB_ID" "${mode[@]}" "${args[@]}"

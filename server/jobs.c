@@ -66,7 +66,21 @@ typedef struct job_rank {
     ferry_rpc_pending *rec;
     int rec_arrived;
     uint64_t rec_sess; /* the session whose recover arrived (0: an admin's, for it) */
+    /* elastic */
+    int member;              /* in the open barrier's membership (JobStep.members) */
+    ferry_rpc_pending *admit; /* coordinator: its ADMIT, waiting for a step boundary */
+    double admit_since;
+    uint64_t leave_after; /* coordinator: it said it leaves after this step (0: not) */
 } job_rank;
+
+/* Coordinator of an elastic job: one column's carried state, as last applied
+ * (`step`) and as put for the open step (`p_*`, under epoch p_epoch). */
+typedef struct el_col {
+    uint64_t step;
+    ProtobufCBinaryData data;
+    uint64_t p_step, p_epoch;
+    ProtobufCBinaryData p_data;
+} el_col;
 
 /* One Step reply's metrics, kept to answer the later ranks of a bsp step alike. */
 typedef struct job_metric {
@@ -122,6 +136,19 @@ struct ferry__ps_job {
     /* The first rank that left early, and why (JobLeave.reason). */
     uint32_t early_rank;
     char early_why[256];
+    /* elastic (JobMember.elastic_min > 0; world is the most members) */
+    uint32_t el_min;
+    uint64_t bar_epoch; /* every server: the open barrier's epoch and member count */
+    uint32_t bar_n;
+    /* the coordinator's membership (epoch 0: none yet), from step ep_step */
+    uint64_t epoch, ep_step;
+    uint32_t *members;
+    uint32_t nmembers;
+    uint32_t el_batch; /* columns (the global batch B) */
+    el_col *cols;
+    int64_t col_bytes; /* their bytes, in job->bytes too */
+    ProtobufCBinaryData prog, p_prog; /* the trainers' progress: applied, put */
+    uint64_t prog_step, p_prog_step;
     struct ferry__ps_job *next;
 };
 
@@ -163,6 +190,9 @@ static job_rank *rank_make(ferry__ps_jobs *j, ferry__ps_job *job, uint32_t r) {
 }
 
 static void job_free(ferry__ps_jobs *j, ferry__ps_job *job);
+static void el_free(ferry__ps_job *job);
+static int el_index(const ferry__ps_job *job, uint32_t r);
+static void el_fail_admits(ferry__ps_job *job, ferry_status st, const char *why);
 
 static const char *sync_name(ferry__ps_sync s) {
     return s == FERRY__PS_BSP ? "bsp" : s == FERRY__PS_SSP ? "ssp" : "async";
@@ -245,6 +275,7 @@ static void job_fail(ferry__ps_job *job, const char *why) {
         FERRY_LOG_WARN("job '%s' failed: %s", job->name, why);
     }
     job_fail_waiters(job, FERRY_ERR_TIMEOUT, job->failed);
+    el_fail_admits(job, FERRY_ERR_TIMEOUT, job->failed);
 }
 
 void ferry__ps_jobs_stop(ferry__ps_jobs *j) {
@@ -252,6 +283,7 @@ void ferry__ps_jobs_stop(ferry__ps_jobs *j) {
     j->stopped = 1;
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
         job_fail_waiters(job, FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
+        el_fail_admits(job, FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
         rec_fail(job, FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
     }
     pthread_mutex_unlock(&j->mu);
@@ -272,6 +304,7 @@ static void kept_clear(ferry__ps_job *job) {
 
 static void job_free(ferry__ps_jobs *j, ferry__ps_job *job) {
     agg_free(job);
+    el_free(job);
     kept_clear(job);
     free(job->applied_metrics);
     free(job->rec_set);
@@ -289,6 +322,7 @@ static void job_free(ferry__ps_jobs *j, ferry__ps_job *job) {
  * first. jobs->mu held. */
 static void job_drop(ferry__ps_jobs *j, ferry__ps_job *job, ferry_status st, const char *why) {
     job_fail_waiters(job, st, why);
+    el_fail_admits(job, st, why);
     rec_fail(job, st, why);
     ferry__ps_job **pp = &j->list;
     while (*pp != job)
@@ -321,7 +355,7 @@ static uint64_t job_min_steps(const ferry__ps_job *job, uint32_t *slowest) {
     uint64_t min = UINT64_MAX;
     for (uint32_t r = 0; r < job->world; r++) {
         const job_rank *k = rank_peek(job, r);
-        if (k->left)
+        if (k->left || (job->el_min > 0 && !k->member)) /* elastic: the step's members */
             continue;
         uint64_t s = k->joined ? k->steps : 0;
         if (s < min) {
@@ -396,7 +430,8 @@ static ferry_status bsp_blocker(const ferry__ps_job *job, uint32_t except, uint6
     for (uint32_t r = rank_skip(job, 0); r < job->world && found != FERRY_ERR_ABORTED;
          r = rank_skip(job, r + 1)) {
         char why[400];
-        if (r == except || rank_peek(job, r)->arrived)
+        if (r == except || rank_peek(job, r)->arrived ||
+            (job->el_min > 0 && !rank_peek(job, r)->member))
             continue;
         ferry_status st = rank_absent(job, r, why, sizeof why);
         if (st == FERRY_OK || (found != FERRY_OK && st != FERRY_ERR_ABORTED))
@@ -419,7 +454,8 @@ static void rank_gone(ferry__ps_job *job, uint32_t r, int how) {
     char why[400], msg[512];
     ferry_status st = rank_absent(job, r, why, sizeof why);
     FERRY_LOG_WARN("job '%s': %s after step %llu", job->name, why, (unsigned long long)k->steps);
-    if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived) {
+    if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived &&
+        (job->el_min == 0 || k->member)) {
         (void)snprintf(msg, sizeof msg, "bsp step %llu of job '%s': %s",
                        (unsigned long long)job->bsp_step, job->name, why);
         job_fail_waiters(job, st, msg);
@@ -612,6 +648,10 @@ static ferry_status member_check(const Ferry__V1__JobMember *mb, ferry__ps_sync 
         return ferry_errorf(FERRY_ERR_INVALID, "Job: rank %u outside [0, %u) (world %u)", mb->rank,
                             mb->world, mb->world);
     ferry_status st = parse_sync(mb->sync, sync);
+    if (st == FERRY_OK && mb->elastic_min > 0 && (*sync != FERRY__PS_BSP || mb->elastic_min > mb->world))
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "Job: an elastic job is bsp, with 1 <= elastic_min (%u) <= world (%u)",
+                          mb->elastic_min, mb->world);
     return st == FERRY_OK ? model_text(mb, model, cap) : st;
 }
 
@@ -646,6 +686,7 @@ static ferry_status job_create(ferry__ps_jobs *j, const ferry__ps_session *sess,
     (void)snprintf(job->name, sizeof job->name, "%s", name);
     (void)snprintf(job->owner, sizeof job->owner, "%s", owner);
     job->world = mb->world;
+    job->el_min = mb->elastic_min;
     job->sync = sync;
     job->K = sync == FERRY__PS_SSP ? mb->staleness : 0;
     job->wait_s = mb->sync_timeout_ms > 0 ? mb->sync_timeout_ms / 1000.0 : JOB_DEFAULT_WAIT_S;
@@ -654,8 +695,12 @@ static ferry_status job_create(ferry__ps_jobs *j, const ferry__ps_session *sess,
     j->list = job;
     char mode[32];
     sync_text(job, mode, sizeof mode);
-    FERRY_LOG_INFO("job '%s' of '%s': world %u, %s, sync timeout %.1f s", job->name, job->owner,
-                   job->world, mode, job->wait_s);
+    if (job->el_min > 0)
+        FERRY_LOG_INFO("job '%s' of '%s': elastic, %u..%u members, %s, sync timeout %.1f s",
+                       job->name, job->owner, job->el_min, job->world, mode, job->wait_s);
+    else
+        FERRY_LOG_INFO("job '%s' of '%s': world %u, %s, sync timeout %.1f s", job->name,
+                       job->owner, job->world, mode, job->wait_s);
     *out = job;
     return FERRY_OK;
 }
@@ -668,6 +713,12 @@ static ferry_status member_agrees(const ferry__ps_job *job, const Ferry__V1__Job
         return ferry_errorf(FERRY_ERR_EXISTS,
                             "job '%s' has world %u; this trainer says world %u (--world)",
                             job->name, job->world, mb->world);
+    if (job->el_min != mb->elastic_min)
+        return ferry_errorf(FERRY_ERR_EXISTS,
+                            "job '%s' is %s; this trainer says %s%u (--elastic)", job->name,
+                            job->el_min > 0 ? "elastic" : "not elastic",
+                            mb->elastic_min > 0 ? "elastic, at least " : "not elastic", 
+                            mb->elastic_min);
     if (job->sync != sync || job->K != (sync == FERRY__PS_SSP ? mb->staleness : 0)) {
         char have[32];
         sync_text(job, have, sizeof have);
@@ -712,6 +763,11 @@ static ferry_status rank_claim(ferry__ps_state *ps, ferry__ps_job *job, uint32_t
                             "with one --rank?)",
                             r, job->name);
     }
+    if (job->el_min > 0 && el_index(job, r) >= 0)
+        return ferry_errorf(FERRY_ERR_EXISTS,
+                            "rank %u of elastic job '%s' is a member whose trainer is gone; the "
+                            "job drops it first",
+                            r, job->name);
     *taken = 1;
     return FERRY_OK;
 }
@@ -1086,6 +1142,12 @@ static void state_reply(const ferry__ps_job *job, Ferry__V1__JobReply *r) {
         r->bsp_step = job->bsp_step;
         r->bsp_arrived = job->bsp_complete ? 0 : job->arrived;
     }
+    r->elastic_min = job->el_min;
+    r->applied = job->applied;
+    r->epoch = job->epoch > 0 ? job->epoch : job->bar_epoch;
+    r->members = job->members; /* the coordinator's */
+    r->n_members = job->nmembers;
+    r->epoch_step = job->ep_step;
 }
 
 /* checkpoint: the job's checkpoint of a step, written outside the jobs lock. */
@@ -1215,6 +1277,10 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
     if (st == FERRY_OK && (joining || leaving) && k == NULL && rank < job->world)
         st = FERRY_NOMEM();
     if (st == FERRY_OK && joining) {
+        if (k->joined && k->left && job->el_min > 0 && el_index(job, rank) < 0) {
+            k->left = RANK_IN; /* an elastic job's rank that left is free again */
+            taken = 1;
+        }
         if (k->joined && k->left)
             st = ferry_errorf(FERRY_ERR_EXISTS, "rank %u of job '%s' has already finished", rank,
                               job->name);
@@ -1225,6 +1291,7 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
             if (!sess->authority || strcmp(sess->identity, job->owner) == 0 || taken)
                 k->sess = sess->serial;
             k->gone = RANK_HELD;
+            k->leave_after = 0;
             FERRY_LOG_INFO("job '%s': rank %u %s (session #%llu), %u of %u", job->name, rank,
                            taken ? "taken over by a new session" : "joined",
                            (unsigned long long)sess->serial, job->joined, job->world);
@@ -1429,6 +1496,514 @@ static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *se
     return ferry_rpc_msg_set_head(reply, &r.base);
 }
 
+/* ---- elastic jobs (JobMember.elastic_min > 0; proto: JobElastic) ----
+ * Every server's bsp barrier waits for the members a step's GradNorms name (its
+ * epoch); the coordinator (the server the trainers' JobElastic calls go to) keeps
+ * the membership, each column's carried state and the trainers' progress, and moves
+ * the membership on at a step boundary (joins, leaves) or for a step that a member
+ * will not finish (REDO). */
+
+#define EL_COL_MAX   (1u << 20)   /* bytes of one column's carried state */
+#define EL_STATE_MAX (256ll << 20) /* of a job's columns, applied and put */
+#define EL_PROG_MAX  4096          /* bytes of the trainers' progress */
+#define EL_BATCH_MAX (1u << 20)    /* columns */
+
+static void bin_free(ProtobufCBinaryData *b) {
+    free(b->data);
+    b->data = NULL;
+    b->len = 0;
+}
+
+static void el_free(ferry__ps_job *job) {
+    for (uint32_t c = 0; job->cols != NULL && c < job->el_batch; c++) {
+        bin_free(&job->cols[c].data);
+        bin_free(&job->cols[c].p_data);
+    }
+    free(job->cols);
+    free(job->members);
+    bin_free(&job->prog);
+    bin_free(&job->p_prog);
+    job->cols = NULL;
+    job->members = NULL;
+}
+
+/* The index of rank r in the coordinator's members, or -1. */
+static int el_index(const ferry__ps_job *job, uint32_t r) {
+    for (uint32_t i = 0; i < job->nmembers; i++)
+        if (job->members[i] == r)
+            return (int)i;
+    return -1;
+}
+
+/* Rank r still takes part: joined, not left, its trainer's session not gone. */
+static int el_alive(const ferry__ps_job *job, uint32_t r) {
+    const job_rank *k = rank_peek(job, r);
+    return k->joined && k->left == RANK_IN && k->gone == RANK_HELD && k->sess != 0;
+}
+
+static void el_members_text(const uint32_t *m, uint32_t n, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < n && k + 16 < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%u", i ? "," : "", m[i]);
+}
+
+/* The coordinator's membership becomes m[n] (ascending) from step `from`. */
+static void el_set(ferry__ps_job *job, uint32_t *m, uint32_t n, uint64_t from, const char *why) {
+    free(job->members);
+    job->members = m;
+    job->nmembers = n;
+    job->epoch++;
+    job->ep_step = from;
+    char text[256];
+    el_members_text(m, n, text, sizeof text);
+    FERRY_LOG_INFO("job '%s': membership epoch %llu from step %llu: ranks %s (%u of %u..%u)%s%s",
+                   job->name, (unsigned long long)job->epoch, (unsigned long long)from, text, n,
+                   job->el_min, job->world, why[0] != '\0' ? "; " : "", why);
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The JobReply of the membership to rank r: with its columns' carried state of step
+ * ep_step - 1 (and the progress) when `cols`. */
+static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, ferry_rpc_msg *reply) {
+    Ferry__V1__JobReply rep;
+    ferry__v1__job_reply__init(&rep);
+    rep.ready = job->ready;
+    rep.joined = job->joined;
+    rep.world = job->world;
+    rep.epoch = job->epoch;
+    rep.members = job->members;
+    rep.n_members = job->nmembers;
+    rep.epoch_step = job->ep_step;
+    rep.elastic_min = job->el_min;
+    int idx = el_index(job, r);
+    ProtobufCBinaryData *data = NULL;
+    uint64_t want = job->ep_step - 1;
+    if (cols && idx >= 0 && want > 0) {
+        uint32_t n = job->nmembers, B = job->el_batch;
+        uint32_t c0 = (uint32_t)((uint64_t)idx * B / n), c1 = (uint32_t)((uint64_t)(idx + 1) * B / n);
+        if ((data = calloc((size_t)(c1 - c0) + 1, sizeof *data)) == NULL)
+            return FERRY_NOMEM();
+        for (uint32_t c = c0; c < c1; c++) {
+            const el_col *e = &job->cols[c];
+            if (e->step != want || e->data.len == 0) {
+                free(data);
+                return ferry_errorf(FERRY_ERR_NOT_FOUND,
+                                    "job '%s': column %u's carried state of step %llu is not "
+                                    "here (its member did not put it)",
+                                    job->name, c, (unsigned long long)want);
+            }
+            data[c - c0] = e->data;
+        }
+        rep.col0 = c0;
+        rep.columns = data;
+        rep.n_columns = c1 - c0;
+        if (job->prog_step == want)
+            rep.progress = job->prog;
+    }
+    ferry_status st = ferry_rpc_msg_set_head(reply, &rep.base);
+    free(data);
+    return st;
+}
+
+/* Answers every waiting ADMIT whose rank is a member now. */
+static void el_answer_admits(ferry__ps_job *job) {
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r);
+        if (k->admit == NULL || el_index(job, r) < 0)
+            continue;
+        ferry_rpc_msg m;
+        ferry_rpc_msg_init(&m);
+        ferry_status st = el_reply(job, r, 1, &m);
+        ferry_rpc_pending_finish(k->admit, st, st == FERRY_OK ? &m : NULL);
+        if (st != FERRY_OK)
+            ferry_rpc_msg_deinit(&m);
+        k->admit = NULL;
+    }
+}
+
+/* Fails the waiting ADMITs. */
+static void el_fail_admits(ferry__ps_job *job, ferry_status st, const char *why) {
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r);
+        if (k->admit != NULL) {
+            (void)ferry_errorf(st, "%s", why);
+            ferry_rpc_pending_finish(k->admit, st, NULL);
+            k->admit = NULL;
+        }
+    }
+}
+
+/* The members still alive, plus (with `admits`) the ranks waiting to be admitted and
+ * `extra` (UINT32_MAX: none), less those that said they leave after step `after` (0:
+ * none): into *out (malloc'd, ascending). */
+static ferry_status el_next(const ferry__ps_job *job, int admits, uint64_t after, uint32_t extra,
+                            uint32_t **out, uint32_t *n) {
+    uint32_t cap = job->nmembers + 2, k = 0;
+    for (uint32_t r = rank_skip(job, 0); admits && r < job->world; r = rank_skip(job, r + 1))
+        cap += rank_peek(job, r)->admit != NULL;
+    uint32_t *m = malloc(cap * sizeof *m);
+    if (m == NULL)
+        return FERRY_NOMEM();
+    for (uint32_t i = 0; i < job->nmembers; i++) {
+        uint32_t r = job->members[i];
+        uint64_t la = rank_peek(job, r)->leave_after;
+        if (el_alive(job, r) && !(after > 0 && la != 0 && la <= after))
+            m[k++] = r;
+    }
+    for (uint32_t r = rank_skip(job, 0); admits && r < job->world; r = rank_skip(job, r + 1))
+        if ((rank_peek(job, r)->admit != NULL || r == extra) && el_alive(job, r) &&
+            el_index(job, r) < 0)
+            m[k++] = r;
+    qsort(m, k, sizeof *m, cmp_u32);
+    *out = m;
+    *n = k;
+    return FERRY_OK;
+}
+
+/* Fewer than MIN members would remain after step s: the job fails (its waits too). */
+static ferry_status el_too_few(ferry__ps_job *job, uint32_t n, uint64_t s) {
+    char why[256];
+    (void)snprintf(why, sizeof why,
+                   "elastic job '%s': %u members at step %llu, fewer than its minimum %u",
+                   job->name, n, (unsigned long long)s, job->el_min);
+    job_fail(job, why);
+    el_fail_admits(job, FERRY_ERR_ABORTED, why);
+    return ferry_errorf(FERRY_ERR_ABORTED, "%s", why);
+}
+
+static int el_same(const ferry__ps_job *job, const uint32_t *m, uint32_t n) {
+    return n == job->nmembers && (n == 0 || memcmp(m, job->members, n * sizeof *m) == 0);
+}
+
+/* The coordinator applied step s: the columns and progress put for it become the
+ * applied ones, and the ranks waiting to be admitted or leaving after s change the
+ * membership of step s + 1. jobs->mu held. */
+static void el_boundary(ferry__ps_jobs *j, ferry__ps_job *job, uint64_t s) {
+    for (uint32_t c = 0; job->cols != NULL && c < job->el_batch; c++) {
+        el_col *e = &job->cols[c];
+        if (e->p_step != s || e->p_epoch != job->bar_epoch || e->p_data.data == NULL)
+            continue;
+        job->col_bytes -= (int64_t)e->data.len;
+        job->bytes -= (int64_t)e->data.len;
+        j->bytes -= (int64_t)e->data.len;
+        free(e->data.data);
+        e->data = e->p_data;
+        e->step = s;
+        e->p_data.data = NULL;
+        e->p_data.len = 0;
+        e->p_step = 0;
+    }
+    if (job->p_prog_step == s && job->p_prog.data != NULL) {
+        free(job->prog.data);
+        job->prog = job->p_prog;
+        job->prog_step = s;
+        job->p_prog.data = NULL;
+        job->p_prog.len = 0;
+        job->p_prog_step = 0;
+    }
+    uint32_t *m = NULL, n = 0;
+    if (el_next(job, 1, s, UINT32_MAX, &m, &n) != FERRY_OK) {
+        job_fail(job, "out of memory moving an elastic job's membership on");
+        return;
+    }
+    if (el_same(job, m, n)) {
+        free(m);
+        return;
+    }
+    if (n > 0 && n < job->el_min) {
+        free(m);
+        (void)el_too_few(job, n, s + 1);
+        return;
+    }
+    el_set(job, m, n, s + 1, "");
+    el_answer_admits(job);
+}
+
+/* A GradNorm of an elastic job names its membership (JobStep.epoch, members): the
+ * barrier of its step waits for those ranks. A newer epoch for a step not yet applied
+ * re-opens the barrier; an older one is refused. jobs->mu held. */
+static ferry_status el_barrier(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V1__JobStep *js) {
+    uint64_t s = js->step;
+    if (js->epoch == 0 || js->n_members == 0 || js->n_members > job->world)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "elastic job '%s': a GradNorm names its membership (JobStep.epoch > "
+                            "0, 1..%u members)",
+                            job->name, job->world);
+    int in = 0;
+    for (size_t i = 0; i < js->n_members; i++) {
+        if (js->members[i] >= job->world || (i > 0 && js->members[i] <= js->members[i - 1]))
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "elastic job '%s': members must be ascending ranks below %u",
+                                job->name, job->world);
+        in |= js->members[i] == js->rank;
+    }
+    if (!in)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "elastic job '%s': rank %u is not among the members it names",
+                            job->name, js->rank);
+    int open_s = s == job->bsp_step && job->applied < s;
+    int opens = s == job->bsp_step + 1 && job->applied == job->bsp_step;
+    if (!open_s && !opens)
+        return FERRY_OK; /* the caller's checks answer */
+    if (open_s && js->epoch < job->bar_epoch)
+        return ferry_errorf(FERRY_ERR_ABORTED,
+                            "bsp step %llu of job '%s': the membership changed (epoch %llu, not "
+                            "%llu): ask the coordinator",
+                            (unsigned long long)s, job->name, (unsigned long long)job->bar_epoch,
+                            (unsigned long long)js->epoch);
+    if (open_s && js->epoch == job->bar_epoch) {
+        if (js->n_members != job->bar_n || !rank_peek(job, js->rank)->member)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "bsp step %llu of job '%s': epoch %llu names other members",
+                                (unsigned long long)s, job->name, (unsigned long long)js->epoch);
+        return FERRY_OK;
+    }
+    if (open_s) { /* a newer membership redoes the step: the old one's arrivals go */
+        char why[256];
+        (void)snprintf(why, sizeof why,
+                       "bsp step %llu of job '%s': the membership changed to epoch %llu: ask the "
+                       "coordinator",
+                       (unsigned long long)s, job->name, (unsigned long long)js->epoch);
+        job_fail_waiters(job, FERRY_ERR_ABORTED, why);
+        for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+            rank_get(job, r)->arrived = 0;
+        agg_free(job);
+        kept_clear(job);
+        job->bsp_complete = 0;
+        job->arrived = 0;
+        job->sum_rank = 0;
+    }
+    for (size_t i = 0; i < js->n_members; i++)
+        if (rank_make(j, job, js->members[i]) == NULL)
+            return FERRY_NOMEM();
+    for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+        rank_get(job, r)->member = 0;
+    for (size_t i = 0; i < js->n_members; i++)
+        rank_get(job, js->members[i])->member = 1;
+    job->bar_epoch = js->epoch;
+    job->bar_n = (uint32_t)js->n_members;
+    return FERRY_OK;
+}
+
+/* PUT: a member's columns' carried state at the end of the open step. */
+static ferry_status el_put(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V1__JobElastic *e) {
+    int idx = el_index(job, e->rank);
+    if (e->epoch != job->epoch || idx < 0)
+        return ferry_errorf(FERRY_ERR_ABORTED,
+                            "job '%s': rank %u puts under epoch %llu, but the membership is epoch "
+                            "%llu%s",
+                            job->name, e->rank, (unsigned long long)e->epoch,
+                            (unsigned long long)job->epoch, idx < 0 ? " without it" : "");
+    if (e->step != job->applied + 1 || e->step < job->ep_step)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "job '%s': rank %u puts the state of step %llu, but the open step is "
+                            "%llu",
+                            job->name, e->rank, (unsigned long long)e->step,
+                            (unsigned long long)job->applied + 1);
+    uint32_t n = job->nmembers, B = job->el_batch;
+    uint32_t c0 = (uint32_t)((uint64_t)idx * B / n), c1 = (uint32_t)((uint64_t)(idx + 1) * B / n);
+    if (e->col0 != c0 || e->n_columns != c1 - c0)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "job '%s': rank %u holds columns [%u, %u) under epoch %llu; it put "
+                            "%zu from %u",
+                            job->name, e->rank, c0, c1, (unsigned long long)job->epoch,
+                            e->n_columns, e->col0);
+    if (e->progress.len > EL_PROG_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': progress of %zu bytes (at most %d)",
+                            job->name, e->progress.len, EL_PROG_MAX);
+    size_t len = e->n_columns > 0 ? e->columns[0].len : 0;
+    int64_t grow = 0;
+    for (size_t i = 0; i < e->n_columns; i++) {
+        const el_col *c = &job->cols[c0 + i];
+        if (e->columns[i].len != len || len == 0 || len > EL_COL_MAX ||
+            (c->data.len != 0 && c->data.len != len))
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "job '%s': column %zu's state has %zu bytes (every column has the "
+                                "same, 1..%u)",
+                                job->name, c0 + i, e->columns[i].len, EL_COL_MAX);
+        grow += (int64_t)len - (int64_t)c->p_data.len;
+    }
+    if (job->col_bytes + grow > EL_STATE_MAX)
+        return ferry_errorf(FERRY_ERR_RESOURCE,
+                            "job '%s': the columns' carried state would pass %lld MiB", job->name,
+                            EL_STATE_MAX >> 20);
+    for (size_t i = 0; i < e->n_columns; i++) {
+        el_col *c = &job->cols[c0 + i];
+        if (c->p_data.len != len) {
+            uint8_t *p = realloc(c->p_data.data, len);
+            if (p == NULL)
+                return FERRY_NOMEM();
+            c->p_data.data = p;
+        }
+        memcpy(c->p_data.data, e->columns[i].data, len);
+        c->p_data.len = len;
+        c->p_step = e->step;
+        c->p_epoch = e->epoch;
+    }
+    job->col_bytes += grow;
+    job->bytes += grow;
+    j->bytes += grow;
+    if (e->progress.len > 0) {
+        uint8_t *p = malloc(e->progress.len);
+        if (p == NULL)
+            return FERRY_NOMEM();
+        memcpy(p, e->progress.data, e->progress.len);
+        free(job->p_prog.data);
+        job->p_prog.data = p;
+        job->p_prog.len = e->progress.len;
+        job->p_prog_step = e->step;
+    }
+    rank_get(job, e->rank)->leave_after = e->leaving ? e->step : 0;
+    return FERRY_OK;
+}
+
+/* REDO: step s failed under epoch e for want of a member: drop the members gone. */
+static ferry_status el_redo(ferry__ps_job *job, const Ferry__V1__JobElastic *e, int *cols) {
+    uint64_t s = e->step;
+    *cols = 0;
+    if (s <= job->applied)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "job '%s': step %llu was applied here; it is not redone", job->name,
+                            (unsigned long long)s);
+    if (job->epoch > e->epoch) { /* another member asked first */
+        *cols = 1;
+        return FERRY_OK;
+    }
+    uint32_t *m = NULL, n = 0;
+    if (el_next(job, 0, 0, UINT32_MAX, &m, &n) != FERRY_OK)
+        return FERRY_NOMEM();
+    if (el_same(job, m, n)) { /* nobody is gone here yet: the rank asks again */
+        free(m);
+        return FERRY_OK;
+    }
+    if (n < job->el_min) {
+        free(m);
+        return el_too_few(job, n, s);
+    }
+    char why[128];
+    (void)snprintf(why, sizeof why, "step %llu redone without the members gone (rank %u asked)",
+                   (unsigned long long)s, e->rank);
+    el_set(job, m, n, s, why);
+    *cols = 1;
+    return FERRY_OK;
+}
+
+/* elastic: the coordinator's membership calls. */
+static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                     const Ferry__V1__JobRequest *q, ferry_rpc_msg *reply) {
+    const Ferry__V1__JobElastic *e = q->elastic;
+    if (e == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "Job: elastic needs its message");
+    ferry__ps_jobs *j = &ps->jobs;
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = job_find(j, q->job);
+    ferry_status st = FERRY_OK;
+    if (job == NULL)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here (Join it first)", q->job);
+    else if (!ferry__ps_may_use(sess, job->owner))
+        st = not_yours(q->job);
+    else if (job->el_min == 0)
+        st = ferry_errorf(FERRY_ERR_INVALID, "job '%s' is not elastic (JobMember.elastic_min)",
+                          job->name);
+    else if (job->failed[0] != '\0')
+        st = ferry_errorf(FERRY_ERR_TIMEOUT, "%s", job->failed);
+    else if (j->stopped)
+        st = ferry_errorf(FERRY_ERR_UNAVAILABLE, "ferry-ps is shutting down");
+    else if (e->rank >= job->world)
+        st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u outside [0, %u)", job->name,
+                          e->rank, job->world);
+    else if (!acts_as(sess, job, e->rank) || !rank_peek(job, e->rank)->joined)
+        st = not_held(job, e->rank);
+    else if (e->batch == 0 || e->batch > EL_BATCH_MAX || e->batch < job->world ||
+             (job->el_batch != 0 && e->batch != job->el_batch))
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "job '%s': global batch %u (the job's: %u; at least its %u members "
+                          "at most)",
+                          job->name, e->batch, job->el_batch, job->world);
+    if (st == FERRY_OK && job->cols == NULL) {
+        if ((job->cols = calloc(e->batch, sizeof *job->cols)) == NULL) {
+            st = FERRY_NOMEM();
+        } else {
+            job->el_batch = e->batch;
+            job->bytes += (int64_t)(e->batch * sizeof *job->cols);
+            j->bytes += (int64_t)(e->batch * sizeof *job->cols);
+        }
+    }
+    int cols = 0;
+    job_rank *k = st == FERRY_OK ? rank_get(job, e->rank) : NULL;
+    if (st == FERRY_OK) {
+        switch (e->op) {
+        case FERRY__V1__JOB_ELASTIC__OP__ADMIT:
+            if (el_index(job, e->rank) >= 0) {
+                cols = 1; /* a member already (a retry) */
+                break;
+            }
+            int alive = 0;
+            for (uint32_t i = 0; i < job->nmembers; i++)
+                alive += el_alive(job, job->members[i]);
+            if (alive == 0) { /* not started, or every member went: from here */
+                uint32_t waiting = 1;
+                for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+                    waiting += r != e->rank && rank_peek(job, r)->admit != NULL &&
+                               el_alive(job, r);
+                if (waiting >= job->el_min) {
+                    uint32_t *m = NULL, n = 0;
+                    st = el_next(job, 1, 0, e->rank, &m, &n);
+                    if (st == FERRY_OK) {
+                        el_set(job, m, n, job->applied + 1, "started");
+                        el_answer_admits(job);
+                        cols = 1;
+                    }
+                    break;
+                }
+            }
+            ferry_rpc_pending *p = ferry_rpc_defer(reply);
+            if (p == NULL) {
+                st = ferry_errorf(FERRY_ERR_UNSUPPORTED, "an elastic admit must wait, and this "
+                                                         "call cannot");
+                break;
+            }
+            if (k->admit != NULL) {
+                (void)ferry_errorf(FERRY_ERR_TIMEOUT, "elastic admit: superseded by a retry");
+                ferry_rpc_pending_finish(k->admit, FERRY_ERR_TIMEOUT, NULL);
+            }
+            k->admit = p;
+            k->admit_since = ferry_now();
+            FERRY_LOG_INFO("job '%s': rank %u asks to join; it is admitted at the next step "
+                           "boundary",
+                           job->name, e->rank);
+            pthread_mutex_unlock(&j->mu);
+            return FERRY_OK;
+        case FERRY__V1__JOB_ELASTIC__OP__PUT:
+            st = el_put(j, job, e);
+            break;
+        case FERRY__V1__JOB_ELASTIC__OP__SYNC:
+            if (e->step > job->applied)
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "job '%s': step %llu is not applied here (at %llu)", job->name,
+                                  (unsigned long long)e->step, (unsigned long long)job->applied);
+            cols = e->epoch != job->epoch;
+            break;
+        case FERRY__V1__JOB_ELASTIC__OP__REDO:
+            st = el_redo(job, e, &cols);
+            break;
+        default:
+            st = ferry_errorf(FERRY_ERR_INVALID, "Job '%s': elastic op %d (admit | put | sync | "
+                              "redo)",
+                              job->name, (int)e->op);
+        }
+    }
+    if (st == FERRY_OK)
+        st = el_reply(job, e->rank, cols, reply);
+    pthread_mutex_unlock(&j->mu);
+    return st;
+}
+
 ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
                               const Ferry__V1__JobRequest *q, ferry_rpc_msg *req,
                               ferry_rpc_msg *reply) {
@@ -1450,6 +2025,8 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
         return job_fetch(ps, sess, q->job, q->fetch, reply);
     case FERRY__V1__JOB_REQUEST__ACTION_INSTALL:
         return job_install(ps, sess, q->job, q->install, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_ELASTIC:
+        return job_elastic_call(ps, sess, q, reply);
     case FERRY__V1__JOB_REQUEST__ACTION_JOIN:
     case FERRY__V1__JOB_REQUEST__ACTION_READY:
     case FERRY__V1__JOB_REQUEST__ACTION_LEAVE:
@@ -1459,7 +2036,7 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
     default:
         return ferry_errorf(FERRY_ERR_INVALID,
                             "Job '%s': no action (join | ready | leave | probe | recover | "
-                            "checkpoint | status | drop | fetch | install)",
+                            "checkpoint | status | drop | fetch | install | elastic)",
                             q->job);
     }
 }
@@ -1488,6 +2065,10 @@ void ferry__ps_jobs_session_ended(ferry__ps_jobs *j, uint64_t serial) {
                 ferry_rpc_pending_finish(k->rec, FERRY_ERR_UNAVAILABLE, NULL);
                 k->rec = NULL;
             }
+            if (k->admit != NULL) {
+                ferry_rpc_pending_finish(k->admit, FERRY_ERR_UNAVAILABLE, NULL);
+                k->admit = NULL;
+            }
         }
     }
     pthread_mutex_unlock(&j->mu);
@@ -1511,15 +2092,16 @@ static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uin
         left += rank_peek(job, r)->left != RANK_IN;
     FERRY_LOG_INFO("job '%s': rank %u left after %llu steps, %s%s (%u of %u left)", job->name, rank,
                    (unsigned long long)k->steps, early ? "early: " : "its run completed",
-                   early ? reason : "", left, job->world);
-    if (left == job->world) {
+                   early ? reason : "", left, job->el_min > 0 ? job->joined : job->world);
+    if (left == (job->el_min > 0 ? job->joined : job->world)) {
         job->finished = 1;
         agg_free(job);
         return;
     }
     char why[400], msg[512];
     ferry_status st = rank_absent(job, rank, why, sizeof why);
-    if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived) {
+    if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived &&
+        (job->el_min == 0 || k->member)) {
         (void)snprintf(msg, sizeof msg, "bsp step %llu of job '%s': %s",
                        (unsigned long long)job->bsp_step, job->name, why);
         job_fail_waiters(job, st, msg);
@@ -1570,8 +2152,11 @@ static ferry_status bsp_sum(ferry__ps_state *ps, ferry__ps_job *job) {
     job->agg_loss = job->agg_tokens = job->agg_sumsq = 0.0;
     job->agg_ck = 0;
     job->agg_readmit = 0;
-    for (uint32_t r = 0; r < job->world && st == FERRY_OK; r++) {
-        job_rank *k = rank_get(job, r); /* every rank arrived: its chunk exists */
+    for (uint32_t r = rank_skip(job, 0); r < job->world && st == FERRY_OK;
+         r = rank_skip(job, r + 1)) {
+        job_rank *k = rank_get(job, r); /* every rank (elastic: member) arrived */
+        if (!k->arrived)
+            continue;
         job->agg_ck |= k->ck;
         job->agg_readmit |= k->readmit;
         job->agg_loss += k->loss_sum;
@@ -1745,7 +2330,8 @@ static void waiter_names(const ferry__ps_job *job, int arrived, char *buf, size_
     size_t n = 0;
     buf[0] = '\0';
     for (uint32_t r = 0; r < job->world && n + 24 < cap; r++) {
-        if ((rank_peek(job, r)->arrived != 0) == arrived)
+        if ((rank_peek(job, r)->arrived != 0) == arrived &&
+            (job->el_min == 0 || rank_peek(job, r)->member))
             n += (size_t)snprintf(buf + n, cap - n, "%s%u", n ? ", " : "", r);
     }
     if (n == 0)
@@ -1801,6 +2387,8 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     if (st == FERRY_OK && q->n_modules != 0)
         st = ferry_errorf(FERRY_ERR_INVALID, "bsp GradNorm covers every module (modules must be "
                                              "empty)");
+    if (st == FERRY_OK && job->el_min > 0)
+        st = el_barrier(j, job, js);
     if (st == FERRY_OK && !(s == job->bsp_step && !job->bsp_complete)) {
         if (s == job->bsp_step + 1 && job->applied == job->bsp_step) { /* opens step s */
             for (uint32_t r = 0; r < job->world; r++) {
@@ -1858,7 +2446,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     k->ck = js->checkpoint;
     k->readmit = js->readmit;
     job->arrived++;
-    if (job->arrived < job->world) {
+    if (job->arrived < (job->el_min > 0 ? job->bar_n : job->world)) {
         ferry_rpc_pending *p = ferry_rpc_defer(reply);
         if (p == NULL) {
             k->arrived = 0;
@@ -2044,13 +2632,24 @@ static ferry_status rejoin_error(const ferry__ps_job *job, uint64_t s, uint32_t 
 /* bsp Step: the first Step of a summed step applies it; later ones acknowledge. A
  * Step that installs the sum (in != NULL) on a server that did not sum the step
  * applies the installed one; a plain Step that arrives first waits for it. */
-static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q, install *in,
-                             ferry_rpc_msg *reply) {
+static ferry_status bsp_step(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V1__StepRequest *q,
+                             install *in, ferry_rpc_msg *reply) {
     const Ferry__V1__JobStep *js = q->job;
     uint64_t s = js->step;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry_status st = FERRY_OK;
+    if (job->el_min > 0 && js->epoch != job->bar_epoch)
+        return ferry_errorf(FERRY_ERR_ABORTED,
+                            "bsp step %llu of job '%s': rank %u steps under membership epoch %llu, "
+                            "but the step runs under epoch %llu: ask the coordinator",
+                            (unsigned long long)s, job->name, js->rank,
+                            (unsigned long long)js->epoch, (unsigned long long)job->bar_epoch);
     int unsummed = s == job->applied + 1 && job->bsp_step + 1 == s && !job->recovering;
+    if (unsummed && job->el_min > 0) /* no replicas: nothing installs it */
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "bsp step %llu of elastic job '%s' has no barrier here yet (GradNorm "
+                            "first)",
+                            (unsigned long long)s, job->name);
     if (s == job->applied + 1 && job->bsp_step == s && !job->bsp_complete && !job->recovering &&
         !rank_peek(job, js->rank)->arrived)
         return rejoin_error(job, s, js->rank);
@@ -2119,6 +2718,8 @@ static ferry_status bsp_step(ferry__ps_job *job, const Ferry__V1__StepRequest *q
             job_fail(job, why);
             return ferry_errorf(st, "%s", why);
         }
+        if (job->epoch > 0) /* the coordinator of an elastic job: a step boundary */
+            el_boundary(j, job, s);
     } else if (s == job->applied && s > 0) {
         if (scale != job->applied_scale)
             return ferry_errorf(FERRY_ERR_INVALID,
@@ -2163,19 +2764,27 @@ static ferry_status applied_reply(const ferry__ps_job *job, ferry_rpc_msg *reply
     Ferry__V1__StepReply r;
     ferry__v1__step_reply__init(&r);
     r.version = job->applied_version;
-    Ferry__V1__Metric *metrics = calloc((size_t)job->napplied_metrics + 1, sizeof *metrics);
-    Ferry__V1__Metric **ptrs = calloc((size_t)job->napplied_metrics + 1, sizeof *ptrs);
+    Ferry__V1__Metric *metrics = calloc((size_t)job->napplied_metrics + 2, sizeof *metrics);
+    Ferry__V1__Metric **ptrs = calloc((size_t)job->napplied_metrics + 2, sizeof *ptrs);
     if (metrics == NULL || ptrs == NULL) {
         st = FERRY_NOMEM();
     } else {
-        for (int i = 0; i < job->napplied_metrics; i++) {
+        int n = job->napplied_metrics;
+        for (int i = 0; i < n; i++) {
             ferry__v1__metric__init(&metrics[i]);
             metrics[i].name = job->applied_metrics[i].name;
             metrics[i].value = job->applied_metrics[i].value;
             ptrs[i] = &metrics[i];
         }
+        if (job->epoch > 0) { /* the coordinator: the membership the next step runs under */
+            ferry__v1__metric__init(&metrics[n]);
+            metrics[n].name = (char *)(uintptr_t) "elastic/epoch";
+            metrics[n].value = (double)job->epoch;
+            ptrs[n] = &metrics[n];
+            n++;
+        }
         r.metrics = ptrs;
-        r.n_metrics = (size_t)job->napplied_metrics;
+        r.n_metrics = (size_t)n;
         st = ferry_rpc_msg_set_head(reply, &r.base);
     }
     free(metrics);
@@ -2227,7 +2836,7 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
     if (st == FERRY_OK && q->install && job->sync != FERRY__PS_BSP)
         st = ferry_errorf(FERRY_ERR_INVALID, "Step: install is for bsp jobs");
     if (st == FERRY_OK && job->sync == FERRY__PS_BSP)
-        st = bsp_step(job, q, q->install ? &in : NULL, reply);
+        st = bsp_step(j, job, q, q->install ? &in : NULL, reply);
     install_free(&in);
     if (st != FERRY_OK || job->sync == FERRY__PS_BSP) {
         pthread_mutex_unlock(&j->mu);
@@ -2289,7 +2898,7 @@ static int job_idle(ferry__ps_jobs *j, ferry__ps_sessions *S, const ferry__ps_jo
         return 0;
     for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
         const job_rank *k = rank_peek(job, r);
-        if (k->gn != NULL || k->sp != NULL || k->rec != NULL ||
+        if (k->gn != NULL || k->sp != NULL || k->rec != NULL || k->admit != NULL ||
             (k->joined && k->sess != 0 && ferry__ps_session_holds(S, k->sess)))
             return 0;
     }
@@ -2341,6 +2950,14 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j, ferry__ps_sessions *S) {
         }
         for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
             job_rank *k = rank_get(job, r);
+            if (k->admit != NULL && now - k->admit_since > job->wait_s) {
+                (void)ferry_errorf(FERRY_ERR_TIMEOUT,
+                                   "elastic job '%s': rank %u was not admitted within %.1f s (no "
+                                   "step boundary; --sync-timeout)",
+                                   job->name, r, now - k->admit_since);
+                ferry_rpc_pending_finish(k->admit, FERRY_ERR_TIMEOUT, NULL);
+                k->admit = NULL;
+            }
             if (k->gn != NULL && now - k->wait_since > job->wait_s) {
                 char missing[128], arrived[128], why[400];
                 waiter_names(job, 0, missing, sizeof missing);
@@ -2416,6 +3033,12 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metr
             add(user, name, (double)job->applied);
             JOB_METRIC("%s", "arrived"); /* at the open barrier, waiting for the others */
             add(user, name, job->bsp_complete ? 0.0 : (double)job->arrived);
+        }
+        if (job->el_min > 0) { /* the coordinator's membership, else the open barrier's */
+            JOB_METRIC("%s", "elastic_epoch");
+            add(user, name, (double)(job->epoch > 0 ? job->epoch : job->bar_epoch));
+            JOB_METRIC("%s", "elastic_members");
+            add(user, name, (double)(job->epoch > 0 ? job->nmembers : job->bar_n));
         }
         if (job->sync == FERRY__PS_SSP) {
             JOB_METRIC("%s", "max_lead");

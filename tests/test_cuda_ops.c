@@ -387,7 +387,7 @@ TEST(lm_20_training_steps_match_cpu) {
         ferry_shape sh = ferry_shape_2d(T, B);
         ferry_tensor tin = ferry_tensor_wrap(cpu_be, FERRY_DTYPE_I32, sh, in);
         ferry_tensor ttg = ferry_tensor_wrap(cpu_be, FERRY_DTYPE_I32, sh, tg);
-        ferry_lm_step_args a = {1.0f / (T * B), 0.5f, 3e-3, (uint64_t)s + 1, 1000 + (uint64_t)s, 0};
+        ferry_lm_step_args a = {.loss_scale = 1.0f / (T * B), .clip = 0.5f, .lr = 3e-3, .ctx_id = (uint64_t)s + 1, .seed = 1000 + (uint64_t)s, .job_step = 0};
         ferry_lm_step_result rc, rd;
         CHECK_OK(ferry_lm_train_step(c.lm, c.ctx, NULL, c.opt, &tin, &ttg, &a, &rc));
         CHECK_OK(ferry_lm_train_step(d.lm, d.ctx, NULL, d.opt, &tin, &ttg, &a, &rd));

@@ -97,8 +97,7 @@ static void window(const setup *s, int step, int c0, int c1, int32_t *in, int32_
 }
 
 static ferry_lm_step_args step_args(const setup *s, int step) {
-    ferry_lm_step_args a = {1.0f / (float)GB,   s->clip, s->oc.lr,
-                            (uint64_t)step + 1, 11,      (uint64_t)step + 1};
+    ferry_lm_step_args a = {.loss_scale = 1.0f / (float)GB, .clip = s->clip, .lr = s->oc.lr, .ctx_id = (uint64_t)step + 1, .seed = 11, .job_step = (uint64_t)step + 1};
     return a;
 }
 

@@ -94,7 +94,7 @@ static void parity(ferry_decoder_mode mode) {
         ferry_shape sh = ferry_shape_2d(w.T, w.B);
         ferry_tensor in = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.inputs);
         ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.targets);
-        ferry_lm_step_args a = {1.0f / 20.0f, 5.0f, 1.0, (uint64_t)s + 1, 11, 0};
+        ferry_lm_step_args a = {.loss_scale = 1.0f / 20.0f, .clip = 5.0f, .lr = 1.0, .ctx_id = (uint64_t)s + 1, .seed = 11, .job_step = 0};
         ferry_lm_step_result rl, rd;
         CHECK_OK(ferry_lm_train_step(loc.lm, loc.ctx, NULL, loc.opt, &in, &tg, &a, &rl));
         CHECK_OK(ferry_lm_train_step(dist.lm, dist.ctx, dc, dist.opt, &in, &tg, &a, &rd));

@@ -162,7 +162,7 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
         ferry_shape sh = ferry_shape_2d(w.T, w.B);
         ferry_tensor in = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.inputs);
         ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.targets);
-        ferry_lm_step_args a = {1.0f / 20.0f, 5.0f, LR, (uint64_t)s + 1, 1000 + (uint64_t)s, 0};
+        ferry_lm_step_args a = {.loss_scale = 1.0f / 20.0f, .clip = 5.0f, .lr = LR, .ctx_id = (uint64_t)s + 1, .seed = 1000 + (uint64_t)s, .job_step = 0};
         ferry_lm_step_result rr, rp;
         CHECK_OK(ferry_lm_train_step(ref.lm, ref.ctx, ref.dc, ref.opt, &in, &tg, &a, &rr));
         CHECK_OK(ferry_lm_train_step(pipe.lm, pipe.ctx, pipe.dc, pipe.opt, &in, &tg, &a, &rp));
@@ -355,7 +355,7 @@ TEST(micro_batches_are_checked) {
     CHECK_OK(ferry_optim_create(&lm->P, &oc, &opt));
     int32_t x[4] = {1, 2, 3, 4};
     ferry_tensor in = ferry_tensor_wrap(ferry_backend_cpu(), FERRY_DTYPE_I32, ferry_shape_2d(2, 2), x);
-    ferry_lm_step_args a = {0.5f, 0.0f, 1.0, 1, 1, 0};
+    ferry_lm_step_args a = {.loss_scale = 0.5f, .clip = 0.0f, .lr = 1.0, .ctx_id = 1, .seed = 1, .job_step = 0};
     ferry_lm_step_result r;
     CHECK_EQ(ferry_lm_train_step(lm, ctx, NULL, opt, &in, &in, &a, &r), FERRY_ERR_UNSUPPORTED);
     CHECK(strstr(ferry_error_last(), "micro-batches") != NULL);

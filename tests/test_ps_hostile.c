@@ -1007,6 +1007,127 @@ TEST(hostile_requests) {
         ferry_rpc_client_destroy(thief.c);
     }
 
+    /* -- elastic jobs: JobElastic, and the membership an elastic GradNorm names -- */
+    {
+        Ferry__V1__JobMember mb;
+        ferry__v1__job_member__init(&mb);
+        mb.world = 2;
+        mb.sync = FERRY__V1__SYNC_MODE__BSP;
+        mb.elastic_min = 3;
+        Ferry__V1__JobJoin jj;
+        ferry__v1__job_join__init(&jj);
+        jj.member = &mb;
+        Ferry__V1__JobRequest j;
+        ferry__v1__job_request__init(&j);
+        j.job = "ej";
+        j.action_case = FERRY__V1__JOB_REQUEST__ACTION_JOIN;
+        j.join = &jj;
+        expect(&d, "elastic job with elastic_min above world",
+               send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
+               "elastic_min (3) <= world (2)");
+        mb.elastic_min = 1;
+        mb.sync = FERRY__V1__SYNC_MODE__ASYNC;
+        expect(&d, "elastic async job", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+               FERRY_ERR_INVALID, "an elastic job is bsp");
+        mb.sync = FERRY__V1__SYNC_MODE__BSP;
+        CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL));
+        Ferry__V1__JobElastic e;
+        ferry__v1__job_elastic__init(&e);
+        e.batch = 4;
+        j.action_case = FERRY__V1__JOB_REQUEST__ACTION_ELASTIC;
+        j.elastic = &e;
+        e.op = (Ferry__V1__JobElastic__Op)9;
+        expect(&d, "elastic op 9", send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
+               "elastic op 9");
+        e.op = FERRY__V1__JOB_ELASTIC__OP__PUT;
+        e.batch = 0;
+        expect(&d, "elastic call with a global batch of 0",
+               send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID, "global batch 0");
+        e.batch = 4;
+        e.rank = 1;
+        expect(&d, "elastic call for a rank this session does not hold",
+               send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_DENIED,
+               "this session holds no rank 1");
+        e.rank = 0;
+        e.epoch = 1;
+        e.step = 1;
+        expect(&d, "put before the job started", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+               FERRY_ERR_ABORTED, "the membership is epoch 0 without it");
+        e.op = FERRY__V1__JOB_ELASTIC__OP__ADMIT;
+        CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL)); /* 1 of 1..2: epoch 1 */
+        e.batch = 5;
+        expect(&d, "elastic call with another global batch",
+               send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
+               "global batch 5 (the job's: 4");
+        e.batch = 4;
+        e.op = FERRY__V1__JOB_ELASTIC__OP__PUT;
+        uint8_t col[8] = {0}, big[5000] = {0};
+        ProtobufCBinaryData cols[4] = {{8, col}, {8, col}, {8, col}, {4, col}};
+        e.columns = cols;
+        e.n_columns = 4;
+        e.col0 = 1;
+        expect(&d, "put of columns the rank does not hold",
+               send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
+               "holds columns [0, 4)");
+        e.col0 = 0;
+        expect(&d, "put of columns of unequal sizes", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+               FERRY_ERR_INVALID, "every column has the same");
+        cols[3].len = 8;
+        e.progress.data = big;
+        e.progress.len = sizeof big;
+        expect(&d, "put of 5000 bytes of progress", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+               FERRY_ERR_INVALID, "progress of 5000 bytes");
+        e.progress.len = 16;
+        e.step = 3;
+        expect(&d, "put of a step that is not open", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+               FERRY_ERR_INVALID, "the open step is 1");
+        e.step = 1;
+        e.epoch = 2;
+        expect(&d, "put under a newer epoch than the job's",
+               send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_ABORTED,
+               "membership is epoch 1");
+        e.epoch = 1;
+        CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL));
+        e.op = FERRY__V1__JOB_ELASTIC__OP__SYNC;
+        expect(&d, "sync of a step not applied", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+               FERRY_ERR_INVALID, "step 1 is not applied here");
+        e.op = FERRY__V1__JOB_ELASTIC__OP__REDO;
+        CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL)); /* nobody gone: unchanged */
+        j.job = "hj";
+        expect(&d, "elastic call on a fixed job", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+               FERRY_ERR_INVALID, "is not elastic");
+        Ferry__V1__JobStep js;
+        ferry__v1__job_step__init(&js);
+        js.job = "ej";
+        js.step = 1;
+        Ferry__V1__GradNormRequest gn;
+        ferry__v1__grad_norm_request__init(&gn);
+        gn.ctx_id = 78;
+        gn.job = &js;
+        expect(&d, "elastic GradNorm naming no membership",
+               send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL), FERRY_ERR_INVALID,
+               "names its membership");
+        uint32_t members[2] = {1, 0};
+        js.epoch = 1;
+        js.members = members;
+        js.n_members = 2;
+        expect(&d, "elastic GradNorm with members out of order",
+               send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL), FERRY_ERR_INVALID,
+               "ascending ranks below 2");
+        js.members = &members[0];
+        js.n_members = 1;
+        expect(&d, "elastic GradNorm of a rank not among its members",
+               send_head(&d, FERRY_RPC_GRAD_NORM, &gn.base, NULL), FERRY_ERR_INVALID,
+               "rank 0 is not among the members");
+        Ferry__V1__StepRequest sq;
+        ferry__v1__step_request__init(&sq);
+        sq.ctx_id = 78;
+        sq.job = &js;
+        js.epoch = 7;
+        expect(&d, "elastic Step under another epoch", send_head(&d, FERRY_RPC_STEP, &sq.base, NULL),
+               FERRY_ERR_ABORTED, "steps under membership epoch 7");
+    }
+
     /* -- checkpoint paths and disk -- */
     expect(&d, "checkpoint path escape ../", checkpoint(&d, "../escape.ckpt"), FERRY_ERR_INVALID,
            "file name inside");

@@ -149,7 +149,7 @@ static double stages_case(int L, float dropout, float stiefel, const char *stage
         ferry_shape sh = ferry_shape_2d(w.T, w.B);
         ferry_tensor in = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.inputs);
         ferry_tensor tg = ferry_tensor_wrap(be, FERRY_DTYPE_I32, sh, (void *)(uintptr_t)w.targets);
-        ferry_lm_step_args a = {1.0f / 20.0f, 5.0f, LR, (uint64_t)s + 1, 1000 + (uint64_t)s, 0};
+        ferry_lm_step_args a = {.loss_scale = 1.0f / 20.0f, .clip = 5.0f, .lr = LR, .ctx_id = (uint64_t)s + 1, .seed = 1000 + (uint64_t)s, .job_step = 0};
         ferry_lm_step_result rr, rs;
         CHECK_OK(ferry_lm_train_step(ref.lm, ref.ctx, ref.dc, ref.opt, &in, &tg, &a, &rr));
         CHECK_OK(ferry_lm_train_step(st.lm, st.ctx, st.dc, st.opt, &in, &tg, &a, &rs));

@@ -134,6 +134,10 @@ void ferry_trainer_cli_init(ferry_trainer_cli *cli, ferry_trainer_config *cfg) {
         {.name = "rank", .type = FERRY_FLAG_INT, .ptr = &cli->rank, .min = 0, .max = 65535,
          .defval = "FERRY_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX, or 0",
          .help = "this trainer's rank"},
+        {.name = "elastic", .type = FERRY_FLAG_STRING, .ptr = &cli->elastic, .metavar = "MIN:MAX",
+         .help = "an elastic bsp job: MIN..MAX trainers join (start another) and leave (SIGTERM, "
+                 "or die) between steps without a roll-back; the global batch stays "
+                 "--batch-size, split over the members; the rank is picked"},
         {.name = "job", .type = FERRY_FLAG_STRING, .ptr = &cfg->job, .metavar = "NAME",
          .defval = "FERRY_JOB, or ferry", .help = "the job's name on the servers"},
         {.name = "model", .type = FERRY_FLAG_STRING, .ptr = &cfg->model, .metavar = "NAME",

@@ -17,6 +17,7 @@ typedef struct ferry_trainer_cli {
     const char *preset; /* --preset (also peeked before parsing: presets apply first) */
     int log_level, log_format;
     int world, rank; /* -1: from the environment (ferry_trainer_membership) */
+    const char *elastic; /* --elastic MIN:MAX, or NULL */
     ferry_flag flags[FERRY_TRAINER_MAX_FLAGS];
     int nflags;
     char optim_help[FERRY_OPTIM_FIELD_COUNT][160];

@@ -95,7 +95,8 @@ ferry_status ferry_trainer_check_name(const char *flag, const char *name, const 
 }
 
 int ferry_trainer_is_job(const ferry_trainer_config *cfg) {
-    return cfg->ps != NULL && (cfg->world > 1 || cfg->sync != NULL || cfg->checkpoint_every > 0 ||
+    return cfg->ps != NULL && (cfg->world > 1 || cfg->sync != NULL || cfg->elastic_max > 0 ||
+                               cfg->checkpoint_every > 0 ||
                                cfg->save != NULL || cfg->load != NULL);
 }
 

@@ -143,6 +143,35 @@ int main(int argc, char **argv) {
     if (ferry_trainer_membership(&cfg, cli.world, cli.rank, env_get, membership,
                                  sizeof membership) != FERRY_OK)
         return usage_error("%s", ferry_error_last());
+    if (cli.elastic != NULL) {
+        char *end;
+        long lo = strtol(cli.elastic, &end, 10), hi = *end == ':' ? strtol(end + 1, &end, 10) : 0;
+        if (*end != '\0' || lo < 1 || hi < lo || hi > 65536)
+            return usage_error("--elastic %s: expected MIN:MAX with 1 <= MIN <= MAX <= 65536",
+                               cli.elastic);
+        if (cli.world >= 0 || cli.rank >= 0)
+            return usage_error("--elastic picks each trainer's rank and sizes the job by MAX: "
+                               "drop --world and --rank");
+        const char *why = cfg.ps == NULL ? "needs --ps (the servers hold the job)"
+                          : cfg.sync != NULL && strcmp(cfg.sync, "bsp") != 0
+                              ? "is a bsp job (--sync bsp)"
+                          : cfg.replicas > 1 ? "does not take --replicas yet"
+                          : cfg.checkpoint_every > 0 || cfg.save != NULL || cfg.load != NULL
+                              ? "does not write or read checkpoints yet (--save, --load, "
+                                "--checkpoint-every): a member's death costs no roll-back"
+                          : cfg.stages != NULL && cfg.stages[0] != '\0'
+                              ? "keeps the LSTM in the trainers (no --stages)"
+                          : hi > cfg.batch_size ? "needs --batch-size of at least MAX (a column "
+                                                  "per member)"
+                                                : NULL;
+        if (why != NULL)
+            return usage_error("--elastic %s %s", cli.elastic, why);
+        cfg.elastic_min = (int)lo;
+        cfg.elastic_max = (int)hi;
+        cfg.world = (int)hi;
+        cfg.rank = 0;
+        cfg.membership = "elastic: picked at join";
+    }
     if ((cfg.world > 1 || cfg.sync != NULL) && cfg.ps == NULL)
         return usage_error("a job of %d trainers%s needs --ps (the servers hold the job's model)",
                            cfg.world, cfg.sync != NULL ? " with --sync" : "");

@@ -764,11 +764,14 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
      * as loss = CE + beta sum ||W^T W - I||^2 would through autograd. In a job every
      * rank holds the same W, and rank 0 alone adds it: the summed gradient of a bsp
      * step then holds it once. */
-    int owner = lm->job == NULL || ferry_job_get_config(lm->job)->rank == 0;
+    int owner = lm->job == NULL ||
+                (a->owner_set ? a->owner != 0 : ferry_job_get_config(lm->job)->rank == 0);
     if (lm->cfg.stiefel_beta > 0.0f && owner &&
         (st = ferry_stiefel_add_penalty_grads(&lm->P, G, &res->penalty, NULL)) != FERRY_OK)
         return st;
     res->job_loss_sum = res->loss_sum;
+    if (a->before_sync != NULL && (st = a->before_sync(a->user)) != FERRY_OK)
+        return st;
     if (lm->dense_remote != NULL)
         return lm_job_step(lm, dc, G, pull_call, inputs, a, res);
     double sumsq = 0.0;

@@ -119,6 +119,12 @@ typedef struct ferry_lm_step_args {
     uint64_t ctx_id;  /* the local context's id */
     uint64_t seed;    /* dropout stream of this step */
     uint64_t job_step; /* data-parallel job: this step's number (1, 2, ...) */
+    /* A job's once-per-step terms (the Stiefel penalty's gradient) are added by rank 0,
+     * or, with owner_set, by this rank when owner (an elastic job's first member). */
+    int owner_set, owner;
+    /* Called after the backward, before the job's GradNorm (NULL: none). */
+    ferry_status (*before_sync)(void *user);
+    void *user;
 } ferry_lm_step_args;
 
 typedef struct ferry_lm_step_result {

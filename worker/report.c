@@ -26,9 +26,14 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
     t->wire_last = sent + received;
     t->sync_s = 0.0;
     int64_t lead = t->step - (int64_t)min_step;
-    FERRY_LOG_INFO("job '%s' rank %d/%d: step %lld | job %.0f tok/s | slowest rank at step %llu "
+    int rank = ferry_job_get_config(t->job)->rank; /* an elastic job's: picked at join */
+    char members[48] = "";
+    if (t->cfg->elastic_max > 0)
+        (void)snprintf(members, sizeof members, " (epoch %llu, %d columns)",
+                       (unsigned long long)t->el_epoch, t->c1 - t->c0);
+    FERRY_LOG_INFO("job '%s' rank %d/%d%s: step %lld | job %.0f tok/s | slowest rank at step %llu "
                    "(lead %lld) | %.2f MB/step on the wire | %.0f%% in GradNorm/Step",
-                   t->cfg->job, t->cfg->rank, t->cfg->world, (long long)t->step, tok_s,
+                   t->cfg->job, rank, t->cfg->world, members, (long long)t->step, tok_s,
                    (unsigned long long)min_step, (long long)lead, wire / 1e6, 100.0 * sync);
     if (t->metrics == NULL)
         return FERRY_OK;
@@ -40,7 +45,7 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
                           "lead",
                           "wire_bytes_per_step",
                           "sync_fraction"};
-    double vals[] = {(double)t->step,  t->cfg->rank, t->cfg->world, tok_s,
+    double vals[] = {(double)t->step,  rank, t->cfg->world, tok_s,
                      (double)min_step, (double)lead, wire,          sync};
     return ferry_metrics_write_kv(t->metrics, "job", 8, keys, vals);
 }
@@ -206,6 +211,17 @@ void ferry__trainer_metrics_page(void *user, ferry_prom *p) {
     }
     ferry_prom_family(p, "process_resident_memory_bytes", "gauge", "resident memory");
     ferry_prom_sample(p, "process_resident_memory_bytes", NULL, (double)ferry_process_rss_bytes());
+    if (t->cfg->elastic_max > 0) {
+        ferry_prom_family(p, "ferry_trainer_elastic_epoch", "gauge",
+                          "the elastic job's membership epoch this rank runs under");
+        ferry_prom_sample(p, "ferry_trainer_elastic_epoch", NULL, (double)live.el_epoch);
+        ferry_prom_family(p, "ferry_trainer_elastic_members", "gauge",
+                          "members of the elastic job under that epoch");
+        ferry_prom_sample(p, "ferry_trainer_elastic_members", NULL, (double)live.el_members);
+        ferry_prom_family(p, "ferry_trainer_elastic_redos_total", "counter",
+                          "steps redone because a member would not finish them");
+        ferry_prom_sample(p, "ferry_trainer_elastic_redos_total", NULL, (double)live.el_redos);
+    }
     if (t->cluster == NULL)
         return;
     ferry_prom_family(p, "ferry_trainer_retries_total", "counter",

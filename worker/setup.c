@@ -66,6 +66,10 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
                             cfg->sync_timeout_s);
     t->c0 = (int)((int64_t)cfg->rank * cfg->batch_size / cfg->world);
     t->c1 = (int)((int64_t)(cfg->rank + 1) * cfg->batch_size / cfg->world);
+    if (cfg->elastic_max > 0) { /* the membership sets them; any share fits the buffers */
+        t->c0 = 0;
+        t->c1 = cfg->batch_size;
+    }
     if (t->c1 <= t->c0)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "--batch-size %d gives rank %d of %d no column: the global batch "
@@ -95,6 +99,16 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
     jc.rank = cfg->rank;
     jc.sync_timeout_ms = (int)(cfg->sync_timeout_s * 1000.0);
     jc.model = model;
+    if (cfg->elastic_max > 0) {
+        jc.elastic_min = cfg->elastic_min;
+        if ((st = ferry_job_join_elastic(t->cluster, &jc, cfg->batch_size, &t->job)) != FERRY_OK)
+            return st;
+        FERRY_LOG_INFO("job '%s': elastic, rank %d (picked) of %d..%d members, --sync bsp, a "
+                       "share of the global batch of %d columns",
+                       cfg->job, ferry_job_get_config(t->job)->rank, cfg->elastic_min,
+                       cfg->elastic_max, cfg->batch_size);
+        return FERRY_OK;
+    }
     /* A resuming rank does not join: it recovers (the roll-back makes it a member). */
     if ((st = resume ? ferry_job_create(t->cluster, &jc, &t->job)
                      : ferry_job_join(t->cluster, &jc, &t->job)) != FERRY_OK)
@@ -376,6 +390,9 @@ static ferry_status setup_start(trainer *t) {
         if ((st = ferry_metrics_write_kv(t->metrics, "resume", 3, keys, vals)) != FERRY_OK)
             return st;
     }
+    /* An elastic job's rank starts where the members are when it is admitted. */
+    if (cfg->elastic_max > 0 && (st = ferry__trainer_elastic_admit(t)) != FERRY_OK)
+        return st;
     /* A recovering job starts with a checkpoint at step 0: a crash before the first
      * interval rolls back to the start. */
     if (cfg->load == NULL && t->recover &&

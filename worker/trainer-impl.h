@@ -28,6 +28,9 @@ typedef struct trainer_live {
     int64_t step;
     int epoch;
     double loss, tok_s, lr, t;
+    /* elastic: the membership epoch, its size, steps redone */
+    uint64_t el_epoch, el_redos;
+    size_t el_members;
 } trainer_live;
 
 typedef struct trainer {
@@ -68,6 +71,12 @@ typedef struct trainer {
     int rec_repeat;
     const char *ck_base; /* --save, else --load: the checkpoints a recovery looks at */
     float lr;
+    /* elastic: the membership epoch this rank runs under, whether it is the first
+     * member, and the window of the step under way */
+    uint64_t el_epoch;
+    int el_first;
+    int el_left; /* out of the membership after a SIGTERM: the run stops */
+    int64_t el_window;
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
 } trainer;
@@ -88,6 +97,22 @@ ferry_status ferry__trainer_save_checkpoint(trainer *t, int epoch, int64_t windo
 ferry_status ferry__trainer_apply_progress(trainer *t, const ferry_ck_progress *pr);
 ferry_status ferry__trainer_recover(trainer *t, const char *why);
 int ferry__trainer_recoverable(ferry_status st);
+
+/* ---- elastic.c: a rank of an elastic job (--elastic) ---- */
+
+/* Asks to be admitted and takes the membership, and for a rank that joins a running
+ * job the members' progress and its columns' carried state. */
+ferry_status ferry__trainer_elastic_admit(trainer *t);
+/* ferry_lm_step_args.before_sync (user: the trainer): its columns' state on the
+ * coordinator. */
+ferry_status ferry__trainer_elastic_put(void *user);
+/* 1 when a failed step of an elastic job may be redone (a member will not come). */
+int ferry__trainer_elastic_retry(const trainer *t, ferry_status st);
+/* The membership that redoes the failed step (first_window: it is an epoch's first). */
+ferry_status ferry__trainer_elastic_redo(trainer *t, int first_window);
+/* After a step: the next step's membership, asked of the coordinator when its Step
+ * reply names another epoch (a rank that asked to leave is out of it, and stops). */
+ferry_status ferry__trainer_elastic_sync(trainer *t, int next_first_window);
 
 /* ---- report.c: what the run reports ---- */
 

@@ -102,8 +102,6 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
                                double *tokens, double *grad_norm) {
     const ferry_trainer_config *cfg = t->cfg;
     ferry_tensor in, tg;
-    ferry_window w = t->job != NULL ? rank_window(t, gw) : *gw;
-    window_tensors(&w, &in, &tg);
     /* The loss is scaled by the global batch, so a bsp job's summed gradient is the
      * gradient of one trainer's loss over the whole batch. */
     ferry_lm_step_args a = {
@@ -115,6 +113,10 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
         .seed = (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step,
         .job_step = (uint64_t)t->step + 1,
     };
+    if (cfg->elastic_max > 0) { /* its columns' state to the coordinator, then GradNorm */
+        a.before_sync = ferry__trainer_elastic_put;
+        a.user = t;
+    }
     ferry_lm_step_result r;
     /* Rank 0 offers the dropped replicas that answer again, before a step the job
      * checkpoints after: the copy it restores them from is that checkpoint. */
@@ -136,7 +138,18 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
             ferry_job_request_checkpoint(t->job);
         FERRY_LOG_INFO("checkpoint requested (SIGUSR1): after step %lld", (long long)t->step + 1);
     }
-    ferry_status st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);
+    ferry_status st;
+    for (;;) { /* an elastic job redoes a step a member will not finish, without it */
+        ferry_window w = t->job != NULL ? rank_window(t, gw) : *gw;
+        window_tensors(&w, &in, &tg);
+        a.owner_set = cfg->elastic_max > 0;
+        a.owner = t->el_first;
+        st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);
+        if (st == FERRY_OK || !ferry__trainer_elastic_retry(t, st))
+            break;
+        if ((st = ferry__trainer_elastic_redo(t, gw->start == 0)) != FERRY_OK)
+            return st;
+    }
     if (st != FERRY_OK)
         return ferry_errorf(st, "step %lld: %s", (long long)t->step + 1, ferry_error_last());
     t->ck_asked = t->job != NULL ? r.checkpoint : asked;
@@ -185,7 +198,11 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
         if ((st = ferry_batch_window(t->train, start, cfg->bptt, &w)) != FERRY_OK)
             break;
         t->op_t0 = ferry_now();
+        t->el_window = i;
         if ((st = train_step(t, &w, &sum, &ntok, &gn)) != FERRY_OK)
+            break;
+        if (cfg->elastic_max > 0 &&
+            (st = ferry__trainer_elastic_sync(t, start + cfg->bptt >= nsteps - 1)) != FERRY_OK)
             break;
         win_loss += sum;
         win_tokens += (int64_t)ntok;
@@ -223,7 +240,10 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
             st = ferry__trainer_readmit(t);
         if (st == FERRY_OK)
             t->op_t0 = 0.0; /* the step and its checkpoint are done */
-        if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_requested) {
+        /* A rank of an elastic job asked to stop takes one more step, which tells the
+         * coordinator it leaves after it: the others go on without a redo. */
+        int stop_now = stop_requested && (cfg->elastic_max == 0 || t->el_left);
+        if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_now) {
             *stop = 1;
             i++;
             break;

@@ -58,6 +58,9 @@ typedef struct ferry_trainer_config {
      * trains on batch columns [r*B/N, (r+1)*B/N) of the global batch B (batch_size),
      * with the loss scaled by the global batch. */
     int world, rank;         /* N >= 1, 0 <= rank < N */
+    /* An elastic job (--elastic MIN:MAX, bsp): MIN..MAX members come and go between
+     * steps; world is MAX and the rank is picked at join (0: not elastic). */
+    int elastic_min, elastic_max;
     const char *job;         /* the job's name on the servers */
     /* Outside a job: the prefix of the model's module names on the servers
      * ("NAME/encoder"; NULL: the bare names), so that models share a server. */

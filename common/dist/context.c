@@ -207,6 +207,9 @@ static Ferry__V1__JobStep *ctx_job(const ferry_dist_ctx *dc, Ferry__V1__JobStep 
     js->tokens = dc->job_tokens;
     js->checkpoint = atomic_load(&dc->job->ck_request) != 0;
     js->readmit = atomic_load(&dc->job->readmit_request);
+    js->epoch = dc->job->el_epoch;
+    js->members = dc->job->el_members;
+    js->n_members = dc->job->el_n;
     return js;
 }
 

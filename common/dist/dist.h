@@ -122,6 +122,11 @@ struct ferry_job {
     atomic_int ck_request; /* ferry_job_request_checkpoint, sent with the next GradNorm */
     atomic_uint_fast64_t readmit_request; /* ferry_job_offer_readmit, with the next GradNorm */
     uint64_t last_step;    /* ferry_job_set_last_step */
+    /* elastic: the membership this rank's GradNorms and Steps carry, and its columns */
+    uint64_t el_epoch;
+    uint32_t *el_members;
+    size_t el_n;
+    int el_col0, el_col1, el_batch;
 };
 
 /* One Forward inside a context, awaiting its Backward. */

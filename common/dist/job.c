@@ -47,6 +47,7 @@ typedef struct job_msg {
     Ferry__V1__JobStatus status;
     Ferry__V1__JobFetch fetch;
     Ferry__V1__JobInstall install;
+    Ferry__V1__JobElastic elastic;
 } job_msg;
 
 /* The member description of this rank: world, rank, sync mode, and the model as
@@ -60,6 +61,7 @@ static void job_member(ferry_job *job, job_msg *m) {
                                                          : FERRY__V1__SYNC_MODE__BSP;
     m->member.staleness = (uint32_t)job->cfg.staleness;
     m->member.sync_timeout_ms = (uint32_t)job->cfg.sync_timeout_ms;
+    m->member.elastic_min = (uint32_t)(job->cfg.elastic_min > 0 ? job->cfg.elastic_min : 0);
     memcpy(m->model, job->model, sizeof m->model);
     size_t n = 0;
     char *save = NULL;
@@ -125,6 +127,13 @@ static void job_request(ferry_job *job, int action, job_msg *m) {
         ferry__v1__job_install__init(&m->install);
         m->install.rank = (uint32_t)job->cfg.rank;
         m->q.install = &m->install;
+        break;
+    case FERRY__V1__JOB_REQUEST__ACTION_ELASTIC:
+        ferry__v1__job_elastic__init(&m->elastic);
+        m->elastic.rank = (uint32_t)job->cfg.rank;
+        m->elastic.epoch = job->el_epoch;
+        m->elastic.batch = (uint32_t)job->el_batch;
+        m->q.elastic = &m->elastic;
         break;
     default:
         ferry__v1__job_status__init(&m->status);
@@ -526,5 +535,307 @@ const ferry_job_config *ferry_job_get_config(const ferry_job *job) {
 }
 
 void ferry_job_destroy(ferry_job *job) {
+    if (job != NULL)
+        free(job->el_members);
     free(job);
+}
+
+/* ---- elastic jobs ---- */
+
+/* The coordinator: the first server of the cluster. */
+#define EL_COORDINATOR 0
+
+/* q on server `server` alone; reply initialised here, deinitialised by the caller. */
+static ferry_status job_one(ferry_job *job, int server, const Ferry__V1__JobRequest *q,
+                            int deadline_ms, ferry_rpc_msg *reply) {
+    ferry_rpc_msg req;
+    ferry_rpc_msg_init(&req);
+    ferry_rpc_msg_init(reply);
+    ferry_status st = ferry_rpc_msg_set_head(&req, &q->base);
+    if (st == FERRY_OK)
+        st = ferry__dist_fanout_deadline(job->c, FERRY_RPC_JOB, 1, &server, &req, 1, reply,
+                                         deadline_ms);
+    ferry_rpc_msg_deinit(&req);
+    return st;
+}
+
+ferry_status ferry_job_join_elastic(ferry_cluster *c, const ferry_job_config *cfg, int batch,
+                                    ferry_job **out) {
+    *out = NULL;
+    if (cfg->elastic_min < 1 || cfg->elastic_min > cfg->world || cfg->sync != FERRY_SYNC_BSP)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "elastic job '%s': bsp with 1 <= MIN (%d) <= MAX (%d) (--elastic "
+                            "MIN:MAX)",
+                            cfg->name != NULL ? cfg->name : "", cfg->elastic_min, cfg->world);
+    if (batch < cfg->world || batch > (1 << 20))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "elastic job '%s': a global batch of %d columns cannot be split over "
+                            "up to %d members (--batch-size at least MAX)",
+                            cfg->name, batch, cfg->world);
+    ferry_job_config jc = *cfg;
+    jc.rank = 0;
+    ferry_job *job = NULL;
+    ferry_status st = ferry_job_create(c, &jc, &job);
+    if (st != FERRY_OK)
+        return st;
+    job->el_batch = batch;
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        ferry_job_destroy(job);
+        return FERRY_NOMEM();
+    }
+    /* Rank 0 makes the job's modules: it is taken only while the job is not ready. */
+    ferry_rpc_msg reply;
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_STATUS, m);
+    int ready = 0;
+    st = job_one(job, EL_COORDINATOR, &m->q, c->cfg.deadline_ms, &reply);
+    if (st == FERRY_OK) {
+        const Ferry__V1__JobReply *r = reply.head;
+        ready = r->ready && !r->finished;
+        if (!r->finished && r->elastic_min == 0)
+            st = ferry_errorf(FERRY_ERR_EXISTS,
+                              "job '%s' is not elastic (world %u); this trainer says --elastic "
+                              "%d:%d",
+                              cfg->name, r->world, cfg->elastic_min, cfg->world);
+        else if (!r->finished && (r->elastic_min != (uint32_t)cfg->elastic_min ||
+                                  r->world != (uint32_t)cfg->world))
+            st = ferry_errorf(FERRY_ERR_EXISTS,
+                              "job '%s' is elastic with %u..%u members; this trainer says "
+                              "--elastic %d:%d",
+                              cfg->name, r->elastic_min, r->world, cfg->elastic_min, cfg->world);
+    } else if (st == FERRY_ERR_NOT_FOUND) {
+        st = FERRY_OK; /* a new job */
+    }
+    ferry_rpc_msg_deinit(&reply);
+    int rank = ready && cfg->world > 1 ? 1 : 0, search = st == FERRY_OK;
+    /* The lowest rank free: another rank's join is refused as held by a live session,
+     * or as a member whose trainer is gone (the job drops it first); any other refusal
+     * (another model) ends the search. */
+    for (st = search ? FERRY_ERR_EXISTS : st; search && rank < cfg->world && st == FERRY_ERR_EXISTS;
+         rank++) {
+        job->cfg.rank = rank;
+        job_request(job, FERRY__V1__JOB_REQUEST__ACTION_JOIN, m);
+        st = job_one(job, EL_COORDINATOR, &m->q, c->cfg.deadline_ms, &reply);
+        ferry_rpc_msg_deinit(&reply);
+        if (st == FERRY_ERR_EXISTS && strstr(ferry_error_last(), "live session") == NULL &&
+            strstr(ferry_error_last(), "trainer is gone") == NULL)
+            break;
+    }
+    free(m);
+    if (st == FERRY_ERR_EXISTS && rank == cfg->world)
+        st = ferry_errorf(FERRY_ERR_EXISTS, "elastic job '%s': all %d ranks are held (--elastic "
+                          "MIN:MAX)", cfg->name, cfg->world);
+    /* The same rank everywhere (the coordinator answers its holder's join again). */
+    if (st == FERRY_OK)
+        st = job_call(job, FERRY__V1__JOB_REQUEST__ACTION_JOIN, NULL, NULL);
+    if (st != FERRY_OK) {
+        ferry_job_destroy(job);
+        return st;
+    }
+    *out = job;
+    return FERRY_OK;
+}
+
+void ferry_job_membership_free(ferry_job_membership *m) {
+    if (m == NULL)
+        return;
+    free(m->members);
+    free(m->state);
+    free(m->progress);
+    memset(m, 0, sizeof *m);
+}
+
+/* The coordinator's JobReply r into *m, and into the job's own membership (what its
+ * GradNorms and Steps carry). */
+static ferry_status membership_read(ferry_job *job, const Ferry__V1__JobReply *r,
+                                    ferry_job_membership *m) {
+    memset(m, 0, sizeof *m);
+    m->epoch = r->epoch;
+    m->first_step = r->epoch_step;
+    m->index = -1;
+    m->n = r->n_members;
+    if ((m->members = malloc((r->n_members + 1) * sizeof *m->members)) == NULL)
+        return FERRY_NOMEM();
+    for (size_t i = 0; i < r->n_members; i++) {
+        m->members[i] = r->members[i];
+        if (r->members[i] == (uint32_t)job->cfg.rank)
+            m->index = (int)i;
+    }
+    if (m->index >= 0) {
+        int64_t B = job->el_batch, n = (int64_t)m->n;
+        m->col0 = (int)(m->index * B / n);
+        m->col1 = (int)((m->index + 1) * B / n);
+    }
+    if (r->n_columns > 0) {
+        size_t len = r->columns[0].len;
+        if (m->index < 0 || r->col0 != (uint32_t)m->col0 ||
+            r->n_columns != (size_t)(m->col1 - m->col0))
+            return ferry_errorf(FERRY_ERR_FORMAT,
+                                "elastic job '%s': the coordinator sent columns [%u, %zu) for "
+                                "columns [%d, %d)",
+                                job->name, r->col0, r->col0 + r->n_columns, m->col0, m->col1);
+        if ((m->state = malloc(len * r->n_columns)) == NULL)
+            return FERRY_NOMEM();
+        for (size_t i = 0; i < r->n_columns; i++) {
+            if (r->columns[i].len != len)
+                return ferry_errorf(FERRY_ERR_FORMAT,
+                                    "elastic job '%s': columns of unequal sizes", job->name);
+            memcpy(m->state + i * len, r->columns[i].data, len);
+        }
+        m->col_bytes = len;
+    }
+    if (r->progress.len > 0) {
+        if ((m->progress = malloc(r->progress.len)) == NULL)
+            return FERRY_NOMEM();
+        memcpy(m->progress, r->progress.data, r->progress.len);
+        m->progress_len = r->progress.len;
+    }
+    uint32_t *own = malloc((m->n + 1) * sizeof *own);
+    if (own == NULL)
+        return FERRY_NOMEM();
+    memcpy(own, m->members, m->n * sizeof *own);
+    free(job->el_members);
+    job->el_members = own;
+    job->el_n = m->n;
+    job->el_epoch = m->epoch;
+    job->el_col0 = m->col0;
+    job->el_col1 = m->col1;
+    return FERRY_OK;
+}
+
+/* One JobElastic call of `op` on the coordinator (op < 0: a status), *m from its
+ * answer. */
+static ferry_status elastic_call(ferry_job *job, int op, uint64_t step, int deadline_ms,
+                                 ferry_job_membership *m) {
+    memset(m, 0, sizeof *m);
+    job_msg *q = calloc(1, sizeof *q);
+    if (q == NULL)
+        return FERRY_NOMEM();
+    job_request(job,
+                op < 0 ? FERRY__V1__JOB_REQUEST__ACTION_STATUS
+                       : FERRY__V1__JOB_REQUEST__ACTION_ELASTIC,
+                q);
+    q->elastic.op = op < 0 ? 0 : (Ferry__V1__JobElastic__Op)op;
+    q->elastic.step = step;
+    ferry_rpc_msg reply;
+    ferry_status st = job_one(job, EL_COORDINATOR, &q->q, deadline_ms, &reply);
+    free(q);
+    if (st == FERRY_OK) {
+        st = membership_read(job, reply.head, m);
+        if (st != FERRY_OK)
+            ferry_job_membership_free(m);
+    }
+    ferry_rpc_msg_deinit(&reply);
+    return st;
+}
+
+ferry_status ferry_job_members(ferry_job *job, ferry_job_membership *m) {
+    return elastic_call(job, -1, 0, job->c->cfg.deadline_ms, m);
+}
+
+static int job_wait_ms(const ferry_job *job) {
+    return job->cfg.sync_timeout_ms > 0 ? job->cfg.sync_timeout_ms : 60000;
+}
+
+/* Waits until every server applied step `step` (at most the sync timeout). */
+static ferry_status wait_applied(ferry_job *job, uint64_t step) {
+    ferry_cluster *c = job->c;
+    job_msg *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_NOMEM();
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_STATUS, m);
+    double t0 = ferry_now();
+    ferry_status st = FERRY_OK;
+    for (int polls = 0;; polls++) {
+        ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
+        uint64_t least = UINT64_MAX;
+        st = job_all(job, &m->q, c->cfg.deadline_ms, replies);
+        for (int i = 0; st == FERRY_OK && i < c->n; i++) {
+            uint64_t a = ((const Ferry__V1__JobReply *)replies[i].head)->applied;
+            least = a < least ? a : least;
+        }
+        replies_deinit(replies, c->n);
+        if (st != FERRY_OK || least >= step)
+            break;
+        if ((ferry_now() - t0) * 1000.0 > job_wait_ms(job)) {
+            st = ferry_errorf(FERRY_ERR_TIMEOUT,
+                              "elastic job '%s': admitted after step %llu, but a server has "
+                              "applied only step %llu after %d ms",
+                              job->name, (unsigned long long)step, (unsigned long long)least,
+                              job_wait_ms(job));
+            break;
+        }
+        struct timespec ts = {0, polls < 50 ? 1000000L : 20000000L};
+        nanosleep(&ts, NULL);
+    }
+    free(m);
+    return st;
+}
+
+ferry_status ferry_job_admit(ferry_job *job, ferry_job_membership *m) {
+    if (job->cfg.elastic_min < 1)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s' is not elastic", job->name);
+    ferry_status st = elastic_call(job, FERRY__V1__JOB_ELASTIC__OP__ADMIT, 0,
+                                   job_wait_ms(job) + job->c->cfg.deadline_ms, m);
+    /* Admitted at the boundary after step first_step - 1: the coordinator applied it,
+     * the other servers may still be applying it (the members' Steps are in flight),
+     * and this rank's first pull must see it everywhere. */
+    if (st == FERRY_OK && m->first_step > 1 && (st = wait_applied(job, m->first_step - 1)) != FERRY_OK)
+        ferry_job_membership_free(m);
+    return st;
+}
+
+ferry_status ferry_job_sync_membership(ferry_job *job, uint64_t step, ferry_job_membership *m) {
+    return elastic_call(job, FERRY__V1__JOB_ELASTIC__OP__SYNC, step, job->c->cfg.deadline_ms, m);
+}
+
+ferry_status ferry_job_redo(ferry_job *job, uint64_t step, int wait_ms, ferry_job_membership *m) {
+    uint64_t epoch = job->el_epoch;
+    double t0 = ferry_now();
+    for (int polls = 0;; polls++) {
+        ferry_status st = elastic_call(job, FERRY__V1__JOB_ELASTIC__OP__REDO, step,
+                                       job->c->cfg.deadline_ms, m);
+        if (st != FERRY_OK || m->epoch != epoch)
+            return st;
+        ferry_job_membership_free(m);
+        if ((ferry_now() - t0) * 1000.0 > wait_ms)
+            return ferry_errorf(FERRY_ERR_TIMEOUT,
+                                "elastic job '%s': step %llu failed, and no member is gone at "
+                                "the coordinator after %d ms",
+                                job->name, (unsigned long long)step, wait_ms);
+        struct timespec ts = {0, polls < 10 ? 10000000L : 50000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+ferry_status ferry_job_put_state(ferry_job *job, uint64_t step, const void *state,
+                                 size_t col_bytes, const void *progress, size_t progress_len,
+                                 int leaving) {
+    size_t n = (size_t)(job->el_col1 - job->el_col0);
+    job_msg *q = calloc(1, sizeof *q);
+    ProtobufCBinaryData *cols = calloc(n + 1, sizeof *cols);
+    if (q == NULL || cols == NULL) {
+        free(q);
+        free(cols);
+        return FERRY_NOMEM();
+    }
+    for (size_t i = 0; i < n; i++) {
+        cols[i].data = (uint8_t *)(uintptr_t)state + i * col_bytes;
+        cols[i].len = col_bytes;
+    }
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_ELASTIC, q);
+    q->elastic.op = FERRY__V1__JOB_ELASTIC__OP__PUT;
+    q->elastic.step = step;
+    q->elastic.col0 = (uint32_t)job->el_col0;
+    q->elastic.columns = cols;
+    q->elastic.n_columns = n;
+    q->elastic.progress.data = (uint8_t *)(uintptr_t)progress;
+    q->elastic.progress.len = progress != NULL ? progress_len : 0;
+    q->elastic.leaving = leaving != 0;
+    ferry_rpc_msg reply;
+    ferry_status st = job_one(job, EL_COORDINATOR, &q->q, job->c->cfg.deadline_ms, &reply);
+    ferry_rpc_msg_deinit(&reply);
+    free(q);
+    free(cols);
+    return st;
 }

@@ -636,10 +636,13 @@ typedef struct ferry_job_config {
     const char *model;   /* "key=value key=value": the model as this rank builds it; the
                             servers refuse a rank whose values differ from the job's,
                             naming the key */
+    /* > 0: an elastic job (bsp; ferry_job_join_elastic): world is the most members it
+     * may have and elastic_min the fewest it runs with; the rank is picked at join. */
+    int elastic_min;
     /* Room to grow (zero it: = {...}): a later release of the same soname takes new fields
      * from it, each meaning its default at zero, so a caller built against this
      * header keeps its behaviour and the struct its size. */
-    unsigned char reserved[64];
+    unsigned char reserved[60];
 } ferry_job_config;
 
 typedef struct ferry_job ferry_job;
@@ -749,6 +752,66 @@ FERRY_API ferry_status ferry_job_offer_readmit(ferry_job *job, int probe_ms, uin
 FERRY_API uint64_t ferry_dist_ctx_job_readmit(const ferry_dist_ctx *dc);
 FERRY_API ferry_status ferry_job_readmit(ferry_job *job, uint64_t mask, uint64_t step,
                                          int *readmitted, uint64_t *bytes);
+/* ---- Elastic jobs (docs/architecture.md §11b) -------------------------------------
+ * Members come and go between steps, without a roll-back. The first server of the
+ * cluster (the coordinator) keeps the membership: an epoch, its members (ranks,
+ * ascending) and the first step it runs. Member i of n takes columns [i*B/n,
+ * (i+1)*B/n) of the fixed global batch B, and before each step's GradNorm puts each
+ * column's carried state at the end of the step there (ferry_job_put_state), so that
+ * whoever holds the columns next starts from it; the GradNorm and Step of a step carry
+ * the membership it ran under. */
+typedef struct ferry_job_membership {
+    uint64_t epoch;      /* 0: none yet */
+    uint64_t first_step; /* the first step it runs */
+    uint32_t *members;   /* ascending ranks (malloc'd) */
+    size_t n;
+    int index;      /* this rank's place among them; -1: not a member */
+    int col0, col1; /* its columns [col0, col1) of the global batch */
+    /* The carried state of those columns at the end of step first_step - 1, column
+     * after column, col_bytes each; NULL when this rank keeps its own (its columns did
+     * not change) or first_step is 1. */
+    unsigned char *state;
+    size_t col_bytes;
+    unsigned char *progress; /* what the members put with it (NULL: nothing) */
+    size_t progress_len;
+} ferry_job_membership;
+
+/* Joins elastic job cfg->name (cfg->elastic_min > 0, cfg->world its most members,
+ * bsp): takes the lowest free rank on the coordinator (rank 0 only while the job is
+ * not ready: its taker makes the modules), then the same rank on every other server.
+ * `batch`: the global batch in columns (at least world). Errors as ferry_job_join;
+ * FERRY_ERR_EXISTS when every rank is held. */
+FERRY_API ferry_status ferry_job_join_elastic(ferry_cluster *c, const ferry_job_config *cfg,
+                                              int batch, ferry_job **out);
+/* Asks to become a member and waits (at most the sync timeout) until admitted: before
+ * the job's first step once elastic_min ranks ask, else at the next step boundary,
+ * and then until every server applied the step before it (so that this rank's first
+ * pull sees it). *m receives the membership (free it with ferry_job_membership_free);
+ * the job's GradNorms and Steps carry it from now on. */
+FERRY_API ferry_status ferry_job_admit(ferry_job *job, ferry_job_membership *m);
+/* Before the GradNorm of step `step`: this rank's columns' carried state at its end
+ * (col1 - col0 columns of col_bytes each, at most 1 MiB each), the progress the
+ * members share (at most 4096 bytes; NULL: none) and whether it leaves after the
+ * step. FERRY_ERR_ABORTED: the membership changed (ferry_job_redo). */
+FERRY_API ferry_status ferry_job_put_state(ferry_job *job, uint64_t step, const void *state,
+                                           size_t col_bytes, const void *progress,
+                                           size_t progress_len, int leaving);
+/* After step `step` was applied: the membership of step step + 1 into *m (its state
+ * when this rank's columns changed). */
+FERRY_API ferry_status ferry_job_sync_membership(ferry_job *job, uint64_t step,
+                                                 ferry_job_membership *m);
+/* Step `step` failed for want of a member (its GradNorm or Step failed with
+ * FERRY_ERR_ABORTED or FERRY_ERR_UNAVAILABLE): asks the coordinator to drop the members
+ * that are gone, polling until it has (at most `wait_ms`): *m receives the membership
+ * that redoes the step, with this rank's columns' state of step step - 1.
+ * FERRY_ERR_TIMEOUT: nobody was dropped (the failure was something else). */
+FERRY_API ferry_status ferry_job_redo(ferry_job *job, uint64_t step, int wait_ms,
+                                      ferry_job_membership *m);
+/* The coordinator's membership of the job now (epoch 0: not elastic, or not
+ * started), as ferry-ctl job shows it; *m as above, without state. */
+FERRY_API ferry_status ferry_job_members(ferry_job *job, ferry_job_membership *m);
+FERRY_API void ferry_job_membership_free(ferry_job_membership *m);
+
 /* Forgets the open context without telling the servers (they sweep it after their
  * --context-ttl): after a peer failed, no cleanup call waits on a dead server. */
 FERRY_API void ferry_dist_ctx_abandon(ferry_dist_ctx *dc);

@@ -96,6 +96,17 @@ static int show_job(ferry_cluster *c, const char *name, int replicas) {
             ferry_job_probe_free(&pr[s]);
         }
     }
+    ferry_job_membership m;
+    if (ferry_job_members(job, &m) == FERRY_OK && m.epoch > 0) { /* an elastic job */
+        char text[256] = "";
+        size_t k = 0;
+        for (size_t i = 0; i < m.n && k + 16 < sizeof text; i++)
+            k += (size_t)snprintf(text + k, sizeof text - k, "%s%u", i ? "," : "", m.members[i]);
+        (void)printf("elastic: membership epoch %llu from step %llu: ranks %s (%zu members)\n",
+                     (unsigned long long)m.epoch, (unsigned long long)m.first_step,
+                     m.n > 0 ? text : "none", m.n);
+    }
+    ferry_job_membership_free(&m);
     free(pr);
     free(ok);
     ferry_job_destroy(job);

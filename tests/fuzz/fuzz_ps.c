@@ -226,9 +226,11 @@ static void forward(ferry_ps_server *s, const char *module, const char *in_name,
     FUZZ_ASSERT(call_built(s, FERRY_RPC_FORWARD, &q.base, &t0, in2 ? &t1 : NULL) == FERRY_OK);
 }
 
-/* Rank 0 of a 2-rank job; an in-process server cannot hold a call, so a bsp or ssp
- * wait is refused at once rather than waited for. */
-static void join(ferry_ps_server *s, const char *job, Ferry__V1__SyncMode sync) {
+/* Rank 0 of a 2-rank job (elastic_min > 0: an elastic job of 1..2 members, rank 0
+ * admitted over a global batch of 4); an in-process server cannot hold a call, so a
+ * bsp or ssp wait is refused at once rather than waited for. */
+static void join(ferry_ps_server *s, const char *job, Ferry__V1__SyncMode sync,
+                 uint32_t elastic_min) {
     Ferry__V1__ModelKey k;
     ferry__v1__model_key__init(&k);
     k.key = (char *)(uintptr_t) "H";
@@ -241,6 +243,7 @@ static void join(ferry_ps_server *s, const char *job, Ferry__V1__SyncMode sync) 
     mb.staleness = 1;
     mb.n_model = 1;
     mb.model = &kp;
+    mb.elastic_min = elastic_min;
     Ferry__V1__JobJoin jj;
     ferry__v1__job_join__init(&jj);
     jj.member = &mb;
@@ -249,6 +252,15 @@ static void join(ferry_ps_server *s, const char *job, Ferry__V1__SyncMode sync) 
     q.job = (char *)(uintptr_t)job;
     q.action_case = FERRY__V1__JOB_REQUEST__ACTION_JOIN;
     q.join = &jj;
+    FUZZ_ASSERT(call_built(s, FERRY_RPC_JOB, &q.base, NULL, NULL) == FERRY_OK);
+    if (elastic_min == 0)
+        return;
+    Ferry__V1__JobElastic e;
+    ferry__v1__job_elastic__init(&e);
+    e.op = FERRY__V1__JOB_ELASTIC__OP__ADMIT;
+    e.batch = 4;
+    q.action_case = FERRY__V1__JOB_REQUEST__ACTION_ELASTIC;
+    q.elastic = &e;
     FUZZ_ASSERT(call_built(s, FERRY_RPC_JOB, &q.base, NULL, NULL) == FERRY_OK);
 }
 
@@ -284,9 +296,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     forward(s, "den", "unused", FERRY_RPC_DTYPE_F32, 1, 4, NULL); /* a pull reads no input */
     create_opts(s, "rnn", "lstm", 4, 4, 0, 0, 1, 2);
     forward_lstm(s, "rnn");
-    join(s, "j", FERRY__V1__SYNC_MODE__BSP); /* jobs for GradNorm and Step: one of each mode */
-    join(s, "k", FERRY__V1__SYNC_MODE__SSP);
-    join(s, "a", FERRY__V1__SYNC_MODE__ASYNC);
+    join(s, "j", FERRY__V1__SYNC_MODE__BSP, 0); /* jobs for GradNorm and Step: each mode */
+    join(s, "k", FERRY__V1__SYNC_MODE__SSP, 0);
+    join(s, "a", FERRY__V1__SYNC_MODE__ASYNC, 0);
+    join(s, "e", FERRY__V1__SYNC_MODE__BSP, 1); /* elastic, rank 0 admitted */
 
     ferry_rpc_method m = FUZZ_METHOD;
     ferry__rpc_limits lim = {.max_message_bytes = MESSAGE_LIMIT, .max_tensors = 64};

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# elastic_bench.sh - what an elastic job costs and what a member's death takes: a bsp
+# job of 2 trainers on 2 ferry-ps, PTB small (E = H = 200, global batch 40, bptt 20),
+# run with a fixed world (--world 2) and as an elastic job (--elastic 1:3, both
+# trainers started together), interleaved, REPS times each. Per run: the job's tokens/s
+# over steps 101..STEPS (both members admitted long before). Then an elastic job of 3
+# trainers, one SIGKILLed when the first logs step 60: the seconds from the SIGKILL to
+# the survivors' next completed step (the step redone), beside their median step.
+#
+#   bench/elastic_bench.sh [BUILD_DIR] [REPS]      # default: build 3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+BIN=${1:-build}
+REPS=${2:-3}
+STEPS=200
+TMP=$(mktemp -d /tmp/ferry-elastic.XXXXXX)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+export FERRY_PROGRESS=off OPENBLAS_NUM_THREADS=1
+
+echo "machine: $(bench_cpu_model), $(nproc) cores; $(date -u +%FT%TZ); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "BLAS: OpenBLAS $(bench_kernels "$BIN") kernels, 1 thread per process"
+DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt 20
+    --batch-size 40 --log-interval 1 --lr 0.1)
+echo "job: 2 ferry-ps, ${DATA[*]}"
+
+servers() { # starts 2 ferry-ps; sets PSS (their targets) and SPIDS
+    SPIDS=()
+    PSS=""
+    for i in 0 1; do
+        rm -f "$TMP/ps$i.port"
+        "$BIN/server/ferry-ps" --listen 127.0.0.1:0 --port-file "$TMP/ps$i.port" 2>"$TMP/ps$i.log" &
+        SPIDS+=($!)
+    done
+    for i in 0 1; do
+        for _ in $(seq 100); do [ -s "$TMP/ps$i.port" ] && break; sleep 0.05; done
+        PSS=$PSS${PSS:+,}127.0.0.1:$(cat "$TMP/ps$i.port")
+    done
+}
+stop_servers() {
+    kill -TERM "${SPIDS[@]}" 2>/dev/null || true
+    wait "${SPIDS[@]}" 2>/dev/null || true
+}
+elapsed_at() { # FILE STEP: the train event's elapsed_s at STEP
+    grep "\"event\":\"train\",\"epoch\":1,\"step\":$2," "$1" | sed 's/.*"elapsed_s":\([0-9.e+-]*\).*/\1/'
+}
+
+# run fixed|elastic: prints the job's tokens/s over steps 101..STEPS (rank 0's view).
+run() {
+    servers
+    local pids=() r
+    for r in 0 1; do
+        if [ "$1" = fixed ]; then
+            "$BIN/worker/ferry-trainer" --ps "$PSS" --job b --world 2 --rank "$r" "${DATA[@]}" \
+                --max-steps "$STEPS" --metrics-out "$TMP/m$r.jsonl" 2>"$TMP/r$r.log" &
+        else
+            "$BIN/worker/ferry-trainer" --ps "$PSS" --job b --elastic 1:3 "${DATA[@]}" \
+                --max-steps "$STEPS" --metrics-out "$TMP/m$r.jsonl" 2>"$TMP/r$r.log" &
+        fi
+        pids+=($!)
+    done
+    wait "${pids[@]}" || { tail -3 "$TMP"/r*.log >&2; exit 1; }
+    stop_servers
+    local a b
+    a=$(elapsed_at "$TMP/m0.jsonl" 100)
+    b=$(elapsed_at "$TMP/m0.jsonl" "$STEPS")
+    awk -v a="$a" -v b="$b" -v n=$((STEPS - 100)) 'BEGIN { printf "%.0f\n", n * 800 / (b - a) }'
+}
+
+fixed=() elastic=()
+for ((i = 1; i <= REPS; i++)); do
+    fixed+=("$(run fixed)")
+    elastic+=("$(run elastic)")
+    echo "rep $i: fixed ${fixed[-1]} tok/s, elastic ${elastic[-1]} tok/s"
+done
+mf=$(printf '%s\n' "${fixed[@]}" | median)
+me=$(printf '%s\n' "${elastic[@]}" | median)
+echo "median: fixed world $mf tok/s, elastic $me tok/s ($(awk -v a="$me" -v b="$mf" 'BEGIN { printf "%.3f", a / b }')x)"
+
+# A member's death: 3 trainers, one SIGKILLed at step 60.
+servers
+pids=()
+for r in 0 1 2; do
+    "$BIN/worker/ferry-trainer" --ps "$PSS" --job d --elastic 1:3 "${DATA[@]}" --max-steps 120 \
+        --metrics-out "$TMP/d$r.jsonl" 2>"$TMP/d$r.log" &
+    pids+=($!)
+    sleep 0.3
+done
+until grep -q '"step":60,' "$TMP/d0.jsonl" 2>/dev/null; do sleep 0.01; done
+kill -9 "${pids[2]}"
+killed=$(date +%s.%N)
+wait "${pids[0]}" "${pids[1]}" || { tail -3 "$TMP"/d*.log >&2; exit 1; }
+wait "${pids[2]}" 2>/dev/null || true
+stop_servers
+python3 - "$TMP/d0.log" "$TMP/d0.jsonl" "$killed" <<'EOF'
+import datetime, json, statistics, sys
+log, metrics, killed = sys.argv[1], sys.argv[2], float(sys.argv[3])
+ev = [json.loads(l) for l in open(metrics)]
+redo = [e for e in ev if e["event"] == "redo"]
+if len(redo) != 1:
+    sys.exit(f"{len(redo)} steps redone, want 1")
+step = redo[0]["step"]
+def when(s):
+    for line in open(log):
+        if f": step {s} |" in line:
+            t = datetime.datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f")
+            return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+times = sorted(e["elapsed_s"] for e in ev if e["event"] == "train")
+gaps = [b - a for a, b in zip(times, times[1:])]
+print(f"death: SIGKILL of 1 of 3 members at step ~60; step {step} redone; "
+      f"{when(step) - killed:.3f} s from the SIGKILL to the survivors' next step "
+      f"(median step {statistics.median(gaps):.3f} s)")
+EOF

@@ -1,0 +1,261 @@
+/* elastic.c - a rank of an elastic job (--elastic MIN:MAX): admitted at a step
+ * boundary, it takes its share of the fixed global batch under each membership
+ * (member i of n: columns [i*B/n, (i+1)*B/n)), puts its columns' carried state on the
+ * coordinator before each step's GradNorm, learns the next step's membership after
+ * each step, and redoes a step that a member will not finish under the membership
+ * without it. The carried LSTM state travels as columns: each column's h then c of
+ * every layer, float32. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/core/log.h"
+#include "worker/trainer-impl.h"
+
+/* The trainers' progress after a step, as members share it (little-endian). */
+#define PROGRESS_MAGIC 0x31504c45u /* "ELP1" */
+#define PROGRESS_BYTES (4 + 4 + 8 + 8 + 4 + 8 + 4 + 4)
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put_u64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Where the run stands after the step under way: its epoch, the next window, the
+ * step count, the learning rate and the schedule's state. */
+static void progress_encode(const trainer *t, int64_t next_window, unsigned char *p) {
+    float lr = t->lr;
+    double best = t->sched.best;
+    uint32_t lr_bits;
+    uint64_t best_bits;
+    memcpy(&lr_bits, &lr, 4);
+    memcpy(&best_bits, &best, 8);
+    put_u32(p, PROGRESS_MAGIC);
+    put_u32(p + 4, (uint32_t)t->epoch);
+    put_u64(p + 8, (uint64_t)next_window);
+    put_u64(p + 16, (uint64_t)t->step + 1);
+    put_u32(p + 24, lr_bits);
+    put_u64(p + 28, best_bits);
+    put_u32(p + 36, (uint32_t)t->sched.bad_epochs);
+    put_u32(p + 40, (uint32_t)t->sched.cooldown_left);
+}
+
+static ferry_status progress_decode(trainer *t, const unsigned char *p, size_t n,
+                                    uint64_t step) {
+    if (n != PROGRESS_BYTES || get_u32(p) != PROGRESS_MAGIC || get_u64(p + 16) != step)
+        return ferry_errorf(FERRY_ERR_FORMAT,
+                            "elastic job: the members' progress of step %llu is not one this "
+                            "trainer reads (%zu bytes; another ferry-trainer version?)",
+                            (unsigned long long)step, n);
+    uint32_t lr_bits = get_u32(p + 24);
+    uint64_t best_bits = get_u64(p + 28);
+    float lr;
+    double best;
+    memcpy(&lr, &lr_bits, 4);
+    memcpy(&best, &best_bits, 8);
+    ferry_ck_progress pr = {0};
+    pr.epoch = (int)get_u32(p + 4);
+    pr.window = (int64_t)get_u64(p + 8);
+    pr.step = (int64_t)step;
+    pr.lr = lr;
+    pr.sched = t->sched;
+    pr.sched.best = best;
+    pr.sched.bad_epochs = (int)get_u32(p + 36);
+    pr.sched.cooldown_left = (int)get_u32(p + 40);
+    pr.has_state = pr.window > 0;
+    return ferry__trainer_apply_progress(t, &pr);
+}
+
+/* Bytes of one column's carried state: h and c of every layer. */
+static size_t column_bytes(const trainer *t) {
+    return 2 * (size_t)t->cfg->nlayers * (size_t)t->cfg->nhid * sizeof(float);
+}
+
+/* The carried state (L, Br, H) of h and c as columns into buf, or back. */
+static ferry_status state_columns(trainer *t, float *buf, int to_columns) {
+    int L = t->cfg->nlayers, H = t->cfg->nhid, Br = t->c1 - t->c0;
+    ferry_tensor *hc[2] = {ferry_lm_state_h(t->lm), ferry_lm_state_c(t->lm)};
+    ferry_backend *be = ferry_lm_backend(t->lm);
+    size_t n = (size_t)L * (size_t)Br * (size_t)H;
+    float *host = malloc((2 * n + 1) * sizeof *host);
+    if (host == NULL)
+        return FERRY_NOMEM();
+    ferry_status st = FERRY_OK;
+    for (int k = 0; k < 2 && to_columns && st == FERRY_OK; k++)
+        st = ferry_backend_copy(be, host + k * n, hc[k]->data, n * sizeof(float),
+                                FERRY_COPY_DEVICE_TO_HOST);
+    for (int b = 0; b < Br && st == FERRY_OK; b++) {
+        for (int k = 0; k < 2; k++) {
+            for (int l = 0; l < L; l++) {
+                float *col = buf + (((size_t)b * 2 + (size_t)k) * (size_t)L + (size_t)l) * H;
+                float *row = host + k * n + ((size_t)l * Br + (size_t)b) * H;
+                if (to_columns)
+                    memcpy(col, row, (size_t)H * sizeof(float));
+                else
+                    memcpy(row, col, (size_t)H * sizeof(float));
+            }
+        }
+    }
+    for (int k = 0; k < 2 && !to_columns && st == FERRY_OK; k++)
+        st = ferry_backend_copy(be, hc[k]->data, host + k * n, n * sizeof(float),
+                                FERRY_COPY_HOST_TO_DEVICE);
+    free(host);
+    return st;
+}
+
+/* Takes membership m: this rank's columns, and their carried state when m brings it
+ * (zeroed instead at an epoch's first window, where every member starts from zero). */
+static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_window) {
+    if (m->index < 0)
+        return ferry_errorf(FERRY_ERR_ABORTED,
+                            "elastic job '%s': rank %d is not among the members of epoch %llu "
+                            "(the coordinator dropped it)",
+                            t->cfg->job, ferry_job_get_config(t->job)->rank,
+                            (unsigned long long)m->epoch);
+    int moved = m->col0 != t->c0 || m->col1 != t->c1 || m->epoch != t->el_epoch;
+    char text[256];
+    size_t k = 0;
+    for (size_t i = 0; i < m->n && k + 16 < sizeof text; i++)
+        k += (size_t)snprintf(text + k, sizeof text - k, "%s%u", i ? "," : "", m->members[i]);
+    if (m->epoch != t->el_epoch)
+        FERRY_LOG_INFO("elastic: epoch %llu from step %llu: members %s (%zu); this rank's "
+                       "columns [%d, %d) of %d",
+                       (unsigned long long)m->epoch, (unsigned long long)m->first_step, text, m->n,
+                       m->col0, m->col1, t->cfg->batch_size);
+    if (m->epoch != t->el_epoch && t->metrics != NULL) {
+        const char *keys[] = {"epoch", "first_step", "members", "col0", "col1"};
+        double vals[] = {(double)m->epoch, (double)m->first_step, (double)m->n, m->col0, m->col1};
+        ferry_status st = ferry_metrics_write_kv(t->metrics, "membership", 5, keys, vals);
+        if (st != FERRY_OK)
+            return st;
+    }
+    t->el_epoch = m->epoch;
+    t->el_first = m->index == 0;
+    pthread_mutex_lock(&t->live_mu);
+    t->live.el_epoch = m->epoch;
+    t->live.el_members = m->n;
+    pthread_mutex_unlock(&t->live_mu);
+    t->c0 = m->col0;
+    t->c1 = m->col1;
+    if (!moved && m->state == NULL)
+        return FERRY_OK;
+    ferry_status st = ferry_lm_reset_state(t->lm, t->c1 - t->c0);
+    if (st != FERRY_OK || first_window || m->state == NULL)
+        return st;
+    if (m->col_bytes != column_bytes(t))
+        return ferry_errorf(FERRY_ERR_FORMAT,
+                            "elastic job '%s': a column's carried state has %zu bytes; this "
+                            "model's has %zu",
+                            t->cfg->job, m->col_bytes, column_bytes(t));
+    return state_columns(t, (float *)(void *)m->state, 0);
+}
+
+ferry_status ferry__trainer_elastic_admit(trainer *t) {
+    ferry_job_membership m;
+    FERRY_LOG_INFO("elastic: rank %d asks to join job '%s' (admitted at the next step boundary)",
+                   ferry_job_get_config(t->job)->rank, t->cfg->job);
+    double t0 = ferry_now();
+    ferry_status st = ferry_job_admit(t->job, &m);
+    if (st != FERRY_OK)
+        return st;
+    if (m.progress != NULL)
+        st = progress_decode(t, m.progress, m.progress_len, m.first_step - 1);
+    else if (m.first_step > 1)
+        st = ferry_errorf(FERRY_ERR_FORMAT,
+                          "elastic job '%s': admitted at step %llu without the members' "
+                          "progress",
+                          t->cfg->job, (unsigned long long)m.first_step);
+    if (st == FERRY_OK)
+        st = apply(t, &m, t->win0 == 0);
+    t->carried = st == FERRY_OK && m.state != NULL && t->win0 > 0;
+    if (st == FERRY_OK)
+        FERRY_LOG_INFO("elastic: admitted in %.2f s at step %llu (epoch %d, window %lld)",
+                       ferry_now() - t0, (unsigned long long)m.first_step, t->epoch,
+                       (long long)t->win0);
+    ferry_job_membership_free(&m);
+    return st;
+}
+
+ferry_status ferry__trainer_elastic_put(void *user) {
+    trainer *t = user;
+    size_t cb = column_bytes(t), n = (size_t)(t->c1 - t->c0);
+    float *buf = malloc(n * cb + 1);
+    if (buf == NULL)
+        return FERRY_NOMEM();
+    unsigned char prog[PROGRESS_BYTES];
+    progress_encode(t, t->el_window + 1, prog);
+    ferry_status st = state_columns(t, buf, 1);
+    if (st == FERRY_OK)
+        st = ferry_job_put_state(t->job, (uint64_t)t->step + 1, buf, cb, prog, sizeof prog,
+                                 ferry_trainer_stop_requested());
+    free(buf);
+    return st;
+}
+
+int ferry__trainer_elastic_retry(const trainer *t, ferry_status st) {
+    return t->cfg->elastic_max > 0 && (st == FERRY_ERR_ABORTED || st == FERRY_ERR_UNAVAILABLE);
+}
+
+ferry_status ferry__trainer_elastic_redo(trainer *t, int first_window) {
+    char why[512];
+    (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+    double t0 = ferry_now();
+    ferry_job_membership m;
+    int wait_ms = (int)(t->cfg->sync_timeout_s * 1000.0);
+    ferry_status st = ferry_job_redo(t->job, (uint64_t)t->step + 1, wait_ms, &m);
+    if (st != FERRY_OK)
+        return ferry_errorf(st, "step %lld: %s (and no redo: %s)", (long long)t->step + 1, why,
+                            ferry_error_last());
+    FERRY_LOG_WARN("elastic: step %lld is redone under epoch %llu (%.2f s): %s",
+                   (long long)t->step + 1, (unsigned long long)m.epoch, ferry_now() - t0, why);
+    st = apply(t, &m, first_window);
+    pthread_mutex_lock(&t->live_mu);
+    t->live.el_redos++;
+    pthread_mutex_unlock(&t->live_mu);
+    if (st == FERRY_OK && t->metrics != NULL) {
+        const char *keys[] = {"step", "epoch", "seconds"};
+        double vals[] = {(double)t->step + 1, (double)m.epoch, ferry_now() - t0};
+        st = ferry_metrics_write_kv(t->metrics, "redo", 3, keys, vals);
+    }
+    ferry_job_membership_free(&m);
+    return st;
+}
+
+ferry_status ferry__trainer_elastic_sync(trainer *t, int next_first_window) {
+    /* The coordinator's Step reply names the next step's epoch: the same one, and this
+     * rank keeps its columns, with no call. */
+    double epoch = 0.0;
+    if (ferry_dist_ctx_metric(t->dc, "elastic/epoch", &epoch) == FERRY_OK &&
+        (uint64_t)epoch == t->el_epoch)
+        return FERRY_OK;
+    ferry_job_membership m;
+    ferry_status st = ferry_job_sync_membership(t->job, (uint64_t)t->step, &m);
+    if (st != FERRY_OK)
+        return st;
+    if (m.index < 0 && ferry_trainer_stop_requested()) {
+        FERRY_LOG_INFO("elastic: left the membership after step %lld (epoch %llu goes on without "
+                       "this rank)",
+                       (long long)t->step, (unsigned long long)m.epoch);
+        t->el_left = 1;
+    } else {
+        st = apply(t, &m, next_first_window);
+    }
+    ferry_job_membership_free(&m);
+    return st;
+}
