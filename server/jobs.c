@@ -714,11 +714,9 @@ static ferry_status member_agrees(const ferry__ps_job *job, const Ferry__V1__Job
                             "job '%s' has world %u; this trainer says world %u (--world)",
                             job->name, job->world, mb->world);
     if (job->el_min != mb->elastic_min)
-        return ferry_errorf(FERRY_ERR_EXISTS,
-                            "job '%s' is %s; this trainer says %s%u (--elastic)", job->name,
-                            job->el_min > 0 ? "elastic" : "not elastic",
-                            mb->elastic_min > 0 ? "elastic, at least " : "not elastic", 
-                            mb->elastic_min);
+        return ferry_errorf(FERRY_ERR_EXISTS, "job '%s' is %s; this trainer's is %s (--elastic)",
+                            job->name, job->el_min > 0 ? "elastic" : "not elastic",
+                            mb->elastic_min > 0 ? "elastic" : "not elastic");
     if (job->sync != sync || job->K != (sync == FERRY__PS_SSP ? mb->staleness : 0)) {
         char have[32];
         sync_text(job, have, sizeof have);
@@ -1316,10 +1314,12 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
     }
     Ferry__V1__JobReply r;
     ferry__v1__job_reply__init(&r);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK) { /* packed under the lock: it points into the job */
         state_reply(job, &r);
+        st = ferry_rpc_msg_set_head(reply, &r.base);
+    }
     pthread_mutex_unlock(&j->mu);
-    return st != FERRY_OK ? st : ferry_rpc_msg_set_head(reply, &r.base);
+    return st;
 }
 
 /* drop: the owner (or an admin) ends the job here at once; its waiting calls fail. */
@@ -1711,7 +1711,10 @@ static void el_boundary(ferry__ps_jobs *j, ferry__ps_job *job, uint64_t s) {
         job_fail(job, "out of memory moving an elastic job's membership on");
         return;
     }
-    if (el_same(job, m, n)) {
+    /* A step applied under an older epoch than the coordinator's (a redo was asked for
+     * a step that completed anyway): the current epoch's first step is past, so a new
+     * one starts at s + 1 even with the same members. */
+    if (el_same(job, m, n) && job->bar_epoch == job->epoch) {
         free(m);
         return;
     }
@@ -1756,8 +1759,17 @@ static ferry_status el_barrier(ferry__ps_jobs *j, ferry__ps_job *job, const Ferr
                             "%llu): ask the coordinator",
                             (unsigned long long)s, job->name, (unsigned long long)job->bar_epoch,
                             (unsigned long long)js->epoch);
+    if (opens && js->epoch < job->bar_epoch) /* epochs only grow from step to step */
+        return ferry_errorf(FERRY_ERR_ABORTED,
+                            "bsp step %llu of job '%s': epoch %llu is older than the last step's "
+                            "(%llu): ask the coordinator",
+                            (unsigned long long)s, job->name, (unsigned long long)js->epoch,
+                            (unsigned long long)job->bar_epoch);
     if (open_s && js->epoch == job->bar_epoch) {
-        if (js->n_members != job->bar_n || !rank_peek(job, js->rank)->member)
+        int same = js->n_members == job->bar_n;
+        for (size_t i = 0; same && i < js->n_members; i++)
+            same = rank_peek(job, js->members[i])->member;
+        if (!same)
             return ferry_errorf(FERRY_ERR_INVALID,
                                 "bsp step %llu of job '%s': epoch %llu names other members",
                                 (unsigned long long)s, job->name, (unsigned long long)js->epoch);
@@ -1837,17 +1849,18 @@ static ferry_status el_put(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V
         if (c->p_data.len != len) {
             uint8_t *p = realloc(c->p_data.data, len);
             if (p == NULL)
-                return FERRY_NOMEM();
+                return FERRY_NOMEM(); /* the columns before are charged already */
+            int64_t d = (int64_t)len - (int64_t)c->p_data.len;
             c->p_data.data = p;
+            c->p_data.len = len;
+            job->col_bytes += d;
+            job->bytes += d;
+            j->bytes += d;
         }
         memcpy(c->p_data.data, e->columns[i].data, len);
-        c->p_data.len = len;
         c->p_step = e->step;
         c->p_epoch = e->epoch;
     }
-    job->col_bytes += grow;
-    job->bytes += grow;
-    j->bytes += grow;
     if (e->progress.len > 0) {
         uint8_t *p = malloc(e->progress.len);
         if (p == NULL)
@@ -1870,6 +1883,9 @@ static ferry_status el_redo(ferry__ps_job *job, const Ferry__V1__JobElastic *e, 
         return ferry_errorf(FERRY_ERR_INVALID,
                             "job '%s': step %llu was applied here; it is not redone", job->name,
                             (unsigned long long)s);
+    if (s != job->applied + 1)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': step %llu is not the open step (%llu)",
+                            job->name, (unsigned long long)s, (unsigned long long)job->applied + 1);
     if (job->epoch > e->epoch) { /* another member asked first */
         *cols = 1;
         return FERRY_OK;
@@ -1922,8 +1938,8 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
     else if (e->batch == 0 || e->batch > EL_BATCH_MAX || e->batch < job->world ||
              (job->el_batch != 0 && e->batch != job->el_batch))
         st = ferry_errorf(FERRY_ERR_INVALID,
-                          "job '%s': global batch %u (the job's: %u; at least its %u members "
-                          "at most)",
+                          "job '%s': global batch %u columns; the job's is %u (0: not set yet), "
+                          "at least its largest membership, %u",
                           job->name, e->batch, job->el_batch, job->world);
     if (st == FERRY_OK && job->cols == NULL) {
         if ((job->cols = calloc(e->batch, sizeof *job->cols)) == NULL) {
@@ -2093,7 +2109,9 @@ static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uin
     FERRY_LOG_INFO("job '%s': rank %u left after %llu steps, %s%s (%u of %u left)", job->name, rank,
                    (unsigned long long)k->steps, early ? "early: " : "its run completed",
                    early ? reason : "", left, job->el_min > 0 ? job->joined : job->world);
-    if (left == (job->el_min > 0 ? job->joined : job->world)) {
+    /* An elastic job is never finished by its leaves: its members come and go, and the
+     * next trainer takes it on where it stood (it ends idle, or by drop). */
+    if (job->el_min == 0 && left == job->world) {
         job->finished = 1;
         agg_free(job);
         return;
@@ -2474,7 +2492,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
     double now = ferry_now();
     for (uint32_t r = 0; r < job->world; r++) {
         job_rank *w = rank_get(job, r);
-        if (w == NULL || r == js->rank)
+        if (w == NULL || r == js->rank || !w->arrived) /* elastic: a rank not a member */
             continue;
         if (w->gn == NULL) { /* answered `pending`: its next GradNorm gets this */
             ferry_rpc_msg_init(&w->gn_kept);
@@ -2638,7 +2656,9 @@ static ferry_status bsp_step(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry_
     uint64_t s = js->step;
     double scale = q->scale != 0.0 ? q->scale : 1.0;
     ferry_status st = FERRY_OK;
-    if (job->el_min > 0 && js->epoch != job->bar_epoch)
+    /* An elastic Step applies under the barrier's epoch; a late one of a step applied
+     * already is only acknowledged (the next step's barrier may run a newer epoch). */
+    if (job->el_min > 0 && s > job->applied && js->epoch != job->bar_epoch)
         return ferry_errorf(FERRY_ERR_ABORTED,
                             "bsp step %llu of job '%s': rank %u steps under membership epoch %llu, "
                             "but the step runs under epoch %llu: ask the coordinator",

@@ -1058,7 +1058,7 @@ TEST(hostile_requests) {
         e.batch = 5;
         expect(&d, "elastic call with another global batch",
                send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
-               "global batch 5 (the job's: 4");
+               "global batch 5 columns; the job's is 4");
         e.batch = 4;
         e.op = FERRY__V1__JOB_ELASTIC__OP__PUT;
         uint8_t col[8] = {0}, big[5000] = {0};

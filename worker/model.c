@@ -365,8 +365,8 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     const ferry_lm_config *cfg = &lm->cfg;
     ferry_remote_config rc;
     ferry_status st;
-    int rank = pl->job != NULL ? ferry_job_get_config(pl->job)->rank : 0;
-    if (rank != 0 && !pl->resume && (st = ferry_job_wait_ready(pl->job)) != FERRY_OK)
+    int maker = pl->job == NULL || ferry_job_makes_modules(pl->job);
+    if (!maker && !pl->resume && (st = ferry_job_wait_ready(pl->job)) != FERRY_OK)
         return st; /* rank 0 makes the modules; the others find them (same config) */
     /* A job's modules are its own: "<job>/encoder", so jobs sharing servers never
      * share parameters. */
@@ -400,15 +400,15 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
             return st;
     }
     if (pl->job == NULL)
-        return rank == 0 && pl->fresh ? lm_check_fresh(lm, pl) : FERRY_OK;
+        return maker && pl->fresh ? lm_check_fresh(lm, pl) : FERRY_OK;
     lm->job = pl->job;
     if ((st = lm_create_dense(lm, pl)) != FERRY_OK)
         return st;
-    if (rank == 0 && pl->fresh && !pl->resume && (st = lm_check_fresh(lm, pl)) != FERRY_OK)
+    if (maker && pl->fresh && !pl->resume && (st = lm_check_fresh(lm, pl)) != FERRY_OK)
         return st;
     if (pl->resume)
         return FERRY_OK; /* the roll-back sets the values; the trainer pulls then */
-    if (rank == 0)
+    if (maker)
         return ferry_job_ready(pl->job);
     return ferry_lm_pull_dense(lm); /* start from the job's weights */
 }

@@ -127,6 +127,7 @@ struct ferry_job {
     uint32_t *el_members;
     size_t el_n;
     int el_col0, el_col1, el_batch;
+    int el_creator; /* it took rank 0 of a job not yet ready: it makes the modules */
 };
 
 /* One Forward inside a context, awaiting its Backward. */

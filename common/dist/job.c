@@ -607,7 +607,7 @@ ferry_status ferry_job_join_elastic(ferry_cluster *c, const ferry_job_config *cf
         st = FERRY_OK; /* a new job */
     }
     ferry_rpc_msg_deinit(&reply);
-    int rank = ready && cfg->world > 1 ? 1 : 0, search = st == FERRY_OK;
+    int rank = 0, search = st == FERRY_OK;
     /* The lowest rank free: another rank's join is refused as held by a live session,
      * or as a member whose trainer is gone (the job drops it first); any other refusal
      * (another model) ends the search. */
@@ -623,8 +623,11 @@ ferry_status ferry_job_join_elastic(ferry_cluster *c, const ferry_job_config *cf
     }
     free(m);
     if (st == FERRY_ERR_EXISTS && rank == cfg->world)
-        st = ferry_errorf(FERRY_ERR_EXISTS, "elastic job '%s': all %d ranks are held (--elastic "
-                          "MIN:MAX)", cfg->name, cfg->world);
+        st = ferry_errorf(FERRY_ERR_EXISTS,
+                          "elastic job '%s': all %d ranks are held (--elastic "
+                          "MIN:MAX)",
+                          jc.name, cfg->world);
+    job->el_creator = st == FERRY_OK && job->cfg.rank == 0 && !ready;
     /* The same rank everywhere (the coordinator answers its holder's join again). */
     if (st == FERRY_OK)
         st = job_call(job, FERRY__V1__JOB_REQUEST__ACTION_JOIN, NULL, NULL);
@@ -645,10 +648,10 @@ void ferry_job_membership_free(ferry_job_membership *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* The coordinator's JobReply r into *m, and into the job's own membership (what its
- * GradNorms and Steps carry). */
+/* The coordinator's JobReply r into *m, and with `own` into the job's own membership
+ * (what its GradNorms and Steps carry). */
 static ferry_status membership_read(ferry_job *job, const Ferry__V1__JobReply *r,
-                                    ferry_job_membership *m) {
+                                    ferry_job_membership *m, int own) {
     memset(m, 0, sizeof *m);
     m->epoch = r->epoch;
     m->first_step = r->epoch_step;
@@ -690,12 +693,14 @@ static ferry_status membership_read(ferry_job *job, const Ferry__V1__JobReply *r
         memcpy(m->progress, r->progress.data, r->progress.len);
         m->progress_len = r->progress.len;
     }
-    uint32_t *own = malloc((m->n + 1) * sizeof *own);
-    if (own == NULL)
+    if (!own)
+        return FERRY_OK;
+    uint32_t *copy = malloc((m->n + 1) * sizeof *copy);
+    if (copy == NULL)
         return FERRY_NOMEM();
-    memcpy(own, m->members, m->n * sizeof *own);
+    memcpy(copy, m->members, m->n * sizeof *copy);
     free(job->el_members);
-    job->el_members = own;
+    job->el_members = copy;
     job->el_n = m->n;
     job->el_epoch = m->epoch;
     job->el_col0 = m->col0;
@@ -721,12 +726,16 @@ static ferry_status elastic_call(ferry_job *job, int op, uint64_t step, int dead
     ferry_status st = job_one(job, EL_COORDINATOR, &q->q, deadline_ms, &reply);
     free(q);
     if (st == FERRY_OK) {
-        st = membership_read(job, reply.head, m);
+        st = membership_read(job, reply.head, m, op >= 0);
         if (st != FERRY_OK)
             ferry_job_membership_free(m);
     }
     ferry_rpc_msg_deinit(&reply);
     return st;
+}
+
+int ferry_job_makes_modules(const ferry_job *job) {
+    return job->cfg.elastic_min > 0 ? job->el_creator : job->cfg.rank == 0;
 }
 
 ferry_status ferry_job_members(ferry_job *job, ferry_job_membership *m) {

@@ -777,8 +777,9 @@ typedef struct ferry_job_membership {
 } ferry_job_membership;
 
 /* Joins elastic job cfg->name (cfg->elastic_min > 0, cfg->world its most members,
- * bsp): takes the lowest free rank on the coordinator (rank 0 only while the job is
- * not ready: its taker makes the modules), then the same rank on every other server.
+ * bsp): takes the lowest free rank on the coordinator, then the same rank on every
+ * other server. The taker of rank 0 while the job is not ready yet makes the job's
+ * modules and says ready (ferry_job_makes_modules); a later taker of rank 0 does not.
  * `batch`: the global batch in columns (at least world). Errors as ferry_job_join;
  * FERRY_ERR_EXISTS when every rank is held. */
 FERRY_API ferry_status ferry_job_join_elastic(ferry_cluster *c, const ferry_job_config *cfg,
@@ -807,8 +808,12 @@ FERRY_API ferry_status ferry_job_sync_membership(ferry_job *job, uint64_t step,
  * FERRY_ERR_TIMEOUT: nobody was dropped (the failure was something else). */
 FERRY_API ferry_status ferry_job_redo(ferry_job *job, uint64_t step, int wait_ms,
                                       ferry_job_membership *m);
+/* 1 when this rank makes the job's modules and says ready: rank 0, or for an elastic
+ * job the rank that took rank 0 before the job was ready. */
+FERRY_API int ferry_job_makes_modules(const ferry_job *job);
 /* The coordinator's membership of the job now (epoch 0: not elastic, or not
- * started), as ferry-ctl job shows it; *m as above, without state. */
+ * started), as ferry-ctl job shows it; *m as above, without state. The job's own
+ * membership (what its calls carry) is left as it was. */
 FERRY_API ferry_status ferry_job_members(ferry_job *job, ferry_job_membership *m);
 FERRY_API void ferry_job_membership_free(ferry_job_membership *m);
 
