@@ -1514,6 +1514,24 @@ static void bin_free(ProtobufCBinaryData *b) {
     b->len = 0;
 }
 
+/* Charges (or gives back) delta bytes of the job's columns: its bytes and the jobs'. */
+static void el_charge(ferry__ps_jobs *j, ferry__ps_job *job, int64_t delta) {
+    job->col_bytes += delta;
+    job->bytes += delta;
+    j->bytes += delta;
+}
+
+/* The put value *put becomes the applied one *applied (freed first), at step s. */
+static void bin_apply(ProtobufCBinaryData *applied, uint64_t *applied_step,
+                      ProtobufCBinaryData *put, uint64_t *put_step, uint64_t s) {
+    free(applied->data);
+    *applied = *put;
+    *applied_step = s;
+    put->data = NULL;
+    put->len = 0;
+    *put_step = 0;
+}
+
 static void el_free(ferry__ps_job *job) {
     for (uint32_t c = 0; job->cols != NULL && c < job->el_batch; c++) {
         bin_free(&job->cols[c].data);
@@ -1688,24 +1706,11 @@ static void el_boundary(ferry__ps_jobs *j, ferry__ps_job *job, uint64_t s) {
         el_col *e = &job->cols[c];
         if (e->p_step != s || e->p_epoch != job->bar_epoch || e->p_data.data == NULL)
             continue;
-        job->col_bytes -= (int64_t)e->data.len;
-        job->bytes -= (int64_t)e->data.len;
-        j->bytes -= (int64_t)e->data.len;
-        free(e->data.data);
-        e->data = e->p_data;
-        e->step = s;
-        e->p_data.data = NULL;
-        e->p_data.len = 0;
-        e->p_step = 0;
+        el_charge(j, job, -(int64_t)e->data.len);
+        bin_apply(&e->data, &e->step, &e->p_data, &e->p_step, s);
     }
-    if (job->p_prog_step == s && job->p_prog.data != NULL) {
-        free(job->prog.data);
-        job->prog = job->p_prog;
-        job->prog_step = s;
-        job->p_prog.data = NULL;
-        job->p_prog.len = 0;
-        job->p_prog_step = 0;
-    }
+    if (job->p_prog_step == s && job->p_prog.data != NULL)
+        bin_apply(&job->prog, &job->prog_step, &job->p_prog, &job->p_prog_step, s);
     uint32_t *m = NULL, n = 0;
     if (el_next(job, 1, s, UINT32_MAX, &m, &n) != FERRY_OK) {
         job_fail(job, "out of memory moving an elastic job's membership on");
@@ -1850,12 +1855,9 @@ static ferry_status el_put(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V
             uint8_t *p = realloc(c->p_data.data, len);
             if (p == NULL)
                 return FERRY_NOMEM(); /* the columns before are charged already */
-            int64_t d = (int64_t)len - (int64_t)c->p_data.len;
+            el_charge(j, job, (int64_t)len - (int64_t)c->p_data.len);
             c->p_data.data = p;
             c->p_data.len = len;
-            job->col_bytes += d;
-            job->bytes += d;
-            j->bytes += d;
         }
         memcpy(c->p_data.data, e->columns[i].data, len);
         c->p_step = e->step;
