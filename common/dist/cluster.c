@@ -894,6 +894,13 @@ ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method,
     return fanout(c, method, n, servers, reqs, shared, replies, c->cfg.deadline_ms, NULL, NULL, 1);
 }
 
+ferry_status ferry__dist_fanout_retry_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
+                                               const int *servers, const ferry_rpc_msg *reqs,
+                                               int shared, ferry_rpc_msg *replies,
+                                               int deadline_ms) {
+    return fanout(c, method, n, servers, reqs, shared, replies, deadline_ms, NULL, NULL, 1);
+}
+
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,
                                          ferry_rpc_msg *replies, int deadline_ms) {

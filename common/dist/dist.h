@@ -226,6 +226,10 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
 ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method, int n,
                                       const int *servers, const ferry_rpc_msg *reqs, int shared,
                                       ferry_rpc_msg *replies);
+/* ferry__dist_fanout_retry with its own deadline. */
+ferry_status ferry__dist_fanout_retry_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
+                                               const int *servers, const ferry_rpc_msg *reqs,
+                                               int shared, ferry_rpc_msg *replies, int deadline_ms);
 /* The same with its own deadline (calls that may wait in a job barrier). */
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,

@@ -142,6 +142,15 @@ static void job_request(ferry_job *job, int action, job_msg *m) {
     }
 }
 
+/* Job actions that may be sent again after a failure in transit (a stalled server, a
+ * lost reply): a status query reads, and a repeated ready or leave changes nothing.
+ * A join, a recover or an elastic call is answered once; their callers decide. */
+static int job_retry_safe(int action) {
+    return action == FERRY__V1__JOB_REQUEST__ACTION_STATUS ||
+           action == FERRY__V1__JOB_REQUEST__ACTION_READY ||
+           action == FERRY__V1__JOB_REQUEST__ACTION_LEAVE;
+}
+
 /* q on every server of the job's cluster, concurrently; replies[c->n] are
  * initialised here and deinitialised by the caller. */
 static ferry_status job_all(ferry_job *job, const Ferry__V1__JobRequest *q, int deadline_ms,
@@ -155,7 +164,10 @@ static ferry_status job_all(ferry_job *job, const Ferry__V1__JobRequest *q, int 
         ferry_rpc_msg_init(&replies[i]);
     }
     ferry_status st = ferry_rpc_msg_set_head(&req, &q->base);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK && job_retry_safe(q->action_case))
+        st = ferry__dist_fanout_retry_deadline(c, FERRY_RPC_JOB, c->n, servers, &req, 1, replies,
+                                               deadline_ms);
+    else if (st == FERRY_OK)
         st = ferry__dist_fanout_deadline(c, FERRY_RPC_JOB, c->n, servers, &req, 1, replies,
                                          deadline_ms);
     ferry_rpc_msg_deinit(&req);
