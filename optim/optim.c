@@ -471,6 +471,57 @@ static const char *describe(uint32_t kind, uint32_t nslots) {
     return ferry_optim_kind_name((ferry_optim_kind)kind);
 }
 
+ferry_status ferry_optim_copy_rows(ferry_optim *dst, const ferry_params *P_dst,
+                                   const ferry_optim *src, const ferry_params *P_src, int item,
+                                   int64_t dst_row, int64_t src_row, int64_t n) {
+    if (dst->cfg.kind != src->cfg.kind || dst->nslots != src->nslots ||
+        has_momentum_flags(dst) != has_momentum_flags(src))
+        return ferry_errorf(FERRY_ERR_SHAPE, "optimizer rows: %s state into %s state",
+                            describe((uint32_t)src->cfg.kind, (uint32_t)src->nslots),
+                            describe((uint32_t)dst->cfg.kind, (uint32_t)dst->nslots));
+    if (P_dst->numel != dst->numel || P_dst->count != dst->count || P_src->numel != src->numel ||
+        P_src->count != src->count || item < 0 || item >= dst->count || item >= src->count)
+        return ferry_errorf(FERRY_ERR_SHAPE,
+                            "optimizer rows: parameter %d, or a block without its optimizer's "
+                            "layout",
+                            item);
+    const ferry_param *pd = &P_dst->items[item], *ps = &P_src->items[item];
+    int64_t rd = pd->shape.ndim > 0 ? pd->shape.dim[0] : 1;
+    int64_t rs = ps->shape.ndim > 0 ? ps->shape.dim[0] : 1;
+    int64_t width = rd > 0 ? pd->numel / rd : 0;
+    if (rs <= 0 || rd <= 0 || ps->numel / rs != width ||
+        (dst->table_rows[item] > 0) != (src->table_rows[item] > 0))
+        return ferry_errorf(FERRY_ERR_SHAPE,
+                            "optimizer rows: parameter '%s' is %lld x %lld here, %lld x %lld in "
+                            "the source",
+                            pd->name, (long long)rd, (long long)width, (long long)rs,
+                            (long long)(ps->numel / rs));
+    if (n < 0 || dst_row < 0 || src_row < 0 || dst_row > rd - n || src_row > rs - n)
+        return ferry_errorf(FERRY_ERR_RANGE,
+                            "optimizer rows: %lld rows from row %lld of %lld into row %lld of "
+                            "%lld",
+                            (long long)n, (long long)src_row, (long long)rs, (long long)dst_row,
+                            (long long)rd);
+    size_t bytes = (size_t)(n * width) * sizeof(float);
+    ferry_status st = FERRY_OK;
+    for (int k = 0; k < dst->nslots && st == FERRY_OK && n > 0; k++)
+        st = ferry_backend_copy(dst->be, dst->slot[k] + pd->offset + dst_row * width,
+                                src->slot[k] + ps->offset + src_row * width, bytes,
+                                FERRY_COPY_DEVICE_TO_DEVICE);
+    if (st == FERRY_OK && has_momentum_flags(dst)) {
+        dst->seen[item] = src->seen[item];
+        if (dst->table_rows[item] > 0 && n > 0)
+            st = ferry_backend_copy(dst->be, dst->row_seen[item] + dst_row,
+                                    src->row_seen[item] + src_row, (size_t)n,
+                                    FERRY_COPY_DEVICE_TO_DEVICE);
+    }
+    if (st == FERRY_OK) {
+        dst->step = src->step;
+        dst->cfg.lr = src->cfg.lr;
+    }
+    return st;
+}
+
 static ferry_status read_header(FILE *f, state_header *h) {
     ferry_status st;
     if ((st = read_all(f, h->magic, 8, "header")) != FERRY_OK)

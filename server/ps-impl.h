@@ -562,6 +562,21 @@ void ferry__ps_checkpoint_retain(const char *dir, const char *current, int keep)
 /* Verifies path whole, like ferry__ps_checkpoint_read, and that it and every module in
  * it belong to `owner` (FERRY_ERR_DENIED); *step: its job step. Changes nothing. */
 ferry_status ferry__ps_checkpoint_check_owner(const char *path, const char *owner, uint64_t *step);
+/* ---- resharding (reshard.c) ---- */
+
+/* A job's checkpoint of one step as k servers wrote it (in[s]: server s's file, in
+ * the job's server order), each file verified whole and restored into a registry of
+ * its own. FERRY_ERR_INVALID for files of different steps or owners. */
+typedef struct ferry__ps_reshard_src ferry__ps_reshard_src;
+ferry_status ferry__ps_reshard_open(const char *const *in, int k, ferry__ps_reshard_src **out);
+/* Writes server t's file of the same checkpoint cut for k2 servers (the client's
+ * placement) to dir/name; *bytes its size. Errors name the module. */
+ferry_status ferry__ps_reshard_write(ferry__ps_reshard_src *src, int k2, int t, const char *dir,
+                                     const char *name, uint64_t *bytes);
+uint64_t ferry__ps_reshard_step(const ferry__ps_reshard_src *src);
+uint64_t ferry__ps_reshard_bytes(const ferry__ps_reshard_src *src); /* the sources' sizes */
+void ferry__ps_reshard_close(ferry__ps_reshard_src *src);
+
 /* What a probe knows of a directory's checkpoint files: name, size, modification time
  * and inode, and what verifying the file found (its step and owner, or that it is
  * damaged). A file is read and CRC-checked once; later probes trust this while its

@@ -4,6 +4,7 @@
  * checkpoint round trips that must continue a run bit-exactly. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/tensor/backend.h"
@@ -553,6 +554,100 @@ TEST(state_load_rejects_mismatch) {
     problem_free(&pb);
 }
 
+/* A row-sharded block: "emb" (rows, 3) row-sparse and "b" (rows) dense. */
+static void table_block(ferry_params *P, int64_t rows) {
+    int i;
+    ferry_params_init(P, ferry_backend_cpu());
+    CHECK_OK(ferry_params_add(P, "emb", ferry_shape_2d(rows, 3), FERRY_PARAM_ROW_SPARSE, &i));
+    CHECK_OK(ferry_params_add(P, "b", ferry_shape_1d(rows), 0, &i));
+    CHECK_OK(ferry_params_alloc(P));
+}
+
+/* The state's bytes (a malloc'd copy, *len its size). */
+static char *state_bytes(const ferry_optim *o, size_t *len) {
+    FILE *f = tmpfile();
+    CHECK(f != NULL);
+    CHECK_OK(ferry_optim_state_save(o, f));
+    long n = ftell(f);
+    CHECK(n > 0);
+    char *buf = malloc((size_t)n);
+    CHECK(buf != NULL);
+    rewind(f);
+    CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n);
+    (void)fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* A table's state cut in two (rows 0-1, 2-5) and joined again: the bytes of the
+ * original, for adam and for SGD with momentum (its row flags and dense flag). */
+TEST(copy_rows_splits_and_joins_state) {
+    problem pb;
+    problem_load(&pb);
+    ferry_optim_config cfgs[2] = {ferry_optim_defaults(FERRY_OPTIM_ADAM),
+                                  ferry_optim_defaults(FERRY_OPTIM_SGD)};
+    cfgs[1].momentum = 0.9;
+    for (int c = 0; c < 2; c++) {
+        ferry_params A, S1, S2, C;
+        ferry_grads G;
+        ferry_optim *oa, *o1, *o2, *oc;
+        table_block(&A, 6);
+        table_block(&S1, 2);
+        table_block(&S2, 4);
+        table_block(&C, 6);
+        set_param(&A, 0, pb.table0, 18);
+        CHECK_OK(ferry_grads_init(&G, &A));
+        CHECK_OK(ferry_optim_create(&A, &cfgs[c], &oa));
+        for (int t = 0; t < 3; t++) {
+            fill_grads(&pb, &G, -1, 0, t);
+            float *gb = ferry_grads_dense(&G, 1);
+            CHECK(gb != NULL);
+            for (int k = 0; k < 6; k++)
+                gb[k] = 0.25f * (float)(k + 1) - 0.1f * (float)t;
+            CHECK_OK(ferry_optim_step(oa, &A, &G, 1.0f));
+        }
+        CHECK_OK(ferry_optim_create(&S1, &cfgs[c], &o1));
+        CHECK_OK(ferry_optim_create(&S2, &cfgs[c], &o2));
+        CHECK_OK(ferry_optim_create(&C, &cfgs[c], &oc));
+        for (int i = 0; i < 2; i++) {
+            CHECK_OK(ferry_optim_copy_rows(o1, &S1, oa, &A, i, 0, 0, 2));
+            CHECK_OK(ferry_optim_copy_rows(o2, &S2, oa, &A, i, 0, 2, 4));
+            CHECK_OK(ferry_optim_copy_rows(oc, &C, o2, &S2, i, 2, 0, 4));
+            CHECK_OK(ferry_optim_copy_rows(oc, &C, o1, &S1, i, 0, 0, 2));
+        }
+        size_t la, lc;
+        char *ba = state_bytes(oa, &la), *bc = state_bytes(oc, &lc);
+        CHECK(la == lc && memcmp(ba, bc, la) == 0);
+        free(ba);
+        free(bc);
+        /* Out of range, and another kind of state: refused, nothing copied. */
+        size_t l1;
+        char *b1 = state_bytes(o1, &l1);
+        CHECK_STATUS(ferry_optim_copy_rows(o1, &S1, oa, &A, 0, 0, 0, 3), FERRY_ERR_RANGE);
+        CHECK_STATUS(ferry_optim_copy_rows(o1, &S1, oa, &A, 0, 1, 5, 2), FERRY_ERR_RANGE);
+        CHECK_STATUS(ferry_optim_copy_rows(o1, &S1, oa, &A, 2, 0, 0, 1), FERRY_ERR_SHAPE);
+        ferry_optim *other;
+        CHECK_OK(ferry_optim_create(&S1, &cfgs[1 - c], &other));
+        CHECK_STATUS(ferry_optim_copy_rows(other, &S1, oa, &A, 0, 0, 0, 1), FERRY_ERR_SHAPE);
+        size_t l2;
+        char *b2 = state_bytes(o1, &l2);
+        CHECK(l1 == l2 && memcmp(b1, b2, l1) == 0);
+        free(b1);
+        free(b2);
+        ferry_optim_destroy(other);
+        ferry_optim_destroy(oa);
+        ferry_optim_destroy(o1);
+        ferry_optim_destroy(o2);
+        ferry_optim_destroy(oc);
+        ferry_grads_deinit(&G);
+        ferry_params_deinit(&A);
+        ferry_params_deinit(&S1);
+        ferry_params_deinit(&S2);
+        ferry_params_deinit(&C);
+    }
+    problem_free(&pb);
+}
+
 /* ---- configuration ---- */
 
 TEST(config_defaults_and_errors) {
@@ -612,4 +707,4 @@ FERRY_TEST_MAIN(T(dense_configs_match_torch) T(sparse_configs_match_torch_and_st
                     T(row_kernel_equals_dense_kernel_and_is_lazy) T(kernel_rejects_missing_state)
                         T(mixed_block_step) T(grad_scale_scales_the_gradient)
                             T(state_round_trip_continues_bit_exactly) T(state_load_rejects_mismatch)
-                                T(config_defaults_and_errors))
+                                T(copy_rows_splits_and_joins_state) T(config_defaults_and_errors))

@@ -183,6 +183,19 @@ FERRY_API ferry_status ferry_optim_state_save(const ferry_optim *o, FILE *f);
  * may then be partly overwritten: do not step it). FERRY_ERR_IO on a read error. */
 FERRY_API ferry_status ferry_optim_state_load(ferry_optim *o, FILE *f);
 
+/* Re-cutting a row-sharded block (a table split over other servers): rows
+ * [src_row, src_row + n) of parameter `item` of src's block P_src take the place of rows
+ * [dst_row, dst_row + n) of the same parameter of dst's block P_dst, with their
+ * optimizer state: every slot, and SGD momentum's "buffer exists" flags (the row flags
+ * of a row-sparse table, the parameter's flag of a dense one). dst takes src's step
+ * count and lr. P_src and P_dst must each have their optimizer's layout, and the
+ * parameter the same kind of optimizer and the same row width in both (rows: its
+ * shape's dim 0); FERRY_ERR_SHAPE or FERRY_ERR_RANGE otherwise, nothing changed.
+ * The parameters' values are the caller's to copy. */
+FERRY_API ferry_status ferry_optim_copy_rows(ferry_optim *dst, const ferry_params *P_dst,
+                                             const ferry_optim *src, const ferry_params *P_src,
+                                             int item, int64_t dst_row, int64_t src_row, int64_t n);
+
 /* ---- Clipping ----
  * Global-norm gradient clipping, as torch.nn.utils.clip_grad_norm_ (norm type 2).
  * The scale is not applied here: pass it to ferry_optim_step (or each owner's Step), whose

@@ -2,6 +2,7 @@
  *
  *   ferry-ctl --ps HOST:PORT[,...] health | stats | modules [PREFIX] | drop NAME |
  *                                  drop-job JOB | checkpoint [NAME] | shutdown | job JOB
+ *   ferry-ctl --into DIR[,DIR...] reshard FILE...   (offline: reshard.c)
  *
  * with the same token and TLS flags as ferry-trainer (checkpoint and shutdown need the
  * admin token; modules, drop and drop-job act on the caller's identity's modules and
@@ -17,6 +18,7 @@
 #include "common/core/log.h"
 #include "common/core/secret.h"
 #include "ferry/ferry.h"
+#include "server/ctl/ctl.h"
 
 static void print_metric(void *user, const char *name, double value) {
     const char *prefix = user;
@@ -122,7 +124,8 @@ int main(int argc, char **argv) {
     ferry_log_init("ferry-ctl");
     if (getenv("FERRY_LOG") == NULL)
         ferry_log_set_level(FERRY_LOG_LEVEL_WARN); /* a tool's output is its answer */
-    const char *ps = NULL, *token_file = NULL, *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
+    const char *ps = NULL, *into = NULL, *token_file = NULL, *tls_ca = NULL, *tls_cert = NULL,
+               *tls_key = NULL;
     int deadline_ms = 5000, grace_ms = 5000, log_format = 0, replicas = 1;
     /* The command and its argument come after the flags. */
     int nflags = argc;
@@ -139,7 +142,9 @@ int main(int argc, char **argv) {
     /* clang-format off */
     const ferry_flag flags[] = {
         {.name = "ps", .type = FERRY_FLAG_STRING, .ptr = &ps, .metavar = "HOST:PORT[,...]",
-         .help = "the ferry-ps servers", .required = true},
+         .help = "the ferry-ps servers (every command but reshard)"},
+        {.name = "into", .type = FERRY_FLAG_STRING, .ptr = &into, .metavar = "DIR[,DIR...]",
+         .help = "reshard: the new servers' --checkpoint-dir, in their --ps order"},
         {.name = "token-file", .type = FERRY_FLAG_STRING, .ptr = &token_file, .metavar = "FILE",
          .help = "bearer token (the admin token for checkpoint and shutdown)"},
         {.name = "tls-ca", .type = FERRY_FLAG_STRING, .ptr = &tls_ca, .metavar = "PEM",
@@ -169,8 +174,11 @@ int main(int argc, char **argv) {
     ferry_flags fs = {.prog = "ferry-ctl",
                       .summary = "operates ferry-ps: ferry-ctl [flags] health | stats | "
                                  "modules [PREFIX] | drop NAME | drop-job JOB | "
-                                 "checkpoint [NAME] | shutdown | job JOB\n(health is the "
-                                 "grpc.health.v1 Check: no token needed)",
+                                 "checkpoint [NAME] | shutdown | job JOB\n"
+                                 "       ferry-ctl --into DIR[,DIR...] reshard FILE... (a "
+                                 "job's server files of one step, in server order, cut for "
+                                 "the servers whose --checkpoint-dir DIRs are; offline)\n"
+                                 "(health is the grpc.health.v1 Check: no token needed)",
                       .flags = flags,
                       .nflags = (int)(sizeof flags / sizeof flags[0]),
                       .env = env,
@@ -186,6 +194,10 @@ int main(int argc, char **argv) {
     if (help)
         return 0;
     const char *cmd = nflags < argc ? argv[nflags] : NULL;
+    if (cmd != NULL && strcmp(cmd, "reshard") == 0)
+        return ferry__ctl_reshard(into, argc - nflags - 1, argv + nflags + 1);
+    if (ps == NULL)
+        return usage_error("--ps HOST:PORT[,...] is required (see --help)");
     const char *arg = nflags + 1 < argc ? argv[nflags + 1] : NULL;
     static const char *const cmds[] = {"health",   "stats", "modules",  "checkpoint",
                                        "shutdown", "drop",  "drop-job", "job"};
