@@ -52,8 +52,8 @@ int ferry__ctl_reshard(const char *into, int nfiles, char **files) {
     for (int t = 0; t < k2 && !bad; t++) {
         struct stat a, b;
         if (stat(dirs[t], &a) != 0 || !S_ISDIR(a.st_mode)) {
-            free(copy);
             ferry_log_fatal("reshard: --into %s is not a directory", dirs[t]);
+            free(copy);
             return FERRY_EXIT_USAGE;
         }
         for (int u = 0; u < t && !bad; u++)
@@ -67,10 +67,10 @@ int ferry__ctl_reshard(const char *into, int nfiles, char **files) {
             bad = stat(home, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
             free(dup);
             if (bad) {
-                free(copy);
                 ferry_log_fatal("reshard: --into %s holds the source %s: write the new "
                                 "servers' files into other directories",
                                 dirs[t], files[s]);
+                free(copy);
                 return FERRY_EXIT_USAGE;
             }
         }
