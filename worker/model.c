@@ -738,8 +738,8 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
                 return st;
         }
         if ((st = ferry_lm_pipe_forward_backward(lm, lm->pipe, ctx, dc, inputs, targets,
-                                                 a->loss_scale, a->seed, &res->loss_sum)) !=
-            FERRY_OK)
+                                                 a->loss_scale, a->seed, a->batch, a->col0,
+                                                 &res->loss_sum)) != FERRY_OK)
             return st;
         if (!isfinite(res->loss_sum))
             return ferry_errorf(FERRY_ERR_NUMERIC, "loss is %g: training diverged (lower --lr "
@@ -799,6 +799,10 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
     ferry_ctx_reset(ctx, args->ctx_id);
     ferry_ctx_set_training(ctx, 1);
     ferry_ctx_set_seed(ctx, args->seed);
+    if (args->batch > 0 && inputs->shape.ndim == 2) {
+        int64_t T = inputs->shape.dim[0], B = inputs->shape.dim[1];
+        ferry_ctx_set_window(ctx, T, args->batch, 0, T, args->col0, B);
+    }
     if (ferry_lm_is_remote(lm)) {
         if (dc == NULL)
             return ferry_errorf(FERRY_ERR_INVALID, "a distributed model needs a ferry_dist_ctx");

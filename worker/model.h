@@ -118,6 +118,10 @@ typedef struct ferry_lm_step_args {
     double lr;        /* the remote shards' learning rate this step */
     uint64_t ctx_id;  /* the local context's id */
     uint64_t seed;    /* dropout stream of this step */
+    /* A job's global batch and this rank's first column of it: the dropout masks are
+     * this rank's columns of the masks the whole batch would draw, so they do not
+     * depend on how the batch is split (0, 0: the inputs are the whole batch). */
+    int64_t batch, col0;
     uint64_t job_step; /* data-parallel job: this step's number (1, 2, ...) */
     /* A job's once-per-step terms (the Stiefel penalty's gradient) are added by rank 0,
      * or, with owner_set, by this rank when owner (an elastic job's first member). */

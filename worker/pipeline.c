@@ -61,6 +61,7 @@ struct ferry_lm_pipe {
     ferry_dist_ctx *dc;
     const int32_t *targets;
     int64_t T, B, H;
+    int64_t Bg, col0; /* the job's global batch and this rank's first column of it */
     float scale;
     uint64_t call[FERRY_LM_MAX_MICRO];
     double loss[FERRY_LM_MAX_MICRO];
@@ -234,7 +235,7 @@ static ferry_status chunk_forward(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx
     ferry_tensor *xd, *y;
     ferry_status st;
     ferry_ctx_set_seed(ctx, seed);
-    ferry_ctx_set_window(ctx, T, B, t0, steps, 0, B);
+    ferry_ctx_set_window(ctx, T, p->Bg, t0, steps, p->col0, B);
     k->first = ferry_ctx_tape_length(ctx);
     if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(steps, B, E), &k->x)) !=
             FERRY_OK ||
@@ -325,7 +326,8 @@ static ferry_status run_chunks(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx, u
 ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx,
                                             ferry_dist_ctx *dc, const ferry_tensor *inputs,
                                             const ferry_tensor *targets, float loss_scale,
-                                            uint64_t seed, double *loss_sum) {
+                                            uint64_t seed, int64_t batch, int64_t col0,
+                                            double *loss_sum) {
     if (inputs->shape.ndim != 2 || !ferry_shape_eq(inputs->shape, targets->shape))
         return ferry_errorf(FERRY_ERR_SHAPE, "model: inputs and targets must both be (T, B)");
     int64_t T = inputs->shape.dim[0], B = inputs->shape.dim[1];
@@ -354,6 +356,8 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
     p->targets = targets->data;
     p->T = T;
     p->B = B;
+    p->Bg = batch > 0 ? batch : B;
+    p->col0 = batch > 0 ? col0 : 0;
     p->H = H;
     p->scale = loss_scale;
     p->posted = p->back = p->abort = 0;

@@ -32,10 +32,13 @@ void ferry_lm_pipe_take_stats(ferry_lm_pipe *p, ferry_lm_pipe_stats *out);
  * servers hold the embedding's and decoder's gradients in dc's context, ctx holds
  * the LSTM's (ferry_ctx_grads(ctx, &lm->P)), the carried state has moved on, and
  * *loss_sum is the window's summed cross-entropy. ctx must have been reset with the
- * step's id and seed, in training mode. */
+ * step's id and seed, in training mode. batch, col0: a job's global batch and this
+ * rank's first column of it (the masks are those columns of the whole batch's); 0, 0
+ * for a batch of the inputs alone. */
 ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx,
                                             ferry_dist_ctx *dc, const ferry_tensor *inputs,
                                             const ferry_tensor *targets, float loss_scale,
-                                            uint64_t seed, double *loss_sum);
+                                            uint64_t seed, int64_t batch, int64_t col0,
+                                            double *loss_sum);
 
 #endif /* FERRY_WORKER_PIPELINE_H */

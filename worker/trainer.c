@@ -113,6 +113,10 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
         .seed = (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step,
         .job_step = (uint64_t)t->step + 1,
     };
+    if (t->job != NULL) { /* this rank's columns of the global batch's dropout masks */
+        a.batch = gw->B;
+        a.col0 = t->c0;
+    }
     if (cfg->elastic_max > 0) { /* its columns' state to the coordinator, then GradNorm */
         a.before_sync = ferry__trainer_elastic_put;
         a.user = t;

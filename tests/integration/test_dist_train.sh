@@ -221,6 +221,24 @@ close_losses "$TMP/m-lv-local.jsonl" "$TMP/m-lvj0.jsonl" &&
     [ "$(train_losses "$TMP/m-lvj0.jsonl")" = "$(train_losses "$TMP/m-lvj1.jsonl")" ] ||
     fail "--local-vocab 2-rank job differs: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-lvj0.jsonl") <(train_losses "$TMP/m-lvj1.jsonl"))"
 ok "--local-vocab in a 2-rank bsp job (10 columns each): the local trainer's losses on both ranks"
+# Dropout in a data-parallel job: each rank's masks are its columns of the masks the
+# whole batch draws, so a 2-rank job, unpipelined and with --micro-batches 2, trains as
+# the local trainer does with dropout on (losses within 1e-5 relative).
+"$TRAINER" --local "${lv[@]}" --dropout 0.3 --lr 0.1 --max-steps 60 \
+    --metrics-out "$TMP/m-dl.jsonl" 2>"$TMP/t-dl.log" || fail "local trainer with dropout exited $?"
+for mb in 1 2; do
+    for r in 0 1; do
+        "$TRAINER" --ps "127.0.0.1:$PORT" --job "dj$mb" --world 2 --rank "$r" --micro-batches "$mb" \
+            "${lv[@]}" --dropout 0.3 --lr 0.1 --max-steps 60 --metrics-out "$TMP/m-dj$mb-$r.jsonl" \
+            2>"$TMP/t-dj$mb-$r.log" &
+        eval "DJ$r=\$!"
+    done
+    wait "$DJ0" || fail "dropout, 2-rank job: rank 0 exited $?: $(tail -3 "$TMP/t-dj$mb-0.log")"
+    wait "$DJ1" || fail "dropout, 2-rank job: rank 1 exited $?: $(tail -3 "$TMP/t-dj$mb-1.log")"
+    close_losses "$TMP/m-dl.jsonl" "$TMP/m-dj$mb-0.jsonl" ||
+        fail "dropout 0.3, 2-rank job (--micro-batches $mb): losses differ from the local trainer's: $(paste <(train_losses "$TMP/m-dl.jsonl") <(train_losses "$TMP/m-dj$mb-0.jsonl"))"
+done
+ok "dropout 0.3 in a 2-rank bsp job, unpipelined and --micro-batches 2: the local trainer's losses ($(train_losses "$TMP/m-dl.jsonl" | tail -1))"
 stop_ps ps-lvj
 lvs=("${lv[@]}" --dropout 0.3 --stiefel 0.1 --lr 0.5 --local-vocab 3000 --micro-batches 2)
 mkdir -p "$TMP/ck-lva" "$TMP/ck-lvb"

@@ -6,9 +6,10 @@
 #   one after the other, a third started mid-run, the third stopped by SIGTERM, the
 #   second killed by SIGKILL. Every step's loss, as every trainer that ran the step
 #   logged it, is within 1e-5 of the same step of an undisturbed job of 2 trainers
-#   with the same global batch (the sequence of optimizer steps does not depend on
-#   the membership: the global batch stays, split over the members, and each
-#   column's carried state follows the column). No roll-back, the membership events
+#   with the same global batch, dropout on (the sequence of optimizer steps does not
+#   depend on the membership: the global batch stays, split over the members, each
+#   member's dropout masks are its columns of the whole batch's, and each column's
+#   carried state follows the column). No roll-back, the membership events
 #   and the redone step are in the metrics, and ferry-ctl shows the membership.
 # - The time from the SIGKILL to the survivor's next completed step is printed.
 # - A job whose only trainer is SIGKILLed goes on with the next trainer started: from
@@ -20,7 +21,8 @@
 # - Bad set-ups are refused in one line each.
 . "$(dirname "$0")/lib.sh"
 DATA=(--data "$FERRY_SRC/data/ptb" --train-tokens 120000 --eval-tokens 400 --epochs 1
-    --emsize 32 --nhid 32 --bptt 10 --batch-size 6 --seed 7 --lr 0.1 --log-interval 1 --progress off
+    --emsize 32 --nhid 32 --bptt 10 --batch-size 6 --seed 7 --lr 0.1 --dropout 0.2
+    --log-interval 1 --progress off
     --deadline-ms 10000 --sync-timeout 60)
 STEPS=800
 
