@@ -208,6 +208,27 @@ ferry_status ferry__trainer_elastic_put(void *user) {
     return st;
 }
 
+int ferry__trainer_elastic_lost(trainer *t, ferry_status st) {
+    if (t->cfg->elastic_max == 0 || t->cluster == NULL ||
+        (st != FERRY_ERR_UNAVAILABLE && st != FERRY_ERR_TIMEOUT))
+        return 0;
+    char why[512];
+    (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+    for (int s = 0; s < ferry_cluster_size(t->cluster); s++) {
+        int serving = 0;
+        if (ferry_cluster_health(t->cluster, s, &serving) == FERRY_OK && serving)
+            continue;
+        (void)ferry_errorf(FERRY_ERR_UNAVAILABLE,
+                           "%s; ferry-ps %s is gone, and the job's state there with it: an "
+                           "elastic job does not outlive a server's state (it keeps no "
+                           "checkpoints)",
+                           why, ferry_cluster_target(t->cluster, s));
+        return 1;
+    }
+    (void)ferry_errorf(st, "%s", why);
+    return 0;
+}
+
 int ferry__trainer_elastic_retry(const trainer *t, ferry_status st) {
     return t->cfg->elastic_max > 0 && (st == FERRY_ERR_ABORTED || st == FERRY_ERR_UNAVAILABLE);
 }

@@ -18,8 +18,10 @@
 static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double elapsed) {
     uint64_t min_step = 0, sent, received;
     ferry_status st = ferry_job_min_step(t->job, &min_step);
-    if (st != FERRY_OK)
+    if (st != FERRY_OK) {
+        (void)ferry__trainer_elastic_lost(t, st);
         return st;
+    }
     ferry_cluster_bytes(t->cluster, &sent, &received);
     double wire = (double)(sent + received - t->wire_last) / (double)(nsteps ? nsteps : 1);
     double sync = elapsed > 0.0 ? t->sync_s / elapsed : 0.0;

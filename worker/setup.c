@@ -399,8 +399,8 @@ static ferry_status setup_start(trainer *t) {
         (st = ferry__trainer_save_checkpoint(t, 1, 0)) != FERRY_OK)
         return st;
     /* A dead server fails at once: a replica's sibling goes on without waiting a
-     * deadline for it. */
-    if (t->recover || cfg->replicas > 1)
+     * deadline for it, and an elastic job's members learn that it is lost. */
+    if (t->recover || cfg->replicas > 1 || cfg->elastic_max > 0)
         ferry_cluster_set_wait_for_ready(t->cluster, 0);
     /* A call lost in a stall or a broken connection is sent again (the servers apply
      * it once); a restarted server refuses it, and the job rolls back. */

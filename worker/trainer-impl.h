@@ -106,6 +106,11 @@ ferry_status ferry__trainer_elastic_admit(trainer *t);
 /* ferry_lm_step_args.before_sync (user: the trainer): its columns' state on the
  * coordinator. */
 ferry_status ferry__trainer_elastic_put(void *user);
+/* After a call of an elastic job's rank failed with st: 1, the error (its message
+ * first) now saying so, when a server no longer answers: its state is gone with it
+ * (an elastic job keeps no copy), so no redo can finish the step. 0 otherwise, the
+ * error as it was. */
+int ferry__trainer_elastic_lost(trainer *t, ferry_status st);
 /* 1 when a failed step of an elastic job may be redone (a member will not come). */
 int ferry__trainer_elastic_retry(const trainer *t, ferry_status st);
 /* The membership that redoes the failed step (first_window: it is an epoch's first). */

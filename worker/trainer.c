@@ -149,7 +149,8 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
         a.owner_set = cfg->elastic_max > 0;
         a.owner = t->el_first;
         st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);
-        if (st == FERRY_OK || !ferry__trainer_elastic_retry(t, st))
+        if (st == FERRY_OK || !ferry__trainer_elastic_retry(t, st) ||
+            ferry__trainer_elastic_lost(t, st))
             break;
         if ((st = ferry__trainer_elastic_redo(t, gw->start == 0)) != FERRY_OK)
             return st;

@@ -18,6 +18,8 @@
 #   leave that step applied on some servers only, which a newcomer cannot finish.)
 # - MIN: a job of --elastic 2:3 starts only when two trainers ask (both run step 1),
 #   and fails, saying so, when a death leaves one.
+# - A server's death (not the coordinator's) ends the job at once: every trainer, alive,
+#   stops with one clear line (an elastic job keeps no copy of a server's state).
 # - Bad set-ups are refused in one line each.
 . "$(dirname "$0")/lib.sh"
 DATA=(--data "$FERRY_SRC/data/ptb" --train-tokens 120000 --eval-tokens 400 --epochs 1
@@ -210,6 +212,36 @@ wait "$N1" || rc=$?
 [ "$rc" -ne 0 ] && grep -q "fewer than its minimum 2" "$TMP/n1.log" ||
     fail "min2's first trainer (exit $rc) did not fail for want of members: $(tail -2 "$TMP/n1.log")"
 ok "--elastic 2:3 started with 2 trainers and failed when one was left ($(grep -o 'elastic job .min2.: [^)]*minimum 2' "$TMP/n1.log" | head -1))"
+
+# A server dies (not the coordinator): the state it held is nowhere else, so both
+# trainers, alive, stop at once with one clear line instead of waiting --sync-timeout
+# for a member to be gone.
+start_ps sd0
+D0=$PORT DP0=$PS_PID
+start_ps sd1
+D1=$PORT DP1=$PS_PID
+SD=(--ps "127.0.0.1:$D0,127.0.0.1:$D1" --max-steps 5000 --job sd --elastic 1:3)
+"$TRAINER" "${DATA[@]}" "${SD[@]}" --metrics-out "$TMP/d1.jsonl" 2>"$TMP/d1.log" &
+T1=$!
+"$TRAINER" "${DATA[@]}" "${SD[@]}" --metrics-out "$TMP/d2.jsonl" 2>"$TMP/d2.log" &
+T2=$!
+wait_until "job sd to reach step 30 with both trainers" 300 logged "$TMP/d2.jsonl" '"step":30,' "$T2"
+kill -9 "$DP1"
+reap_killed "$DP1" "job sd's second server"
+t0=$SECONDS
+for t in "$T1" "$T2"; do
+    rc=0
+    wait "$t" || rc=$?
+    [ "$rc" -ne 0 ] || fail "a trainer of job sd exited 0 after its server died"
+done
+for f in d1 d2; do
+    grep -q "does not outlive a server's state" "$TMP/$f.log" ||
+        fail "$f: no clear error after the server's death: $(tail -2 "$TMP/$f.log")"
+done
+[ $((SECONDS - t0)) -lt 8 ] ||
+    fail "job sd's trainers took $((SECONDS - t0)) s to stop (--deadline-ms 10000, --sync-timeout 60)"
+ok "a server's death ends an elastic job in $((SECONDS - t0)) s, both trainers saying so ($(grep -o 'ferry-ps [0-9.:]* is gone.*' "$TMP/d1.log" | head -1))"
+stop_clean "$DP0" "ferry-ps (job sd's first server)"
 
 for p in "$RP0" "$RP1" "$EP0" "$EP1"; do stop_clean "$p" "ferry-ps"; done
 finish
