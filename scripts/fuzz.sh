@@ -43,7 +43,7 @@ if [ "$record" = 1 ]; then
         test_dist_job; do
         FERRY_RPC_RECORD=$rec FERRY_LOG=error build/tests/$t >/dev/null 2>&1 || true
     done
-    rm -rf tests/fuzz/corpus
+    rm -rf tests/fuzz/corpus/fuzz_codec tests/fuzz/corpus/fuzz_ps_* # fuzz_reshard's: scripts/fuzz-reshard-seeds.sh
     for i in "${!methods[@]}"; do
         m=${methods[$i]}
         dir=tests/fuzz/corpus/fuzz_ps_$(snake "$m")
@@ -64,6 +64,7 @@ fi
 if [ ${#targets[@]} -eq 0 ]; then
     targets=(fuzz_codec)
     for m in "${methods[@]}"; do targets+=("fuzz_ps_$(snake "$m")"); done
+    targets+=(fuzz_reshard)
 fi
 mkdir -p build-fuzz/corpus build-fuzz/findings
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
