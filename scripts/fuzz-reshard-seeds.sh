@@ -44,6 +44,7 @@ for path in files:
         tag, n = struct.unpack_from("<IQ", data, at)
         secs.append((tag, data[at + 12:at + 12 + n]))
         at += 12 + n + 4
+    assert 1 <= len(secs) <= 8, f"{path}: {len(secs)} sections; the target reads 1..8"
     blob += bytes([len(secs) - 1])
     for tag, payload in secs:
         blob += bytes([1 if tag == int.from_bytes(b"MODL", "little") else 0])

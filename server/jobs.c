@@ -1240,7 +1240,8 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
         st = member_agrees(job, mb, sync, model);
     free(model);
     if (st == FERRY_OK && job->finished && !recovering &&
-        q->action_case != FERRY__V1__JOB_REQUEST__ACTION_STATUS)
+        q->action_case != FERRY__V1__JOB_REQUEST__ACTION_STATUS &&
+        q->action_case != FERRY__V1__JOB_REQUEST__ACTION_LEAVE) /* (sent again: a no-op) */
         st = ferry_errorf(FERRY_ERR_INVALID,
                           "job '%s' has finished (all %u ranks left); a join starts it anew",
                           job->name, job->world);

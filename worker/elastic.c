@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/core/log.h"
 #include "worker/trainer-impl.h"
@@ -212,21 +213,34 @@ int ferry__trainer_elastic_lost(trainer *t, ferry_status st) {
     if (t->cfg->elastic_max == 0 || t->cluster == NULL ||
         (st != FERRY_ERR_UNAVAILABLE && st != FERRY_ERR_TIMEOUT))
         return 0;
-    char why[512];
+    char why[1024];
     (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-    for (int s = 0; s < ferry_cluster_size(t->cluster); s++) {
-        int serving = 0;
-        if (ferry_cluster_health(t->cluster, s, &serving) == FERRY_OK && serving)
-            continue;
-        (void)ferry_errorf(FERRY_ERR_UNAVAILABLE,
-                           "%s; ferry-ps %s is gone, and the job's state there with it: an "
-                           "elastic job does not outlive a server's state (it keeps no "
-                           "checkpoints)",
-                           why, ferry_cluster_target(t->cluster, s));
-        return 1;
+    /* A server counts as gone when it has not answered a health check for a second:
+     * a connection that broke and comes back (the channel reconnects within 250 ms)
+     * is not a loss. */
+    int gone = -1;
+    for (int attempt = 0; attempt < 5; attempt++) {
+        gone = -1;
+        for (int s = 0; s < ferry_cluster_size(t->cluster) && gone < 0; s++) {
+            int serving = 0;
+            if (ferry_cluster_health(t->cluster, s, &serving) != FERRY_OK || !serving)
+                gone = s;
+        }
+        if (gone < 0)
+            break;
+        struct timespec ts = {0, 250000000L};
+        nanosleep(&ts, NULL);
     }
-    (void)ferry_errorf(st, "%s", why);
-    return 0;
+    if (gone < 0) {
+        (void)ferry_errorf(st, "%s", why);
+        return 0;
+    }
+    (void)ferry_errorf(FERRY_ERR_UNAVAILABLE,
+                       "%s; ferry-ps %s has not answered (or not served) for a second: the job's "
+                       "state there is lost with it, and an elastic job does not outlive a "
+                       "server's state (it keeps no checkpoints)",
+                       why, ferry_cluster_target(t->cluster, gone));
+    return 1;
 }
 
 int ferry__trainer_elastic_retry(const trainer *t, ferry_status st) {

@@ -494,9 +494,10 @@ void ferry__trainer_teardown(trainer *t, ferry_status run) {
     /* After a peer failed, no cleanup call waits on it (the servers sweep). */
     int peer_failed = run == FERRY_ERR_UNAVAILABLE || run == FERRY_ERR_TIMEOUT ||
                       run == FERRY_ERR_RPC || run == FERRY_ERR_BUSY;
-    if (peer_failed) {
+    if (peer_failed) { /* the LEAVE below goes once: a dead server is not waited for */
         ferry_dist_ctx_abandon(t->dc);
         ferry_cluster_set_wait_for_ready(t->cluster, 0);
+        ferry_cluster_set_retry(t->cluster, 0);
     }
     ferry_dist_ctx_destroy(t->dc);
     /* The others learn at once that this rank is done, and why when it stops early:

@@ -113,10 +113,6 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
         .seed = (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step,
         .job_step = (uint64_t)t->step + 1,
     };
-    if (t->job != NULL) { /* this rank's columns of the global batch's dropout masks */
-        a.batch = gw->B;
-        a.col0 = t->c0;
-    }
     if (cfg->elastic_max > 0) { /* its columns' state to the coordinator, then GradNorm */
         a.before_sync = ferry__trainer_elastic_put;
         a.user = t;
@@ -146,6 +142,10 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
     for (;;) { /* an elastic job redoes a step a member will not finish, without it */
         ferry_window w = t->job != NULL ? rank_window(t, gw) : *gw;
         window_tensors(&w, &in, &tg);
+        if (t->job != NULL) { /* its columns of the global batch's dropout masks (a redo */
+            a.batch = gw->B;  /* may have moved them) */
+            a.col0 = t->c0;
+        }
         a.owner_set = cfg->elastic_max > 0;
         a.owner = t->el_first;
         st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);

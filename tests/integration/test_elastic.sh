@@ -193,6 +193,40 @@ print(f"steps 1..{max(s1)} then {min(s2)}..200, max |loss - undisturbed| {worst:
 EOF
 ok "a job whose every trainer died goes on with the next trainer, where it stood"
 
+# The first member dies: the second's columns move from [3, 6) to [0, 6) on the redo,
+# and its dropout masks move with them (the whole batch's, as undisturbed).
+R0D=(--ps "127.0.0.1:$E0" --max-steps 200 --job r0d --elastic 1:3)
+"$TRAINER" "${DATA[@]}" "${R0D[@]}" --metrics-out "$TMP/x.jsonl" 2>"$TMP/x.log" &
+X=$!
+wait_until "r0d's first trainer to train" 300 logged "$TMP/x.jsonl" '"event":"train"' "$X"
+"$TRAINER" "${DATA[@]}" "${R0D[@]}" --metrics-out "$TMP/y.jsonl" 2>"$TMP/y.log" &
+Y=$!
+wait_until "r0d's second trainer to train" 300 logged "$TMP/y.jsonl" '"event":"train"' "$Y"
+past "$TMP/y.jsonl" "$Y" 20
+kill -9 "$X"
+reap_killed "$X" "r0d's first trainer"
+wait "$Y" || fail "r0d's second trainer: $(tail -3 "$TMP/y.log")"
+python3 - "$TMP" <<'EOF' || fail "r0d against the undisturbed job"
+import json, sys
+tmp = sys.argv[1]
+ev = lambda n: [json.loads(l) for l in open(f"{tmp}/{n}.jsonl")]
+ref = {e["step"]: e["loss"] for e in ev("ref0") if e["event"] == "train"}
+y = ev("y")
+cols = [(e["col0"], e["col1"]) for e in y if e["event"] == "membership"]
+if cols[0] != (3, 6) or cols[-1] != (0, 6):
+    sys.exit(f"the second trainer's columns went {cols}, not from (3, 6) to (0, 6)")
+if sum(e["event"] == "redo" for e in y) != 1:
+    sys.exit("the second trainer redid no step")
+steps = {e["step"]: e["loss"] for e in y if e["event"] == "train"}
+if max(steps) != 200:
+    sys.exit(f"the second trainer ended at step {max(steps)}")
+worst = max(abs(l - ref[s]) for s, l in steps.items())
+if worst > 1e-5:
+    sys.exit(f"a loss is {worst:.3g} from the undisturbed job's")
+print(f"columns {cols}, max |loss - undisturbed| {worst:.2e}")
+EOF
+ok "the first member SIGKILLed: the second's columns (and masks) moved from [3, 6) to [0, 6), its losses the undisturbed job's"
+
 # MIN 2: the job waits for a second trainer, and fails when only one is left.
 MIN2=(--ps "127.0.0.1:$E0" --max-steps 2000 --job min2 --elastic 2:3)
 "$TRAINER" "${DATA[@]}" "${MIN2[@]}" --metrics-out "$TMP/n1.jsonl" 2>"$TMP/n1.log" &
@@ -240,7 +274,7 @@ for f in d1 d2; do
 done
 [ $((SECONDS - t0)) -lt 8 ] ||
     fail "job sd's trainers took $((SECONDS - t0)) s to stop (--deadline-ms 10000, --sync-timeout 60)"
-ok "a server's death ends an elastic job in $((SECONDS - t0)) s, both trainers saying so ($(grep -o 'ferry-ps [0-9.:]* is gone.*' "$TMP/d1.log" | head -1))"
+ok "a server's death ends an elastic job in $((SECONDS - t0)) s, both trainers saying so ($(grep -o 'ferry-ps [0-9.:]* has not answered.*' "$TMP/d1.log" | head -1))"
 stop_clean "$DP0" "ferry-ps (job sd's first server)"
 
 for p in "$RP0" "$RP1" "$EP0" "$EP1"; do stop_clean "$p" "ferry-ps"; done
