@@ -497,7 +497,8 @@ void ferry__trainer_teardown(trainer *t, ferry_status run) {
     if (peer_failed) { /* the LEAVE below goes once: a dead server is not waited for */
         ferry_dist_ctx_abandon(t->dc);
         ferry_cluster_set_wait_for_ready(t->cluster, 0);
-        ferry_cluster_set_retry(t->cluster, 0);
+        if (t->cluster != NULL)
+            ferry_cluster_set_retry(t->cluster, 0);
     }
     ferry_dist_ctx_destroy(t->dc);
     /* The others learn at once that this rank is done, and why when it stops early:

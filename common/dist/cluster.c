@@ -1432,7 +1432,8 @@ int ferry_cluster_size(const ferry_cluster *c) {
 }
 
 void ferry_cluster_set_retry(ferry_cluster *c, int retry_ms) {
-    atomic_store(&c->retry_ms, retry_ms > 0 ? retry_ms : 0);
+    if (c != NULL)
+        atomic_store(&c->retry_ms, retry_ms > 0 ? retry_ms : 0);
 }
 
 const double ferry_call_latency_bounds[FERRY_CALL_LATENCY_BUCKETS] = {
