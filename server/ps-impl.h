@@ -267,6 +267,10 @@ typedef struct ferry__ps_registry {
     const ferry__ps_limits *lim; /* the server's, which outlives the registry */
 } ferry__ps_registry;
 
+/* Writes a's and b's first differing field ("row_count 5000 (existing) vs 10000
+ * (requested)") into buf; 0 when the two configurations agree. */
+int ferry__ps_config_diff(const ferry__ps_module_config *a, const ferry__ps_module_config *b,
+                          char *buf, size_t cap);
 void ferry__ps_registry_init(ferry__ps_registry *r, const ferry__ps_limits *lim);
 void ferry__ps_registry_deinit(ferry__ps_registry *r);
 /* CreateModule: idempotent by name. *created = 1 for a new module (owned by `owner`),

@@ -165,9 +165,8 @@ static int diff_num(char *buf, size_t cap, const char *label, double a, double b
     return 1;
 }
 
-/* Writes the first differing field into buf; 0 when a and b agree. */
-static int config_diff(const ferry__ps_module_config *a, const ferry__ps_module_config *b,
-                       char *buf, size_t cap) {
+int ferry__ps_config_diff(const ferry__ps_module_config *a, const ferry__ps_module_config *b,
+                          char *buf, size_t cap) {
 #define DIFF_S(f, label)                                                                           \
     if (strcmp(a->f, b->f) != 0)                                                                   \
         return diff_str(buf, cap, label, a->f, b->f);
@@ -529,7 +528,7 @@ ferry_status ferry__ps_registry_create(ferry__ps_registry *r, const char *owner,
         *created = 0;
     } else if (m != NULL) {
         char diff[256];
-        if (config_diff(&m->cfg, &c, diff, sizeof diff))
+        if (ferry__ps_config_diff(&m->cfg, &c, diff, sizeof diff))
             st = ferry_errorf(FERRY_ERR_EXISTS,
                               "module '%s' already exists with a different config: %s", name, diff);
         *created = 0;

@@ -37,11 +37,8 @@ struct ferry__ps_reshard_src {
     char **path;    /* (k) the source files, for messages */
 };
 
-static int one_server(const ferry__ps_module *m) {
-    for (int i = 0; i < FERRY_WIRE_KIND_COUNT; i++)
-        if (strcmp(ferry_wire_kinds[i].name, m->cfg.kind) == 0)
-            return ferry_wire_kinds[i].one_server;
-    return 1;
+static const ferry_wire_kind_info *kind_of(const ferry__ps_module *m) {
+    return &ferry_wire_kinds[m->kind->wire];
 }
 
 void ferry__ps_reshard_close(ferry__ps_reshard_src *src) {
@@ -172,33 +169,6 @@ static ferry_status copy_rows(ferry__ps_module *d, ferry__ps_module *const *shar
     return st;
 }
 
-/* 1 when a's and b's configurations are the same but for their row range. */
-static int same_but_rows(const ferry__ps_module *a, const ferry__ps_module *b) {
-    Ferry__V1__ModuleConfig *x =
-        ferry__v1__module_config__unpack(NULL, a->config_len, a->config_packed);
-    Ferry__V1__ModuleConfig *y =
-        ferry__v1__module_config__unpack(NULL, b->config_len, b->config_packed);
-    int same = 0;
-    if (x != NULL && y != NULL) {
-        x->row_begin = x->row_count = y->row_begin = y->row_count = 0;
-        size_t nx = protobuf_c_message_get_packed_size(&x->base);
-        size_t ny = protobuf_c_message_get_packed_size(&y->base);
-        uint8_t *px = malloc(nx + 1), *py = malloc(ny + 1);
-        if (px != NULL && py != NULL && nx == ny) {
-            (void)protobuf_c_message_pack(&x->base, px);
-            (void)protobuf_c_message_pack(&y->base, py);
-            same = memcmp(px, py, nx) == 0;
-        }
-        free(px);
-        free(py);
-    }
-    if (x != NULL)
-        ferry__v1__module_config__free_unpacked(x, NULL);
-    if (y != NULL)
-        ferry__v1__module_config__free_unpacked(y, NULL);
-    return same;
-}
-
 /* 1 when every parameter of a and b has the same name and row width. */
 static int same_layout(const ferry__ps_module *a, const ferry__ps_module *b) {
     if (a->P.count != b->P.count || a->rows <= 0 || b->rows <= 0)
@@ -226,11 +196,15 @@ static ferry_status find_shards(ferry__ps_reshard_src *src, const ferry__ps_modu
                                 "job holds a slice of it",
                                 m0->name, src->path[s]);
         const ferry__ps_module *m = shard[s];
-        if (!same_but_rows(m, m0) || !same_layout(m, m0))
+        ferry__ps_module_config c = m->cfg; /* but for its rows */
+        c.row_begin = m0->cfg.row_begin;
+        c.row_count = m0->cfg.row_count;
+        char diff[256] = "its parameters' layout differs";
+        if (ferry__ps_config_diff(&m0->cfg, &c, diff, sizeof diff) || !same_layout(m, m0))
             return ferry_errorf(FERRY_ERR_INVALID,
-                                "module '%s' has another configuration in %s than in %s: the "
-                                "sources are not one job's",
-                                m->name, src->path[s], src->path[0]);
+                                "module '%s' has another configuration in %s than in %s (%s): "
+                                "the sources are not one job's",
+                                m->name, src->path[s], src->path[0], diff);
         if (m->cfg.row_begin != next)
             return ferry_errorf(FERRY_ERR_INVALID,
                                 "module '%s' of %s holds rows [%lld, %lld), expected to start "
@@ -248,15 +222,8 @@ static ferry_status find_shards(ferry__ps_reshard_src *src, const ferry__ps_modu
                                 (long long)ferry_optim_step_count(m0->opt), src->path[0]);
         next += m->cfg.row_count;
     }
-    int64_t rows = -1;
-    int local = 0;
-    for (int i = 0; i < FERRY_WIRE_KIND_COUNT; i++) {
-        if (strcmp(ferry_wire_kinds[i].name, m0->cfg.kind) == 0) {
-            rows = ferry_wire_kind_rows((ferry_wire_kind)i, m0->cfg.dims);
-            local = ferry_wire_kinds[i].local_rows;
-        }
-    }
-    if (local ? next > rows : next != rows)
+    int64_t rows = ferry_wire_kind_rows(m0->kind->wire, m0->cfg.dims);
+    if (kind_of(m0)->local_rows ? next > rows : next != rows)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "module '%s' has %lld rows; the files given hold %lld of them: "
                             "give every server's file of the step",
@@ -283,7 +250,7 @@ ferry_status ferry__ps_reshard_write(ferry__ps_reshard_src *src, int k2, int t, 
         }
         for (int i = 0; i < n && st == FERRY_OK; i++) {
             ferry__ps_module *m = mods[i], *d = NULL;
-            if (one_server(m)) {
+            if (kind_of(m)->one_server) {
                 st = ferry_errorf(FERRY_ERR_UNSUPPORTED,
                                   "module '%s' (%s) of %s lives whole on one server: where it "
                                   "goes among %d servers is its client's choice (--stages, "
@@ -310,7 +277,7 @@ ferry_status ferry__ps_reshard_write(ferry__ps_reshard_src *src, int k2, int t, 
                     shard[q] = NULL;
                 }
             }
-            if (!one_server(m) && s > 0) { /* found in source 0 too, else refused */
+            if (!kind_of(m)->one_server && s > 0) { /* found in source 0 too, else refused */
                 ferry__ps_module *m0 = ferry__ps_registry_find(&src->reg[0], m->name);
                 if (m0 == NULL)
                     st = ferry_errorf(FERRY_ERR_INVALID,
