@@ -142,8 +142,8 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
     ferry_rpc_server *rpc = atomic_load(&s->rpc);
     if (rpc != NULL)
         ferry_rpc_server_get_stats(rpc, &rs);
-    int64_t live = ferry__ps_ctx_live(&s->ctxs);
-    long long bytes = atomic_load(&s->ctxs.bytes);
+    int64_t bytes = 0;
+    int64_t live = ferry__ps_ctx_live(&s->ctxs, &bytes);
     int nmods = ferry__ps_registry_count(&s->reg);
     stat_add(b, "contexts_live", (double)live);
     stat_add(b, "context_bytes", (double)bytes);
@@ -253,7 +253,7 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
     (void)snprintf(text, sizeof text,
                    "%s: %d modules, %lld contexts live holding %lld bytes, %llu calls, "
                    "%llu errors, up %.0f s",
-                   id, nmods, (long long)live, bytes, (unsigned long long)rs.calls,
+                   id, nmods, (long long)live, (long long)bytes, (unsigned long long)rs.calls,
                    (unsigned long long)rs.errors, ferry_now() - s->t_start);
     Ferry__V1__StatsReply r;
     ferry__v1__stats_reply__init(&r);

@@ -52,12 +52,22 @@ static void call_free(ferry__ps_call *call) {
     free(call);
 }
 
-static void ctx_free(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
+/* Takes c's bytes and its place out of the table's and its identity's accounts, once.
+ * Done under the table lock where c leaves the table for good, so that a Stats reply,
+ * which reads the count and the bytes under that lock, never sees a context gone from
+ * the count and its bytes still charged. */
+static void ctx_uncharge(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     atomic_fetch_sub(&t->bytes, c->bytes);
     if (c->quota != NULL) {
         atomic_fetch_sub(&c->quota->context_bytes, c->bytes);
         atomic_fetch_sub(&c->quota->contexts, 1);
     }
+    c->bytes = 0;
+    c->quota = NULL;
+}
+
+static void ctx_free(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
+    ctx_uncharge(t, c);
     for (ferry__ps_call *call = c->calls, *next; call != NULL; call = next) {
         next = call->next;
         call_free(call);
@@ -204,17 +214,18 @@ int ferry__ps_ctx_drop_session(ferry__ps_ctx_table *t, uint64_t sess) {
             c->dead = 1;
             n++;
             if (c->refs == 0) { /* else its last holder frees it */
+                ctx_uncharge(t, c);
                 c->next = gone;
                 gone = c;
             }
         }
     }
+    atomic_fetch_add(&t->swept, n); /* its trainer went away: as if swept */
     pthread_mutex_unlock(&t->mu);
     for (ferry__ps_ctx *c = gone, *next; c != NULL; c = next) {
         next = c->next;
         ctx_free(t, c);
     }
-    atomic_fetch_add(&t->swept, n); /* its trainer went away: as if swept */
     return n;
 }
 
@@ -283,6 +294,8 @@ void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     c->refs--;
     c->last_used = ferry_now();
     int free_it = c->dead && c->refs == 0;
+    if (free_it)
+        ctx_uncharge(t, c);
     pthread_mutex_unlock(&t->mu);
     if (free_it)
         ctx_free(t, c);
@@ -463,6 +476,8 @@ int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t) {
                 c->dead = 1;
                 c->next = expired;
                 expired = c;
+                ctx_uncharge(t, c);
+                atomic_fetch_add(&t->swept, 1);
             }
         }
     }
@@ -476,9 +491,8 @@ int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t) {
         FERRY_LOG_INFO("swept context %#llx: idle %.1f s (ttl %g s), %d modules, %d pending "
                        "calls, %lld bytes freed",
                        (unsigned long long)c->id, now - c->last_used, t->ttl_s, c->nmods, ncalls,
-                       (long long)c->bytes);
+                       (long long)ctx_bytes(c));
         ctx_free(t, c);
-        atomic_fetch_add(&t->swept, 1);
     }
     /* The contexts of dead trainers are gone: give their pages back to the system
      * rather than keep them for steps that may never come. */
@@ -487,9 +501,11 @@ int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t) {
     return n;
 }
 
-int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t) {
+int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t, int64_t *bytes) {
     pthread_mutex_lock(&t->mu);
     int64_t n = t->count;
+    if (bytes != NULL)
+        *bytes = atomic_load(&t->bytes);
     pthread_mutex_unlock(&t->mu);
     return n;
 }

@@ -107,10 +107,10 @@ void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
         counter(p, "ferry_rpc_server_sent_bytes_total", "reply bytes sent", (double)rs.bytes_out);
         gauge(p, "ferry_rpc_server_in_flight", "calls being served now", (double)rs.in_flight);
     }
-    gauge(p, "ferry_ps_contexts_live", "distributed-autograd contexts held",
-          (double)ferry__ps_ctx_live(&s->ctxs));
-    gauge(p, "ferry_ps_context_bytes", "memory the live contexts hold",
-          (double)atomic_load(&s->ctxs.bytes));
+    int64_t ctx_bytes = 0;
+    int64_t ctx_live = ferry__ps_ctx_live(&s->ctxs, &ctx_bytes);
+    gauge(p, "ferry_ps_contexts_live", "distributed-autograd contexts held", (double)ctx_live);
+    gauge(p, "ferry_ps_context_bytes", "memory the live contexts hold", (double)ctx_bytes);
     ferry_prom_family(p, "ferry_ps_contexts_total", "counter", "contexts by how they ended");
     static const char *const ends[] = {"created", "stepped", "released", "swept"};
     double vals[] = {(double)atomic_load(&s->ctxs.created), (double)atomic_load(&s->ctxs.stepped),

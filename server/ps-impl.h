@@ -423,7 +423,9 @@ ferry_status ferry__ps_ctx_stepped_reply(ferry__ps_ctx_table *t, uint64_t sess, 
                                          ferry_rpc_msg *reply);
 /* Frees contexts idle longer than the TTL (and not in use); returns the count. */
 int ferry__ps_ctx_sweep(ferry__ps_ctx_table *t);
-int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t);
+/* Contexts in the table and, if bytes is not NULL, the bytes charged to them, read
+ * together: a context that left the count no longer counts in the bytes. */
+int64_t ferry__ps_ctx_live(ferry__ps_ctx_table *t, int64_t *bytes);
 
 /* ---- sessions (session.c) ----
  * Hello opens a session bound to the caller's identity; every other call names it and

@@ -470,7 +470,7 @@ static ferry_status server_run(ferry_ps_server *s, int signals) {
     ferry_rpc_server_get_stats(s->rpc, &rs);
     FERRY_LOG_INFO("stopped after %.1f s: %llu calls, %llu errors, %lld contexts left",
                    ferry_now() - s->ps.t_start, (unsigned long long)rs.calls,
-                   (unsigned long long)rs.errors, (long long)ferry__ps_ctx_live(&s->ps.ctxs));
+                   (unsigned long long)rs.errors, (long long)ferry__ps_ctx_live(&s->ps.ctxs, NULL));
     return st;
 }
 
