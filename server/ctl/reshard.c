@@ -8,10 +8,12 @@
  * the order of the new --ps, and receives its own file of the same name. The job then
  * resumes on the new servers with its ranks' --load as it would on the old ones
  * (server/reshard.c has the rules). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/core/flags.h"
 #include "common/core/log.h"
@@ -19,6 +21,7 @@
 #include "server/ps-impl.h"
 
 #define MAX_SERVERS 1024
+#define RESHARD_PATH_MAX 4096
 
 /* "a,b,c" -> up to max pointers into a copy (*copy: free it); the count, or -1. */
 static int split(const char *list, char **copy, char **out, int max) {
@@ -94,14 +97,47 @@ int ferry__ctl_reshard(const char *into, int nfiles, char **files) {
     double t0 = ferry_now();
     ferry__ps_reshard_src *src = NULL;
     ferry_status st = ferry__ps_reshard_open((const char *const *)files, nfiles, &src);
+    /* Every new file is written whole under a temporary name first, and renamed into
+     * place only once all of them are: a failure part way (no room on the third
+     * server's disk) leaves no new server with a file of the step and the others
+     * without one. */
+    char part[RESHARD_PATH_MAX];
+    int written = 0;
+    (void)snprintf(part, sizeof part, "%s.reshard-part", base);
     uint64_t total = 0;
     for (int t = 0; t < k2 && st == FERRY_OK; t++) {
         uint64_t bytes = 0;
-        st = ferry__ps_reshard_write(src, k2, t, dirs[t], base, &bytes);
-        if (st == FERRY_OK)
-            (void)printf("server %d of %d: %s/%s (%.2f MB)\n", t + 1, k2, dirs[t], base,
-                         (double)bytes / 1e6);
+        st = ferry__ps_reshard_write(src, k2, t, dirs[t], part, &bytes);
+        written += st == FERRY_OK;
         total += bytes;
+    }
+    for (int t = 0; t < written && st == FERRY_OK; t++) { /* what a rename would refuse */
+        char to[RESHARD_PATH_MAX];
+        struct stat sb;
+        if (snprintf(to, sizeof to, "%s/%s", dirs[t], base) < (int)sizeof to &&
+            lstat(to, &sb) == 0 && !S_ISREG(sb.st_mode))
+            st = ferry_errorf(FERRY_ERR_INVALID, "%s exists and is not a file", to);
+    }
+    for (int t = 0; t < written; t++) {
+        char from[RESHARD_PATH_MAX], to[RESHARD_PATH_MAX];
+        if (snprintf(from, sizeof from, "%s/%s", dirs[t], part) >= (int)sizeof from ||
+            snprintf(to, sizeof to, "%s/%s", dirs[t], base) >= (int)sizeof to) {
+            st = ferry_errorf(FERRY_ERR_INVALID, "--into %s: path too long", dirs[t]);
+            from[0] = '\0';
+        }
+        if (st != FERRY_OK) {
+            (void)unlink(from);
+        } else if (rename(from, to) != 0) {
+            st = ferry_errorf(FERRY_ERR_IO, "rename %s to %s: %s", from, to, strerror(errno));
+            for (int u = t; u < written; u++) /* the ones not yet in place */
+                if (snprintf(from, sizeof from, "%s/%s", dirs[u], part) < (int)sizeof from)
+                    (void)unlink(from);
+            break;
+        } else {
+            struct stat sb;
+            (void)printf("server %d of %d: %s (%.2f MB)\n", t + 1, k2, to,
+                         stat(to, &sb) == 0 ? (double)sb.st_size / 1e6 : 0.0);
+        }
     }
     if (st == FERRY_OK)
         (void)printf("step %llu of %d servers cut for %d: %.2f MB read, %.2f MB written in "
