@@ -304,6 +304,16 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
                             "lstm '%s': steps [%lld, %lld) outside the window of %lld, or a "
                             "negative offset",
                             m->name, (long long)t0, (long long)(t0 + T), (long long)win_T);
+    /* The window's batch and the call's first column in it (0: the call's own B). */
+    int64_t wb = a.batch == 0    ? B
+                 : a.batch < lim ? (int64_t)a.batch
+                                 : -1,
+            c0 = a.col0 < lim ? (int64_t)a.col0 : -1;
+    if (wb < B || c0 < 0 || c0 > wb - B || (a.batch != 0 && win_T == 0))
+        return ferry_errorf(FERRY_ERR_RANGE,
+                            "lstm '%s': columns [%lld, %lld) outside a window batch of %lld (a "
+                            "batch needs a window_t)",
+                            m->name, (long long)c0, (long long)(c0 + B), (long long)wb);
     int training = save != NULL;
     lstm_call *k = calloc(1, sizeof *k);
     if (k == NULL)
@@ -319,7 +329,7 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
     uint64_t s_seed, s_off;
     ferry_ctx_draw(ctx, off, &s_seed, &s_off); /* the group's masks start at off */
     if (win_T > 0)
-        ferry_ctx_set_window(ctx, win_T, B, t0, T, 0, B);
+        ferry_ctx_set_window(ctx, win_T, wb, t0, T, c0, B);
     int64_t want_s[3] = {K, B, H};
     if ((st = ferry_ctx_tensor(ctx, FERRY_DTYPE_F32, ferry_shape_3d(T, B, C), &k->x)) == FERRY_OK) {
         memcpy(k->x->data, req->tensors[ix].data, (size_t)(T * B * C) * sizeof(float));

@@ -71,10 +71,13 @@ static ferry_status copy_out(ferry_remote *m, const ferry_rpc_msg *reply, ferry_
     return st;
 }
 
-ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
-                                       const ferry_remote_lstm_args *a, const float *x, int64_t T,
-                                       int64_t B, const float *h0, const float *c0, float *y,
-                                       float *hn, float *cn, uint64_t *call_id) {
+/* ferry_remote_lstm_forward, for the columns [col0, col0 + B) of a window of `batch`
+ * columns (batch 0: the call's B is the window's batch). */
+static ferry_status lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                 const ferry_remote_lstm_args *a, int64_t batch, int64_t col0,
+                                 const float *x, int64_t T, int64_t B, const float *h0,
+                                 const float *c0, float *y, float *hn, float *cn,
+                                 uint64_t *call_id) {
     ferry_status st = ferry__dist_check(m, FERRY_REMOTE_LSTM, "lstm forward", dc, 0);
     if (st != FERRY_OK)
         return st;
@@ -104,6 +107,10 @@ ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
     args.rng_offset = a->rng_offset;
     args.window_t = (uint64_t)a->window_T;
     args.t0 = (uint64_t)a->t0;
+    if (a->window_T > 0 && batch > 0 && (batch != B || col0 != 0)) {
+        args.batch = (uint64_t)batch;
+        args.col0 = (uint64_t)col0;
+    }
     Ferry__V1__ForwardRequest q;
     ferry__v1__forward_request__init(&q);
     q.ctx_id = dc != NULL ? dc->id : 0;
@@ -139,6 +146,13 @@ ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
     else if (rec != NULL && call_id != NULL)
         *call_id = rec->call_id;
     return st;
+}
+
+ferry_status ferry_remote_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
+                                       const ferry_remote_lstm_args *a, const float *x, int64_t T,
+                                       int64_t B, const float *h0, const float *c0, float *y,
+                                       float *hn, float *cn, uint64_t *call_id) {
+    return lstm_forward(m, dc, a, 0, 0, x, T, B, h0, c0, y, hn, cn, call_id);
 }
 
 ferry_status ferry_remote_lstm_backward(ferry_remote *m, ferry_dist_ctx *dc, uint64_t call_id,
@@ -287,8 +301,11 @@ ferry_status ferry_dist_lstm_forward(ferry_remote *m, ferry_dist_ctx *dc, ferry_
             return FERRY_NOMEM();
     }
     uint64_t call = 0;
-    if ((st = ferry_remote_lstm_forward(m, training ? dc : NULL, &a, hx, T, B, hh0, hc0, host[0],
-                                        host[1], host[2], &call)) != FERRY_OK)
+    int64_t col0 = 0, cols = 0;
+    if (win_B > 0)
+        ferry_ctx_get_window_cols(ctx, &col0, &cols);
+    if ((st = lstm_forward(m, training ? dc : NULL, &a, win_B, col0, hx, T, B, hh0, hc0, host[0],
+                           host[1], host[2], &call)) != FERRY_OK)
         return st;
     for (int i = 0; i < 3; i++) {
         if (!ferry_backend_is_host(out[i]->be) &&

@@ -264,6 +264,11 @@ void ferry_ctx_get_window(const ferry_ctx *ctx, int64_t *T, int64_t *batch, int6
     *steps = ctx->win_steps;
 }
 
+void ferry_ctx_get_window_cols(const ferry_ctx *ctx, int64_t *col0, int64_t *cols) {
+    *col0 = ctx->win_col0;
+    *cols = ctx->win_cols;
+}
+
 ferry_status ferry_ctx_dropout_mask(ferry_ctx *ctx, int64_t n, float p, float *mask) {
     uint64_t seed, offset;
     if (ctx->win_batch <= 0) {

@@ -64,6 +64,8 @@ FERRY_API void ferry_ctx_set_window(ferry_ctx *ctx, int64_t T, int64_t batch, in
  * masks for this context's step reads it to draw the same ones. */
 FERRY_API void ferry_ctx_get_window(const ferry_ctx *ctx, int64_t *T, int64_t *batch, int64_t *t0,
                                     int64_t *steps);
+/* The window's columns the context computes, [*col0, *col0 + *cols) of its batch. */
+FERRY_API void ferry_ctx_get_window_cols(const ferry_ctx *ctx, int64_t *col0, int64_t *cols);
 /* n floats (backend memory) of a dropout mask, 1/(1-p) with probability 1-p and 0
  * otherwise, drawn from the context's stream (honouring ferry_ctx_set_window). */
 FERRY_API ferry_status ferry_ctx_dropout_mask(ferry_ctx *ctx, int64_t n, float p, float *mask);
