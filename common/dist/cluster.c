@@ -230,6 +230,13 @@ void ferry__dist_set_passive(ferry_cluster *c, int on) {
     atomic_store(&c->passive, on && c->R > 1 && c->log != NULL && !old);
 }
 
+int ferry__dist_min_minor(ferry_cluster *c) {
+    pthread_mutex_lock(&c->hello_mu);
+    int minor = c->min_minor;
+    pthread_mutex_unlock(&c->hello_mu);
+    return minor;
+}
+
 int ferry__dist_passive(ferry_cluster *c) {
     return atomic_load(&c->passive);
 }

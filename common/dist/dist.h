@@ -48,6 +48,8 @@ struct ferry_cluster {
 /* Turns primary-backup on for c's job contexts (R > 1; see struct ferry_cluster). */
 void ferry__dist_set_passive(ferry_cluster *c, int on);
 int ferry__dist_passive(ferry_cluster *c);
+/* The lowest contract minor version the cluster's servers answered Hello with. */
+int ferry__dist_min_minor(ferry_cluster *c);
 /* The live replicas of shard g other than its primary. */
 int ferry__dist_backups(ferry_cluster *c, int g);
 /* Forgets the calls kept for a replay of context ctx (abandoned: no Step or release

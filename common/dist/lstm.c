@@ -85,6 +85,20 @@ static ferry_status lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
         return ferry_errorf(FERRY_ERR_INVALID,
                             "lstm forward of '%s': need T, B >= 1 and h0, c0 both or neither",
                             m->name);
+    /* A rank's or micro-batch's columns of a bigger window, with masks between the
+     * group's layers: they are the window's there, which a server before contract 1.5
+     * cannot draw. */
+    int cols_of_batch = m->dropout > 0.0f && m->layers > 1 && a->window_T > 0 && batch > 0 &&
+                        (batch != B || col0 != 0);
+    int minor = cols_of_batch ? ferry__dist_min_minor(m->c) : FERRY_CONTRACT_MINOR;
+    if (minor < 5)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "lstm '%s': a ferry-ps of contract 1.%d (before 1.5) draws the "
+                            "dropout masks of its layers over the call's own columns, not "
+                            "columns [%lld, %lld) of the batch of %lld: upgrade the servers, or "
+                            "keep the layers in the trainer",
+                            m->name, minor, (long long)col0, (long long)(col0 + B),
+                            (long long)batch);
     int64_t C = m->dims[0], H = m->dims[1], K = m->layers;
     ferry__dist_call *rec = NULL;
     if (dc != NULL) {
@@ -107,7 +121,7 @@ static ferry_status lstm_forward(ferry_remote *m, ferry_dist_ctx *dc,
     args.rng_offset = a->rng_offset;
     args.window_t = (uint64_t)a->window_T;
     args.t0 = (uint64_t)a->t0;
-    if (a->window_T > 0 && batch > 0 && (batch != B || col0 != 0)) {
+    if (cols_of_batch) {
         args.batch = (uint64_t)batch;
         args.col0 = (uint64_t)col0;
     }
