@@ -10,7 +10,8 @@
  * get 1e-6 absolute (a split batch sums the same gradient in another order, and an
  * element near 0 has no relative precision to keep). N = 2 and 4 with SGD, N = 2
  * with Stiefel-constrained recurrent weights (rank 0 adds the penalty's gradient
- * once), and with Adam. Then the job's membership rules, and a missing rank.
+ * once), and with Adam. Then the job's membership rules, a missing rank, and a wait
+ * for rank 0's ready that ends on time when its server goes.
  *
  * The learning rate is 0.1. At the trainer's default of 1 these first steps of PTB
  * amplify rounding: the local trainer against itself with 2 BLAS threads instead of
@@ -610,6 +611,47 @@ TEST(bsp_missing_rank_times_out) {
     setup_deinit(&s);
 }
 
+/* A rank waiting for rank 0's ready whose server has gone, on a cluster with a 30 s
+ * retry window: the wait still ends at its own limit (--sync-timeout 1.5 s), saying
+ * why, rather than a retry window later. */
+TEST(wait_ready_ends_on_time_when_a_server_goes) {
+    ferry_ps_config pc;
+    ferry_ps_config_default(&pc);
+    pc.listen = "127.0.0.1:0";
+    ferry_ps_server *srv;
+    CHECK_OK(ferry_ps_server_create(&pc, &srv));
+    CHECK_OK(ferry_ps_server_start(srv));
+    char target[64];
+    (void)snprintf(target, sizeof target, "127.0.0.1:%d", ferry_ps_server_port(srv));
+    ferry_cluster_config cc;
+    ferry_cluster_config_default(&cc);
+    cc.deadline_ms = 10000;
+    ferry_cluster *cl;
+    CHECK_OK(ferry_ps_connect(target, &cc, &cl));
+    ferry_cluster_set_retry(cl, 30000);
+    ferry_job *jb;
+    ferry_job_config jc = {.name = "waits",
+                           .world = 2,
+                           .rank = 1,
+                           .sync = FERRY_SYNC_BSP,
+                           .sync_timeout_ms = 1500,
+                           .model = ""};
+    CHECK_OK(ferry_job_join(cl, &jc, &jb));
+    ferry_ps_server_destroy(srv);
+    double t0 = ferry_now();
+    ferry_status st = ferry_job_wait_ready(jb);
+    double waited = ferry_now() - t0;
+    if (st != FERRY_ERR_TIMEOUT)
+        fprintf(stderr, "  %s\n", ferry_error_last());
+    CHECK_EQ(st, FERRY_ERR_TIMEOUT);
+    fprintf(stderr, "  after %.1f s: %s\n", waited, ferry_error_last());
+    CHECK(strstr(ferry_error_last(), "within 1.5 s (--sync-timeout)") != NULL);
+    CHECK(waited >= 1.4 && waited < 6.0); /* not the 30 s retry window */
+    ferry_cluster_set_retry(cl, 0);
+    ferry_job_destroy(jb);
+    ferry_cluster_destroy(cl);
+}
+
 /* A client of `targets` (bf16 wire or not) and its handle on dense module `name` (R, C),
  * made on first use; dense_client_close undoes both. */
 static void dense_client_open(const char *targets, int bf16, const char *name, int64_t R, int64_t C,
@@ -753,5 +795,6 @@ TEST(bf16_dense_no_room) {
 FERRY_TEST_MAIN(T(bsp_two_ranks_match_local) T(bsp_four_ranks_match_local)
                     T(bsp_stiefel_matches_local) T(bsp_adam_stiefel_matches_local)
                         T(bsp_stages_match_local) T(bsp_replicas_primary_backup)
-                            T(membership_errors) T(bsp_missing_rank_times_out) T(bf16_dense_images)
-                                T(bf16_dense_no_room))
+                            T(membership_errors) T(bsp_missing_rank_times_out)
+                                T(wait_ready_ends_on_time_when_a_server_goes) T(bf16_dense_images)
+                                    T(bf16_dense_no_room))

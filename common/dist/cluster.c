@@ -778,10 +778,12 @@ static ferry_status fan_first(const ferry_rpc_fanout *res, int n) {
 }
 
 /* The fan-out behind every ferry__dist_fanout*: calls that failed in transit go again
- * (within the cluster's retry window) when retry_ok. */
+ * within the cluster's retry window when retry_ok, and within window_ms of it when
+ * window_ms > 0 (a caller with a limit of its own). */
 static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, const int *servers,
                            const ferry_rpc_msg *reqs, int shared, ferry_rpc_msg *replies,
-                           int deadline_ms, void (*during)(void *arg), void *arg, int retry_ok) {
+                           int deadline_ms, void (*during)(void *arg), void *arg, int retry_ok,
+                           int window_ms) {
     if (n == 0) {
         if (during != NULL)
             during(arg);
@@ -839,6 +841,8 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         }
     }
     int retry_ms = atomic_load(&c->retry_ms);
+    if (window_ms > 0 && window_ms < retry_ms)
+        retry_ms = window_ms;
     double t0 = ferry_now();
     long pause_ms = 50;
     for (int attempt = 1; st != FERRY_OK && retry_ms > 0 && retry_ok; attempt++) {
@@ -892,20 +896,22 @@ ferry_status ferry__dist_fanout_during(ferry_cluster *c, ferry_rpc_method method
                                        ferry_rpc_msg *replies, int deadline_ms,
                                        void (*during)(void *arg), void *arg) {
     return fanout(c, method, n, servers, reqs, shared, replies, deadline_ms, during, arg,
-                  retry_safe(method));
+                  retry_safe(method), 0);
 }
 
 ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method, int n,
                                       const int *servers, const ferry_rpc_msg *reqs, int shared,
                                       ferry_rpc_msg *replies) {
-    return fanout(c, method, n, servers, reqs, shared, replies, c->cfg.deadline_ms, NULL, NULL, 1);
+    return fanout(c, method, n, servers, reqs, shared, replies, c->cfg.deadline_ms, NULL, NULL, 1,
+                  0);
 }
 
 ferry_status ferry__dist_fanout_retry_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                                const int *servers, const ferry_rpc_msg *reqs,
-                                               int shared, ferry_rpc_msg *replies,
-                                               int deadline_ms) {
-    return fanout(c, method, n, servers, reqs, shared, replies, deadline_ms, NULL, NULL, 1);
+                                               int shared, ferry_rpc_msg *replies, int deadline_ms,
+                                               int window_ms) {
+    return fanout(c, method, n, servers, reqs, shared, replies, deadline_ms, NULL, NULL, 1,
+                  window_ms);
 }
 
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
@@ -1621,7 +1627,7 @@ static ferry_status broadcast(ferry_cluster *c, int server, ferry_rpc_method met
     }
     if (st == FERRY_OK)
         st = fanout(c, method, n, servers, &req, 1, replies, c->cfg.deadline_ms, NULL, NULL,
-                    retry_ok);
+                    retry_ok, 0);
     for (int i = 0; replies != NULL && i < n; i++)
         ferry_rpc_msg_deinit(&replies[i]);
     ferry_rpc_msg_deinit(&req);

@@ -228,10 +228,12 @@ ferry_status ferry__dist_fanout(ferry_cluster *c, ferry_rpc_method method, int n
 ferry_status ferry__dist_fanout_retry(ferry_cluster *c, ferry_rpc_method method, int n,
                                       const int *servers, const ferry_rpc_msg *reqs, int shared,
                                       ferry_rpc_msg *replies);
-/* ferry__dist_fanout_retry with its own deadline. */
+/* ferry__dist_fanout_retry with its own deadline, and sending again only within
+ * window_ms when that is > 0 and shorter than the cluster's retry window. */
 ferry_status ferry__dist_fanout_retry_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                                const int *servers, const ferry_rpc_msg *reqs,
-                                               int shared, ferry_rpc_msg *replies, int deadline_ms);
+                                               int shared, ferry_rpc_msg *replies, int deadline_ms,
+                                               int window_ms);
 /* The same with its own deadline (calls that may wait in a job barrier). */
 ferry_status ferry__dist_fanout_deadline(ferry_cluster *c, ferry_rpc_method method, int n,
                                          const int *servers, const ferry_rpc_msg *reqs, int shared,

@@ -152,9 +152,11 @@ static int job_retry_safe(int action) {
 }
 
 /* q on every server of the job's cluster, concurrently; replies[c->n] are
- * initialised here and deinitialised by the caller. */
-static ferry_status job_all(ferry_job *job, const Ferry__V1__JobRequest *q, int deadline_ms,
-                            ferry_rpc_msg *replies) {
+ * initialised here and deinitialised by the caller. An action safe to repeat goes again
+ * after a failure in transit within the cluster's retry window, and within window_ms
+ * of it when that is > 0. */
+static ferry_status job_all_within(ferry_job *job, const Ferry__V1__JobRequest *q, int deadline_ms,
+                                   int window_ms, ferry_rpc_msg *replies) {
     ferry_cluster *c = job->c;
     int servers[FERRY_DIST_MAX_SERVERS];
     ferry_rpc_msg req;
@@ -166,7 +168,7 @@ static ferry_status job_all(ferry_job *job, const Ferry__V1__JobRequest *q, int 
     ferry_status st = ferry_rpc_msg_set_head(&req, &q->base);
     if (st == FERRY_OK && job_retry_safe(q->action_case))
         st = ferry__dist_fanout_retry_deadline(c, FERRY_RPC_JOB, c->n, servers, &req, 1, replies,
-                                               deadline_ms);
+                                               deadline_ms, window_ms);
     else if (st == FERRY_OK)
         st = ferry__dist_fanout_deadline(c, FERRY_RPC_JOB, c->n, servers, &req, 1, replies,
                                          deadline_ms);
@@ -174,21 +176,31 @@ static ferry_status job_all(ferry_job *job, const Ferry__V1__JobRequest *q, int 
     return st;
 }
 
+static ferry_status job_all(ferry_job *job, const Ferry__V1__JobRequest *q, int deadline_ms,
+                            ferry_rpc_msg *replies) {
+    return job_all_within(job, q, deadline_ms, 0, replies);
+}
+
 static void replies_deinit(ferry_rpc_msg *replies, int n) {
     for (int i = 0; i < n; i++)
         ferry_rpc_msg_deinit(&replies[i]);
 }
 
-/* `action` on every server; reply fields of the servers combined: ready when every
- * server says so, min_step the smallest. */
-static ferry_status job_call(ferry_job *job, int action, int *ready, uint64_t *min_step) {
+/* `action` on every server (each call, and what is sent again, within limit_ms when
+ * that is > 0); reply fields of the servers combined: ready when every server says
+ * so, min_step the smallest. */
+static ferry_status job_call_within(ferry_job *job, int action, int limit_ms, int *ready,
+                                    uint64_t *min_step) {
     ferry_cluster *c = job->c;
     job_msg *m = calloc(1, sizeof *m);
     if (m == NULL)
         return FERRY_NOMEM();
     job_request(job, action, m);
     ferry_rpc_msg replies[FERRY_DIST_MAX_SERVERS];
-    ferry_status st = job_all(job, &m->q, c->cfg.deadline_ms, replies);
+    int deadline_ms = c->cfg.deadline_ms;
+    if (limit_ms > 0 && (deadline_ms <= 0 || limit_ms < deadline_ms))
+        deadline_ms = limit_ms;
+    ferry_status st = job_all_within(job, &m->q, deadline_ms, limit_ms, replies);
     free(m);
     int all_ready = 1;
     uint64_t min = UINT64_MAX;
@@ -203,6 +215,10 @@ static ferry_status job_call(ferry_job *job, int action, int *ready, uint64_t *m
     if (st == FERRY_OK && min_step != NULL)
         *min_step = min;
     return st;
+}
+
+static ferry_status job_call(ferry_job *job, int action, int *ready, uint64_t *min_step) {
+    return job_call_within(job, action, 0, ready, min_step);
 }
 
 ferry_status ferry_job_create(ferry_cluster *c, const ferry_job_config *cfg, ferry_job **out) {
@@ -326,10 +342,29 @@ ferry_status ferry_job_wait_ready(ferry_job *job) {
     double limit = (job->cfg.sync_timeout_ms > 0 ? job->cfg.sync_timeout_ms : 60000) / 1000.0;
     double t0 = ferry_now();
     for (int polls = 0;; polls++) {
+        /* Each poll, and what a retry window sends again, ends within the limit: a
+         * stalled server makes the wait time out on time, not a retry window later. */
         int ready = 0;
-        ferry_status st = job_call(job, FERRY__V1__JOB_REQUEST__ACTION_STATUS, &ready, NULL);
-        if (st != FERRY_OK || ready)
+        double left_ms = (limit - (ferry_now() - t0)) * 1000.0;
+        ferry_status st = job_call_within(job, FERRY__V1__JOB_REQUEST__ACTION_STATUS,
+                                          left_ms > 100.0 ? (int)left_ms : 100, &ready, NULL);
+        if (st == FERRY_OK && ready)
+            return FERRY_OK;
+        /* A server's answer (even an error) is final, and so is a failure in transit
+         * without a retry window; with one (the caller asked that calls lost in
+         * transit go again), the query is polled again until the limit. */
+        int transit = (st == FERRY_ERR_UNAVAILABLE || st == FERRY_ERR_TIMEOUT) &&
+                      atomic_load(&job->c->retry_ms) > 0;
+        if (st != FERRY_OK && !transit)
             return st;
+        if (ferry_now() - t0 > limit && st != FERRY_OK) {
+            char last[256];
+            (void)snprintf(last, sizeof last, "%s", ferry_error_last());
+            return ferry_errorf(FERRY_ERR_TIMEOUT,
+                                "job '%s': no answer to say rank 0 is ready within %.1f s "
+                                "(--sync-timeout); the last query: %s",
+                                job->name, limit, last);
+        }
         if (ferry_now() - t0 > limit)
             return ferry_errorf(FERRY_ERR_TIMEOUT,
                                 "job '%s': rank 0 did not say ready within %.1f s "

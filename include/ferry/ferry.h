@@ -697,7 +697,10 @@ FERRY_API ferry_status ferry_job_recover(ferry_job *job, const uint64_t *offer, 
 /* Rank 0: the modules exist and hold their initial values. */
 FERRY_API ferry_status ferry_job_ready(ferry_job *job);
 /* Other ranks: waits (polling the job's status) until rank 0 said ready on every
- * server, at most the sync timeout: FERRY_ERR_TIMEOUT then. */
+ * server, at most the sync timeout: FERRY_ERR_TIMEOUT then. A server's error ends the
+ * wait at once, and so does a failure in transit unless the cluster has a retry window
+ * (ferry_cluster_set_retry); with one, the polls go on, each within what is left of
+ * the sync timeout, so the wait never outlasts it. */
 FERRY_API ferry_status ferry_job_wait_ready(ferry_job *job);
 /* This rank is done: its run completed (bsp ranks still waiting for it fail at once). */
 FERRY_API ferry_status ferry_job_leave(ferry_job *job);
