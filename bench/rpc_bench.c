@@ -1,6 +1,6 @@
 /* rpc_bench.c - ferry's RPC layer against raw TCP on the same machine, in one
  * run: 16-byte TCP ping-pong, 128 KiB one-way TCP throughput and a TCP echo of each
- * bulk size (request whole, then reply: a unary call's bound); ferry tiny-call
+ * bulk size (request whole, then reply: a unary call's pattern); ferry tiny-call
  * latency (16-byte tensor) against servers with 1 and 2 poll threads; one-way
  * (client -> server, tiny reply) and echo throughput at 1, 16 and 64 MiB.
  * Servers run in forked child processes, forked before the parent touches gRPC,
@@ -204,7 +204,7 @@ static void tcp_pingpong(int port, double *median, double *p99) {
     free(lat);
 }
 
-/* A unary echo over raw TCP, the bound for an RPC echo: `n` bytes out in 128 KiB writes,
+/* A unary echo over raw TCP, the baseline for an RPC echo: `n` bytes out in 128 KiB writes,
  * the peer reads them all, then writes them back; bytes per second per direction (n
  * over the round trip), as rpc_throughput counts an echo. */
 static double tcp_echo(int port, size_t n, int iters) {
@@ -488,7 +488,7 @@ static void report(const bench_round *rr, int n) {
     }
     printf("throughput against the 2-thread server, payload MB/s per direction, and the share\n"
            "of the same round's raw TCP one-way rate (and, for echo, of raw TCP's echo of the\n"
-           "same size: the request, then the reply, the bound for a unary call):\n");
+           "same size: the request, then the reply, as a unary call does):\n");
     for (int k = 0; k < 2; k++) {
         for (int i = 0; i < 3; i++) {
             size_t off = (k == 0 ? AT(oneway[0]) : AT(echo[0])) + (size_t)i * sizeof(double);

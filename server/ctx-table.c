@@ -53,9 +53,11 @@ static void call_free(ferry__ps_call *call) {
 }
 
 /* Takes c's bytes and its place out of the table's and its identity's accounts, once.
- * Done under the table lock where c leaves the table for good, so that a Stats reply,
- * which reads the count and the bytes under that lock, never sees a context gone from
- * the count and its bytes still charged. */
+ * Done under the table lock where c is freed (swept, dropped with its session, released
+ * by its last holder), so that a Stats reply, which reads the count and the bytes under
+ * that lock, does not see a swept context gone from the count with its bytes still
+ * charged. (A retired or dropped context still held by a call keeps its bytes until
+ * that call releases it.) */
 static void ctx_uncharge(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     atomic_fetch_sub(&t->bytes, c->bytes);
     if (c->quota != NULL) {

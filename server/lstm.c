@@ -309,10 +309,12 @@ static ferry_status lstm_forward(ferry__ps_module *m, ferry_wire_mode mode, ferr
                  : a.batch < lim ? (int64_t)a.batch
                                  : -1,
             c0 = a.col0 < lim ? (int64_t)a.col0 : -1;
-    if (wb < B || c0 < 0 || c0 > wb - B || (a.batch != 0 && win_T == 0))
+    /* The masks' offsets reach (win_T * wb) * H: kept below 2^62 too. */
+    if (wb < B || c0 < 0 || c0 > wb - B || (a.batch != 0 && win_T == 0) ||
+        (win_T > 0 && (uint64_t)wb > lim / (uint64_t)win_T / (uint64_t)H))
         return ferry_errorf(FERRY_ERR_RANGE,
                             "lstm '%s': columns [%lld, %lld) outside a window batch of %lld (a "
-                            "batch needs a window_t)",
+                            "batch needs a window_t; window_t x batch x H below 2^62)",
                             m->name, (long long)c0, (long long)(c0 + B), (long long)wb);
     int training = save != NULL;
     lstm_call *k = calloc(1, sizeof *k);

@@ -778,8 +778,8 @@ static ferry_status fan_first(const ferry_rpc_fanout *res, int n) {
 }
 
 /* The fan-out behind every ferry__dist_fanout*: calls that failed in transit go again
- * within the cluster's retry window when retry_ok, and within window_ms of it when
- * window_ms > 0 (a caller with a limit of its own). */
+ * within the cluster's retry window when retry_ok, and when window_ms > 0 (a caller
+ * with a limit of its own) only within window_ms of the call's start. */
 static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, const int *servers,
                            const ferry_rpc_msg *reqs, int shared, ferry_rpc_msg *replies,
                            int deadline_ms, void (*during)(void *arg), void *arg, int retry_ok,
@@ -811,6 +811,7 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         }
         idx[i] = i;
     }
+    double t_call = ferry_now(); /* a caller's window_ms counts from here */
     ferry_status st = fan_round(c, method, n, idx, servers, reqs, shared, replies, deadline_ms,
                                 during, arg, res, pst);
     if (st == FERRY_OK)
@@ -841,9 +842,11 @@ static ferry_status fanout(ferry_cluster *c, ferry_rpc_method method, int n, con
         }
     }
     int retry_ms = atomic_load(&c->retry_ms);
-    if (window_ms > 0 && window_ms < retry_ms)
-        retry_ms = window_ms;
     double t0 = ferry_now();
+    if (window_ms > 0 && window_ms < retry_ms) { /* the first round's time counts too */
+        retry_ms = window_ms;
+        t0 = t_call;
+    }
     long pause_ms = 50;
     for (int attempt = 1; st != FERRY_OK && retry_ms > 0 && retry_ok; attempt++) {
         /* Only the calls that failed in transit go again; an answer from a server

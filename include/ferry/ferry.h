@@ -699,8 +699,9 @@ FERRY_API ferry_status ferry_job_ready(ferry_job *job);
 /* Other ranks: waits (polling the job's status) until rank 0 said ready on every
  * server, at most the sync timeout: FERRY_ERR_TIMEOUT then. A server's error ends the
  * wait at once, and so does a failure in transit unless the cluster has a retry window
- * (ferry_cluster_set_retry); with one, the polls go on, each within what is left of
- * the sync timeout, so the wait never outlasts it. */
+ * (ferry_cluster_set_retry); with one, the polls go on, each (its retries included)
+ * within what is left of the sync timeout. A session re-established on the way (a
+ * restarted server) may add one Hello's deadline. */
 FERRY_API ferry_status ferry_job_wait_ready(ferry_job *job);
 /* This rank is done: its run completed (bsp ranks still waiting for it fail at once). */
 FERRY_API ferry_status ferry_job_leave(ferry_job *job);

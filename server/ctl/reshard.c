@@ -9,6 +9,7 @@
  * resumes on the new servers with its ranks' --load as it would on the old ones
  * (server/reshard.c has the rules). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,29 +95,37 @@ int ferry__ctl_reshard(const char *into, int nfiles, char **files) {
             return FERRY_EXIT_USAGE;
         }
     }
+    /* What a rename into place would refuse, before anything is read or written. */
+    for (int t = 0; t < k2; t++) {
+        char to[RESHARD_PATH_MAX];
+        struct stat sb;
+        int len = snprintf(to, sizeof to, "%s/%s", dirs[t], base);
+        if (len >= (int)sizeof to || (lstat(to, &sb) == 0 && !S_ISREG(sb.st_mode))) {
+            ferry_log_fatal("reshard: %s %s", to,
+                            len >= (int)sizeof to ? "is too long a path"
+                                                  : "exists and is not a file");
+            free(copy);
+            return FERRY_EXIT_USAGE;
+        }
+    }
     double t0 = ferry_now();
     ferry__ps_reshard_src *src = NULL;
     ferry_status st = ferry__ps_reshard_open((const char *const *)files, nfiles, &src);
     /* Every new file is written whole under a temporary name first, and renamed into
      * place only once all of them are: a failure part way (no room on the third
      * server's disk) leaves no new server with a file of the step and the others
-     * without one. */
+     * without one. The temporary name starts with a dot, so a ferry-ps never takes it
+     * for a checkpoint (a kill between the writes and the renames leaves it for its
+     * start-up sweep of temporary files). */
     char part[RESHARD_PATH_MAX];
     int written = 0;
-    (void)snprintf(part, sizeof part, "%s.reshard-part", base);
+    (void)snprintf(part, sizeof part, ".%s.reshard-part", base);
     uint64_t total = 0;
     for (int t = 0; t < k2 && st == FERRY_OK; t++) {
         uint64_t bytes = 0;
         st = ferry__ps_reshard_write(src, k2, t, dirs[t], part, &bytes);
         written += st == FERRY_OK;
         total += bytes;
-    }
-    for (int t = 0; t < written && st == FERRY_OK; t++) { /* what a rename would refuse */
-        char to[RESHARD_PATH_MAX];
-        struct stat sb;
-        if (snprintf(to, sizeof to, "%s/%s", dirs[t], base) < (int)sizeof to &&
-            lstat(to, &sb) == 0 && !S_ISREG(sb.st_mode))
-            st = ferry_errorf(FERRY_ERR_INVALID, "%s exists and is not a file", to);
     }
     for (int t = 0; t < written; t++) {
         char from[RESHARD_PATH_MAX], to[RESHARD_PATH_MAX];
@@ -128,6 +137,8 @@ int ferry__ctl_reshard(const char *into, int nfiles, char **files) {
         if (st != FERRY_OK) {
             (void)unlink(from);
         } else if (rename(from, to) != 0) {
+            /* Within one directory, after the check above, only a failing file system
+             * gets here; the servers' files already renamed stay. */
             st = ferry_errorf(FERRY_ERR_IO, "rename %s to %s: %s", from, to, strerror(errno));
             for (int u = t; u < written; u++) /* the ones not yet in place */
                 if (snprintf(from, sizeof from, "%s/%s", dirs[u], part) < (int)sizeof from)
@@ -135,6 +146,11 @@ int ferry__ctl_reshard(const char *into, int nfiles, char **files) {
             break;
         } else {
             struct stat sb;
+            int dfd = open(dirs[t], O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the rename, durable */
+            if (dfd < 0 || fsync(dfd) != 0)
+                st = ferry_errorf(FERRY_ERR_IO, "fsync %s: %s", dirs[t], strerror(errno));
+            if (dfd >= 0)
+                (void)close(dfd);
             (void)printf("server %d of %d: %s (%.2f MB)\n", t + 1, k2, to,
                          stat(to, &sb) == 0 ? (double)sb.st_size / 1e6 : 0.0);
         }

@@ -155,16 +155,16 @@ for s in 0 1; do
 done
 ok "--stages: saved at step 30, servers restarted, resumed to 60 with the uninterrupted losses and state (trainer and servers, bit for bit)"
 
-# A pipeline is one replica of a data-parallel job: 2 ranks of a bsp job, each with
-# layers 0-1 on server 1 (one module, shared: the ranks' gradients are summed there,
-# and the dropout between its layers is drawn there), layer 2 in the trainer, 2
-# micro-batches. Both finish and log the job's same loss,
+# A pipeline is one replica of a data-parallel job: 2 ranks of a bsp job of 4 layers,
+# each with layers 0-1 on server 1 (one module, shared: the ranks' gradients are summed
+# there, and the dropout between its layers is drawn there), layer 2 on server 0,
+# layer 3 in the trainer, 2 micro-batches. Both finish and log the job's same loss,
 # the local trainer's (dropout 0.3: the servers' layers too draw each rank's columns
-# of the whole batch's masks; Stiefel on; within 1e-5 relative).
+# of the whole batch's masks; Stiefel on).
 split_ps sj "$TMP/ck-j"
 for r in 0 1; do
-    "$TRAINER" --ps "$SPS" --job split2 --world 2 --rank "$r" --stages ps1:2,local:1 \
-        --micro-batches 2 "${split[@]}" --max-steps 20 --metrics-out "$TMP/m-sj$r.jsonl" \
+    "$TRAINER" --ps "$SPS" --job split2 --world 2 --rank "$r" --stages ps1:2,ps0:1,local:1 \
+        --micro-batches 2 "${split[@]}" --nlayers 4 --max-steps 20 --metrics-out "$TMP/m-sj$r.jsonl" \
         2>"$TMP/t-sj$r.log" &
     eval "SJ$r=\$!"
 done
@@ -174,13 +174,16 @@ split_stop
 [ "$(train_losses "$TMP/m-sj0.jsonl" | wc -l)" -eq 2 ] &&
     [ "$(train_losses "$TMP/m-sj0.jsonl")" = "$(train_losses "$TMP/m-sj1.jsonl")" ] ||
     fail "stages in a 2-rank job: the ranks' job losses differ: $(paste <(train_losses "$TMP/m-sj0.jsonl") <(train_losses "$TMP/m-sj1.jsonl"))"
-"$TRAINER" --local "${split[@]}" --max-steps 20 --metrics-out "$TMP/m-sj-local.jsonl" \
+"$TRAINER" --local "${split[@]}" --nlayers 4 --max-steps 20 --metrics-out "$TMP/m-sj-local.jsonl" \
     2>"$TMP/t-sj-local.log" || fail "local 3-layer trainer exited $?"
+# Steps 1-10 within 1e-5 relative (wrong masks: 2e-4 at once); by step 20, with 4
+# layers, lr 0.5 and Stiefel, the other summation order has drifted to about 1.3e-5:
+# 1e-4 there.
 paste <(train_losses "$TMP/m-sj-local.jsonl") <(train_losses "$TMP/m-sj0.jsonl") |
-    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ }
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > (NR == 1 ? 1e-5 : 1e-4) * $1) bad = 1; n++ }
          END { exit !(n == 2 && !bad) }' ||
     fail "stages in a 2-rank job with dropout: losses differ from the local trainer's: $(paste <(train_losses "$TMP/m-sj-local.jsonl") <(train_losses "$TMP/m-sj0.jsonl"))"
-ok "--stages ps1:2,local:1 --micro-batches 2 in a 2-rank bsp job, dropout 0.3: both ranks log the local trainer's losses ($(train_losses "$TMP/m-sj0.jsonl" | tail -1))"
+ok "--stages ps1:2,ps0:1,local:1 --micro-batches 2 in a 2-rank bsp job, dropout 0.3: both ranks log the local trainer's losses ($(train_losses "$TMP/m-sj0.jsonl" | tail -1))"
 
 # A slice of the decoder's vocabulary in the trainer (--local-vocab): pipelined, it
 # trains as the local trainer does (dropout off: losses within 1e-5 relative); in a

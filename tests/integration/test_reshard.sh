@@ -145,15 +145,23 @@ expect_error "a directory listed twice" "lists a directory twice" "$CTL" \
     --into "$TMP/x0,$TMP/x0" reshard "$TMP/ref/ck0/rs-step20.ckpt" "$TMP/ref/ck1/rs-step20.ckpt"
 [ -z "$(find "$TMP/x0" "$TMP/x1" "$TMP/x2" -type f)" ] ||
     fail "a refused reshard wrote: $(find "$TMP/x0" "$TMP/x1" "$TMP/x2" -type f)"
-# A write that fails on the last new server (a directory where its file goes: root
-# cannot write there either) leaves no new file anywhere, not two servers of three.
-mkdir -p "$TMP/x2/rs-step20.ckpt"
-expect_error "a write failing on the third new server" "reshard:" "$CTL" \
+# A write that fails on the last new server (a directory where its temporary file
+# goes: root cannot write there either) leaves no new file anywhere, temporary ones
+# included, not two servers of three; a directory where a new file goes is refused
+# before anything is written.
+mkdir -p "$TMP/x2/.rs-step20.ckpt.reshard-part"
+expect_error "a write failing on the third new server" "reshard: cannot write checkpoint" "$CTL" \
     --into "$TMP/x0,$TMP/x1,$TMP/x2" reshard "$TMP/ref/ck0/rs-step20.ckpt" "$TMP/ref/ck1/rs-step20.ckpt"
 [ -z "$(find "$TMP/x0" "$TMP/x1" "$TMP/x2" -type f)" ] ||
     fail "a reshard that failed part way left: $(find "$TMP/x0" "$TMP/x1" "$TMP/x2" -type f)"
+rmdir "$TMP/x2/.rs-step20.ckpt.reshard-part"
+ok "a reshard failing on the third new server's write leaves no file, new or temporary, on the other two"
+mkdir -p "$TMP/x2/rs-step20.ckpt"
+expect_error "a directory where the third new file goes" "exists and is not a file" "$CTL" \
+    --into "$TMP/x0,$TMP/x1,$TMP/x2" reshard "$TMP/ref/ck0/rs-step20.ckpt" "$TMP/ref/ck1/rs-step20.ckpt"
+[ -z "$(find "$TMP/x0" "$TMP/x1" "$TMP/x2" -type f)" ] ||
+    fail "a refused reshard wrote: $(find "$TMP/x0" "$TMP/x1" "$TMP/x2" -type f)"
 rmdir "$TMP/x2/rs-step20.ckpt"
-ok "a reshard failing on the third new server's write leaves no new file on the other two"
 mkdir -p "$TMP/bad"
 head -c 100 /dev/urandom >"$TMP/bad/rs-step20.ckpt"
 expect_error "a file that is not a checkpoint" "is not a FERRYPS3 file (bad magic)" "$CTL" \
