@@ -1294,6 +1294,12 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
             FERRY_LOG_INFO("job '%s': rank %u %s (session #%llu), %u of %u", job->name, rank,
                            taken ? "taken over by a new session" : "joined",
                            (unsigned long long)sess->serial, job->joined, job->world);
+        } else if (k->sess == sess->serial && k->gone == RANK_STREAM_CLOSED) {
+            /* Its holder joins again after its connection broke: it is here. */
+            k->gone = RANK_HELD;
+            FERRY_LOG_INFO("job '%s': rank %u is back (session #%llu: its connection broke "
+                           "and came back)",
+                           job->name, rank, (unsigned long long)sess->serial);
         }
     } else if (st == FERRY_OK && q->action_case != FERRY__V1__JOB_REQUEST__ACTION_STATUS) {
         if (rank >= job->world)
@@ -1962,6 +1968,10 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
                 cols = 1; /* a member already (a retry) */
                 break;
             }
+            /* Its holder asks: it is here, though its connection broke (the membership
+             * dropped it then) and its Session stream may not be open again yet. */
+            if (k->sess == sess->serial)
+                k->gone = RANK_HELD;
             int alive = 0;
             for (uint32_t i = 0; i < job->nmembers; i++)
                 alive += el_alive(job, job->members[i]);

@@ -123,12 +123,14 @@ static ferry_status state_columns(trainer *t, float *buf, int to_columns) {
 /* Takes membership m: this rank's columns, and their carried state when m brings it
  * (zeroed instead at an epoch's first window, where every member starts from zero). */
 static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_window) {
-    if (m->index < 0)
+    if (m->index < 0) {
+        t->el_dropped = 1; /* the run asks to be admitted again (ferry_trainer_run) */
         return ferry_errorf(FERRY_ERR_ABORTED,
                             "elastic job '%s': rank %d is not among the members of epoch %llu "
-                            "(the coordinator dropped it)",
+                            "(the coordinator dropped it: its connection to a server broke)",
                             t->cfg->job, ferry_job_get_config(t->job)->rank,
                             (unsigned long long)m->epoch);
+    }
     int moved = m->col0 != t->c0 || m->col1 != t->c1 || m->epoch != t->el_epoch;
     char text[256];
     size_t k = 0;
@@ -190,6 +192,53 @@ ferry_status ferry__trainer_elastic_admit(trainer *t) {
                        ferry_now() - t0, (unsigned long long)m.first_step, t->epoch,
                        (long long)t->win0);
     ferry_job_membership_free(&m);
+    return st;
+}
+
+int ferry__trainer_elastic_dropped(trainer *t) {
+    if (t->el_dropped)
+        return 1;
+    if (t->job == NULL || t->el_left)
+        return 0;
+    for (int attempt = 0; attempt < 5; attempt++) {
+        ferry_job_membership m;
+        if (ferry_job_sync_membership(t->job, (uint64_t)t->step, &m) != FERRY_OK)
+            return 0; /* the coordinator does not answer, or not for this rank */
+        int out = m.index < 0;
+        ferry_job_membership_free(&m);
+        if (out)
+            return 1;
+        struct timespec ts = {0, 200000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+ferry_status ferry__trainer_elastic_readmit(trainer *t, const char *why) {
+    t->el_dropped = 0;
+    t->el_readmits = t->el_readmit_step == t->step ? t->el_readmits + 1 : 1;
+    t->el_readmit_step = t->step;
+    if (t->el_readmits > 3)
+        return ferry_errorf(FERRY_ERR_ABORTED,
+                            "%s; dropped again before a step after %d admissions, at step %lld: "
+                            "giving up",
+                            why, t->el_readmits - 1, (long long)t->step);
+    FERRY_LOG_WARN("elastic: %s; after step %lld, asking to be admitted again", why,
+                   (long long)t->step);
+    int64_t at = t->step;
+    /* Every server learns that the rank's holder is back (a server that saw its
+     * connection break counts it gone, and a member gone fails the others' barrier),
+     * before the coordinator makes it a member again. */
+    ferry_status st = ferry_job_rejoin(t->job);
+    if (st == FERRY_OK)
+        st = ferry__trainer_elastic_admit(t);
+    if (st != FERRY_OK)
+        return ferry_errorf(st, "%s; and admitted again: no: %s", why, ferry_error_last());
+    if (t->metrics != NULL) {
+        const char *keys[] = {"after_step", "step", "epoch"};
+        double vals[] = {(double)at, (double)t->step + 1, (double)t->el_epoch};
+        st = ferry_metrics_write_kv(t->metrics, "elastic_readmit", 3, keys, vals);
+    }
     return st;
 }
 

@@ -76,6 +76,10 @@ typedef struct trainer {
     uint64_t el_epoch;
     int el_first;
     int el_left; /* out of the membership after a SIGTERM: the run stops */
+    /* dropped from the membership while alive (its connection broke): the run asks to
+     * be admitted again; readmits counts those admissions, last_readmit their step */
+    int el_dropped, el_readmits;
+    int64_t el_readmit_step;
     int64_t el_window;
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
@@ -103,6 +107,17 @@ int ferry__trainer_recoverable(ferry_status st);
 /* Asks to be admitted and takes the membership, and for a rank that joins a running
  * job the members' progress and its columns' carried state. */
 ferry_status ferry__trainer_elastic_admit(trainer *t);
+/* After the run failed because this rank was dropped from the membership while it
+ * lived (t->el_dropped): asks to be admitted again, with the rank it holds, and takes
+ * the members' progress and its new columns, as a joining rank does; the run then goes
+ * on from there. Gives up, saying why, when a drop follows the last admission before
+ * any step, three times. */
+ferry_status ferry__trainer_elastic_readmit(trainer *t, const char *why);
+/* After the run of an elastic job's rank failed: 1 when the coordinator no longer
+ * counts this rank among the members (asked for up to a second, while it learns of
+ * the broken connection), else 0 (the failure stands; the error message is then not
+ * kept). */
+int ferry__trainer_elastic_dropped(trainer *t);
 /* ferry_lm_step_args.before_sync (user: the trainer): its columns' state on the
  * coordinator. */
 ferry_status ferry__trainer_elastic_put(void *user);

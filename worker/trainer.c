@@ -343,6 +343,21 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
     int stop = 0;
     while (st == FERRY_OK && !t.complete) {
         st = run_epochs(&t, &stop);
+        if (st != FERRY_OK && cfg->elastic_max > 0 && !stop_requested) {
+            /* Dropped from an elastic job's membership while alive (its connection
+             * broke): admitted again at a step boundary, it goes on where the members
+             * are. Any other failure stands. */
+            char why[1024];
+            (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+            if (!ferry__trainer_elastic_dropped(&t)) {
+                st = ferry_errorf(st, "%s", why);
+                break;
+            }
+            if ((st = ferry__trainer_elastic_readmit(&t, why)) != FERRY_OK)
+                break;
+            stop = 0;
+            continue;
+        }
         if (st == FERRY_OK || !t.recover || stop_requested || !ferry__trainer_recoverable(st))
             break;
         char why[1024];

@@ -18,6 +18,8 @@
 #   leave that step applied on some servers only, which a newcomer cannot finish.)
 # - MIN: a job of --elastic 2:3 starts only when two trainers ask (both run step 1),
 #   and fails, saying so, when a death leaves one.
+# - A member cut off while alive (its connections closed by a proxy) is dropped, then
+#   admitted again when it calls again, and trains on: losses the undisturbed job's.
 # - A server's death (not the coordinator's) ends the job at once: every trainer, alive,
 #   stops with one clear line (an elastic job keeps no copy of a server's state).
 # - Bad set-ups are refused in one line each.
@@ -226,6 +228,55 @@ if worst > 1e-5:
 print(f"columns {cols}, max |loss - undisturbed| {worst:.2e}")
 EOF
 ok "the first member SIGKILLed: the second's columns (and masks) moved from [3, 6) to [0, 6), its losses the undisturbed job's"
+
+# A member whose connection breaks while it lives (a network cut: its connections to
+# both servers closed at once by a proxy, which takes new ones) is dropped without a
+# roll-back, as a dead one is; when it can call again it is admitted again at a step
+# boundary and goes on with the job. Every step both logged is the undisturbed job's.
+python3 "$FERRY_SRC/tests/integration/cut-proxy.py" "$TMP/cut0" "$E0" "$TMP/cut1" "$E1" &
+CUTP=$!
+wait_until "the cut proxy's ports" 30 test -s "$TMP/cut1"
+RJ=(--max-steps 300 --job rj --elastic 1:3)
+"$TRAINER" "${DATA[@]}" --ps "127.0.0.1:$E0,127.0.0.1:$E1" "${RJ[@]}" --metrics-out "$TMP/rja.jsonl" \
+    2>"$TMP/rja.log" &
+RA=$!
+wait_until "rj's first trainer to train" 300 logged "$TMP/rja.jsonl" '"event":"train"' "$RA"
+"$TRAINER" "${DATA[@]}" --ps "127.0.0.1:$(cat "$TMP/cut0"),127.0.0.1:$(cat "$TMP/cut1")" "${RJ[@]}" \
+    --metrics-out "$TMP/rjb.jsonl" 2>"$TMP/rjb.log" &
+RB=$!
+wait_until "rj's second trainer to train" 300 logged "$TMP/rjb.jsonl" '"event":"train"' "$RB"
+past "$TMP/rjb.jsonl" "$RB" 10
+kill -USR1 "$CUTP"
+wait "$RA" || fail "rj's first trainer: $(tail -3 "$TMP/rja.log")"
+wait "$RB" || fail "rj's second trainer, cut off: $(tail -3 "$TMP/rjb.log")"
+kill "$CUTP"
+wait "$CUTP" 2>/dev/null || true
+for f in rja rjb; do
+    ! grep -q '"event":"recover"' "$TMP/$f.jsonl" || fail "$f: a recover event (a roll-back)"
+done
+python3 - "$TMP" <<'EOF2' || fail "rj against the undisturbed job"
+import json, sys
+tmp = sys.argv[1]
+ev = lambda n: [json.loads(l) for l in open(f"{tmp}/{n}.jsonl")]
+ref = {e["step"]: e["loss"] for e in ev("ref0") if e["event"] == "train"}
+a, b = ev("rja"), ev("rjb")
+back = [e for e in b if e["event"] == "elastic_readmit"]
+if len(back) != 1:
+    sys.exit(f"the cut-off trainer was admitted again {len(back)} times, not once")
+sa = {e["step"]: e["loss"] for e in a if e["event"] == "train"}
+sb = {e["step"]: e["loss"] for e in b if e["event"] == "train"}
+if max(sa) != 300 or max(sb) != 300:
+    sys.exit(f"the trainers ended at steps {max(sa)} and {max(sb)}, not 300")
+after = [s for s in sb if s > back[0]["after_step"]]
+if not after:
+    sys.exit("the cut-off trainer logged no step after its admission")
+worst = max(abs(l - ref[s]) for d in (sa, sb) for s, l in d.items())
+if worst > 1e-5:
+    sys.exit(f"a loss is {worst:.3g} from the undisturbed job's")
+print(f"cut after step {back[0]['after_step']}, admitted again from step {back[0]['step']:.0f}; "
+      f"{len(after)} steps after it; max |loss - undisturbed| {worst:.2e}")
+EOF2
+ok "a member cut off while alive is dropped, admitted again, and trains on; every loss the undisturbed job's"
 
 # MIN 2: the job waits for a second trainer, and fails when only one is left.
 MIN2=(--ps "127.0.0.1:$E0" --max-steps 2000 --job min2 --elastic 2:3)
