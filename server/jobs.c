@@ -28,6 +28,7 @@
 #define JOB_MODEL_KEYS     64
 #define JOB_MODEL_MAX      4096 /* the model signature as "k=v k=v ...", with the NUL */
 #define JOB_CHUNK          64   /* ranks per chunk of a job's rank table */
+#define INST_REPLY_MAX     (1 << 20) /* StepRequest.installed kept, packed, at most */
 #define JOB_METRICS_MAX    32   /* jobs whose own metrics a Stats or /metrics page lists */
 
 /* How a rank left the job (job_rank.left) or went away (job_rank.gone). */
@@ -117,6 +118,12 @@ struct ferry__ps_job {
     uint64_t agg_readmit; /* the replicas the ranks re-admit after bsp_step (OR) */
     uint32_t sum_rank;    /* 1 + the rank of bsp_step that asked for the sum (0: none):
                              one per step, so the copies a step keeps are bounded */
+    /* primary-backup: the primary's GradNorm answer of bsp_step that an installing Step
+     * brought (StepRequest.installed, packed; NULL: none), for a rank whose own answer
+     * from the primary was lost */
+    uint8_t *inst_reply;
+    size_t inst_len;
+    uint64_t inst_step;
     uint64_t applied; /* the last step applied */
     double applied_scale;
     uint64_t applied_version;
@@ -302,7 +309,19 @@ static void kept_clear(ferry__ps_job *job) {
     }
 }
 
+/* Forgets the installed step's answer (a new step opens, or the job ends). */
+static void inst_clear(ferry__ps_jobs *j, ferry__ps_job *job) {
+    if (job->inst_reply == NULL)
+        return;
+    job->bytes -= (int64_t)job->inst_len;
+    j->bytes -= (int64_t)job->inst_len;
+    free(job->inst_reply);
+    job->inst_reply = NULL;
+    job->inst_len = 0;
+}
+
 static void job_free(ferry__ps_jobs *j, ferry__ps_job *job) {
+    inst_clear(j, job);
     agg_free(job);
     el_free(job);
     kept_clear(job);
@@ -2415,6 +2434,31 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
         pthread_mutex_unlock(&j->mu);
         return st;
     }
+    if (st == FERRY_OK && s == job->bsp_step && job->bsp_complete && job->inst_reply != NULL &&
+        job->inst_step == s && !js->want_sum && !rank_peek(job, js->rank)->arrived) {
+        /* Primary-backup: this step came installed from the primary's sum, and this
+         * rank's answer from the primary was lost (the primary stalled after answering
+         * the installer): the answer the primary gave, which the installer brought. */
+        Ferry__V1__GradNormReply *r =
+            ferry__v1__grad_norm_reply__unpack(NULL, job->inst_len, job->inst_reply);
+        st = r != NULL ? ferry_rpc_msg_set_head(reply, &r->base) : FERRY_NOMEM();
+        if (r != NULL)
+            ferry__v1__grad_norm_reply__free_unpacked(r, NULL);
+        if (st == FERRY_OK)
+            FERRY_LOG_INFO("bsp step %llu of job '%s': rank %u's GradNorm answered as the "
+                           "shard's primary answered it (the step came installed here)",
+                           (unsigned long long)s, job->name, js->rank);
+        /* Its calls of the step, replayed here, made a context whose gradient the
+         * installed sum already holds: it ends now. */
+        ferry__ps_ctx *c = NULL;
+        if (st == FERRY_OK &&
+            ferry__ps_ctx_acquire(&ps->ctxs, sess->serial, q->ctx_id, 0, &c) == FERRY_OK) {
+            ferry__ps_ctx_retire(&ps->ctxs, c, 0);
+            ferry__ps_ctx_release(&ps->ctxs, c);
+        }
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
     if (st == FERRY_OK && q->n_modules != 0)
         st = ferry_errorf(FERRY_ERR_INVALID, "bsp GradNorm covers every module (modules must be "
                                              "empty)");
@@ -2432,6 +2476,7 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
             job->arrived = 0;
             job->sum_rank = 0;
             kept_clear(job);
+            inst_clear(j, job);
             for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1)) {
                 job_rank *w = rank_get(job, r); /* Steps waiting for an install of s */
                 if (w->sp != NULL && w->sp_step == s) {
@@ -2446,7 +2491,9 @@ ferry_status ferry__ps_job_grad_norm(ferry__ps_state *ps, ferry__ps_session *ses
                               "%llu (%s)",
                               js->rank, (unsigned long long)s, job->name,
                               (unsigned long long)job->bsp_step,
-                              job->bsp_complete ? "summed, not applied yet" : "collecting");
+                              !job->bsp_complete              ? "collecting"
+                              : job->applied == job->bsp_step ? "summed and applied"
+                                                              : "summed, not applied yet");
         }
     }
     job_rank *k = st == FERRY_OK ? rank_get(job, js->rank) : NULL; /* joined: it exists */
@@ -2689,6 +2736,16 @@ static ferry_status bsp_step(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry_
     if (in != NULL && unsummed) { /* the primary's sum becomes this step's */
         agg_free(job);
         kept_clear(job);
+        inst_clear(j, job);
+        const Ferry__V1__GradNormReply *ans = q->installed;
+        size_t n = ans != NULL ? ferry__v1__grad_norm_reply__get_packed_size(ans) : 0;
+        if (n > 0 && n <= INST_REPLY_MAX && ans->n_sum == 0 && ans->n_tensors == 0 &&
+            !ans->pending && (job->inst_reply = malloc(n)) != NULL) {
+            job->inst_len = ferry__v1__grad_norm_reply__pack(ans, job->inst_reply);
+            job->inst_step = s;
+            job->bytes += (int64_t)job->inst_len;
+            j->bytes += (int64_t)job->inst_len;
+        }
         for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
             rank_get(job, r)->arrived = 0;
         job->agg = in->mods;

@@ -550,12 +550,43 @@ static int moved_to(ferry_cluster *c, int g, int p, const ferry_rpc_msg *req) {
  * server's); a failure the next replica does not share drops the primary, replays the
  * context's kept calls on the next live replica and sends the call there, each with a
  * deadline of its own (*p becomes it). */
+void ferry__dist_lose_reply(ferry_cluster *c, int method, int p, int ms) {
+    atomic_store(&c->lose_p, p);
+    atomic_store(&c->lose_ms, ms);
+    atomic_store(&c->lose_method, method);
+}
+
+/* The answer ferry__dist_lose_reply asked to lose, if this is it: dropped, and the call
+ * failed in transit. */
+static void maybe_lose(ferry_cluster *c, ferry_rpc_method m, int p, ferry_rpc_msg *reply,
+                       ferry_rpc_fanout *f) {
+    if (f->status != FERRY_OK || atomic_load(&c->lose_method) != (int)m ||
+        atomic_load(&c->lose_p) != p)
+        return;
+    if (m == FERRY_RPC_GRAD_NORM && reply->head != NULL &&
+        ((const Ferry__V1__GradNormReply *)reply->head)->pending)
+        return; /* the barrier's answer, not yet the step's */
+    atomic_store(&c->lose_method, -1);
+    ferry_rpc_msg_deinit(reply);
+    ferry_rpc_msg_init(reply);
+    int ms = atomic_load(&c->lose_ms);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    f->status = FERRY_ERR_TIMEOUT;
+    f->transport = 1;
+    (void)snprintf(f->error, sizeof f->error,
+                   "%s %s: the answer was lost (a test's "
+                   "ferry__dist_lose_reply)",
+                   ferry_rpc_client_target(c->all[p]), ferry_rpc_method_name(m));
+}
+
 static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
                            const ferry_rpc_msg *req, ferry_rpc_msg *reply, ferry_rpc_fanout *f,
                            int budget_ms, double t0) {
     uint64_t ctx = req_ctx(m, req);
     int cut = 0;
     for (;;) {
+        maybe_lose(c, m, *p, reply, f);
         int left = budget_ms - (int)((ferry_now() - t0) * 1000.0);
         if (f->status == FERRY_OK) {
             const Ferry__V1__GradNormReply *r = reply->head;
@@ -1336,6 +1367,7 @@ static ferry_status cluster_open(const char *targets, const ferry_cluster_config
     atomic_init(&c->passive, 0);
     atomic_init(&c->wait_ready, c->cfg.wait_for_ready);
     c->min_minor = INT32_MAX;
+    atomic_store(&c->lose_method, -1);
     if (c->clients == NULL || c->all == NULL || c->live == NULL || c->incarnation == NULL) {
         st = FERRY_NOMEM();
         goto done;

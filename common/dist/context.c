@@ -424,9 +424,19 @@ static ferry_status step_install(ferry_dist_ctx *dc, Ferry__V1__StepRequest *q, 
             ferry_rpc_msg_init(&replies[(*n)++]);
         }
         int with = r != NULL && dc->touched[g] && p != dc->sum_src[g];
+        Ferry__V1__GradNormReply answer; /* the primary's answer to this rank, sum aside */
+        if (with) {
+            answer = *r;
+            answer.n_sum = 0;
+            answer.sum = NULL;
+            answer.pending = 0;
+            answer.n_tensors = 0;
+            answer.tensors = NULL;
+        }
         q->install = with;
         q->n_summed = with ? r->n_sum : 0;
         q->summed = with ? r->sum : NULL;
+        q->installed = with ? &answer : NULL;
         if ((st = ferry_rpc_msg_set_head(&reqs[p], &q->base)) != FERRY_OK)
             break;
         for (int t = 0; with && t < dc->sums[g].ntensors && st == FERRY_OK; t++) {
@@ -439,6 +449,7 @@ static ferry_status step_install(ferry_dist_ctx *dc, Ferry__V1__StepRequest *q, 
     q->install = 0;
     q->n_summed = 0;
     q->summed = NULL;
+    q->installed = NULL;
     if (st == FERRY_OK)
         st = ferry__dist_fanout_deadline(dc->c, FERRY_RPC_STEP, *n, servers, reqs,
                                          FERRY__DIST_PER_REPLICA, replies, ctx_deadline(dc));

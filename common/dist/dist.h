@@ -42,6 +42,9 @@ struct ferry_cluster {
     pthread_mutex_t log_mu;
     struct ferry__dist_replay *log; /* (n) */
     int min_minor;                  /* the lowest contract minor a Hello answered (hello_mu) */
+    /* tests (ferry__dist_lose_reply): the next answer of this method from replica
+     * lose_p is dropped as if lost in transit, and the loss noticed lose_ms later */
+    atomic_int lose_method, lose_p, lose_ms;
     atomic_int wait_ready;          /* ferry_cluster_set_wait_for_ready's, as last set */
 };
 
@@ -217,6 +220,10 @@ ferry_status ferry__dist_replica_call(ferry_cluster *c, int p, ferry_rpc_method 
 ferry_status ferry__dist_replica_hello(ferry_cluster *c, int p, int deadline_ms);
 /* Replica p is not called any more (logged with why). */
 void ferry__dist_replica_drop(ferry_cluster *c, int p, const char *why);
+/* Tests, primary-backup: the next answer of `method` that replica p gives is dropped as
+ * if lost in transit (the call ran there), and the loss noticed after ms milliseconds;
+ * the usual failover follows. method -1 disarms. */
+void ferry__dist_lose_reply(ferry_cluster *c, int method, int p, int ms);
 /* Replica p is called again from the next call on, first in its shard if it comes
  * first in the list. */
 void ferry__dist_replica_readmit(ferry_cluster *c, int p);
