@@ -516,7 +516,17 @@ static ferry_status job_of(ferry__ps_jobs *j, const ferry__ps_session *sess,
     if (!rank_peek(job, js->rank)->joined) /* an admin acting for a rank */
         return ferry_errorf(FERRY_ERR_INVALID, "job '%s': rank %u has not joined (world %u)",
                             job->name, js->rank, job->world);
-    if (rank_peek(job, js->rank)->sess == sess->serial) /* its holder calls: it is here */
+    /* Its holder calls: it is here. An elastic job's member whose connection broke is
+     * dropped instead (the others' barrier failed at once, and the coordinator drops
+     * it at their redo): it joins its rank again first, which marks it back. Taking
+     * it back on any call would race with that drop. */
+    if (rank_peek(job, js->rank)->sess == sess->serial && job->el_min > 0 &&
+        rank_peek(job, js->rank)->gone == RANK_STREAM_CLOSED)
+        return ferry_errorf(FERRY_ERR_ABORTED,
+                            "job '%s': rank %u's connection to this ferry-ps broke, and the "
+                            "membership drops it: join the rank again and be admitted",
+                            job->name, js->rank);
+    if (rank_peek(job, js->rank)->sess == sess->serial)
         rank_get(job, js->rank)->gone = RANK_HELD;
     if (job->recovering)
         return ferry_errorf(FERRY_ERR_BUSY,
@@ -1987,10 +1997,6 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
                 cols = 1; /* a member already (a retry) */
                 break;
             }
-            /* Its holder asks: it is here, though its connection broke (the membership
-             * dropped it then) and its Session stream may not be open again yet. */
-            if (k->sess == sess->serial)
-                k->gone = RANK_HELD;
             int alive = 0;
             for (uint32_t i = 0; i < job->nmembers; i++)
                 alive += el_alive(job, job->members[i]);

@@ -56,7 +56,7 @@ static int g_R = 1;
 static int g_split_at = 0;
 /* > 0: at this step rank 1's answer to its GradNorm from shard 0's primary is lost after
  * the primary summed the step and answered rank 0, which installs the sum on the backup
- * (ferry__dist_lose_reply; rank 1 notices 0.5 s later, after the install): rank 1 fails
+ * (ferry__dist_lose_reply; rank 1 notices 1 s later, after the install): rank 1 fails
  * over to the backup, which answers as the primary did. */
 static int g_lose_at = 0;
 
@@ -150,7 +150,7 @@ static void *rank_main(void *arg) {
         if (g_split_at > 0 && step == g_split_at && r->rank == 0)
             ferry__dist_replica_drop(r->cl, 0, "the test's split");
         if (g_lose_at > 0 && step == g_lose_at && r->rank == 1)
-            ferry__dist_lose_reply(r->cl, FERRY_RPC_GRAD_NORM, 0, 500);
+            ferry__dist_lose_reply(r->cl, FERRY_RPC_GRAD_NORM, 0, 1000);
         window(s, step, c0, c1, in, tg, &tin, &ttg);
         ferry_lm_step_args a = step_args(s, step);
         ferry_lm_step_result res;

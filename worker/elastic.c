@@ -216,8 +216,8 @@ int ferry__trainer_elastic_dropped(trainer *t) {
 
 ferry_status ferry__trainer_elastic_readmit(trainer *t, const char *why) {
     t->el_dropped = 0;
-    t->el_readmits = t->el_readmit_step == t->step ? t->el_readmits + 1 : 1;
-    t->el_readmit_step = t->step;
+    /* Admissions in a row with no step of this rank between them. */
+    t->el_readmits = t->el_readmits > 0 && t->el_readmit_step == t->step ? t->el_readmits + 1 : 1;
     if (t->el_readmits > 3)
         return ferry_errorf(FERRY_ERR_ABORTED,
                             "%s; dropped again before a step after %d admissions, at step %lld: "
@@ -234,6 +234,7 @@ ferry_status ferry__trainer_elastic_readmit(trainer *t, const char *why) {
         st = ferry__trainer_elastic_admit(t);
     if (st != FERRY_OK)
         return ferry_errorf(st, "%s; and admitted again: no: %s", why, ferry_error_last());
+    t->el_readmit_step = t->step; /* where the admission put the run */
     if (t->metrics != NULL) {
         const char *keys[] = {"after_step", "step", "epoch"};
         double vals[] = {(double)at, (double)t->step + 1, (double)t->el_epoch};

@@ -544,12 +544,6 @@ static int moved_to(ferry_cluster *c, int g, int p, const ferry_rpc_msg *req) {
     return found;
 }
 
-/* Primary-backup, after a primary-only call (*f, on replica *p of shard g) came back:
- * a GradNorm the barrier holds (`pending`) goes again, within budget_ms from t0 (a
- * resend the budget cut short that times out is the barrier's time-out, not the
- * server's); a failure the next replica does not share drops the primary, replays the
- * context's kept calls on the next live replica and sends the call there, each with a
- * deadline of its own (*p becomes it). */
 void ferry__dist_lose_reply(ferry_cluster *c, int method, int p, int ms) {
     atomic_store(&c->lose_p, p);
     atomic_store(&c->lose_ms, ms);
@@ -580,6 +574,12 @@ static void maybe_lose(ferry_cluster *c, ferry_rpc_method m, int p, ferry_rpc_ms
                    ferry_rpc_client_target(c->all[p]), ferry_rpc_method_name(m));
 }
 
+/* Primary-backup, after a primary-only call (*f, on replica *p of shard g) came back:
+ * a GradNorm the barrier holds (`pending`) goes again, within budget_ms from t0 (a
+ * resend the budget cut short that times out is the barrier's time-out, not the
+ * server's); a failure the next replica does not share drops the primary, replays the
+ * context's kept calls on the next live replica and sends the call there, each with a
+ * deadline of its own (*p becomes it). */
 static void passive_settle(ferry_cluster *c, ferry_rpc_method m, int g, int *p,
                            const ferry_rpc_msg *req, ferry_rpc_msg *reply, ferry_rpc_fanout *f,
                            int budget_ms, double t0) {
