@@ -520,14 +520,14 @@ static ferry_status job_of(ferry__ps_jobs *j, const ferry__ps_session *sess,
      * dropped instead (the others' barrier failed at once, and the coordinator drops
      * it at their redo): it joins its rank again first, which marks it back. Taking
      * it back on any call would race with that drop. */
-    if (rank_peek(job, js->rank)->sess == sess->serial && job->el_min > 0 &&
-        rank_peek(job, js->rank)->gone == RANK_STREAM_CLOSED)
+    job_rank *k = rank_get(job, js->rank); /* joined: it exists */
+    if (k->sess == sess->serial && job->el_min > 0 && k->gone == RANK_STREAM_CLOSED)
         return ferry_errorf(FERRY_ERR_ABORTED,
                             "job '%s': rank %u's connection to this ferry-ps broke, and the "
                             "membership drops it: join the rank again and be admitted",
                             job->name, js->rank);
-    if (rank_peek(job, js->rank)->sess == sess->serial)
-        rank_get(job, js->rank)->gone = RANK_HELD;
+    if (k->sess == sess->serial)
+        k->gone = RANK_HELD;
     if (job->recovering)
         return ferry_errorf(FERRY_ERR_BUSY,
                             "job '%s' is rolling back to a checkpoint (a rank or server "

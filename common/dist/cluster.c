@@ -219,9 +219,7 @@ static void lost_add(ferry__dist_replay *L, uint64_t ctx) {
 #define REPLAY_MAX_BYTES (512 << 20) /* and their bytes */
 
 void ferry__dist_set_passive(ferry_cluster *c, int on) {
-    pthread_mutex_lock(&c->hello_mu);
-    int minor = c->min_minor;
-    pthread_mutex_unlock(&c->hello_mu);
+    int minor = ferry__dist_min_minor(c);
     int old = minor < 3; /* servers before contract 1.3 know no install */
     if (on && c->R > 1 && old)
         FERRY_LOG_WARN("a ferry-ps of contract 1.%d (before 1.3) knows no primary-backup: the "

@@ -357,7 +357,13 @@ ferry_status ferry_job_wait_ready(ferry_job *job) {
                       atomic_load(&job->c->retry_ms) > 0;
         if (st != FERRY_OK && !transit)
             return st;
-        if (ferry_now() - t0 > limit && st != FERRY_OK) {
+        if (ferry_now() - t0 > limit) {
+            if (st == FERRY_OK)
+                return ferry_errorf(FERRY_ERR_TIMEOUT,
+                                    "job '%s': rank 0 did not say ready within %.1f s "
+                                    "(--sync-timeout): is rank 0 running against the same "
+                                    "servers?",
+                                    job->name, limit);
             char last[256];
             (void)snprintf(last, sizeof last, "%s", ferry_error_last());
             return ferry_errorf(FERRY_ERR_TIMEOUT,
@@ -365,11 +371,6 @@ ferry_status ferry_job_wait_ready(ferry_job *job) {
                                 "(--sync-timeout); the last query: %s",
                                 job->name, limit, last);
         }
-        if (ferry_now() - t0 > limit)
-            return ferry_errorf(FERRY_ERR_TIMEOUT,
-                                "job '%s': rank 0 did not say ready within %.1f s "
-                                "(--sync-timeout): is rank 0 running against the same servers?",
-                                job->name, limit);
         struct timespec ts = {0, polls < 20 ? 20000000L : 100000000L};
         nanosleep(&ts, NULL);
     }

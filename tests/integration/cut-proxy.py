@@ -20,16 +20,18 @@ for i in range(0, len(args), 2):
     with open(args[i] + ".tmp", "w") as f:
         f.write(str(ls.getsockname()[1]))
     os.rename(args[i] + ".tmp", args[i])
+def close_pair(pair):
+    for s in pair:
+        try:
+            sel.unregister(s)
+        except Exception:
+            pass
+        s.close()
 while True:
     if cut:
         cut = False
-        for a, b in conns:
-            for s in (a, b):
-                try:
-                    sel.unregister(s)
-                except Exception:
-                    pass
-                s.close()
+        for pair in conns:
+            close_pair(pair)
         conns.clear()
     try:
         events = sel.select(0.05)
@@ -53,15 +55,10 @@ while True:
             except OSError:
                 data = b""
             if not data:
-                for a, b in list(conns):
-                    if src in (a, b):
-                        conns.remove((a, b))
-                        for s in (a, b):
-                            try:
-                                sel.unregister(s)
-                            except Exception:
-                                pass
-                            s.close()
+                for pair in list(conns):
+                    if src in pair:
+                        conns.remove(pair)
+                        close_pair(pair)
                 continue
             dst.setblocking(True)
             try:
