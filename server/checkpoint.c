@@ -174,9 +174,26 @@ void ferry__ps_checkpoint_retain(const char *dir, const char *current, int keep)
     (void)close(dirfd);
 }
 
+/* A module a job's file holds: owner's (any with owner NULL) named prefix... (any with
+ * prefix NULL). */
+static int of_job(const ferry__ps_module *m, const char *owner, const char *prefix) {
+    return (owner == NULL || strcmp(m->owner, owner) == 0) &&
+           (prefix == NULL || strncmp(m->name, prefix, strlen(prefix)) == 0);
+}
+
+static ferry_status write_file(ferry__ps_registry *r, const char *dir, const char *name,
+                               const char *owner, const char *prefix, uint64_t step, int keep,
+                               uint64_t *bytes);
+
 ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, const char *name,
                                         const char *owner, uint64_t step, int keep,
                                         uint64_t *bytes) {
+    return write_file(r, dir, name, owner, NULL, step, keep, bytes);
+}
+
+static ferry_status write_file(ferry__ps_registry *r, const char *dir, const char *name,
+                               const char *owner, const char *prefix, uint64_t step, int keep,
+                               uint64_t *bytes) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return ferry_errorf(FERRY_ERR_INVALID, "checkpoint path too long");
@@ -185,10 +202,10 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
         return ferry_errorf(FERRY_ERR_IO, "cannot open checkpoint directory %s", dir);
     int count;
     ferry__ps_module **mods = ferry__ps_registry_list(r, &count);
-    if (owner != NULL) { /* a job's checkpoint: its owner's modules only */
+    if (owner != NULL || prefix != NULL) { /* a job's checkpoint: its owner's modules only */
         int k = 0;
         for (int i = 0; i < count; i++) {
-            if (strcmp(mods[i]->owner, owner) == 0)
+            if (of_job(mods[i], owner, prefix))
                 mods[k++] = mods[i];
             else
                 ferry__ps_module_put(mods[i]);
@@ -370,7 +387,13 @@ ferry_status ferry__ps_checkpoint_verify(const char *path, uint64_t *step, char 
 
 /* A module section's owner (cap >= FERRY_RPC_IDENTITY_MAX); FERRY_ERR_FORMAT if its
  * header is bad. */
+static ferry_status module_head(const ferry_cksec *sec, const char *path, char *name, char *owner);
 static ferry_status module_owner(const ferry_cksec *sec, const char *path, char *owner) {
+    return module_head(sec, path, NULL, owner);
+}
+
+/* A MODL section's name (cap FERRY_RPC_NAME_MAX; NULL: not wanted) and owner. */
+static ferry_status module_head(const ferry_cksec *sec, const char *path, char *name, char *owner) {
     ferry_ckcur c = ferry_ckcur_of(sec);
     uint32_t name_len = ferry_ckcur_u32(&c);
     const char *np =
@@ -382,6 +405,10 @@ static ferry_status module_owner(const ferry_cksec *sec, const char *path, char 
         return ferry_errorf(FERRY_ERR_FORMAT, "%s: bad module header", path);
     memcpy(owner, op, owner_len);
     owner[owner_len] = '\0';
+    if (name != NULL) {
+        memcpy(name, np, name_len);
+        name[name_len] = '\0';
+    }
     return FERRY_OK;
 }
 
@@ -591,4 +618,120 @@ ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap
     }
     free(files);
     return FERRY_OK;
+}
+
+/* ---- a job's modules between servers (JobReshard EXPORT and ADOPT) ---- */
+
+/* A private directory for one file under dir (--checkpoint-dir), else $TMPDIR or /tmp. */
+static ferry_status move_dir(const char *dir, char *out, size_t cap) {
+    const char *base = dir != NULL && dir[0] != '\0' ? dir : getenv("TMPDIR");
+    if (base == NULL || base[0] == '\0')
+        base = "/tmp";
+    if (snprintf(out, cap, "%s/.ferry-move.XXXXXX", base) >= (int)cap)
+        return ferry_errorf(FERRY_ERR_INVALID, "%s: path too long", base);
+    if (mkdtemp(out) == NULL)
+        return ferry_errorf(FERRY_ERR_IO, "cannot make a directory in %s to move a job's modules",
+                            base);
+    return FERRY_OK;
+}
+
+ferry_status ferry__ps_checkpoint_export(ferry__ps_registry *r, const char *dir, const char *owner,
+                                         const char *prefix, uint64_t step, uint8_t **data,
+                                         size_t *len) {
+    char tmp[4096], path[4200];
+    *data = NULL;
+    *len = 0;
+    ferry_status st = move_dir(dir, tmp, sizeof tmp - 16);
+    if (st != FERRY_OK)
+        return st;
+    (void)snprintf(path, sizeof path, "%s/export.ckpt", tmp);
+    uint64_t bytes = 0;
+    st = write_file(r, tmp, "export.ckpt", owner, prefix, step, 0, &bytes);
+    FILE *f = st == FERRY_OK ? fopen(path, "rb") : NULL;
+    if (st == FERRY_OK && (f == NULL || bytes == 0 || (*data = malloc(bytes)) == NULL ||
+                           fread(*data, 1, bytes, f) != bytes))
+        st = *data == NULL && f != NULL && bytes > 0
+                 ? FERRY_NOMEM()
+                 : ferry_errorf(FERRY_ERR_IO, "%s: cannot read it back", path);
+    if (f != NULL)
+        (void)fclose(f);
+    if (st == FERRY_OK) {
+        *len = (size_t)bytes;
+    } else {
+        free(*data);
+        *data = NULL;
+    }
+    (void)unlink(path);
+    (void)rmdir(tmp);
+    return st;
+}
+
+/* Deletes owner's modules named prefix... from r. */
+static void drop_job_modules(ferry__ps_registry *r, const char *owner, const char *prefix) {
+    int n = 0;
+    ferry__ps_module **mods = ferry__ps_registry_list(r, &n);
+    for (int i = 0; i < n; i++) {
+        int64_t bytes = 0;
+        if (of_job(mods[i], owner, prefix))
+            (void)ferry__ps_registry_delete(r, mods[i], &bytes);
+    }
+    ferry__ps_registry_list_free(mods, n);
+}
+
+ferry_status ferry__ps_checkpoint_adopt(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *dir,
+                                        const uint8_t *data, size_t len, const char *owner,
+                                        const char *prefix, uint64_t step, uint32_t *nmods) {
+    char tmp[4096], path[4200];
+    ferry_status st = move_dir(dir, tmp, sizeof tmp - 16);
+    if (st != FERRY_OK)
+        return st;
+    (void)snprintf(path, sizeof path, "%s/adopt.ckpt", tmp);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    size_t done = 0;
+    while (fd >= 0 && done < len) {
+        ssize_t w = write(fd, data + done, len - done);
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    if (fd < 0 || done != len)
+        st = ferry_errorf(FERRY_ERR_IO, "%s: cannot write the job's modules there", path);
+    if (fd >= 0)
+        (void)close(fd);
+    /* Everything is checked before anything here changes: the whole file (format,
+     * every section's CRC), its step, its owner and every module's owner and name. */
+    ferry_ckr ck;
+    int open_ck = 0;
+    uint64_t s = 0;
+    uint32_t n = 0;
+    char meta_owner[FERRY_RPC_IDENTITY_MAX];
+    if (st == FERRY_OK && (st = ck_open(path, &ck)) == FERRY_OK)
+        open_ck = 1;
+    if (st == FERRY_OK && (st = read_meta(&ck, &s, &n, meta_owner)) == FERRY_OK &&
+        (st = owned_by(&ck, meta_owner, owner)) == FERRY_OK && s != step)
+        st = ferry_errorf(FERRY_ERR_FORMAT, "the modules sent are of step %llu, not %llu",
+                          (unsigned long long)s, (unsigned long long)step);
+    for (uint32_t i = 1; open_ck && st == FERRY_OK && i < ck.n; i++) {
+        char name[FERRY_RPC_NAME_MAX], o[FERRY_RPC_IDENTITY_MAX];
+        if (ck.sec[i].tag != FERRY_CK_TAG("MODL"))
+            st = ferry_errorf(FERRY_ERR_FORMAT, "section %u is not a module", i + 1);
+        else if ((st = module_head(&ck.sec[i], path, name, o)) == FERRY_OK &&
+                 strncmp(name, prefix, strlen(prefix)) != 0)
+            st = ferry_errorf(FERRY_ERR_DENIED, "module '%s' is not one of the job's (%s...)", name,
+                              prefix);
+    }
+    if (st == FERRY_OK) {
+        drop_job_modules(r, owner, prefix);
+        for (uint32_t i = 1; i < ck.n && st == FERRY_OK; i++)
+            st = read_module(r, Q, &ck.sec[i], path);
+        if (st != FERRY_OK)
+            drop_job_modules(r, owner, prefix); /* none half-restored */
+    }
+    if (open_ck)
+        ferry_ckr_free(&ck);
+    if (st == FERRY_OK)
+        *nmods = n;
+    (void)unlink(path);
+    (void)rmdir(tmp);
+    return st;
 }

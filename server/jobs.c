@@ -156,6 +156,15 @@ struct ferry__ps_job {
     int64_t col_bytes; /* their bytes, in job->bytes too */
     ProtobufCBinaryData prog, p_prog; /* the trainers' progress: applied, put */
     uint64_t prog_step, p_prog_step;
+    /* the coordinator's server moves (JobReshard): the committed --ps list (NULL: the
+     * trainers' own) and the moves committed; a move under way (mv_state), the list it
+     * moves to, its boundary step, since when, and whether a server adopted (the
+     * coordinator adopts first); the last move's cost as ferry-ctl measured it */
+    char *srv_list, *mv_list; /* targets joined by ',' */
+    uint64_t srv_epoch, mv_step;
+    int mv_state, mv_adopted;
+    double mv_since, mv_seconds;
+    uint64_t mv_bytes;
     struct ferry__ps_job *next;
 };
 
@@ -321,6 +330,8 @@ static void inst_clear(ferry__ps_jobs *j, ferry__ps_job *job) {
 }
 
 static void job_free(ferry__ps_jobs *j, ferry__ps_job *job) {
+    free(job->srv_list);
+    free(job->mv_list);
     inst_clear(j, job);
     agg_free(job);
     el_free(job);
@@ -1543,6 +1554,9 @@ static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *se
 #define EL_STATE_MAX (256ll << 20) /* of a job's columns, applied and put */
 #define EL_PROG_MAX  4096          /* bytes of the trainers' progress */
 #define EL_BATCH_MAX (1u << 20)    /* columns */
+#define MV_TARGETS   64            /* servers of a move's list */
+#define MV_TARGET    256           /* bytes of one server's target, with the NUL */
+enum { MV_NONE, MV_PENDING, MV_HOLD }; /* a move: none; begun; holding the members */
 
 static void bin_free(ProtobufCBinaryData *b) {
     free(b->data);
@@ -1634,18 +1648,35 @@ static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, fer
     rep.n_members = job->nmembers;
     rep.epoch_step = job->ep_step;
     rep.elastic_min = job->el_min;
+    rep.applied = job->applied;
+    rep.servers_epoch = job->srv_epoch;
+    rep.moving = job->mv_state == MV_HOLD;
+    rep.move_step = rep.moving ? job->mv_step : 0;
+    char *list = NULL;
+    const char *from = rep.moving ? job->mv_list : job->srv_list;
+    if (from != NULL && (list = strdup(from)) == NULL)
+        return FERRY_NOMEM();
+    char *targets[MV_TARGETS];
+    char *save = NULL;
+    for (char *t = list != NULL ? strtok_r(list, ",", &save) : NULL;
+         t != NULL && rep.n_servers < MV_TARGETS; t = strtok_r(NULL, ",", &save))
+        targets[rep.n_servers++] = t;
+    rep.servers = targets;
     int idx = el_index(job, r);
     ProtobufCBinaryData *data = NULL;
     uint64_t want = job->ep_step - 1;
     if (cols && idx >= 0 && want > 0) {
         uint32_t n = job->nmembers, B = job->el_batch;
         uint32_t c0 = (uint32_t)((uint64_t)idx * B / n), c1 = (uint32_t)((uint64_t)(idx + 1) * B / n);
-        if ((data = calloc((size_t)(c1 - c0) + 1, sizeof *data)) == NULL)
+        if ((data = calloc((size_t)(c1 - c0) + 1, sizeof *data)) == NULL) {
+            free(list);
             return FERRY_NOMEM();
+        }
         for (uint32_t c = c0; c < c1; c++) {
             const el_col *e = &job->cols[c];
             if (e->step != want || e->data.len == 0) {
                 free(data);
+                free(list);
                 return ferry_errorf(FERRY_ERR_NOT_FOUND,
                                     "job '%s': column %u's carried state of step %llu is not "
                                     "here (its member did not put it)",
@@ -1661,6 +1692,7 @@ static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, fer
     }
     ferry_status st = ferry_rpc_msg_set_head(reply, &rep.base);
     free(data);
+    free(list);
     return st;
 }
 
@@ -1755,7 +1787,17 @@ static void el_boundary(ferry__ps_jobs *j, ferry__ps_job *job, uint64_t s) {
     /* A step applied under an older epoch than the coordinator's (a redo was asked for
      * a step that completed anyway): the current epoch's first step is past, so a new
      * one starts at s + 1 even with the same members. */
-    if (el_same(job, m, n) && job->bar_epoch == job->epoch) {
+    /* A move of the job's servers holds the members at this boundary: a new epoch
+     * (the same members) sends each of them to SYNC, whose answer says `moving`. */
+    int hold = job->mv_state == MV_PENDING;
+    if (hold) {
+        job->mv_state = MV_HOLD;
+        job->mv_step = s;
+        job->mv_since = ferry_now();
+        FERRY_LOG_INFO("job '%s': the servers move to %s after step %llu; the members wait",
+                       job->name, job->mv_list, (unsigned long long)s);
+    }
+    if (el_same(job, m, n) && job->bar_epoch == job->epoch && !hold) {
         free(m);
         return;
     }
@@ -1764,7 +1806,7 @@ static void el_boundary(ferry__ps_jobs *j, ferry__ps_job *job, uint64_t s) {
         (void)el_too_few(job, n, s + 1);
         return;
     }
-    el_set(job, m, n, s + 1, "");
+    el_set(job, m, n, s + 1, hold ? "the servers move" : "");
     el_answer_admits(job);
 }
 
@@ -2058,6 +2100,239 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
     return st;
 }
 
+/* ---- servers joining and leaving a running elastic job (JobReshard) ---- */
+
+/* A move's list: 1..MV_TARGETS targets of 1..MV_TARGET-1 printable bytes without ','
+ * or spaces, none twice, joined by ',' into *out (malloc'd). */
+static ferry_status mv_list_of(const Ferry__V1__JobReshard *q, char **out) {
+    if (q->n_servers < 1 || q->n_servers > MV_TARGETS)
+        return ferry_errorf(FERRY_ERR_INVALID, "reshard: 1..%d servers, not %zu", MV_TARGETS,
+                            q->n_servers);
+    size_t len = 1;
+    for (size_t i = 0; i < q->n_servers; i++) {
+        const char *t = q->servers[i];
+        size_t n = strlen(t);
+        int ok = n > 0 && n < MV_TARGET;
+        for (size_t k = 0; ok && k < n; k++)
+            ok = t[k] > ' ' && t[k] < 127 && t[k] != ',';
+        for (size_t k = 0; ok && k < i; k++)
+            ok = strcmp(t, q->servers[k]) != 0;
+        if (!ok)
+            return ferry_errorf(FERRY_ERR_INVALID,
+                                "reshard: server %zu is empty, too long, not printable or listed "
+                                "twice",
+                                i);
+        len += n + 1;
+    }
+    char *list = malloc(len);
+    if (list == NULL)
+        return FERRY_NOMEM();
+    size_t k = 0;
+    for (size_t i = 0; i < q->n_servers; i++)
+        k += (size_t)snprintf(list + k, len - k, "%s%s", i ? "," : "", q->servers[i]);
+    *out = list;
+    return FERRY_OK;
+}
+
+/* A move ends: back to no move (the committed list stays as it is). */
+static void mv_end(ferry__ps_job *job) {
+    free(job->mv_list);
+    job->mv_list = NULL;
+    job->mv_state = MV_NONE;
+    job->mv_step = 0;
+    job->mv_adopted = 0;
+}
+
+/* BEGIN, COMMIT, ABORT on the coordinator, and STATUS anywhere. jobs->mu held. */
+static ferry_status mv_coordinate(ferry__ps_job *job, const Ferry__V1__JobReshard *q,
+                                  const ferry__ps_session *sess) {
+    char *list = NULL;
+    ferry_status st = FERRY_OK;
+    if (q->op == FERRY__V1__JOB_RESHARD__OP__STATUS)
+        return FERRY_OK;
+    if (job->epoch == 0)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "job '%s': this ferry-ps is not its coordinator (the first server of "
+                            "the trainers' --ps list), or the job has not started",
+                            job->name);
+    switch (q->op) {
+    case FERRY__V1__JOB_RESHARD__OP__BEGIN:
+        if (job->mv_state != MV_NONE)
+            return ferry_errorf(FERRY_ERR_BUSY, "job '%s': a move of its servers is under way",
+                                job->name);
+        if ((st = mv_list_of(q, &list)) != FERRY_OK)
+            return st;
+        job->mv_list = list;
+        job->mv_state = MV_PENDING;
+        job->mv_since = ferry_now();
+        FERRY_LOG_INFO("job '%s': '%s' moves its servers to %s at the next step boundary",
+                       job->name, sess->identity, list);
+        return FERRY_OK;
+    case FERRY__V1__JOB_RESHARD__OP__COMMIT:
+        if (job->mv_state != MV_HOLD || q->step != job->mv_step)
+            return ferry_errorf(FERRY_ERR_INVALID, "job '%s': no move holds it after step %llu",
+                                job->name, (unsigned long long)q->step);
+        if ((st = mv_list_of(q, &list)) != FERRY_OK)
+            return st;
+        if (strcmp(list, job->mv_list) != 0) {
+            free(list);
+            return ferry_errorf(FERRY_ERR_INVALID, "job '%s': the move began for %s", job->name,
+                                job->mv_list);
+        }
+        free(job->srv_list);
+        job->srv_list = list;
+        job->srv_epoch++;
+        job->mv_bytes = q->bytes;
+        job->mv_seconds = q->seconds;
+        FERRY_LOG_INFO("job '%s': servers %s from step %llu (move %llu: %.1f MiB in %.2f s; the "
+                       "members held %.2f s)",
+                       job->name, list, (unsigned long long)job->mv_step + 1,
+                       (unsigned long long)job->srv_epoch, (double)q->bytes / 1048576.0, q->seconds,
+                       ferry_now() - job->mv_since);
+        mv_end(job);
+        return FERRY_OK;
+    case FERRY__V1__JOB_RESHARD__OP__ABORT:
+        if (job->mv_state == MV_NONE || (job->mv_state == MV_HOLD && q->step != job->mv_step))
+            return ferry_errorf(FERRY_ERR_INVALID, "job '%s': no such move under way", job->name);
+        if (job->mv_adopted) {
+            char why[256];
+            (void)snprintf(why, sizeof why,
+                           "job '%s': its move after step %llu was called off after servers took "
+                           "their rows: no consistent state is left",
+                           job->name, (unsigned long long)job->mv_step);
+            job_fail(job, why);
+            mv_end(job);
+            return ferry_errorf(FERRY_ERR_ABORTED, "%s", why);
+        }
+        FERRY_LOG_WARN("job '%s': the move of its servers to %s is called off", job->name,
+                       job->mv_list);
+        mv_end(job);
+        return FERRY_OK;
+    default:
+        return ferry_errorf(FERRY_ERR_INVALID, "Job '%s': reshard op %d", job->name, (int)q->op);
+    }
+}
+
+/* The job's name prefix of its modules: "<job>/". */
+static void mv_prefix(const char *job, char *out, size_t cap) {
+    (void)snprintf(out, cap, "%s/", job);
+}
+
+/* EXPORT and ADOPT: the job's modules here at step `step`, outside the jobs lock (the
+ * members wait at the boundary, so nothing steps them meanwhile). */
+static ferry_status mv_modules(ferry__ps_state *ps, const ferry__ps_session *sess, const char *name,
+                               const Ferry__V1__JobReshard *q, ferry_rpc_msg *reply) {
+    ferry__ps_jobs *j = &ps->jobs;
+    int adopt = q->op == FERRY__V1__JOB_RESHARD__OP__ADOPT;
+    char owner[FERRY_RPC_IDENTITY_MAX], prefix[FERRY_RPC_NAME_MAX + 2];
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = job_find(j, name);
+    ferry_status st = FERRY_OK;
+    int fresh = 0;
+    if (job == NULL)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%.63s' is unknown here (Join it first)", name);
+    else if (!ferry__ps_may_use(sess, job->owner))
+        st = not_yours(name);
+    else if (job->el_min == 0)
+        st = ferry_errorf(FERRY_ERR_INVALID, "job '%s' is not elastic", name);
+    else if (job->failed[0] != '\0')
+        st = ferry_errorf(FERRY_ERR_ABORTED, "%s", job->failed);
+    else if (q->step == 0)
+        st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': reshard at step 0", name);
+    else if (adopt && job->epoch > 0 && (job->mv_state != MV_HOLD || q->step != job->mv_step))
+        st = ferry_errorf(FERRY_ERR_INVALID, "job '%s': no move holds it after step %llu", name,
+                          (unsigned long long)q->step);
+    else if (adopt && job->applied == 0 && job->bsp_step == 0)
+        fresh = 1; /* a server new to the job */
+    else if (job->applied < q->step || job->bsp_step != job->applied)
+        st = ferry_errorf(FERRY_ERR_BUSY, "job '%s': step %llu is not applied here yet (at %llu)",
+                          name, (unsigned long long)q->step, (unsigned long long)job->applied);
+    else if (job->applied > q->step)
+        st = ferry_errorf(FERRY_ERR_INVALID, "job '%s' is at step %llu here, past %llu", name,
+                          (unsigned long long)job->applied, (unsigned long long)q->step);
+    if (st == FERRY_OK) {
+        (void)snprintf(owner, sizeof owner, "%s", job->owner);
+        mv_prefix(job->name, prefix, sizeof prefix);
+        if (adopt && job->epoch > 0)
+            job->mv_adopted = 1; /* from here an abort cannot go back */
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (st != FERRY_OK)
+        return st;
+    double t0 = ferry_now();
+    Ferry__V1__JobReply r;
+    ferry__v1__job_reply__init(&r);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    uint32_t n = 0;
+    pthread_mutex_lock(&ps->checkpoint_mu);
+    if (adopt) {
+        st = ferry__ps_checkpoint_adopt(&ps->reg, &ps->quotas, ps->checkpoint_dir, q->data.data,
+                                        q->data.len, owner, prefix, q->step, &n);
+        ps->ck_done[0] = '\0'; /* the modules changed: no Checkpoint is a repeat now */
+    } else {
+        st = ferry__ps_checkpoint_export(&ps->reg, ps->checkpoint_dir, owner, prefix, q->step,
+                                         &data, &len);
+    }
+    pthread_mutex_unlock(&ps->checkpoint_mu);
+    if (st != FERRY_OK)
+        return ferry_errorf(st, "job '%s': %s the modules of step %llu: %s", name,
+                            adopt ? "adopting" : "exporting", (unsigned long long)q->step,
+                            ferry_error_last());
+    if (adopt) {
+        pthread_mutex_lock(&j->mu);
+        job = job_find(j, name);
+        if (job != NULL && fresh && job->applied == 0 && job->bsp_step == 0) {
+            job->applied = job->bsp_step = q->step; /* its first step is the next */
+            job->ready = 1;
+        }
+        if (job != NULL)
+            state_reply(job, &r);
+        pthread_mutex_unlock(&j->mu);
+        FERRY_LOG_INFO("job '%s': took %u modules of step %llu (%zu bytes, %.2f s)%s", name,
+                       (unsigned)n, (unsigned long long)q->step, q->data.len, ferry_now() - t0,
+                       fresh ? "; the job starts here at the next step" : "");
+        return ferry_rpc_msg_set_head(reply, &r.base);
+    }
+    r.checkpoint_data.data = data;
+    r.checkpoint_data.len = len;
+    r.checkpoint_bytes = len;
+    st = ferry_rpc_msg_set_head(reply, &r.base);
+    FERRY_LOG_INFO("job '%s': sent its modules of step %llu (%zu bytes, %.2f s) to move them", name,
+                   (unsigned long long)q->step, len, ferry_now() - t0);
+    free(data);
+    return st;
+}
+
+static ferry_status job_reshard_call(ferry__ps_state *ps, const ferry__ps_session *sess,
+                                     const Ferry__V1__JobRequest *q, ferry_rpc_msg *reply) {
+    const Ferry__V1__JobReshard *m = q->reshard;
+    if (m == NULL)
+        return ferry_errorf(FERRY_ERR_INVALID, "Job: reshard needs its message");
+    if (m->op == FERRY__V1__JOB_RESHARD__OP__EXPORT || m->op == FERRY__V1__JOB_RESHARD__OP__ADOPT)
+        return mv_modules(ps, sess, q->job, m, reply);
+    ferry__ps_jobs *j = &ps->jobs;
+    pthread_mutex_lock(&j->mu);
+    ferry__ps_job *job = job_find(j, q->job);
+    ferry_status st = FERRY_OK;
+    if (job == NULL)
+        st = ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' is unknown here", q->job);
+    else if (!ferry__ps_may_use(sess, job->owner))
+        st = not_yours(q->job);
+    else if (job->el_min == 0)
+        st = ferry_errorf(FERRY_ERR_INVALID, "job '%s' is not elastic", job->name);
+    else if (job->failed[0] != '\0' && m->op != FERRY__V1__JOB_RESHARD__OP__STATUS)
+        st = ferry_errorf(FERRY_ERR_ABORTED, "%s", job->failed);
+    if (st == FERRY_OK)
+        st = mv_coordinate(job, m, sess);
+    if (st == FERRY_OK)
+        st = el_reply(job, UINT32_MAX, 0, reply);
+    if (st == FERRY_OK && job->failed[0] != '\0') /* STATUS of a failed job says why */
+        st = ferry_errorf(FERRY_ERR_ABORTED, "%s", job->failed);
+    pthread_mutex_unlock(&j->mu);
+    return st;
+}
+
 ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
                               const Ferry__V1__JobRequest *q, ferry_rpc_msg *req,
                               ferry_rpc_msg *reply) {
@@ -2081,6 +2356,8 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
         return job_install(ps, sess, q->job, q->install, reply);
     case FERRY__V1__JOB_REQUEST__ACTION_ELASTIC:
         return job_elastic_call(ps, sess, q, reply);
+    case FERRY__V1__JOB_REQUEST__ACTION_RESHARD:
+        return job_reshard_call(ps, sess, q, reply);
     case FERRY__V1__JOB_REQUEST__ACTION_JOIN:
     case FERRY__V1__JOB_REQUEST__ACTION_READY:
     case FERRY__V1__JOB_REQUEST__ACTION_LEAVE:
@@ -2090,7 +2367,8 @@ ferry_status ferry__ps_on_job(ferry__ps_state *ps, ferry__ps_session *sess,
     default:
         return ferry_errorf(FERRY_ERR_INVALID,
                             "Job '%s': no action (join | ready | leave | probe | recover | "
-                            "checkpoint | status | drop | fetch | install | elastic)",
+                            "checkpoint | status | drop | fetch | install | elastic | "
+                            "reshard)",
                             q->job);
     }
 }
@@ -3028,6 +3306,21 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j, ferry__ps_sessions *S) {
     double now = ferry_now();
     jobs_collect(j, S, now);
     for (ferry__ps_job *job = j->list; job != NULL; job = job->next) {
+        if (job->mv_state != MV_NONE && now - job->mv_since > job->wait_s) {
+            char why[320];
+            (void)snprintf(why, sizeof why,
+                           "job '%s': the move of its servers to %s was not %s within %.1f s "
+                           "(--sync-timeout)",
+                           job->name, job->mv_list,
+                           job->mv_state == MV_PENDING ? "reached at a step boundary" : "committed",
+                           now - job->mv_since);
+            FERRY_LOG_WARN("%s%s", why,
+                           job->mv_adopted ? ": servers took their rows, the job fails"
+                                           : ": called off, the members go on where they are");
+            if (job->mv_adopted)
+                job_fail(job, why);
+            mv_end(job);
+        }
         if (job->recovering && now - job->rec_since > job->wait_s) {
             char missing[128], why[400];
             size_t n = 0;
@@ -3135,6 +3428,16 @@ void ferry__ps_jobs_metrics(ferry__ps_jobs *j, const char *owner, ferry__ps_metr
             add(user, name, (double)(job->epoch > 0 ? job->epoch : job->bar_epoch));
             JOB_METRIC("%s", "elastic_members");
             add(user, name, (double)(job->epoch > 0 ? job->nmembers : job->bar_n));
+        }
+        if (job->epoch > 0) { /* the coordinator: moves of the job's servers */
+            JOB_METRIC("%s", "servers_epoch");
+            add(user, name, (double)job->srv_epoch);
+            JOB_METRIC("%s", "servers_moving");
+            add(user, name, job->mv_state == MV_HOLD);
+            JOB_METRIC("%s", "last_move_bytes");
+            add(user, name, (double)job->mv_bytes);
+            JOB_METRIC("%s", "last_move_seconds");
+            add(user, name, job->mv_seconds);
         }
         if (job->sync == FERRY__PS_SSP) {
             JOB_METRIC("%s", "max_lead");

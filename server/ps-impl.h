@@ -562,6 +562,19 @@ ferry_status ferry__ps_checkpoint_write(ferry__ps_registry *r, const char *dir, 
  * changed (a job's checkpoint holds only its owner's modules). */
 ferry_status ferry__ps_checkpoint_read(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *path,
                                        const char *only, uint64_t *step);
+/* A job's modules (owner's, named prefix...) with their optimizer state as the bytes of
+ * a checkpoint file of `step` (*data malloc'd), written through a private directory
+ * under dir (NULL or "": $TMPDIR or /tmp). */
+ferry_status ferry__ps_checkpoint_export(ferry__ps_registry *r, const char *dir, const char *owner,
+                                         const char *prefix, uint64_t step, uint8_t **data,
+                                         size_t *len);
+/* The bytes of such a file replace owner's modules named prefix... in r: the file is
+ * verified whole first (CRCs, step `step`, its and every module's owner `owner`,
+ * every module named prefix...), so a refusal changes nothing; a failure while
+ * restoring leaves none of the job's modules here. *nmods: the modules it held. */
+ferry_status ferry__ps_checkpoint_adopt(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *dir,
+                                        const uint8_t *data, size_t len, const char *owner,
+                                        const char *prefix, uint64_t step, uint32_t *nmods);
 /* Deletes all but the newest `keep` checkpoints of dir (--checkpoint-keep); the file
  * `current` stays. */
 void ferry__ps_checkpoint_retain(const char *dir, const char *current, int keep);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/core/log.h"
+#include "common/core/secret.h"
 #include "worker/trainer-impl.h"
 
 /* The trainers' progress after a step, as members share it (little-endian). */
@@ -169,14 +170,103 @@ static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_w
     return state_columns(t, (float *)(void *)m->state, 0);
 }
 
+/* Points this rank at `list`: its connections (kept for servers of both lists), its
+ * rank joined on every server, and the model's shards placed over them. */
+static ferry_status retarget(trainer *t, const char *list) {
+    ferry_cluster_config cc;
+    char *token = NULL;
+    ferry_status st = ferry__trainer_cluster_config(t, &cc, &token);
+    if (st == FERRY_OK)
+        st = ferry_cluster_retarget(t->cluster, list, &cc);
+    ferry_secret_free(token);
+    if (st == FERRY_OK)
+        st = ferry_job_rejoin(t->job); /* a server new to this rank takes it */
+    if (st == FERRY_OK)
+        st = ferry_lm_replace(t->lm);
+    char *copy = st == FERRY_OK ? strdup(list) : NULL;
+    if (st == FERRY_OK && copy == NULL)
+        st = FERRY_NOMEM();
+    if (st != FERRY_OK)
+        return ferry_errorf(st, "elastic job '%s': moving to servers %s: %s", t->cfg->job, list,
+                            ferry_error_last());
+    free(t->srv_now);
+    t->srv_now = copy;
+    return FERRY_OK;
+}
+
+/* The servers as the coordinator's last answer says. While a move of the job's
+ * servers holds the members at a boundary, this rank connects to the servers moved
+ * to, joins its rank there and asks again until the move is committed, or called off
+ * (back to the servers it came from); at most twice the sync timeout. */
+static ferry_status follow_servers(trainer *t) {
+    uint64_t epoch = 0, step = 0;
+    const char *list = NULL;
+    int moving = ferry_job_servers(t->job, &epoch, &step, &list);
+    if (!moving && epoch == t->srv_epoch)
+        return FERRY_OK;
+    double t0 = ferry_now(), limit = 2.0 * t->cfg->sync_timeout_s;
+    ferry_status st = FERRY_OK;
+    char why[512] = "";
+    if (moving)
+        FERRY_LOG_INFO("elastic: the job's servers move to %s after step %llu; waiting", list,
+                       (unsigned long long)step);
+    for (int polls = 0; moving; polls++) {
+        if (strcmp(list, t->srv_now) != 0 && (st = retarget(t, list)) != FERRY_OK) {
+            (void)snprintf(why, sizeof why, "%s", ferry_error_last()); /* tried again */
+            if (polls == 0)
+                FERRY_LOG_WARN("%s (trying again while the move holds)", why);
+        }
+        if (ferry_now() - t0 > limit)
+            return ferry_errorf(FERRY_ERR_TIMEOUT,
+                                "elastic job '%s': the move of its servers after step %llu did "
+                                "not end within %.0f s%s%s",
+                                t->cfg->job, (unsigned long long)step, limit,
+                                why[0] != '\0' ? ": " : "", why);
+        struct timespec ts = {0, 20000000L};
+        nanosleep(&ts, NULL);
+        /* *m stays: the first answer carried this rank's columns' state */
+        ferry_job_membership p;
+        if ((st = ferry_job_sync_membership(t->job, (uint64_t)t->step, &p)) != FERRY_OK)
+            return st;
+        ferry_job_membership_free(&p);
+        moving = ferry_job_servers(t->job, &epoch, &step, &list);
+    }
+    const char *want = list[0] != '\0' ? list : t->cfg->ps;
+    if (strcmp(want, t->srv_now) != 0 && (st = retarget(t, want)) != FERRY_OK)
+        return st;
+    FERRY_LOG_INFO("elastic: servers %s (move %llu; this rank waited %.2f s)", want,
+                   (unsigned long long)epoch, ferry_now() - t0);
+    if (t->metrics != NULL) {
+        const char *keys[] = {"step", "servers_epoch", "servers", "seconds"};
+        double vals[] = {(double)t->step, (double)epoch, (double)ferry_cluster_size(t->cluster),
+                         ferry_now() - t0};
+        if ((st = ferry_metrics_write_kv(t->metrics, "servers", 4, keys, vals)) != FERRY_OK)
+            return st;
+    }
+    t->srv_epoch = epoch;
+    return FERRY_OK;
+}
+
 ferry_status ferry__trainer_elastic_admit(trainer *t) {
     ferry_job_membership m;
     FERRY_LOG_INFO("elastic: rank %d asks to join job '%s' (admitted at the next step boundary)",
                    ferry_job_get_config(t->job)->rank, t->cfg->job);
     double t0 = ferry_now();
-    ferry_status st = ferry_job_admit(t->job, &m);
+    /* A job whose servers moved since this trainer's --ps was written: it asks on the
+     * servers the job runs on now. */
+    ferry_status st = ferry_job_members(t->job, &m);
+    ferry_job_membership_free(&m);
+    if (st == FERRY_OK)
+        st = follow_servers(t);
+    ferry_job_membership_free(&m);
+    if (st == FERRY_OK || st == FERRY_ERR_NOT_FOUND)
+        st = ferry_job_admit(t->job, &m);
     if (st != FERRY_OK)
         return st;
+    if ((st = follow_servers(t)) != FERRY_OK) {
+        ferry_job_membership_free(&m);
+        return st;
+    }
     if (m.progress != NULL)
         st = progress_decode(t, m.progress, m.progress_len, m.first_step - 1);
     else if (m.first_step > 1)
@@ -309,7 +399,9 @@ ferry_status ferry__trainer_elastic_redo(trainer *t, int first_window) {
                             ferry_error_last());
     FERRY_LOG_WARN("elastic: step %lld is redone under epoch %llu (%.2f s): %s",
                    (long long)t->step + 1, (unsigned long long)m.epoch, ferry_now() - t0, why);
-    st = apply(t, &m, first_window);
+    st = follow_servers(t);
+    if (st == FERRY_OK)
+        st = apply(t, &m, first_window);
     pthread_mutex_lock(&t->live_mu);
     t->live.el_redos++;
     pthread_mutex_unlock(&t->live_mu);
@@ -331,8 +423,12 @@ ferry_status ferry__trainer_elastic_sync(trainer *t, int next_first_window) {
         return FERRY_OK;
     ferry_job_membership m;
     ferry_status st = ferry_job_sync_membership(t->job, (uint64_t)t->step, &m);
-    if (st != FERRY_OK)
+    if (st == FERRY_OK)
+        st = follow_servers(t);
+    if (st != FERRY_OK) {
+        ferry_job_membership_free(&m);
         return st;
+    }
     if (m.index < 0 && ferry_trainer_stop_requested()) {
         FERRY_LOG_INFO("elastic: left the membership after step %lld (epoch %llu goes on without "
                        "this rank)",

@@ -890,6 +890,21 @@ ferry_lm_pipe *ferry_lm_pipeline(const ferry_lm *lm) {
     return lm->pipe;
 }
 
+ferry_status ferry_lm_replace(ferry_lm *lm) {
+    ferry_remote *mods[3] = {lm->emb_remote, lm->dec_remote, lm->dense_remote};
+    for (int g = 0; g < lm->ngroups; g++) {
+        if (lm->groups[g].remote != NULL)
+            return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                                "layers placed on a server (--stages) do not follow its servers");
+    }
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < 3 && st == FERRY_OK; i++) {
+        if (mods[i] != NULL)
+            st = ferry_remote_replace(mods[i]);
+    }
+    return st;
+}
+
 ferry_remote *ferry_lm_embedding_remote(const ferry_lm *lm) {
     return lm->emb_remote;
 }

@@ -183,6 +183,9 @@ int64_t ferry_lm_state_batch(const ferry_lm *lm);
 /* The micro-batch pipeline (ferry_lm_set_micro_batches), or NULL. */
 ferry_lm_pipe *ferry_lm_pipeline(const ferry_lm *lm);
 /* Distributed: the embedding's remote module ("encoder"); else NULL. */
+/* Places the model's remote modules again over its cluster's servers as they are now
+ * (after ferry_cluster_retarget; ferry_remote_replace). */
+ferry_status ferry_lm_replace(ferry_lm *lm);
 ferry_remote *ferry_lm_embedding_remote(const ferry_lm *lm);
 /* The LSTM's groups of layers (--stages): how many, and group g's layers
  * [*first, *first + *count) and server (-1: this trainer). */

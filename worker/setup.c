@@ -257,6 +257,29 @@ static void log_stages(const trainer *t) {
     FERRY_LOG_INFO("stages: embedding and decoder on the servers, %s", line);
 }
 
+ferry_status ferry__trainer_cluster_config(const trainer *t, ferry_cluster_config *cc,
+                                           char **token) {
+    const ferry_trainer_config *cfg = t->cfg;
+    *token = NULL;
+    ferry_cluster_config_default(cc);
+    cc->deadline_ms = (int)cfg->deadline_ms;
+    cc->wait_for_ready = 1; /* ride out daemons that are still starting */
+    cc->connect_timeout_ms = (int)(cfg->connect_timeout_s * 1000.0);
+    cc->resolve_timeout_ms = (int)(cfg->resolve_timeout_s * 1000.0);
+    cc->worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
+    cc->wire_bf16 = cfg->wire_dtype == 1;
+    cc->replicas = cfg->replicas;
+    cc->replication = cfg->replication;
+    ferry_status st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", token);
+    if (st != FERRY_OK)
+        return st;
+    cc->token = *token;
+    cc->tls_ca_file = cfg->tls_ca;
+    cc->tls_cert_file = cfg->tls_cert;
+    cc->tls_key_file = cfg->tls_key;
+    return FERRY_OK;
+}
+
 /* With --ps: connects, joins the job (a job: several ranks, a sync mode, or
  * checkpoints), and builds the model placed on the servers. */
 static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
@@ -266,26 +289,15 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
     ferry_optim_config oc = *ocp;
     ferry_status st;
     ferry_cluster_config cc;
-    ferry_cluster_config_default(&cc);
-    cc.deadline_ms = (int)cfg->deadline_ms;
-    cc.wait_for_ready = 1; /* ride out daemons that are still starting */
-    cc.connect_timeout_ms = (int)(cfg->connect_timeout_s * 1000.0);
-    cc.resolve_timeout_ms = (int)(cfg->resolve_timeout_s * 1000.0);
-    cc.worker_id = (uint16_t)cfg->rank; /* context ids carry the rank */
-    cc.wire_bf16 = cfg->wire_dtype == 1;
-    cc.replicas = cfg->replicas;
-    cc.replication = cfg->replication;
     char *token = NULL;
-    if ((st = ferry_token_read(cfg->token_file, "FERRY_TOKEN_FILE", &token)) != FERRY_OK)
+    if ((st = ferry__trainer_cluster_config(t, &cc, &token)) != FERRY_OK)
         return st;
-    cc.token = token;
-    cc.tls_ca_file = cfg->tls_ca;
-    cc.tls_cert_file = cfg->tls_cert;
-    cc.tls_key_file = cfg->tls_key;
     st = ferry_ps_connect(cfg->ps, &cc, &t->cluster);
     ferry_secret_free(token);
     if (st != FERRY_OK)
         return connect_hint(st);
+    if ((t->srv_now = strdup(cfg->ps)) == NULL)
+        return FERRY_NOMEM();
     if ((st = ferry_dist_ctx_create(t->cluster, &t->dc)) != FERRY_OK)
         return st;
     /* A job: several ranks, a sync mode, or checkpoints (the job protocol is what
@@ -520,6 +532,7 @@ void ferry__trainer_teardown(trainer *t, ferry_status run) {
     }
     ferry_job_destroy(t->job);
     ferry_cluster_destroy(t->cluster);
+    free(t->srv_now);
     free(t->in_buf);
     free(t->tg_buf);
     if (err[0] != '\0')

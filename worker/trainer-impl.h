@@ -81,6 +81,10 @@ typedef struct trainer {
     int el_dropped, el_readmits;
     int64_t el_readmit_step;
     int64_t el_window;
+    /* elastic: the job's servers this rank runs on ("--ps", or as the last move of
+     * them said) and the count of moves it took (ferry_job_servers) */
+    char *srv_now;
+    uint64_t srv_epoch;
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
 } trainer;
@@ -93,6 +97,10 @@ ferry_status ferry__trainer_make_batches(const ferry_trainer_config *cfg, const 
 /* ---- setup.c: connecting and building the run, and ending it ---- */
 
 ferry_status ferry__trainer_setup(trainer *t);
+/* The cluster configuration of --ps from the flags; *token (the token file's, or
+ * NULL) is the caller's to free with ferry_secret_free. */
+ferry_status ferry__trainer_cluster_config(const trainer *t, ferry_cluster_config *cc,
+                                           char **token);
 void ferry__trainer_teardown(trainer *t, ferry_status run);
 
 /* ---- recovery.c: checkpoints and recovery ---- */

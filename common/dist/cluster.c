@@ -1458,6 +1458,85 @@ ferry_status ferry_ps_connect(const char *targets, const ferry_cluster_config *c
     return st;
 }
 
+ferry_status ferry_cluster_retarget(ferry_cluster *c, const char *targets,
+                                    const ferry_cluster_config *cfg) {
+    if (c->R > 1)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "the servers of a cluster with replicas (--replicas) do not change");
+    ferry_cluster *d = NULL;
+    char **list = NULL;
+    ferry_cluster_config dc = *cfg;
+    dc.client_id = c->client_id; /* the same label on the new servers */
+    dc.replicas = 1;
+    ferry_status st = cluster_open(targets, &dc, &d, &list);
+    if (st != FERRY_OK)
+        return st;
+    int *from = malloc(((size_t)d->n + 1) * sizeof *from); /* c's index of each kept one */
+    if (from == NULL)
+        st = FERRY_NOMEM();
+    /* A server of both lists keeps its connection and its session (the job's rank is
+     * held by that session there). */
+    for (int i = 0; st == FERRY_OK && i < d->n; i++) {
+        from[i] = -1;
+        for (int k = 0; k < c->n && from[i] < 0; k++) {
+            if (c->all[k] == NULL || strcmp(ferry_rpc_client_target(c->all[k]), list[i]) != 0)
+                continue;
+            ferry_rpc_client_destroy(d->all[i]);
+            d->all[i] = c->all[k];
+            d->incarnation[i] = c->incarnation[k];
+            c->all[k] = NULL;
+            from[i] = k;
+        }
+    }
+    d->min_minor = c->min_minor;
+    for (int i = 0; st == FERRY_OK && i < d->n; i++) {
+        d->clients[i] = d->all[i];
+        ferry_rpc_client_set_wait_for_ready(d->all[i], atomic_load(&c->wait_ready));
+        if (from[i] < 0)
+            st = hello_one(d, i, c->cfg.deadline_ms);
+    }
+    if (st != FERRY_OK) { /* c keeps its servers: the kept clients go back */
+        for (int i = 0; from != NULL && i < d->n; i++) {
+            if (from[i] >= 0) {
+                c->all[from[i]] = d->all[i];
+                d->all[i] = NULL;
+            }
+        }
+        free(from);
+        free_list(list, d->n);
+        ferry_cluster_destroy(d);
+        return st;
+    }
+    /* The servers left behind: their bytes stay counted. */
+    for (int k = 0; k < c->n; k++) {
+        uint64_t a = 0, b = 0;
+        if (c->all[k] != NULL)
+            ferry_rpc_client_bytes(c->all[k], &a, &b);
+        atomic_fetch_add(&c->gone_sent, a);
+        atomic_fetch_add(&c->gone_received, b);
+    }
+    pthread_mutex_lock(&c->hello_mu);
+#define SWAP_(f)                                                                                   \
+    do {                                                                                           \
+        __typeof__(c->f) tmp_ = c->f;                                                              \
+        c->f = d->f;                                                                               \
+        d->f = tmp_;                                                                               \
+    } while (0)
+    SWAP_(n);
+    SWAP_(clients);
+    SWAP_(all);
+    SWAP_(live);
+    SWAP_(incarnation);
+#undef SWAP_
+    c->min_minor = d->min_minor < c->min_minor ? d->min_minor : c->min_minor;
+    pthread_mutex_unlock(&c->hello_mu);
+    FERRY_LOG_INFO("servers now %s (%d)", targets, c->n);
+    free(from);
+    free_list(list, c->n);
+    ferry_cluster_destroy(d); /* the servers left: their connections close */
+    return FERRY_OK;
+}
+
 void ferry_cluster_destroy(ferry_cluster *c) {
     if (c == NULL)
         return;
@@ -1567,7 +1646,7 @@ uint64_t ferry_cluster_replicas_dropped(ferry_cluster *c, char *last, size_t cap
 }
 
 void ferry_cluster_bytes(ferry_cluster *c, uint64_t *sent, uint64_t *received) {
-    uint64_t s = 0, r = 0;
+    uint64_t s = atomic_load(&c->gone_sent), r = atomic_load(&c->gone_received);
     for (int i = 0; i < c->n * c->R; i++) {
         uint64_t a, b;
         ferry_rpc_client_bytes(c->all[i], &a, &b);

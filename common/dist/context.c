@@ -100,9 +100,12 @@ static void metrics_clear(ferry_dist_ctx *dc) {
 
 ferry_status ferry_dist_ctx_create(ferry_cluster *c, ferry_dist_ctx **out) {
     ferry_dist_ctx *dc = calloc(1, sizeof *dc);
-    if (dc == NULL || (dc->touched = calloc((size_t)c->n, 1)) == NULL ||
-        (dc->sums = calloc((size_t)c->n, sizeof *dc->sums)) == NULL ||
-        (dc->sum_src = calloc((size_t)c->n, sizeof *dc->sum_src)) == NULL) {
+    /* Sized for the most servers a cluster has: its servers may change between
+     * contexts (ferry_cluster_retarget). */
+    size_t n = FERRY_DIST_MAX_SERVERS;
+    if (dc == NULL || (dc->touched = calloc(n, 1)) == NULL ||
+        (dc->sums = calloc(n, sizeof *dc->sums)) == NULL ||
+        (dc->sum_src = calloc(n, sizeof *dc->sum_src)) == NULL) {
         if (dc != NULL) {
             free(dc->touched);
             free(dc->sums);

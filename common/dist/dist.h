@@ -46,6 +46,8 @@ struct ferry_cluster {
      * lose_p is dropped as if lost in transit, and the loss noticed lose_ms later */
     atomic_int lose_method, lose_p, lose_ms;
     atomic_int wait_ready;          /* ferry_cluster_set_wait_for_ready's, as last set */
+    /* bytes moved with servers a retarget left behind (ferry_cluster_bytes) */
+    atomic_uint_fast64_t gone_sent, gone_received;
 };
 
 /* Turns primary-backup on for c's job contexts (R > 1; see struct ferry_cluster). */
@@ -133,6 +135,10 @@ struct ferry_job {
     size_t el_n;
     int el_col0, el_col1, el_batch;
     int el_creator; /* it took rank 0 of a job not yet ready: it makes the modules */
+    /* elastic: the servers as the coordinator last said (ferry_job_servers) */
+    uint64_t srv_epoch, srv_step;
+    int srv_moving;
+    char *srv_list; /* "" or targets joined by ',' */
 };
 
 /* One Forward inside a context, awaiting its Backward. */

@@ -583,8 +583,10 @@ const ferry_job_config *ferry_job_get_config(const ferry_job *job) {
 }
 
 void ferry_job_destroy(ferry_job *job) {
-    if (job != NULL)
+    if (job != NULL) {
         free(job->el_members);
+        free(job->srv_list);
+    }
     free(job);
 }
 
@@ -741,6 +743,21 @@ static ferry_status membership_read(ferry_job *job, const Ferry__V1__JobReply *r
         memcpy(m->progress, r->progress.data, r->progress.len);
         m->progress_len = r->progress.len;
     }
+    size_t len = 1;
+    for (size_t i = 0; i < r->n_servers; i++)
+        len += strlen(r->servers[i]) + 1;
+    char *list = malloc(len);
+    if (list == NULL)
+        return FERRY_NOMEM();
+    size_t k = 0;
+    list[0] = '\0';
+    for (size_t i = 0; i < r->n_servers; i++)
+        k += (size_t)snprintf(list + k, len - k, "%s%s", i ? "," : "", r->servers[i]);
+    free(job->srv_list);
+    job->srv_list = list;
+    job->srv_epoch = r->servers_epoch;
+    job->srv_moving = r->moving;
+    job->srv_step = r->move_step;
     if (!own)
         return FERRY_OK;
     uint32_t *copy = malloc((m->n + 1) * sizeof *copy);
@@ -780,6 +797,16 @@ static ferry_status elastic_call(ferry_job *job, int op, uint64_t step, int dead
     }
     ferry_rpc_msg_deinit(&reply);
     return st;
+}
+
+int ferry_job_servers(const ferry_job *job, uint64_t *epoch, uint64_t *step, const char **list) {
+    if (epoch != NULL)
+        *epoch = job->srv_epoch;
+    if (step != NULL)
+        *step = job->srv_step;
+    if (list != NULL)
+        *list = job->srv_list != NULL ? job->srv_list : "";
+    return job->srv_moving;
 }
 
 int ferry_job_makes_modules(const ferry_job *job) {

@@ -295,6 +295,38 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
     return FERRY_OK;
 }
 
+ferry_status ferry_remote_replace(ferry_remote *m) {
+    if (ferry_wire_kinds[m->kind].one_server)
+        return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                            "module '%s' (%s) lives whole on one server: its place does not "
+                            "follow the servers",
+                            m->name, kind_name(m->kind));
+    if (m->rows - m->local_rows < m->c->n)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "module '%s': %lld rows cannot be split over %d "
+                            "servers",
+                            m->name, (long long)(m->rows - m->local_rows), m->c->n);
+    ferry__dist_shard *old = m->shards;
+    int oldn = m->nshards;
+    ferry_remote_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.server = -1;
+    ferry_status st = place(m, &cfg);
+    if (st != FERRY_OK) {
+        m->shards = old;
+        m->nshards = oldn;
+        return st;
+    }
+    free(old);
+    /* bf16 wire: the images held from each shard start over from the new shards */
+    if (m->image_id != NULL) {
+        free(m->image_id);
+        if ((m->image_id = calloc((size_t)m->nshards, sizeof *m->image_id)) == NULL)
+            return FERRY_NOMEM();
+    }
+    return FERRY_OK;
+}
+
 void ferry_remote_destroy(ferry_remote *m) {
     if (m == NULL)
         return;

@@ -158,6 +158,14 @@ FERRY_API ferry_status ferry_ps_open(const char *targets, const ferry_cluster_co
 FERRY_API void ferry_cluster_destroy(ferry_cluster *c);
 
 FERRY_API int ferry_cluster_size(const ferry_cluster *c);                       /* servers */
+/* Points c at `targets` in place of its servers (an elastic job's servers moved,
+ * ferry_job_servers): a server of both lists keeps its connection and session, a new
+ * one is connected (Hello, with cfg's token and TLS files), one left out is closed.
+ * Server indexes follow the new list. No call may be in flight on c; modules placed
+ * over it are placed again with ferry_remote_replace. Not with replicas (R > 1). On
+ * failure c keeps its servers. */
+FERRY_API ferry_status ferry_cluster_retarget(ferry_cluster *c, const char *targets,
+                                              const ferry_cluster_config *cfg);
 FERRY_API const char *ferry_cluster_target(const ferry_cluster *c, int server); /* "h:p" */
 /* 0: later calls to a server that is down fail at once (UNAVAILABLE) instead of
  * waiting for it up to their deadline. Call while no call is in flight. */
@@ -392,6 +400,11 @@ FERRY_API ferry_status ferry_remote_attach(ferry_cluster *c, const char *name,
                                            ferry_remote_config *cfg, ferry_remote **out);
 /* Frees the handle; the module stays on its servers. NULL is a no-op. */
 FERRY_API void ferry_remote_destroy(ferry_remote *m);
+/* Places a row-sharded module's shards again over its cluster's servers as they are
+ * now (after ferry_cluster_retarget): shard s of n holds rows [s*R/n, (s+1)*R/n).
+ * The servers must hold those rows already (an elastic job's move puts them there).
+ * FERRY_ERR_UNSUPPORTED for a module that lives on one server. */
+FERRY_API ferry_status ferry_remote_replace(ferry_remote *m);
 
 /* A decoder's local slice (config local_rows > 0): its weight (local_rows, H) and
  * bias (local_rows), global rows [V - local_rows, V), and the accumulators that every
@@ -819,6 +832,13 @@ FERRY_API int ferry_job_makes_modules(const ferry_job *job);
  * started), as ferry-ctl job shows it; *m as above, without state. The job's own
  * membership (what its calls carry) is left as it was. */
 FERRY_API ferry_status ferry_job_members(ferry_job *job, ferry_job_membership *m);
+/* Where an elastic job's servers stand as the coordinator's last answer to this rank
+ * said (admit, sync, redo, ferry_job_members): *epoch counts the moves committed (ferry-ctl
+ * resize), *list is the --ps list to use ("" until a move: the one the trainers started with; valid
+ * until the next call on job), and the result is 1 while a move holds the members at
+ * step *step's boundary (the list is then the one moved to). */
+FERRY_API int ferry_job_servers(const ferry_job *job, uint64_t *epoch, uint64_t *step,
+                                const char **list);
 FERRY_API void ferry_job_membership_free(ferry_job_membership *m);
 
 /* Forgets the open context without telling the servers (they sweep it after their

@@ -2,7 +2,15 @@
 #ifndef FERRY_CTL_H
 #define FERRY_CTL_H
 
+#include "ferry/ferry.h"
+
 /* ferry-ctl reshard (reshard.c): the exit code. */
 int ferry__ctl_reshard(const char *into, int nfiles, char **files);
+
+/* ferry-ctl --ps FROM --to TO resize JOB (resize.c): elastic job JOB's servers move
+ * from the list FROM to TO at its next step boundary, each wait at most timeout_s;
+ * the exit code. */
+int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const char *to,
+                      const char *job, double timeout_s);
 
 #endif

@@ -124,8 +124,9 @@ int main(int argc, char **argv) {
     ferry_log_init("ferry-ctl");
     if (getenv("FERRY_LOG") == NULL)
         ferry_log_set_level(FERRY_LOG_LEVEL_WARN); /* a tool's output is its answer */
-    const char *ps = NULL, *into = NULL, *token_file = NULL, *tls_ca = NULL, *tls_cert = NULL,
-               *tls_key = NULL;
+    const char *ps = NULL, *into = NULL, *to = NULL, *token_file = NULL, *tls_ca = NULL,
+               *tls_cert = NULL, *tls_key = NULL;
+    double timeout_s = 60.0;
     int deadline_ms = 5000, grace_ms = 5000, log_format = 0, replicas = 1;
     /* The command and its argument come after the flags. */
     int nflags = argc;
@@ -145,6 +146,11 @@ int main(int argc, char **argv) {
          .help = "the ferry-ps servers (every command but reshard)"},
         {.name = "into", .type = FERRY_FLAG_STRING, .ptr = &into, .metavar = "DIR[,DIR...]",
          .help = "reshard: the new servers' --checkpoint-dir, in their --ps order"},
+        {.name = "to", .type = FERRY_FLAG_STRING, .ptr = &to, .metavar = "HOST:PORT[,...]",
+         .help = "resize: the job's servers after the move (the first of --ps stays first)"},
+        {.name = "timeout", .type = FERRY_FLAG_DOUBLE, .ptr = &timeout_s, .min = 1, .max = 3600,
+         .defval = "60", .help = "resize: the longest wait for the job's next step boundary, "
+                                 "for its members to join the new servers, and for each transfer"},
         {.name = "token-file", .type = FERRY_FLAG_STRING, .ptr = &token_file, .metavar = "FILE",
          .help = "bearer token (the admin token for checkpoint and shutdown)"},
         {.name = "tls-ca", .type = FERRY_FLAG_STRING, .ptr = &tls_ca, .metavar = "PEM",
@@ -175,6 +181,9 @@ int main(int argc, char **argv) {
                       .summary = "operates ferry-ps: ferry-ctl [flags] health | stats | "
                                  "modules [PREFIX] | drop NAME | drop-job JOB | "
                                  "checkpoint [NAME] | shutdown | job JOB\n"
+                                 "       ferry-ctl --ps OLD --to NEW resize JOB (a running "
+                                 "elastic job's servers move from OLD to NEW at its next step "
+                                 "boundary: rows and optimizer state move, the trainers follow)\n"
                                  "       ferry-ctl --into DIR[,DIR...] reshard FILE... (a "
                                  "job's server files of one step, in server order, cut for "
                                  "the servers whose --checkpoint-dir DIRs are; offline)\n"
@@ -199,6 +208,24 @@ int main(int argc, char **argv) {
     if (ps == NULL)
         return usage_error("--ps HOST:PORT[,...] is required (see --help)");
     const char *arg = nflags + 1 < argc ? argv[nflags + 1] : NULL;
+    if (cmd != NULL && strcmp(cmd, "resize") == 0) {
+        if (to == NULL || arg == NULL || nflags + 2 < argc)
+            return usage_error("resize: ferry-ctl --ps OLD --to NEW resize JOB");
+        char *token = NULL;
+        if (ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK)
+            return usage_error(ferry_error_last());
+        ferry_cluster_config cc;
+        ferry_cluster_config_default(&cc);
+        cc.deadline_ms = deadline_ms;
+        cc.client_id = "ferry-ctl";
+        cc.token = token;
+        cc.tls_ca_file = tls_ca;
+        cc.tls_cert_file = tls_cert;
+        cc.tls_key_file = tls_key;
+        int rc = ferry__ctl_resize(&cc, ps, to, arg, timeout_s);
+        ferry_secret_free(token);
+        return rc;
+    }
     static const char *const cmds[] = {"health",   "stats", "modules",  "checkpoint",
                                        "shutdown", "drop",  "drop-job", "job"};
     int which = -1;
