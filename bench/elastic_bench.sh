@@ -5,7 +5,10 @@
 # trainers started together), interleaved, REPS times each. Per run: the job's tokens/s
 # over steps 101..STEPS (both members admitted long before). Then an elastic job of 3
 # trainers, one SIGKILLed when the first logs step 60: the seconds from the SIGKILL to
-# the survivors' next completed step (the step redone), beside their median step.
+# the survivors' next completed step (the step redone), beside their median step. Last,
+# the servers of a running elastic job of 2 trainers move 2 -> 3 -> 2 (ferry-ctl
+# resize at steps ~60 and ~120): each move's bytes and seconds as ferry-ctl reports
+# them, and the longest gap between two steps of the run beside the median step.
 #
 #   bench/elastic_bench.sh [BUILD_DIR] [REPS]      # default: build 3
 set -euo pipefail
@@ -24,15 +27,16 @@ DATA=(--data data/ptb --train-tokens 400000 --eval-tokens 1000 --epochs 1 --bptt
     --batch-size 40 --log-interval 1 --lr 0.1)
 echo "job: 2 ferry-ps, ${DATA[*]}"
 
-servers() { # starts 2 ferry-ps; sets PSS (their targets) and SPIDS
+servers() { # [N]: starts N (default 2) ferry-ps; sets PSS (their targets) and SPIDS
     SPIDS=()
     PSS=""
-    for i in 0 1; do
+    local n=${1:-2}
+    for ((i = 0; i < n; i++)); do
         rm -f "$TMP/ps$i.port"
         "$BIN/server/ferry-ps" --listen 127.0.0.1:0 --port-file "$TMP/ps$i.port" 2>"$TMP/ps$i.log" &
         SPIDS+=($!)
     done
-    for i in 0 1; do
+    for ((i = 0; i < n; i++)); do
         for _ in $(seq 100); do [ -s "$TMP/ps$i.port" ] && break; sleep 0.05; done
         PSS=$PSS${PSS:+,}127.0.0.1:$(cat "$TMP/ps$i.port")
     done
@@ -110,4 +114,30 @@ gaps = [b - a for a, b in zip(times, times[1:])]
 print(f"death: SIGKILL of 1 of 3 members at step ~60; step {step} redone; "
       f"{when(step) - killed:.3f} s from the SIGKILL to the survivors' next step "
       f"(median step {statistics.median(gaps):.3f} s)")
+EOF
+
+# The servers move under a running job: 2 -> 3 -> 2.
+servers 3
+P0=${PSS%%,*} REST=${PSS#*,}
+P1=${REST%%,*} P2=${REST#*,}
+pids=()
+for r in 0 1; do
+    "$BIN/worker/ferry-trainer" --ps "$P0,$P1" --job m --elastic 2:2 "${DATA[@]}" --max-steps 180 \
+        --metrics-out "$TMP/v$r.jsonl" 2>"$TMP/v$r.log" &
+    pids+=($!)
+done
+until grep -q '"step":60,' "$TMP/v0.jsonl" 2>/dev/null; do sleep 0.01; done
+"$BIN/server/ferry-ctl" --ps "$P0,$P1" --to "$P0,$P1,$P2" resize m | tail -1
+until grep -q '"step":120,' "$TMP/v0.jsonl" 2>/dev/null; do sleep 0.01; done
+"$BIN/server/ferry-ctl" --ps "$P0,$P1,$P2" --to "$P0,$P2" resize m | tail -1
+wait "${pids[@]}" || { tail -3 "$TMP"/v*.log >&2; exit 1; }
+stop_servers
+python3 - "$TMP/v0.jsonl" <<'EOF'
+import json, statistics, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+times = sorted(e["elapsed_s"] for e in ev if e["event"] == "train")
+gaps = [b - a for a, b in zip(times, times[1:])]
+waits = ", ".join(f"{e['seconds']:.3f}" for e in ev if e["event"] == "servers")
+print(f"moves: rank 0 followed them, waiting {waits} s; longest step-to-step gap "
+      f"{max(gaps):.3f} s, median step {statistics.median(gaps):.3f} s")
 EOF

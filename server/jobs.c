@@ -30,6 +30,9 @@
 #define JOB_CHUNK          64   /* ranks per chunk of a job's rank table */
 #define INST_REPLY_MAX     (1 << 20) /* StepRequest.installed kept, packed, at most */
 #define JOB_METRICS_MAX    32   /* jobs whose own metrics a Stats or /metrics page lists */
+#define MV_TARGETS         64   /* servers of a move's list (JobReshard) */
+#define MV_TARGET          256  /* bytes of one server's target, with the NUL */
+enum { MV_NONE, MV_PENDING, MV_HOLD }; /* a move: none; begun; holding the members */
 
 /* How a rank left the job (job_rank.left) or went away (job_rank.gone). */
 enum { RANK_IN = 0, RANK_COMPLETED = 1, RANK_LEFT_EARLY = 2 };
@@ -1169,6 +1172,26 @@ static ferry_status job_recover(ferry__ps_state *ps, ferry__ps_job *job,
 static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uint64_t step);
 static void ssp_release(ferry__ps_job *job);
 
+/* The coordinator's servers into a reply: the list a move holds the members for, else
+ * the committed one; targets[MV_TARGETS] point into *copy (free it after packing). */
+static ferry_status servers_reply(const ferry__ps_job *job, Ferry__V1__JobReply *r, char **targets,
+                                  char **copy) {
+    r->servers_epoch = job->srv_epoch;
+    r->moving = job->mv_state == MV_HOLD;
+    r->move_step = r->moving ? job->mv_step : 0;
+    const char *from = r->moving ? job->mv_list : job->srv_list;
+    *copy = NULL;
+    if (from != NULL && (*copy = strdup(from)) == NULL)
+        return FERRY_NOMEM();
+    char *save = NULL;
+    r->n_servers = 0;
+    for (char *t = *copy != NULL ? strtok_r(*copy, ",", &save) : NULL;
+         t != NULL && r->n_servers < MV_TARGETS; t = strtok_r(NULL, ",", &save))
+        targets[r->n_servers++] = t;
+    r->servers = targets;
+    return FERRY_OK;
+}
+
 /* The job's state into a reply (join, ready, leave, status). jobs->mu held. */
 static void state_reply(const ferry__ps_job *job, Ferry__V1__JobReply *r) {
     r->ready = job->ready;
@@ -1362,8 +1385,11 @@ static ferry_status job_member_call(ferry__ps_state *ps, const ferry__ps_session
     Ferry__V1__JobReply r;
     ferry__v1__job_reply__init(&r);
     if (st == FERRY_OK) { /* packed under the lock: it points into the job */
+        char *targets[MV_TARGETS], *copy = NULL;
         state_reply(job, &r);
-        st = ferry_rpc_msg_set_head(reply, &r.base);
+        if ((st = servers_reply(job, &r, targets, &copy)) == FERRY_OK)
+            st = ferry_rpc_msg_set_head(reply, &r.base);
+        free(copy);
     }
     pthread_mutex_unlock(&j->mu);
     return st;
@@ -1554,9 +1580,6 @@ static ferry_status job_install(ferry__ps_state *ps, const ferry__ps_session *se
 #define EL_STATE_MAX (256ll << 20) /* of a job's columns, applied and put */
 #define EL_PROG_MAX  4096          /* bytes of the trainers' progress */
 #define EL_BATCH_MAX (1u << 20)    /* columns */
-#define MV_TARGETS   64            /* servers of a move's list */
-#define MV_TARGET    256           /* bytes of one server's target, with the NUL */
-enum { MV_NONE, MV_PENDING, MV_HOLD }; /* a move: none; begun; holding the members */
 
 static void bin_free(ProtobufCBinaryData *b) {
     free(b->data);
@@ -1649,19 +1672,9 @@ static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, fer
     rep.epoch_step = job->ep_step;
     rep.elastic_min = job->el_min;
     rep.applied = job->applied;
-    rep.servers_epoch = job->srv_epoch;
-    rep.moving = job->mv_state == MV_HOLD;
-    rep.move_step = rep.moving ? job->mv_step : 0;
-    char *list = NULL;
-    const char *from = rep.moving ? job->mv_list : job->srv_list;
-    if (from != NULL && (list = strdup(from)) == NULL)
+    char *list = NULL, *targets[MV_TARGETS];
+    if (servers_reply(job, &rep, targets, &list) != FERRY_OK)
         return FERRY_NOMEM();
-    char *targets[MV_TARGETS];
-    char *save = NULL;
-    for (char *t = list != NULL ? strtok_r(list, ",", &save) : NULL;
-         t != NULL && rep.n_servers < MV_TARGETS; t = strtok_r(NULL, ",", &save))
-        targets[rep.n_servers++] = t;
-    rep.servers = targets;
     int idx = el_index(job, r);
     ProtobufCBinaryData *data = NULL;
     uint64_t want = job->ep_step - 1;

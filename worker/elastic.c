@@ -154,6 +154,7 @@ static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_w
     pthread_mutex_lock(&t->live_mu);
     t->live.el_epoch = m->epoch;
     t->live.el_members = m->n;
+    t->live.servers = ferry_cluster_size(t->cluster);
     pthread_mutex_unlock(&t->live_mu);
     t->c0 = m->col0;
     t->c1 = m->col1;
@@ -181,7 +182,7 @@ static ferry_status retarget(trainer *t, const char *list) {
     ferry_secret_free(token);
     if (st == FERRY_OK)
         st = ferry_job_rejoin(t->job); /* a server new to this rank takes it */
-    if (st == FERRY_OK)
+    if (st == FERRY_OK && t->lm != NULL) /* (a trainer that starts: placed afterwards) */
         st = ferry_lm_replace(t->lm);
     char *copy = st == FERRY_OK ? strdup(list) : NULL;
     if (st == FERRY_OK && copy == NULL)
@@ -244,7 +245,18 @@ static ferry_status follow_servers(trainer *t) {
             return st;
     }
     t->srv_epoch = epoch;
+    pthread_mutex_lock(&t->live_mu);
+    t->live.srv_epoch = epoch;
+    t->live.servers = ferry_cluster_size(t->cluster);
+    pthread_mutex_unlock(&t->live_mu);
     return FERRY_OK;
+}
+
+ferry_status ferry__trainer_elastic_where(trainer *t) {
+    ferry_job_membership m;
+    ferry_status st = ferry_job_members(t->job, &m);
+    ferry_job_membership_free(&m);
+    return st == FERRY_OK ? follow_servers(t) : st;
 }
 
 ferry_status ferry__trainer_elastic_admit(trainer *t) {
@@ -252,14 +264,8 @@ ferry_status ferry__trainer_elastic_admit(trainer *t) {
     FERRY_LOG_INFO("elastic: rank %d asks to join job '%s' (admitted at the next step boundary)",
                    ferry_job_get_config(t->job)->rank, t->cfg->job);
     double t0 = ferry_now();
-    /* A job whose servers moved since this trainer's --ps was written: it asks on the
-     * servers the job runs on now. */
-    ferry_status st = ferry_job_members(t->job, &m);
-    ferry_job_membership_free(&m);
+    ferry_status st = ferry__trainer_elastic_where(t); /* a move may have begun since */
     if (st == FERRY_OK)
-        st = follow_servers(t);
-    ferry_job_membership_free(&m);
-    if (st == FERRY_OK || st == FERRY_ERR_NOT_FOUND)
         st = ferry_job_admit(t->job, &m);
     if (st != FERRY_OK)
         return st;

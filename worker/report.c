@@ -223,6 +223,13 @@ void ferry__trainer_metrics_page(void *user, ferry_prom *p) {
         ferry_prom_family(p, "ferry_trainer_elastic_redos_total", "counter",
                           "steps redone because a member would not finish them");
         ferry_prom_sample(p, "ferry_trainer_elastic_redos_total", NULL, (double)live.el_redos);
+        ferry_prom_family(p, "ferry_trainer_elastic_servers_moves_total", "counter",
+                          "moves of the job's servers this rank followed (ferry-ctl resize)");
+        ferry_prom_sample(p, "ferry_trainer_elastic_servers_moves_total", NULL,
+                          (double)live.srv_epoch);
+        ferry_prom_family(p, "ferry_trainer_elastic_servers", "gauge",
+                          "the servers this rank runs on");
+        ferry_prom_sample(p, "ferry_trainer_elastic_servers", NULL, (double)live.servers);
     }
     if (t->cluster == NULL)
         return;

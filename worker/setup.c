@@ -305,6 +305,10 @@ static ferry_status setup_distributed(trainer *t, const ferry_lm_config *mcp,
     int as_job = ferry_trainer_is_job(cfg);
     if (as_job && (st = job_join(t, &mc, &oc, cfg->load != NULL)) != FERRY_OK)
         return st;
+    /* An elastic job's servers may have moved since this trainer's --ps was written:
+     * its modules are placed over the servers the job runs on now. */
+    if (cfg->elastic_max > 0 && (st = ferry__trainer_elastic_where(t)) != FERRY_OK)
+        return st;
     t->recover = as_job && cfg->checkpoint_every > 0;
     ferry_lm_placement pl = {.cluster = t->cluster,
                              .decoder_mode = (ferry_decoder_mode)cfg->decoder_mode,

@@ -29,8 +29,9 @@ typedef struct trainer_live {
     int epoch;
     double loss, tok_s, lr, t;
     /* elastic: the membership epoch, its size, steps redone */
-    uint64_t el_epoch, el_redos;
+    uint64_t el_epoch, el_redos, srv_epoch;
     size_t el_members;
+    int servers;
 } trainer_live;
 
 typedef struct trainer {
@@ -115,6 +116,10 @@ int ferry__trainer_recoverable(ferry_status st);
 /* Asks to be admitted and takes the membership, and for a rank that joins a running
  * job the members' progress and its columns' carried state. */
 ferry_status ferry__trainer_elastic_admit(trainer *t);
+/* Asks the coordinator where the job runs and follows it there: the servers a move of
+ * them (ferry-ctl resize) committed, or those a move under way holds the members for
+ * (waiting until it ends). */
+ferry_status ferry__trainer_elastic_where(trainer *t);
 /* After the run failed because this rank was dropped from the membership while it
  * lived (t->el_dropped): asks to be admitted again, with the rank it holds, and takes
  * the members' progress and its new columns, as a joining rank does; the run then goes

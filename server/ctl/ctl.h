@@ -12,5 +12,8 @@ int ferry__ctl_reshard(const char *into, int nfiles, char **files);
  * the exit code. */
 int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const char *to,
                       const char *job, double timeout_s);
+/* ferry-ctl job JOB: a line for an elastic job whose servers moved or are moving, as
+ * its coordinator (server 0 of c) says; nothing otherwise. */
+void ferry__ctl_print_servers(ferry_cluster *c, const char *job);
 
 #endif

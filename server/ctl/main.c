@@ -107,6 +107,7 @@ static int show_job(ferry_cluster *c, const char *name, int replicas) {
         (void)printf("elastic: membership epoch %llu from step %llu: ranks %s (%zu members)\n",
                      (unsigned long long)m.epoch, (unsigned long long)m.first_step,
                      m.n > 0 ? text : "none", m.n);
+        ferry__ctl_print_servers(c, name);
     }
     ferry_job_membership_free(&m);
     free(pr);

@@ -381,3 +381,25 @@ int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const ch
     free(b);
     return rc;
 }
+
+void ferry__ctl_print_servers(ferry_cluster *c, const char *job) {
+    resize r = {.c = c, .job = job, .deadline_ms = 5000, .limit_s = 5.0};
+    ferry_rpc_msg reply;
+    if (reshard_on(&r, 0, FERRY__V1__JOB_RESHARD__OP__STATUS, NULL, 0, 0, 0.0, &reply) ==
+        FERRY_OK) {
+        const Ferry__V1__JobReply *a = reply.head;
+        char list[RESIZE_MAX * 80] = "";
+        size_t k = 0;
+        for (size_t i = 0; i < a->n_servers && k + 1 < sizeof list; i++) {
+            int w = snprintf(list + k, sizeof list - k, "%s%s", i ? "," : "", a->servers[i]);
+            k = w < 0 || (size_t)w >= sizeof list - k ? sizeof list : k + (size_t)w;
+        }
+        if (a->moving)
+            (void)printf("servers: moving to %s after step %llu\n", list,
+                         (unsigned long long)a->move_step);
+        else if (a->servers_epoch > 0)
+            (void)printf("servers: %s (after %llu moves)\n", list,
+                         (unsigned long long)a->servers_epoch);
+    }
+    ferry_rpc_msg_deinit(&reply);
+}
