@@ -174,11 +174,15 @@ void ferry__ps_checkpoint_retain(const char *dir, const char *current, int keep)
     (void)close(dirfd);
 }
 
-/* A module a job's file holds: owner's (any with owner NULL) named prefix... (any with
- * prefix NULL). */
+/* A module a job's file holds: owner's (any with owner NULL) named prefix + a name
+ * without '/' (any with prefix NULL): job "a"'s "a/encoder", not job "a/b"'s. */
+static int named_in(const char *name, const char *prefix) {
+    size_t n = strlen(prefix);
+    return strncmp(name, prefix, n) == 0 && name[n] != '\0' && strchr(name + n, '/') == NULL;
+}
 static int of_job(const ferry__ps_module *m, const char *owner, const char *prefix) {
     return (owner == NULL || strcmp(m->owner, owner) == 0) &&
-           (prefix == NULL || strncmp(m->name, prefix, strlen(prefix)) == 0);
+           (prefix == NULL || named_in(m->name, prefix));
 }
 
 static ferry_status write_file(ferry__ps_registry *r, const char *dir, const char *name,
@@ -680,8 +684,10 @@ static void drop_job_modules(ferry__ps_registry *r, const char *owner, const cha
 
 ferry_status ferry__ps_checkpoint_adopt(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *dir,
                                         const uint8_t *data, size_t len, const char *owner,
-                                        const char *prefix, uint64_t step, uint32_t *nmods) {
+                                        const char *prefix, uint64_t step, uint32_t *nmods,
+                                        int *changed) {
     char tmp[4096], path[4200];
+    *changed = 0;
     ferry_status st = move_dir(dir, tmp, sizeof tmp - 16);
     if (st != FERRY_OK)
         return st;
@@ -716,11 +722,12 @@ ferry_status ferry__ps_checkpoint_adopt(ferry__ps_registry *r, ferry__ps_quotas 
         if (ck.sec[i].tag != FERRY_CK_TAG("MODL"))
             st = ferry_errorf(FERRY_ERR_FORMAT, "section %u is not a module", i + 1);
         else if ((st = module_head(&ck.sec[i], path, name, o)) == FERRY_OK &&
-                 strncmp(name, prefix, strlen(prefix)) != 0)
+                 !named_in(name, prefix))
             st = ferry_errorf(FERRY_ERR_DENIED, "module '%s' is not one of the job's (%s...)", name,
                               prefix);
     }
     if (st == FERRY_OK) {
+        *changed = 1;
         drop_job_modules(r, owner, prefix);
         for (uint32_t i = 1; i < ck.n && st == FERRY_OK; i++)
             st = read_module(r, Q, &ck.sec[i], path);

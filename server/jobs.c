@@ -2161,8 +2161,13 @@ static ferry_status mv_coordinate(ferry__ps_job *job, const Ferry__V1__JobReshar
                                   const ferry__ps_session *sess) {
     char *list = NULL;
     ferry_status st = FERRY_OK;
-    if (q->op == FERRY__V1__JOB_RESHARD__OP__STATUS)
+    if (q->op == FERRY__V1__JOB_RESHARD__OP__STATUS) {
+        /* ferry-ctl's own STATUS naming the held step: the move is alive, its hold
+         * counts again from now */
+        if (job->mv_state == MV_HOLD && q->step != 0 && q->step == job->mv_step)
+            job->mv_since = ferry_now();
         return FERRY_OK;
+    }
     if (job->epoch == 0)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "job '%s': this ferry-ps is not its coordinator (the first server of "
@@ -2278,20 +2283,28 @@ static ferry_status mv_modules(ferry__ps_state *ps, const ferry__ps_session *ses
     uint8_t *data = NULL;
     size_t len = 0;
     uint32_t n = 0;
+    int changed = 0;
     pthread_mutex_lock(&ps->checkpoint_mu);
     if (adopt) {
         st = ferry__ps_checkpoint_adopt(&ps->reg, &ps->quotas, ps->checkpoint_dir, q->data.data,
-                                        q->data.len, owner, prefix, q->step, &n);
+                                        q->data.len, owner, prefix, q->step, &n, &changed);
         ps->ck_done[0] = '\0'; /* the modules changed: no Checkpoint is a repeat now */
     } else {
         st = ferry__ps_checkpoint_export(&ps->reg, ps->checkpoint_dir, owner, prefix, q->step,
                                          &data, &len);
     }
     pthread_mutex_unlock(&ps->checkpoint_mu);
-    if (st != FERRY_OK)
+    if (st != FERRY_OK) {
+        char why[512];
+        (void)snprintf(why, sizeof why, "%s", ferry_error_last());
+        pthread_mutex_lock(&j->mu);
+        job = adopt && !changed ? job_find(j, name) : NULL;
+        if (job != NULL && job->epoch > 0 && job->mv_state == MV_HOLD)
+            job->mv_adopted = 0; /* refused before anything changed: it may be called off */
+        pthread_mutex_unlock(&j->mu);
         return ferry_errorf(st, "job '%s': %s the modules of step %llu: %s", name,
-                            adopt ? "adopting" : "exporting", (unsigned long long)q->step,
-                            ferry_error_last());
+                            adopt ? "adopting" : "exporting", (unsigned long long)q->step, why);
+    }
     if (adopt) {
         pthread_mutex_lock(&j->mu);
         job = job_find(j, name);
@@ -2299,13 +2312,17 @@ static ferry_status mv_modules(ferry__ps_state *ps, const ferry__ps_session *ses
             job->applied = job->bsp_step = q->step; /* its first step is the next */
             job->ready = 1;
         }
-        if (job != NULL)
+        if (job != NULL) { /* packed under the lock: it points into the job */
             state_reply(job, &r);
+            st = ferry_rpc_msg_set_head(reply, &r.base);
+        }
         pthread_mutex_unlock(&j->mu);
         FERRY_LOG_INFO("job '%s': took %u modules of step %llu (%zu bytes, %.2f s)%s", name,
                        (unsigned)n, (unsigned long long)q->step, q->data.len, ferry_now() - t0,
                        fresh ? "; the job starts here at the next step" : "");
-        return ferry_rpc_msg_set_head(reply, &r.base);
+        return job != NULL
+                   ? st
+                   : ferry_errorf(FERRY_ERR_NOT_FOUND, "job '%s' was dropped meanwhile", name);
     }
     r.checkpoint_data.data = data;
     r.checkpoint_data.len = len;

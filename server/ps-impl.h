@@ -571,10 +571,12 @@ ferry_status ferry__ps_checkpoint_export(ferry__ps_registry *r, const char *dir,
 /* The bytes of such a file replace owner's modules named prefix... in r: the file is
  * verified whole first (CRCs, step `step`, its and every module's owner `owner`,
  * every module named prefix...), so a refusal changes nothing; a failure while
- * restoring leaves none of the job's modules here. *nmods: the modules it held. */
+ * restoring leaves none of the job's modules here. *nmods: the modules it held;
+ * *changed: 1 once the job's modules here were touched (0: a refusal). */
 ferry_status ferry__ps_checkpoint_adopt(ferry__ps_registry *r, ferry__ps_quotas *Q, const char *dir,
                                         const uint8_t *data, size_t len, const char *owner,
-                                        const char *prefix, uint64_t step, uint32_t *nmods);
+                                        const char *prefix, uint64_t step, uint32_t *nmods,
+                                        int *changed);
 /* Deletes all but the newest `keep` checkpoints of dir (--checkpoint-keep); the file
  * `current` stays. */
 void ferry__ps_checkpoint_retain(const char *dir, const char *current, int keep);

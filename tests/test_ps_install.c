@@ -3,8 +3,12 @@
  * file is taken only when its META and every module in it belong to the expected
  * identity (ferry__ps_checkpoint_check_owner), and a restore of a job's checkpoint
  * refuses, before changing anything, a file that names another identity's module
- * (ferry__ps_checkpoint_read with `only`). The files are written with the ckfile
- * writer in ferry-ps's format, as a client could craft them. */
+ * (ferry__ps_checkpoint_read with `only`); a job's modules sent to move them between
+ * servers (Job reshard ADOPT) are taken only when the file is of the step asked, its
+ * owner and every module's is the job's, and every module is the job's by name
+ * ("<job>/x", not job "<job>/y"'s "<job>/y/x"), all before anything changes. The files
+ * are written with the ckfile writer in ferry-ps's format, as a client could craft
+ * them. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,7 @@
 #include "server/ps-impl.h"
 
 static char dir[] = "/tmp/ferry-install.XXXXXX";
+static const char *craft_module = "j/emb"; /* the name of every module craft writes */
 
 static void remove_dir(void) {
     char cmd[300];
@@ -43,7 +48,7 @@ static void craft(char *path, size_t cap, const char *name, const char *meta, co
     ferry_ckw_bytes(w, meta, strlen(meta));
     CHECK_EQ(ferry_ckw_end(w), FERRY_OK);
     for (int i = 0; i < n; i++) {
-        const char *mod = "j/emb";
+        const char *mod = craft_module;
         CHECK_EQ(ferry_ckw_begin(w, FERRY_CK_TAG("MODL"), 8 + strlen(mod) + strlen(mods[i])),
                  FERRY_OK);
         ferry_ckw_u32(w, (uint32_t)strlen(mod));
@@ -79,4 +84,50 @@ TEST(restore_refuses_before_changing_anything) {
     CHECK(strstr(ferry_error_last(), "belongs to 'alice', not to 'bob'") != NULL);
 }
 
-FERRY_TEST_MAIN(T(owner_of_every_module_checked) T(restore_refuses_before_changing_anything))
+/* adopt of crafted bytes: each refusal before the registry (NULL: a crash) is touched */
+static ferry_status adopt(const char *file, const char *owner, const char *prefix, uint64_t step,
+                          int *changed) {
+    FILE *f = fopen(file, "rb");
+    CHECK(f != NULL);
+    static uint8_t buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    uint32_t mods = 0;
+    *changed = -1;
+    return ferry__ps_checkpoint_adopt(NULL, NULL, dir, buf, n, owner, prefix, step, &mods, changed);
+}
+
+TEST(adopt_refuses_before_changing_anything) {
+    char path[512];
+    int changed = 0;
+    const char *bob[] = {"bob"}, *alice[] = {"alice"};
+    craft(path, sizeof path, "a1.ckpt", "bob", alice, 1); /* another identity's module */
+    CHECK_EQ(adopt(path, "bob", "j/", 5, &changed), FERRY_ERR_DENIED);
+    CHECK(strstr(ferry_error_last(), "belongs to 'alice', not to 'bob'") != NULL);
+    CHECK_EQ(changed, 0);
+    craft(path, sizeof path, "a2.ckpt", "bob", bob, 1); /* another job's module */
+    CHECK_EQ(adopt(path, "bob", "k/", 5, &changed), FERRY_ERR_DENIED);
+    CHECK(strstr(ferry_error_last(), "module 'j/emb' is not one of the job's (k/...)") != NULL);
+    CHECK_EQ(changed, 0);
+    CHECK_EQ(adopt(path, "bob", "j/", 6, &changed), FERRY_ERR_FORMAT); /* another step */
+    CHECK(strstr(ferry_error_last(), "of step 5, not 6") != NULL);
+    CHECK_EQ(changed, 0);
+    CHECK_EQ(adopt(path, "alice", "j/", 5, &changed), FERRY_ERR_DENIED); /* another owner */
+    CHECK_EQ(changed, 0);
+    craft_module = "j/x/emb"; /* job "j/x"'s module, sent as job "j"'s */
+    craft(path, sizeof path, "a3.ckpt", "bob", bob, 1);
+    craft_module = "j/emb";
+    CHECK_EQ(adopt(path, "bob", "j/", 5, &changed), FERRY_ERR_DENIED);
+    CHECK(strstr(ferry_error_last(), "'j/x/emb' is not one of the job's") != NULL);
+    CHECK_EQ(changed, 0);
+    /* a torn file */
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    CHECK(fseek(f, -3, SEEK_END) == 0 && fputc('x', f) != EOF);
+    fclose(f);
+    CHECK(adopt(path, "bob", "j/", 5, &changed) != FERRY_OK);
+    CHECK_EQ(changed, 0);
+}
+
+FERRY_TEST_MAIN(T(owner_of_every_module_checked) T(restore_refuses_before_changing_anything)
+                    T(adopt_refuses_before_changing_anything))

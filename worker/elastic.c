@@ -171,27 +171,44 @@ static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_w
     return state_columns(t, (float *)(void *)m->state, 0);
 }
 
-/* Points this rank at `list`: its connections (kept for servers of both lists), its
- * rank joined on every server, and the model's shards placed over them. */
+/* Points this rank at `list`: its connections (kept for servers of both lists) and the
+ * model's shards placed over them, then its rank joined on every server (what a move
+ * waits for: joined means ready). A failure to connect or to join is tried again while
+ * the move holds; one after the connections changed is not (the shards would be placed
+ * for other servers than the connections'). */
 static ferry_status retarget(trainer *t, const char *list) {
-    ferry_cluster_config cc;
-    char *token = NULL;
-    ferry_status st = ferry__trainer_cluster_config(t, &cc, &token);
-    if (st == FERRY_OK)
-        st = ferry_cluster_retarget(t->cluster, list, &cc);
-    ferry_secret_free(token);
-    if (st == FERRY_OK)
-        st = ferry_job_rejoin(t->job); /* a server new to this rank takes it */
-    if (st == FERRY_OK && t->lm != NULL) /* (a trainer that starts: placed afterwards) */
-        st = ferry_lm_replace(t->lm);
-    char *copy = st == FERRY_OK ? strdup(list) : NULL;
-    if (st == FERRY_OK && copy == NULL)
-        st = FERRY_NOMEM();
-    if (st != FERRY_OK)
-        return ferry_errorf(st, "elastic job '%s': moving to servers %s: %s", t->cfg->job, list,
+    ferry_status st = FERRY_OK;
+    if (strcmp(list, t->srv_now) != 0) {
+        char *copy = strdup(list);
+        ferry_cluster_config cc;
+        char *token = NULL;
+        if (copy == NULL)
+            return FERRY_NOMEM();
+        st = ferry__trainer_cluster_config(t, &cc, &token);
+        if (st == FERRY_OK) {
+            pthread_mutex_lock(&t->route_mu);
+            st = ferry_cluster_retarget(t->cluster, list, &cc);
+            pthread_mutex_unlock(&t->route_mu);
+        }
+        ferry_secret_free(token);
+        if (st != FERRY_OK) { /* the connections are as they were */
+            free(copy);
+            return ferry_errorf(st, "elastic job '%s': moving to servers %s: %s", t->cfg->job, list,
+                                ferry_error_last());
+        }
+        free(t->srv_now);
+        t->srv_now = copy;
+        t->srv_unjoined = 1;
+        if (t->lm != NULL && (st = ferry_lm_replace(t->lm)) != FERRY_OK) {
+            t->srv_fatal = 1;
+            return ferry_errorf(st, "elastic job '%s': placing the model on servers %s: %s",
+                                t->cfg->job, list, ferry_error_last());
+        }
+    }
+    if (t->srv_unjoined && (st = ferry_job_rejoin(t->job)) != FERRY_OK)
+        return ferry_errorf(st, "elastic job '%s': joining servers %s: %s", t->cfg->job, list,
                             ferry_error_last());
-    free(t->srv_now);
-    t->srv_now = copy;
+    t->srv_unjoined = 0;
     return FERRY_OK;
 }
 
@@ -212,7 +229,10 @@ static ferry_status follow_servers(trainer *t) {
         FERRY_LOG_INFO("elastic: the job's servers move to %s after step %llu; waiting", list,
                        (unsigned long long)step);
     for (int polls = 0; moving; polls++) {
-        if (strcmp(list, t->srv_now) != 0 && (st = retarget(t, list)) != FERRY_OK) {
+        if ((strcmp(list, t->srv_now) != 0 || t->srv_unjoined) &&
+            (st = retarget(t, list)) != FERRY_OK) {
+            if (t->srv_fatal)
+                return st;
             (void)snprintf(why, sizeof why, "%s", ferry_error_last()); /* tried again */
             if (polls == 0)
                 FERRY_LOG_WARN("%s (trying again while the move holds)", why);
@@ -233,7 +253,7 @@ static ferry_status follow_servers(trainer *t) {
         moving = ferry_job_servers(t->job, &epoch, &step, &list);
     }
     const char *want = list[0] != '\0' ? list : t->cfg->ps;
-    if (strcmp(want, t->srv_now) != 0 && (st = retarget(t, want)) != FERRY_OK)
+    if ((strcmp(want, t->srv_now) != 0 || t->srv_unjoined) && (st = retarget(t, want)) != FERRY_OK)
         return st;
     FERRY_LOG_INFO("elastic: servers %s (move %llu; this rank waited %.2f s)", want,
                    (unsigned long long)epoch, ferry_now() - t0);
@@ -429,7 +449,7 @@ ferry_status ferry__trainer_elastic_sync(trainer *t, int next_first_window) {
         return FERRY_OK;
     ferry_job_membership m;
     ferry_status st = ferry_job_sync_membership(t->job, (uint64_t)t->step, &m);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK && m.index >= 0) /* (a rank that left does not follow) */
         st = follow_servers(t);
     if (st != FERRY_OK) {
         ferry_job_membership_free(&m);

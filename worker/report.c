@@ -233,6 +233,7 @@ void ferry__trainer_metrics_page(void *user, ferry_prom *p) {
     }
     if (t->cluster == NULL)
         return;
+    pthread_mutex_lock(&t->route_mu); /* the servers stay as they are meanwhile */
     ferry_prom_family(p, "ferry_trainer_retries_total", "counter",
                       "calls sent again after a stall or a lost connection");
     ferry_prom_sample(p, "ferry_trainer_retries_total", NULL,
@@ -266,4 +267,5 @@ void ferry__trainer_metrics_page(void *user, ferry_prom *p) {
                                  cs.over, cs.sum_s);
         }
     }
+    pthread_mutex_unlock(&t->route_mu);
 }

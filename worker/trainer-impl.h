@@ -66,6 +66,9 @@ typedef struct trainer {
                                 an evaluation); 0 between them: a recovery counts from there */
     ferry_http *http;        /* --metrics-listen */
     pthread_mutex_t live_mu; /* guards live: what /metrics shows */
+    /* held by /metrics while it reads the cluster, and by a move of the job's servers
+     * while it changes it (ferry_cluster_retarget) */
+    pthread_mutex_t route_mu;
     trainer_live live;
     int ck_asked;     /* a checkpoint was requested after the last step */
     int64_t rec_step; /* the step of the last roll-back, and how many in a row */
@@ -86,6 +89,8 @@ typedef struct trainer {
      * them said) and the count of moves it took (ferry_job_servers) */
     char *srv_now;
     uint64_t srv_epoch;
+    int srv_unjoined;   /* connected to srv_now, the rank not yet joined everywhere */
+    int srv_fatal;      /* the model could not be placed over srv_now: the run stops */
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
 } trainer;

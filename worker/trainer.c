@@ -336,6 +336,7 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
     trainer t;
     memset(&t, 0, sizeof t);
     pthread_mutex_init(&t.live_mu, NULL);
+    pthread_mutex_init(&t.route_mu, NULL);
     t.cfg = cfg;
     t.t_start = ferry_now();
     t.ck_base = cfg->save != NULL ? cfg->save : cfg->load;
@@ -389,5 +390,6 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
                        ferry_now() - t.t_start);
     ferry__trainer_teardown(&t, st);
     pthread_mutex_destroy(&t.live_mu);
+    pthread_mutex_destroy(&t.route_mu);
     return st;
 }

@@ -306,6 +306,10 @@ ferry_status ferry_remote_replace(ferry_remote *m) {
                             "module '%s': %lld rows cannot be split over %d "
                             "servers",
                             m->name, (long long)(m->rows - m->local_rows), m->c->n);
+    /* bf16 wire: the images held from each shard start over from the new shards */
+    uint64_t *ids = NULL;
+    if (m->image_id != NULL && (ids = calloc((size_t)m->c->n + 1, sizeof *m->image_id)) == NULL)
+        return FERRY_NOMEM();
     ferry__dist_shard *old = m->shards;
     int oldn = m->nshards;
     ferry_remote_config cfg;
@@ -313,16 +317,15 @@ ferry_status ferry_remote_replace(ferry_remote *m) {
     cfg.server = -1;
     ferry_status st = place(m, &cfg);
     if (st != FERRY_OK) {
+        free(ids);
         m->shards = old;
         m->nshards = oldn;
         return st;
     }
     free(old);
-    /* bf16 wire: the images held from each shard start over from the new shards */
-    if (m->image_id != NULL) {
+    if (ids != NULL) {
         free(m->image_id);
-        if ((m->image_id = calloc((size_t)m->nshards, sizeof *m->image_id)) == NULL)
-            return FERRY_NOMEM();
+        m->image_id = ids;
     }
     return FERRY_OK;
 }

@@ -70,6 +70,14 @@ static ferry_status reshard_on(resize *r, int server, Ferry__V1__JobReshard__Op 
     return job_on(r->c, server, &q, deadline, reply);
 }
 
+/* Tells the coordinator the move is alive (its hold counts from now): before each
+ * transfer, so that the sync timeout bounds one transfer, not the whole move. */
+static void keep_alive(resize *r) {
+    ferry_rpc_msg reply;
+    (void)reshard_on(r, 0, FERRY__V1__JOB_RESHARD__OP__STATUS, NULL, 0, 0, 0.0, &reply);
+    ferry_rpc_msg_deinit(&reply);
+}
+
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -159,6 +167,7 @@ static ferry_status export_all(resize *r, const char *dir, char **paths, uint64_
     for (int s = 0; s < r->k; s++) {
         ferry_rpc_msg reply;
         ferry_status st;
+        keep_alive(r);
         for (;;) {
             st = reshard_on(r, s, FERRY__V1__JOB_RESHARD__OP__EXPORT, NULL, 0, 0, 0.0, &reply);
             if (st != FERRY_ERR_BUSY || ferry_now() - t0 > r->limit_s)
@@ -196,6 +205,7 @@ static ferry_status cut_and_adopt(resize *r, const char *dir, char **paths, uint
         (void)snprintf(path, sizeof path, "%s/%s", dir, name);
         uint8_t *data = NULL;
         size_t len = 0;
+        keep_alive(r);
         st = ferry__ps_reshard_write(src, r->k2, t, dir, name, &n);
         if (st == FERRY_OK)
             st = read_file(path, &data, &len);
@@ -216,7 +226,8 @@ static ferry_status cut_and_adopt(resize *r, const char *dir, char **paths, uint
     return st;
 }
 
-/* A server the job left: the job and its modules go there. */
+/* A server the job left (or, after a move called off, one it was to go to): the job
+ * and its modules go there. s: an index of c. */
 static void leave_behind(resize *r, int s) {
     Ferry__V1__JobDrop d;
     ferry__v1__job_drop__init(&d);
@@ -226,16 +237,21 @@ static void leave_behind(resize *r, int s) {
     q.action_case = FERRY__V1__JOB_REQUEST__ACTION_DROP;
     q.drop = &d;
     ferry_rpc_msg reply;
-    if (job_on(r->c, s, &q, r->deadline_ms, &reply) != FERRY_OK)
-        FERRY_LOG_WARN("%s: dropping the job there: %s", r->from[s], ferry_error_last());
+    ferry_status st = job_on(r->c, s, &q, r->deadline_ms, &reply);
+    if (st != FERRY_OK && st != FERRY_ERR_NOT_FOUND)
+        FERRY_LOG_WARN("%s: dropping the job there: %s", ferry_cluster_target(r->c, s),
+                       ferry_error_last());
     ferry_rpc_msg_deinit(&reply);
     char prefix[FERRY_RPC_NAME_MAX + 2];
     (void)snprintf(prefix, sizeof prefix, "%s/", r->job);
-    ferry_status st = ferry__dist_list_modules(r->c, s, prefix, &reply);
+    st = ferry__dist_list_modules(r->c, s, prefix, &reply);
     const Ferry__V1__ListModulesReply *l = st == FERRY_OK ? reply.head : NULL;
     for (size_t i = 0; l != NULL && i < l->n_modules; i++) {
-        if (ferry__dist_delete_module_on(r->c, s, l->modules[i]->name) != FERRY_OK)
-            FERRY_LOG_WARN("%s: deleting %s: %s", r->from[s], l->modules[i]->name,
+        const char *name = l->modules[i]->name;
+        if (strchr(name + strlen(prefix), '/') != NULL) /* job "<job>/x"'s, not this one's */
+            continue;
+        if (ferry__dist_delete_module_on(r->c, s, name) != FERRY_OK)
+            FERRY_LOG_WARN("%s: deleting %s: %s", ferry_cluster_target(r->c, s), name,
                            ferry_error_last());
     }
     ferry_rpc_msg_deinit(&reply);
@@ -306,8 +322,10 @@ int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const ch
     int adopted = 0, begun = 0;
     size_t members = 0;
     char dir[4096] = "", *paths[RESIZE_MAX], pathbuf[RESIZE_MAX][4200];
-    for (int s = 0; s < RESIZE_MAX; s++)
+    for (int s = 0; s < RESIZE_MAX; s++) {
         paths[s] = pathbuf[s];
+        pathbuf[s][0] = '\0'; /* written: not yet */
+    }
     ferry_rpc_msg reply;
     st = reshard_on(&r, 0, FERRY__V1__JOB_RESHARD__OP__BEGIN, NULL, 0, 0, 0.0, &reply);
     ferry_rpc_msg_deinit(&reply);
@@ -334,8 +352,10 @@ int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const ch
     if (st == FERRY_OK)
         st = cut_and_adopt(&r, dir, paths, &cut, &adopted);
     t_adopt = ferry_now() - t1;
-    for (int s = 0; dir[0] != '\0' && s < r.k; s++)
-        (void)unlink(paths[s]);
+    for (int s = 0; dir[0] != '\0' && s < r.k; s++) {
+        if (paths[s][0] != '\0')
+            (void)unlink(paths[s]);
+    }
     if (dir[0] != '\0')
         (void)rmdir(dir);
     double seconds = ferry_now() - (t_hold > 0.0 ? t_hold : t0);
@@ -366,6 +386,11 @@ int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const ch
             ferry_status ab =
                 reshard_on(&r, 0, FERRY__V1__JOB_RESHARD__OP__ABORT, NULL, 0, 0, 0.0, &reply);
             ferry_rpc_msg_deinit(&reply);
+            /* the servers the job was to go to hold nothing of it (nothing adopted) */
+            for (int t = 0; ab == FERRY_OK && adopted == 0 && t < r.k2; t++) {
+                if (r.to_at[t] >= r.k)
+                    leave_behind(&r, r.to_at[t]);
+            }
             ferry_log_fatal("resize: %s; %s", why,
                             adopted > 0 ? "servers had taken their rows: the job fails"
                             : ab == FERRY_OK

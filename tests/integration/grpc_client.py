@@ -263,6 +263,13 @@ def mode_attack(stub, job):
     say("other-fetch", m.code("Job", pb.JobRequest(job=job, fetch=pb.JobFetch(rank=0, step=1))))
     say("other-install", m.code("Job", pb.JobRequest(
         job=job, install=pb.JobInstall(rank=0, step=1, data=b"FERRYPS3"))))
+    # Moving the job's servers (ferry-ctl resize) is its owner's, whatever it names.
+    say("other-reshard-begin", m.code("Job", pb.JobRequest(job=job, reshard=pb.JobReshard(
+        op=pb.JobReshard.BEGIN, servers=["127.0.0.1:1"]))))
+    say("other-reshard-export", m.code("Job", pb.JobRequest(job=job, reshard=pb.JobReshard(
+        op=pb.JobReshard.EXPORT, step=step - 1))))
+    say("other-reshard-adopt", m.code("Job", pb.JobRequest(job=job, reshard=pb.JobReshard(
+        op=pb.JobReshard.ADOPT, step=step - 1, data=b"FERRYPS3"))))
     say("other-setparams", m.code("SetParams", pb.SetParamsRequest(
         module=job + "/emb", row_begin=0, tensors=[f32([1, 1], [-1000.0], "weight")])))
     # The victim's own identity, another session: no rank of the job is this session's.

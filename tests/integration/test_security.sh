@@ -165,6 +165,9 @@ expect_attack other-gradnorm PERMISSION_DENIED
 expect_attack other-step PERMISSION_DENIED
 expect_attack other-fetch PERMISSION_DENIED
 expect_attack other-install PERMISSION_DENIED
+expect_attack other-reshard-begin PERMISSION_DENIED
+expect_attack other-reshard-export PERMISSION_DENIED
+expect_attack other-reshard-adopt PERMISSION_DENIED
 expect_attack other-setparams PERMISSION_DENIED
 expect_attack stolen-join-rank0 ALREADY_EXISTS
 expect_attack stolen-leave-rank1 PERMISSION_DENIED
@@ -177,14 +180,14 @@ expect_attack stolen-release-found 0
 expect_attack stolen-step-replay NOT_FOUND
 expect_attack other-with-stolen-session UNAUTHENTICATED
 expect_attack refusals-name-nobody yes
-[ "$(grep -c . "$TMP/attack")" -eq 22 ] || fail "attack: $(cat "$TMP/attack")"
+[ "$(grep -c . "$TMP/attack")" -eq 25 ] || fail "attack: $(cat "$TMP/attack")"
 for r in 0 1; do
     a=$(train_losses "$TMP/ref.r$r.jsonl")
     [ "$(echo "$a" | grep -c .)" -eq 300 ] || fail "reference rank $r logged $(echo "$a" | grep -c .) losses"
     cmp <(echo "$a") <(train_losses "$TMP/att.r$r.jsonl") >/dev/null ||
         fail "rank $r's losses under attack differ from the undisturbed run"
 done
-ok "18 attacks on a running job (another identity; a second session with the job's own token) refused, no refusal naming a holder, and the job's 2 x 300 losses equal the undisturbed run's bit for bit"
+ok "21 attacks on a running job (another identity; a second session with the job's own token) refused, no refusal naming a holder, and the job's 2 x 300 losses equal the undisturbed run's bit for bit"
 kill "$PS_PID"
 wait "$PS_PID" || fail "ferry-ps (attacked) exited non-zero"
 
