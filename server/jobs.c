@@ -155,6 +155,7 @@ struct ferry__ps_job {
     uint32_t *members;
     uint32_t nmembers;
     uint32_t el_batch; /* columns (the global batch B) */
+    uint32_t el_rank_cols; /* > 0: the per-rank policy, rank r's columns (JobElastic) */
     el_col *cols;
     int64_t col_bytes; /* their bytes, in job->bytes too */
     ProtobufCBinaryData prog, p_prog; /* the trainers' progress: applied, put */
@@ -1658,6 +1659,18 @@ static int cmp_u32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The columns [*c0, *c1) of the global batch that rank r, member idx (>= 0), holds. */
+static void el_cols(const ferry__ps_job *job, int idx, uint32_t r, uint32_t *c0, uint32_t *c1) {
+    if (job->el_rank_cols > 0) { /* per-rank: the rank's own, whatever the membership */
+        *c0 = r * job->el_rank_cols;
+        *c1 = *c0 + job->el_rank_cols;
+        return;
+    }
+    uint32_t n = job->nmembers, B = job->el_batch;
+    *c0 = (uint32_t)((uint64_t)idx * B / n);
+    *c1 = (uint32_t)((uint64_t)(idx + 1) * B / n);
+}
+
 /* The JobReply of the membership to rank r: with its columns' carried state of step
  * ep_step - 1 (and the progress) when `cols`. */
 static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, ferry_rpc_msg *reply) {
@@ -1678,9 +1691,16 @@ static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, fer
     int idx = el_index(job, r);
     ProtobufCBinaryData *data = NULL;
     uint64_t want = job->ep_step - 1;
-    if (cols && idx >= 0 && want > 0) {
-        uint32_t n = job->nmembers, B = job->el_batch;
-        uint32_t c0 = (uint32_t)((uint64_t)idx * B / n), c1 = (uint32_t)((uint64_t)(idx + 1) * B / n);
+    uint32_t c0 = 0, c1 = 0;
+    if (idx >= 0)
+        el_cols(job, idx, r, &c0, &c1);
+    /* per-rank: columns whose rank was away at step want start from zero */
+    int state = cols;
+    for (uint32_t c = c0; state && idx >= 0 && job->el_rank_cols > 0 && c < c1; c++)
+        state = job->cols[c].step == want && job->cols[c].data.len > 0;
+    if (cols && idx >= 0 && want > 0 && job->prog_step == want)
+        rep.progress = job->prog;
+    if (state && idx >= 0 && want > 0) {
         if ((data = calloc((size_t)(c1 - c0) + 1, sizeof *data)) == NULL) {
             free(list);
             return FERRY_NOMEM();
@@ -1700,8 +1720,6 @@ static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, fer
         rep.col0 = c0;
         rep.columns = data;
         rep.n_columns = c1 - c0;
-        if (job->prog_step == want)
-            rep.progress = job->prog;
     }
     ferry_status st = ferry_rpc_msg_set_head(reply, &rep.base);
     free(data);
@@ -1913,8 +1931,8 @@ static ferry_status el_put(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V
                             "%llu",
                             job->name, e->rank, (unsigned long long)e->step,
                             (unsigned long long)job->applied + 1);
-    uint32_t n = job->nmembers, B = job->el_batch;
-    uint32_t c0 = (uint32_t)((uint64_t)idx * B / n), c1 = (uint32_t)((uint64_t)(idx + 1) * B / n);
+    uint32_t c0, c1;
+    el_cols(job, idx, e->rank, &c0, &c1);
     if (e->col0 != c0 || e->n_columns != c1 - c0)
         return ferry_errorf(FERRY_ERR_INVALID,
                             "job '%s': rank %u holds columns [%u, %u) under epoch %llu; it put "
@@ -2034,10 +2052,21 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
                           "job '%s': global batch %u columns; the job's is %u (0: not set yet), "
                           "at least its largest membership, %u",
                           job->name, e->batch, job->el_batch, job->world);
+    else if ((e->rank_columns != 0 && (uint64_t)e->rank_columns * job->world != e->batch) ||
+             (job->cols != NULL && e->rank_columns != job->el_rank_cols))
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "job '%s': %u columns per rank; the job's batch policy is %s (%u "
+                          "columns per rank times %u ranks is the global batch)",
+                          job->name, e->rank_columns,
+                          job->cols == NULL       ? "not set yet"
+                          : job->el_rank_cols > 0 ? "per rank"
+                                                  : "a global batch split over the members",
+                          job->el_rank_cols, job->world);
     if (st == FERRY_OK && job->cols == NULL) {
         if ((job->cols = calloc(e->batch, sizeof *job->cols)) == NULL) {
             st = FERRY_NOMEM();
         } else {
+            job->el_rank_cols = e->rank_columns;
             job->el_batch = e->batch;
             job->bytes += (int64_t)(e->batch * sizeof *job->cols);
             j->bytes += (int64_t)(e->batch * sizeof *job->cols);

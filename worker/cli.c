@@ -15,6 +15,7 @@ void ferry_trainer_cli_init(ferry_trainer_cli *cli, ferry_trainer_config *cfg) {
     memset(cli, 0, sizeof *cli);
     cli->log_level = 2;
     cli->world = cli->rank = -1;
+    cli->elastic_batch = -1;
     /* clang-format off */
     const ferry_flag flags[] = {
         {.name = "local", .type = FERRY_FLAG_BOOL, .ptr = &cli->local,
@@ -138,6 +139,14 @@ void ferry_trainer_cli_init(ferry_trainer_cli *cli, ferry_trainer_config *cfg) {
          .help = "an elastic bsp job: MIN..MAX trainers join (start another) and leave (SIGTERM, "
                  "or die) between steps without a roll-back; the global batch stays "
                  "--batch-size, split over the members; the rank is picked"},
+        {.name = "elastic-batch", .type = FERRY_FLAG_ENUM, .ptr = &cli->elastic_batch,
+         .choices = "global|per-rank", .defval = "global",
+         .help = "an elastic job's batch policy: global keeps the global batch --batch-size "
+                 "and splits it over the members (the same optimizer steps whatever the "
+                 "membership); per-rank gives each rank --batch-size columns of its own (of "
+                 "MAX x --batch-size), so a step covers the members' columns and the learning "
+                 "rate scales linearly with the members (lr x members / MAX per column's mean "
+                 "gradient)"},
         {.name = "job", .type = FERRY_FLAG_STRING, .ptr = &cfg->job, .metavar = "NAME",
          .defval = "FERRY_JOB, or ferry", .help = "the job's name on the servers"},
         {.name = "model", .type = FERRY_FLAG_STRING, .ptr = &cfg->model, .metavar = "NAME",

@@ -18,6 +18,7 @@ typedef struct ferry_trainer_cli {
     int log_level, log_format;
     int world, rank; /* -1: from the environment (ferry_trainer_membership) */
     const char *elastic; /* --elastic MIN:MAX, or NULL */
+    int elastic_batch;   /* --elastic-batch: 0 global, 1 per-rank, -1 not given */
     ferry_flag flags[FERRY_TRAINER_MAX_FLAGS];
     int nflags;
     char optim_help[FERRY_OPTIM_FIELD_COUNT][160];

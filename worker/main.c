@@ -161,17 +161,27 @@ int main(int argc, char **argv) {
                                 "--checkpoint-every): a member's death costs no roll-back"
                           : cfg.stages != NULL && cfg.stages[0] != '\0'
                               ? "keeps the LSTM in the trainers (no --stages)"
-                          : hi > cfg.batch_size ? "needs --batch-size of at least MAX (a column "
-                                                  "per member)"
-                                                : NULL;
+                          : cli.elastic_batch != 1 && hi > cfg.batch_size
+                              ? "needs --batch-size of at least MAX (a column per member)"
+                          : cli.elastic_batch == 1 && (int64_t)hi * cfg.batch_size > (1 << 20)
+                              ? "--elastic-batch per-rank: MAX x --batch-size is more than "
+                                "1048576 columns"
+                              : NULL;
         if (why != NULL)
             return usage_error("--elastic %s %s", cli.elastic, why);
         cfg.elastic_min = (int)lo;
         cfg.elastic_max = (int)hi;
+        if (cli.elastic_batch == 1) { /* each rank's own columns of MAX x b */
+            cfg.elastic_rank_batch = cfg.batch_size;
+            cfg.batch_size = (int)hi * cfg.batch_size;
+        }
         cfg.world = (int)hi;
         cfg.rank = 0;
         cfg.membership = "elastic: picked at join";
     }
+    if (cli.elastic_batch >= 0 && cli.elastic == NULL)
+        return usage_error("--elastic-batch is the batch policy of an elastic job (--elastic "
+                           "MIN:MAX)");
     if ((cfg.world > 1 || cfg.sync != NULL) && cfg.ps == NULL)
         return usage_error("a job of %d trainers%s needs --ps (the servers hold the job's model)",
                            cfg.world, cfg.sync != NULL ? " with --sync" : "");

@@ -101,12 +101,20 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
     jc.model = model;
     if (cfg->elastic_max > 0) {
         jc.elastic_min = cfg->elastic_min;
-        if ((st = ferry_job_join_elastic(t->cluster, &jc, cfg->batch_size, &t->job)) != FERRY_OK)
+        if ((st = ferry_job_join_elastic(t->cluster, &jc, cfg->batch_size, &t->job)) != FERRY_OK ||
+            (st = ferry_job_set_rank_columns(t->job, cfg->elastic_rank_batch)) != FERRY_OK)
             return st;
-        FERRY_LOG_INFO("job '%s': elastic, rank %d (picked) of %d..%d members, --sync bsp, a "
-                       "share of the global batch of %d columns",
-                       cfg->job, ferry_job_get_config(t->job)->rank, cfg->elastic_min,
-                       cfg->elastic_max, cfg->batch_size);
+        int r = ferry_job_get_config(t->job)->rank, b = cfg->elastic_rank_batch;
+        if (b > 0)
+            FERRY_LOG_INFO("job '%s': elastic, rank %d (picked) of %d..%d members, --sync bsp, "
+                           "per-rank batch: columns [%d, %d) of %d (its data shard; the "
+                           "learning rate scales with the members: lr x members / %d)",
+                           cfg->job, r, cfg->elastic_min, cfg->elastic_max, r * b, (r + 1) * b,
+                           cfg->batch_size, cfg->elastic_max);
+        else
+            FERRY_LOG_INFO("job '%s': elastic, rank %d (picked) of %d..%d members, --sync bsp, "
+                           "a share of the global batch of %d columns",
+                           cfg->job, r, cfg->elastic_min, cfg->elastic_max, cfg->batch_size);
         return FERRY_OK;
     }
     /* A resuming rank does not join: it recovers (the roll-back makes it a member). */

@@ -61,6 +61,10 @@ typedef struct ferry_trainer_config {
     /* An elastic job (--elastic MIN:MAX, bsp): MIN..MAX members come and go between
      * steps; world is MAX and the rank is picked at join (0: not elastic). */
     int elastic_min, elastic_max;
+    /* --elastic-batch per-rank: each rank's own columns, b (0: the global batch is
+     * split over the members); batch_size is then MAX * b, rank r's columns are
+     * [r*b, (r+1)*b), and the learning rate scales with the members (members/MAX). */
+    int elastic_rank_batch;
     const char *job;         /* the job's name on the servers */
     /* Outside a job: the prefix of the model's module names on the servers
      * ("NAME/encoder"; NULL: the bare names), so that models share a server. */

@@ -135,6 +135,7 @@ struct ferry_job {
     size_t el_n;
     int el_col0, el_col1, el_batch;
     int el_creator; /* it took rank 0 of a job not yet ready: it makes the modules */
+    int el_rank_cols; /* > 0: the per-rank batch policy (ferry_job_set_rank_columns) */
     /* elastic: the servers as the coordinator last said (ferry_job_servers) */
     uint64_t srv_epoch, srv_step;
     int srv_moving;

@@ -133,6 +133,7 @@ static void job_request(ferry_job *job, int action, job_msg *m) {
         m->elastic.rank = (uint32_t)job->cfg.rank;
         m->elastic.epoch = job->el_epoch;
         m->elastic.batch = (uint32_t)job->el_batch;
+        m->elastic.rank_columns = (uint32_t)job->el_rank_cols;
         m->q.elastic = &m->elastic;
         break;
     default:
@@ -714,7 +715,10 @@ static ferry_status membership_read(ferry_job *job, const Ferry__V1__JobReply *r
         if (r->members[i] == (uint32_t)job->cfg.rank)
             m->index = (int)i;
     }
-    if (m->index >= 0) {
+    if (m->index >= 0 && job->el_rank_cols > 0) { /* per rank: its own columns */
+        m->col0 = job->cfg.rank * job->el_rank_cols;
+        m->col1 = m->col0 + job->el_rank_cols;
+    } else if (m->index >= 0) {
         int64_t B = job->el_batch, n = (int64_t)m->n;
         m->col0 = (int)(m->index * B / n);
         m->col1 = (int)((m->index + 1) * B / n);
@@ -797,6 +801,17 @@ static ferry_status elastic_call(ferry_job *job, int op, uint64_t step, int dead
     }
     ferry_rpc_msg_deinit(&reply);
     return st;
+}
+
+ferry_status ferry_job_set_rank_columns(ferry_job *job, int columns) {
+    if (job->cfg.elastic_min < 1 || columns < 0 ||
+        (columns > 0 && (int64_t)columns * job->cfg.world != job->el_batch))
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "job '%s': %d columns per rank do not tile its global batch of %d "
+                            "over %d ranks (an elastic job)",
+                            job->name, columns, job->el_batch, job->cfg.world);
+    job->el_rank_cols = columns;
+    return FERRY_OK;
 }
 
 int ferry_job_servers(const ferry_job *job, uint64_t *epoch, uint64_t *step, const char **list) {

@@ -832,6 +832,14 @@ FERRY_API int ferry_job_makes_modules(const ferry_job *job);
  * started), as ferry-ctl job shows it; *m as above, without state. The job's own
  * membership (what its calls carry) is left as it was. */
 FERRY_API ferry_status ferry_job_members(ferry_job *job, ferry_job_membership *m);
+/* The per-rank batch policy of an elastic job (before ferry_job_admit; 0: the default,
+ * the global batch split over the members): rank r takes columns [r*columns,
+ * (r+1)*columns) of the global batch whatever the membership (columns * world must be
+ * the batch given at join); a column whose rank was away takes no state from the
+ * coordinator (its carried state starts from zero). With the loss scaled by the whole
+ * batch, the step is then the mean gradient over the members' columns times
+ * members/world: the learning rate scales linearly with the members. */
+FERRY_API ferry_status ferry_job_set_rank_columns(ferry_job *job, int columns);
 /* Where an elastic job's servers stand as the coordinator's last answer to this rank
  * said (admit, sync, redo, ferry_job_members): *epoch counts the moves committed (ferry-ctl
  * resize), *list is the --ps list to use ("" until a move: the one the trainers started with; valid
