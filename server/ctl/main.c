@@ -185,6 +185,8 @@ int main(int argc, char **argv) {
                                  "       ferry-ctl --ps OLD --to NEW resize JOB (a running "
                                  "elastic job's servers move from OLD to NEW at its next step "
                                  "boundary: rows and optimizer state move, the trainers follow)\n"
+                                 "       ferry-ctl --ps SERVERS drain JOB SERVER (resize to "
+                                 "SERVERS less SERVER: its rows move to the others first)\n"
                                  "       ferry-ctl --into DIR[,DIR...] reshard FILE... (a "
                                  "job's server files of one step, in server order, cut for "
                                  "the servers whose --checkpoint-dir DIRs are; offline)\n"
@@ -209,8 +211,41 @@ int main(int argc, char **argv) {
     if (ps == NULL)
         return usage_error("--ps HOST:PORT[,...] is required (see --help)");
     const char *arg = nflags + 1 < argc ? argv[nflags + 1] : NULL;
-    if (cmd != NULL && strcmp(cmd, "resize") == 0) {
-        if (to == NULL || arg == NULL || nflags + 2 < argc)
+    const char *arg2 = nflags + 2 < argc ? argv[nflags + 2] : NULL;
+    char drained[4096];
+    if (cmd != NULL && strcmp(cmd, "drain") == 0) { /* resize to --ps less SERVER */
+        if (to != NULL || arg == NULL || arg2 == NULL || nflags + 3 < argc)
+            return usage_error("drain: ferry-ctl --ps SERVERS drain JOB SERVER");
+        size_t k = 0, n = strlen(arg2);
+        int found = 0, first = 1;
+        drained[0] = '\0';
+        for (const char *p = ps; *p != '\0';) {
+            const char *e = strchr(p, ',');
+            size_t len = e != NULL ? (size_t)(e - p) : strlen(p);
+            if (len == n && strncmp(p, arg2, n) == 0 && !first) {
+                found = 1;
+            } else if (k + len + 2 < sizeof drained) {
+                k += (size_t)snprintf(drained + k, sizeof drained - k, "%s%.*s", k ? "," : "",
+                                      (int)len, p);
+            } else {
+                return usage_error("drain: --ps is too long");
+            }
+            first = 0;
+            p = e != NULL ? e + 1 : p + len;
+        }
+        if (!found) {
+            char why[600];
+            (void)snprintf(why, sizeof why,
+                           "drain: %.300s is not among --ps after its first server (the job's "
+                           "coordinator stays)",
+                           arg2);
+            return usage_error(why);
+        }
+        to = drained;
+    }
+    int draining = cmd != NULL && strcmp(cmd, "drain") == 0;
+    if (cmd != NULL && (draining || strcmp(cmd, "resize") == 0)) {
+        if (to == NULL || arg == NULL || nflags + 2 + draining < argc)
             return usage_error("resize: ferry-ctl --ps OLD --to NEW resize JOB");
         char *token = NULL;
         if (ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK)

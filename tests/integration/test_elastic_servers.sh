@@ -2,8 +2,8 @@
 # Servers join and leave a running elastic job (ferry-ctl resize), end to end.
 #
 # - An elastic job of 2 trainers runs on 2 ferry-ps; mid-run `ferry-ctl resize` moves
-#   it to 3 servers (a third ferry-ps started for it), later to 2 again (the second
-#   server drained). Every step's loss, as both trainers logged it, is within 1e-5 of
+#   it to 3 servers (a third ferry-ps started for it), later to 2 again (`ferry-ctl drain`
+#   of the second server). Every step's loss, as both trainers logged it, is within 1e-5 of
 #   the same step of an undisturbed 2-trainer job on 2 servers with the same global
 #   batch. Nothing rolls back; each move's bytes and seconds are reported by ferry-ctl,
 #   the coordinator's log and /metrics; the trainers' metrics say when they followed;
@@ -97,8 +97,10 @@ wait_until "the job to train on 3 servers" 120 at_least "$TMP/a.jsonl" "$A" "$((
 "$CTL" --ps "$THREE" modules el/ >"$TMP/mods3.out" 2>&1 || fail "modules: $(cat "$TMP/mods3.out")"
 [ "$(grep -c "el/" "$TMP/mods3.out")" -ge 6 ] || fail "3 servers' modules: $(cat "$TMP/mods3.out")"
 
-"$CTL" --ps "$THREE" --to "$BACK" resize el >"$TMP/drain.out" 2>&1 ||
-    fail "resize 3 -> 2: $(cat "$TMP/drain.out")"
+expect_error "drain of the coordinator" "after its first server" "$CTL" --ps "$THREE" \
+    drain el "127.0.0.1:$S0"
+"$CTL" --ps "$THREE" drain el "127.0.0.1:$S1" >"$TMP/drain.out" 2>&1 ||
+    fail "drain 3 -> 2: $(cat "$TMP/drain.out")"
 grep -q "3 -> 2 servers" "$TMP/drain.out" || fail "resize 3 -> 2 said: $(cat "$TMP/drain.out")"
 # A trainer started with the job's first --ps (the drained server in it) is sent to
 # the servers the job runs on now, and admitted there.
