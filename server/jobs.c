@@ -166,7 +166,7 @@ struct ferry__ps_job {
      * coordinator adopts first); the last move's cost as ferry-ctl measured it */
     char *srv_list, *mv_list; /* targets joined by ',' */
     uint64_t srv_epoch, mv_step;
-    int mv_state, mv_adopted;
+    int mv_state, mv_adopting, mv_took; /* ADOPTs here under way; one changed modules */
     double mv_since, mv_seconds;
     uint64_t mv_bytes;
     struct ferry__ps_job *next;
@@ -2176,13 +2176,19 @@ static ferry_status mv_list_of(const Ferry__V1__JobReshard *q, char **out) {
     return FERRY_OK;
 }
 
+/* A move whose servers may hold new rows: an abort cannot go back (the coordinator
+ * adopts first). */
+static int mv_touched(const ferry__ps_job *job) {
+    return job->mv_adopting > 0 || job->mv_took;
+}
+
 /* A move ends: back to no move (the committed list stays as it is). */
 static void mv_end(ferry__ps_job *job) {
     free(job->mv_list);
     job->mv_list = NULL;
     job->mv_state = MV_NONE;
     job->mv_step = 0;
-    job->mv_adopted = 0;
+    job->mv_adopting = job->mv_took = 0;
 }
 
 /* BEGIN, COMMIT, ABORT on the coordinator, and STATUS anywhere. jobs->mu held. */
@@ -2241,7 +2247,7 @@ static ferry_status mv_coordinate(ferry__ps_job *job, const Ferry__V1__JobReshar
     case FERRY__V1__JOB_RESHARD__OP__ABORT:
         if (job->mv_state == MV_NONE || (job->mv_state == MV_HOLD && q->step != job->mv_step))
             return ferry_errorf(FERRY_ERR_INVALID, "job '%s': no such move under way", job->name);
-        if (job->mv_adopted) {
+        if (mv_touched(job)) {
             char why[256];
             (void)snprintf(why, sizeof why,
                            "job '%s': its move after step %llu was called off after servers took "
@@ -2301,7 +2307,7 @@ static ferry_status mv_modules(ferry__ps_state *ps, const ferry__ps_session *ses
         (void)snprintf(owner, sizeof owner, "%s", job->owner);
         mv_prefix(job->name, prefix, sizeof prefix);
         if (adopt && job->epoch > 0)
-            job->mv_adopted = 1; /* from here an abort cannot go back */
+            job->mv_adopting++; /* from here an abort waits to know */
     }
     pthread_mutex_unlock(&j->mu);
     if (st != FERRY_OK)
@@ -2323,14 +2329,18 @@ static ferry_status mv_modules(ferry__ps_state *ps, const ferry__ps_session *ses
                                          &data, &len);
     }
     pthread_mutex_unlock(&ps->checkpoint_mu);
+    if (adopt) { /* the coordinator: whether its rows changed (a refusal changed nothing) */
+        pthread_mutex_lock(&j->mu);
+        ferry__ps_job *c = job_find(j, name);
+        if (c != NULL && c->epoch > 0 && c->mv_adopting > 0) {
+            c->mv_adopting--;
+            c->mv_took |= changed;
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
     if (st != FERRY_OK) {
         char why[512];
         (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-        pthread_mutex_lock(&j->mu);
-        job = adopt && !changed ? job_find(j, name) : NULL;
-        if (job != NULL && job->epoch > 0 && job->mv_state == MV_HOLD)
-            job->mv_adopted = 0; /* refused before anything changed: it may be called off */
-        pthread_mutex_unlock(&j->mu);
         return ferry_errorf(st, "job '%s': %s the modules of step %llu: %s", name,
                             adopt ? "adopting" : "exporting", (unsigned long long)q->step, why);
     }
@@ -3374,9 +3384,9 @@ void ferry__ps_jobs_expire(ferry__ps_jobs *j, ferry__ps_sessions *S) {
                            job->mv_state == MV_PENDING ? "reached at a step boundary" : "committed",
                            now - job->mv_since);
             FERRY_LOG_WARN("%s%s", why,
-                           job->mv_adopted ? ": servers took their rows, the job fails"
+                           mv_touched(job) ? ": servers took their rows, the job fails"
                                            : ": called off, the members go on where they are");
-            if (job->mv_adopted)
+            if (mv_touched(job))
                 job_fail(job, why);
             mv_end(job);
         }

@@ -215,14 +215,15 @@ static ferry_status retarget(trainer *t, const char *list) {
 /* The servers as the coordinator's last answer says. While a move of the job's
  * servers holds the members at a boundary, this rank connects to the servers moved
  * to, joins its rank there and asks again until the move is committed, or called off
- * (back to the servers it came from); at most twice the sync timeout. */
+ * (back to the servers it came from): the coordinator ends a hold that ferry-ctl did
+ * not renew within the sync timeout. */
 static ferry_status follow_servers(trainer *t) {
     uint64_t epoch = 0, step = 0;
     const char *list = NULL;
     int moving = ferry_job_servers(t->job, &epoch, &step, &list);
     if (!moving && epoch == t->srv_epoch)
         return FERRY_OK;
-    double t0 = ferry_now(), limit = 2.0 * t->cfg->sync_timeout_s;
+    double t0 = ferry_now();
     ferry_status st = FERRY_OK;
     char why[512] = "";
     if (moving)
@@ -237,12 +238,6 @@ static ferry_status follow_servers(trainer *t) {
             if (polls == 0)
                 FERRY_LOG_WARN("%s (trying again while the move holds)", why);
         }
-        if (ferry_now() - t0 > limit)
-            return ferry_errorf(FERRY_ERR_TIMEOUT,
-                                "elastic job '%s': the move of its servers after step %llu did "
-                                "not end within %.0f s%s%s",
-                                t->cfg->job, (unsigned long long)step, limit,
-                                why[0] != '\0' ? ": " : "", why);
         struct timespec ts = {0, 20000000L};
         nanosleep(&ts, NULL);
         /* *m stays: the first answer carried this rank's columns' state */
@@ -342,6 +337,11 @@ ferry_status ferry__trainer_elastic_readmit(trainer *t, const char *why) {
     FERRY_LOG_WARN("elastic: %s; after step %lld, asking to be admitted again", why,
                    (long long)t->step);
     int64_t at = t->step;
+    /* The servers may have moved meanwhile: the rank follows them first. */
+    ferry_status where = ferry__trainer_elastic_where(t);
+    if (where != FERRY_OK)
+        return ferry_errorf(where, "%s; and finding the job's servers: %s", why,
+                            ferry_error_last());
     /* Every server learns that the rank's holder is back (a server that saw its
      * connection break counts it gone, and a member gone fails the others' barrier),
      * before the coordinator makes it a member again. */
@@ -449,8 +449,8 @@ ferry_status ferry__trainer_elastic_sync(trainer *t, int next_first_window) {
         return FERRY_OK;
     ferry_job_membership m;
     ferry_status st = ferry_job_sync_membership(t->job, (uint64_t)t->step, &m);
-    if (st == FERRY_OK && m.index >= 0) /* (a rank that left does not follow) */
-        st = follow_servers(t);
+    if (st == FERRY_OK && (m.index >= 0 || !ferry_trainer_stop_requested()))
+        st = follow_servers(t); /* (a rank that left does not follow) */
     if (st != FERRY_OK) {
         ferry_job_membership_free(&m);
         return st;

@@ -233,7 +233,11 @@ void ferry__trainer_metrics_page(void *user, ferry_prom *p) {
     }
     if (t->cluster == NULL)
         return;
-    pthread_mutex_lock(&t->route_mu); /* the servers stay as they are meanwhile */
+    /* The servers stay as they are while the page reads them; during a move of the
+     * job's servers (which may wait on a new server's Hello) this part is left out
+     * rather than hold up the page. */
+    if (pthread_mutex_trylock(&t->route_mu) != 0)
+        return;
     ferry_prom_family(p, "ferry_trainer_retries_total", "counter",
                       "calls sent again after a stall or a lost connection");
     ferry_prom_sample(p, "ferry_trainer_retries_total", NULL,

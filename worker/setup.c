@@ -89,6 +89,11 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
                    (unsigned long long)mc->seed, ferry_optim_kind_name(oc->kind), oc->lr,
                    (double)cfg->clip, cfg->loss_scale ? "sum-time" : "mean",
                    cfg->decoder_mode ? "sharded-softmax" : "logits");
+    if (cfg->elastic_rank_batch > 0) { /* the batch policy: every trainer's the same */
+        size_t len = strlen(model);
+        (void)snprintf(model + len, sizeof model - len, " rank_columns=%d",
+                       cfg->elastic_rank_batch);
+    }
     if (cfg->replicas > 1) { /* every rank must see the same shards */
         size_t len = strlen(model);
         (void)snprintf(model + len, sizeof model - len, " replicas=%d%s", cfg->replicas,

@@ -128,6 +128,7 @@ static ferry_status wait_joined(resize *r, size_t members) {
                                     "the members did not join job '%s' on %s within %.0f s "
                                     "(%u of %zu ranks there)",
                                     r->job, r->to[t], r->limit_s, joined, members);
+            keep_alive(r);
             sleep_ms(20);
         }
     }
@@ -327,7 +328,22 @@ int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const ch
         pathbuf[s][0] = '\0'; /* written: not yet */
     }
     ferry_rpc_msg reply;
-    st = reshard_on(&r, 0, FERRY__V1__JOB_RESHARD__OP__BEGIN, NULL, 0, 0, 0.0, &reply);
+    /* --ps must be where the job runs: after a move, the coordinator knows the list */
+    st = reshard_on(&r, 0, FERRY__V1__JOB_RESHARD__OP__STATUS, NULL, 0, 0, 0.0, &reply);
+    if (st == FERRY_OK) {
+        const Ferry__V1__JobReply *now = reply.head;
+        int same = now->n_servers == (size_t)r.k;
+        for (size_t i = 0; same && i < now->n_servers; i++)
+            same = strcmp(now->servers[i], r.from[i]) == 0;
+        if (now->servers_epoch > 0 && !same)
+            st = ferry_errorf(FERRY_ERR_INVALID,
+                              "job '%s' runs on other servers than --ps says (ferry-ctl job %s "
+                              "shows them): name them as its last move did",
+                              job, job);
+    }
+    ferry_rpc_msg_deinit(&reply);
+    if (st == FERRY_OK)
+        st = reshard_on(&r, 0, FERRY__V1__JOB_RESHARD__OP__BEGIN, NULL, 0, 0, 0.0, &reply);
     ferry_rpc_msg_deinit(&reply);
     begun = st == FERRY_OK;
     if (st == FERRY_OK && (st = wait_hold(&r, &members)) == FERRY_OK) {
@@ -386,9 +402,20 @@ int ferry__ctl_resize(const ferry_cluster_config *cc, const char *from, const ch
             ferry_status ab =
                 reshard_on(&r, 0, FERRY__V1__JOB_RESHARD__OP__ABORT, NULL, 0, 0, 0.0, &reply);
             ferry_rpc_msg_deinit(&reply);
-            /* the servers the job was to go to hold nothing of it (nothing adopted) */
+            /* the servers the job was to go to hold nothing of it (nothing adopted):
+             * where the job is new (it applied no step there), it goes */
             for (int t = 0; ab == FERRY_OK && adopted == 0 && t < r.k2; t++) {
-                if (r.to_at[t] >= r.k)
+                ferry_rpc_msg st_reply;
+                ferry_rpc_msg_init(&st_reply);
+                if (r.to_at[t] < r.k ||
+                    reshard_on(&r, r.to_at[t], FERRY__V1__JOB_RESHARD__OP__STATUS, NULL, 0, 0, 0.0,
+                               &st_reply) != FERRY_OK) {
+                    ferry_rpc_msg_deinit(&st_reply);
+                    continue;
+                }
+                int fresh = ((const Ferry__V1__JobReply *)st_reply.head)->applied == 0;
+                ferry_rpc_msg_deinit(&st_reply);
+                if (fresh)
                     leave_behind(&r, r.to_at[t]);
             }
             ferry_log_fatal("resize: %s; %s", why,

@@ -85,6 +85,15 @@ done
 for f in two.a two.b moved.a moved.b moved.c; do
     ! grep -q '"event":"recover"\|"event":"redo"' "$TMP/$f.jsonl" || fail "$f: a roll-back or redo"
 done
+# A trainer of the other policy is refused at join (the policy is part of the model).
+"$TRAINER" "${DATA[@]}" "${EL[@]}" --job mix --elastic 2:3 2>"$TMP/mix.log" &
+MIX=$!
+wait_until "the per-rank trainer of job mix to wait for a second" 60 logged "$TMP/mix.log" \
+    "asks to join" "$MIX"
+expect_error "a global-batch trainer joining a per-rank job" "rank_columns" "$TRAINER" \
+    "${DATA[@]}" --batch-size 6 --ps "$PSL" --max-steps 5 --job mix --elastic 2:3
+kill -9 "$MIX"
+reap_killed "$MIX" "job mix's trainer"
 grep -q "per-rank batch: columns \[4, 6) of 6" "$TMP/moved.c.log" ||
     fail "the third trainer's columns: $(grep -m1 "per-rank" "$TMP/moved.c.log")"
 
@@ -110,7 +119,16 @@ if after < 1e-4:
 sizes = [e["members"] for e in ev("moved.a") if e["event"] == "membership"]
 if sizes != [2, 3, 2]:
     sys.exit(f"memberships {sizes}, want [2, 3, 2]")
+# Each member's columns are its rank's through every change: [2r, 2r + 2).
+for name in ("moved.a", "moved.b", "moved.c"):
+    cols = {(e["col0"], e["col1"]) for e in ev(name) if e["event"] == "membership"}
+    if len(cols) != 1 or any(c1 - c0 != 2 or c0 % 2 for c0, c1 in cols):
+        sys.exit(f"{name}'s columns moved: {sorted(cols)}")
+if {(e["col0"], e["col1"]) for e in ev("moved.c") if e["event"] == "membership"} != {(4, 6)}:
+    sys.exit("the third trainer did not take rank 2's columns [4, 6)")
 lrs = {e["lr"] for e in ev("moved.a") if e["event"] == "train"}
+if lrs != {0.100000001}:
+    sys.exit(f"lr {sorted(lrs)}: the rule scales the step through the loss, not the lr")
 print(f"  all present: {max(full):.2e} from the fixed world of 3; 2 -> 3 -> 2: steps "
       f"1..{joined - 1} {before:.2e} from 2 throughout, then {after:.3f} (the third's columns "
       f"count); lr {sorted(lrs)} as given (the rule scales it through the loss)")

@@ -97,6 +97,8 @@ wait_until "the job to train on 3 servers" 120 at_least "$TMP/a.jsonl" "$A" "$((
 "$CTL" --ps "$THREE" modules el/ >"$TMP/mods3.out" 2>&1 || fail "modules: $(cat "$TMP/mods3.out")"
 [ "$(grep -c "el/" "$TMP/mods3.out")" -ge 6 ] || fail "3 servers' modules: $(cat "$TMP/mods3.out")"
 
+expect_error "resize naming servers the job left" "runs on other servers than --ps says" \
+    "$CTL" --ps "$TWO" --to "$BACK" resize el
 expect_error "drain of the coordinator" "after its first server" "$CTL" --ps "$THREE" \
     drain el "127.0.0.1:$S0"
 "$CTL" --ps "$THREE" drain el "127.0.0.1:$S1" >"$TMP/drain.out" 2>&1 ||
