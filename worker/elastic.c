@@ -401,6 +401,7 @@ int ferry__trainer_elastic_lost(trainer *t, ferry_status st) {
         (void)ferry_errorf(st, "%s", why);
         return 0;
     }
+    t->el_lost = 1; /* no re-admission can help: the run stops */
     (void)ferry_errorf(FERRY_ERR_UNAVAILABLE,
                        "%s; ferry-ps %s has not answered (or not served) for a second: the job's "
                        "state there is lost with it, and an elastic job does not outlive a "

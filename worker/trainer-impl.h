@@ -91,6 +91,7 @@ typedef struct trainer {
     uint64_t srv_epoch;
     int srv_unjoined;   /* connected to srv_now, the rank not yet joined everywhere */
     int srv_fatal;      /* the model could not be placed over srv_now: the run stops */
+    int el_lost;        /* a server of the elastic job is gone (its state with it) */
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
 } trainer;

@@ -350,7 +350,7 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
              * are. Any other failure stands. */
             char why[1024];
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-            if (!ferry__trainer_elastic_dropped(&t)) {
+            if (t.el_lost || !ferry__trainer_elastic_dropped(&t)) {
                 st = ferry_errorf(st, "%s", why);
                 break;
             }
