@@ -116,6 +116,18 @@ static int show_job(ferry_cluster *c, const char *name, int replicas) {
     return rc;
 }
 
+/* How ferry-ctl connects: its flags' deadline, token and TLS files. */
+static void ctl_config(ferry_cluster_config *cc, int deadline_ms, const char *token,
+                       const char *tls_ca, const char *tls_cert, const char *tls_key) {
+    ferry_cluster_config_default(cc);
+    cc->deadline_ms = deadline_ms;
+    cc->client_id = "ferry-ctl";
+    cc->token = token;
+    cc->tls_ca_file = tls_ca;
+    cc->tls_cert_file = tls_cert;
+    cc->tls_key_file = tls_key;
+}
+
 static int usage_error(const char *msg) {
     ferry_log_fatal("%s", msg);
     return FERRY_EXIT_USAGE;
@@ -251,13 +263,7 @@ int main(int argc, char **argv) {
         if (ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK)
             return usage_error(ferry_error_last());
         ferry_cluster_config cc;
-        ferry_cluster_config_default(&cc);
-        cc.deadline_ms = deadline_ms;
-        cc.client_id = "ferry-ctl";
-        cc.token = token;
-        cc.tls_ca_file = tls_ca;
-        cc.tls_cert_file = tls_cert;
-        cc.tls_key_file = tls_key;
+        ctl_config(&cc, deadline_ms, token, tls_ca, tls_cert, tls_key);
         int rc = ferry__ctl_resize(&cc, ps, to, arg, timeout_s);
         ferry_secret_free(token);
         return rc;
@@ -275,13 +281,7 @@ int main(int argc, char **argv) {
     if (which != 0 && ferry_token_read(token_file, "FERRY_TOKEN_FILE", &token) != FERRY_OK)
         return usage_error(ferry_error_last());
     ferry_cluster_config cc;
-    ferry_cluster_config_default(&cc);
-    cc.deadline_ms = deadline_ms;
-    cc.client_id = "ferry-ctl";
-    cc.token = token;
-    cc.tls_ca_file = tls_ca;
-    cc.tls_cert_file = tls_cert;
-    cc.tls_key_file = tls_key;
+    ctl_config(&cc, deadline_ms, token, tls_ca, tls_cert, tls_key);
     ferry_cluster *c = NULL;
     /* Health sends the standard Check alone: no Hello, so no token. */
     ferry_status st = which == 0 ? ferry_ps_open(ps, &cc, &c) : ferry_ps_connect(ps, &cc, &c);

@@ -75,6 +75,19 @@ start_ps() {
     PORT=$(cat "$TMP/$name.port")
 }
 
+# The step of the last train event in a metrics file ("" before the first).
+last_step() { grep '"event":"train"' "$1" 2>/dev/null | tail -1 | sed 's/.*"step":\([0-9]*\),.*/\1/'; }
+
+# at_least FILE PID N: a state for wait_until: FILE (a trainer's metrics) logged step N
+# or a later one; the test fails at once if PID, the trainer writing it, has exited.
+at_least() {
+    local s
+    s=$(last_step "$1")
+    [ -n "$s" ] && [ "$s" -ge "$3" ] && return 0
+    kill -0 "$2" 2>/dev/null || fail "the trainer writing $1 exited before step $3"
+    return 1
+}
+
 # Losses of the train events in a metrics file, one per line.
 train_losses() {
     grep '"event":"train"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'

@@ -74,15 +74,6 @@ wait "$B" || fail "reference rank 1: $(tail -3 "$TMP/ref1.log")"
 ok "undisturbed job of 2 trainers, $STEPS steps"
 
 # ---- the elastic job: 1 -> 2 -> 3 -> 2 -> 1 ----
-last_step() { grep '"event":"train"' "$1" 2>/dev/null | tail -1 | sed 's/.*"step":\([0-9]*\),.*/\1/'; }
-# past FILE PID N: FILE (a trainer's metrics) logged a step N or more past its last now.
-at_least() {
-    local s
-    s=$(last_step "$1")
-    [ -n "$s" ] && [ "$s" -ge "$3" ] && return 0
-    kill -0 "$2" 2>/dev/null || fail "the trainer writing $1 exited before step $3"
-    return 1
-}
 past() { # FILE PID N: waits until FILE logged N steps more than now
     local now
     now=$(last_step "$1")

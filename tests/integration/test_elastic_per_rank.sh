@@ -54,14 +54,6 @@ grep -q "per-rank batch: columns \[[024], [246]) of 6" "$TMP/f0.log" ||
     fail "no per-rank columns in the log: $(grep -m1 "elastic" "$TMP/f0.log")"
 
 # ---- per-rank, 2 -> 3 -> 2, and 2 throughout ----
-last_step() { grep '"event":"train"' "$1" 2>/dev/null | tail -1 | sed 's/.*"step":\([0-9]*\),.*/\1/'; }
-at_least() { # FILE PID N
-    local s
-    s=$(last_step "$1")
-    [ -n "$s" ] && [ "$s" -ge "$3" ] && return 0
-    kill -0 "$2" 2>/dev/null || fail "the trainer writing $1 exited before step $3"
-    return 1
-}
 for job in two moved; do
     "$TRAINER" "${DATA[@]}" "${EL[@]}" --job "$job" --elastic 2:3 \
         --metrics-out "$TMP/$job.a.jsonl" 2>"$TMP/$job.a.log" &

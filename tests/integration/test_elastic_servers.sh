@@ -54,14 +54,6 @@ expect_error "resize of a job that is not elastic" "is not elastic" "$CTL" --ps 
     --to "127.0.0.1:$R0,127.0.0.1:$R1" --timeout 5 resize ref
 
 # ---- the elastic job: servers 2 -> 3 -> 2 ----
-last_step() { grep '"event":"train"' "$1" 2>/dev/null | tail -1 | sed 's/.*"step":\([0-9]*\),.*/\1/'; }
-at_least() { # FILE PID N
-    local s
-    s=$(last_step "$1")
-    [ -n "$s" ] && [ "$s" -ge "$3" ] && return 0
-    kill -0 "$2" 2>/dev/null || fail "the trainer writing $1 exited before step $3"
-    return 1
-}
 EL=(--ps "$TWO" --max-steps "$STEPS" --job el --elastic 2:3)
 "$TRAINER" "${DATA[@]}" "${EL[@]}" --metrics-out "$TMP/a.jsonl" 2>"$TMP/a.log" &
 A=$!
