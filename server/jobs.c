@@ -213,6 +213,8 @@ static void job_free(ferry__ps_jobs *j, ferry__ps_job *job);
 static void el_free(ferry__ps_job *job);
 static int el_index(const ferry__ps_job *job, uint32_t r);
 static void el_fail_admits(ferry__ps_job *job, ferry_status st, const char *why);
+static void el_depart(ferry__ps_job *job, uint32_t r, const char *why);
+static ferry_status el_put_progress(ferry__ps_job *job, const Ferry__V1__JobElastic *e, int idx);
 
 static const char *sync_name(ferry__ps_sync s) {
     return s == FERRY__PS_BSP ? "bsp" : s == FERRY__PS_SSP ? "ssp" : "async";
@@ -494,6 +496,10 @@ static void rank_gone(ferry__ps_job *job, uint32_t r, int how) {
                        (unsigned long long)job->bsp_step, job->name, why);
         job_fail_waiters(job, st, msg);
     }
+    if (job->el_min > 0 && job->sync != FERRY__PS_BSP) {
+        el_depart(job, r, why);
+        return;
+    }
     if (job->sync == FERRY__PS_SSP && k->steps == job_min_steps(job, NULL)) {
         (void)snprintf(msg, sizeof msg, "ssp:%u of job '%s': the slowest rank is gone: %s", job->K,
                        job->name, why);
@@ -692,9 +698,9 @@ static ferry_status member_check(const Ferry__V1__JobMember *mb, ferry__ps_sync 
         return ferry_errorf(FERRY_ERR_INVALID, "Job: rank %u outside [0, %u) (world %u)", mb->rank,
                             mb->world, mb->world);
     ferry_status st = parse_sync(mb->sync, sync);
-    if (st == FERRY_OK && mb->elastic_min > 0 && (*sync != FERRY__PS_BSP || mb->elastic_min > mb->world))
+    if (st == FERRY_OK && mb->elastic_min > mb->world)
         st = ferry_errorf(FERRY_ERR_INVALID,
-                          "Job: an elastic job is bsp, with 1 <= elastic_min (%u) <= world (%u)",
+                          "Job: an elastic job has 1 <= elastic_min (%u) <= world (%u)",
                           mb->elastic_min, mb->world);
     return st == FERRY_OK ? model_text(mb, model, cap) : st;
 }
@@ -1698,8 +1704,9 @@ static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, fer
     int state = cols;
     for (uint32_t c = c0; state && idx >= 0 && job->el_rank_cols > 0 && c < c1; c++)
         state = job->cols[c].step == want && job->cols[c].data.len > 0;
-    if (cols && idx >= 0 && want > 0 && job->prog_step == want)
-        rep.progress = job->prog;
+    if (cols && idx >= 0 && job->prog.len > 0 &&
+        (job->sync != FERRY__PS_BSP || (want > 0 && job->prog_step == want)))
+        rep.progress = job->prog; /* ssp, async: the members' latest */
     if (state && idx >= 0 && want > 0) {
         if ((data = calloc((size_t)(c1 - c0) + 1, sizeof *data)) == NULL) {
             free(list);
@@ -1791,6 +1798,74 @@ static ferry_status el_too_few(ferry__ps_job *job, uint32_t n, uint64_t s) {
     job_fail(job, why);
     el_fail_admits(job, FERRY_ERR_ABORTED, why);
     return ferry_errorf(FERRY_ERR_ABORTED, "%s", why);
+}
+
+/* ---- elastic ssp and async: no common step, so no boundary ----
+ * A rank is admitted at once and starts at the least step of the members (it is the
+ * slowest, so the bound holds); one that leaves or whose trainer goes away stops
+ * counting at once, on every server, and the Steps the bound held for it go on. The
+ * coordinator's membership (its epoch, members) is what ferry-ctl and the metrics
+ * show; the other servers count a rank from its first Step there. */
+
+/* The least step of the coordinator's live members other than `except`, or, with none,
+ * the most steps the job took (where it stood when its last member went). */
+static uint64_t el_start(const ferry__ps_job *job, uint32_t except) {
+    uint64_t min = UINT64_MAX;
+    for (uint32_t i = 0; i < job->nmembers; i++) {
+        uint32_t r = job->members[i];
+        if (r != except && el_alive(job, r) && rank_peek(job, r)->steps < min)
+            min = rank_peek(job, r)->steps;
+    }
+    return min == UINT64_MAX ? job->applied : min;
+}
+
+/* Admits rank r now (with the ranks waiting, when the job starts): the members gain
+ * it in a new epoch from step start + 1; it counts as having taken `start` steps. */
+static ferry_status el_admit_now(ferry__ps_job *job, uint32_t r, const char *why) {
+    uint64_t start = el_start(job, r);
+    uint32_t *m = NULL, n = 0;
+    int idx = el_index(job, r);
+    if (idx >= 0) /* a member admitted again (its connection broke): out first */
+        job->members[idx] = UINT32_MAX;
+    ferry_status st = el_next(job, 1, 0, r, &m, &n);
+    if (idx >= 0)
+        job->members[idx] = r;
+    if (st != FERRY_OK)
+        return st;
+    for (uint32_t i = 0; i < n; i++) {
+        job_rank *k = rank_get(job, m[i]);
+        if (el_index(job, m[i]) < 0 || m[i] == r) {
+            k->member = 1;
+            k->steps = start;
+        }
+    }
+    el_set(job, m, n, start + 1, why);
+    el_answer_admits(job);
+    return FERRY_OK;
+}
+
+/* Rank r left or its trainer went away: it stops counting now; the coordinator drops
+ * it from the members (the job fails with fewer than MIN left, and waits for new ones
+ * with none), and Steps the bound held for it go on. jobs->mu held. */
+static void el_depart(ferry__ps_job *job, uint32_t r, const char *why) {
+    job_rank *k = rank_get(job, r);
+    if (k != NULL)
+        k->member = 0;
+    if (el_index(job, r) >= 0) {
+        uint32_t *m = NULL, n = 0;
+        if (el_next(job, 0, 0, UINT32_MAX, &m, &n) != FERRY_OK) {
+            job_fail(job, "out of memory moving an elastic job's membership on");
+            return;
+        }
+        if (n > 0 && n < job->el_min) {
+            free(m);
+            (void)el_too_few(job, n, el_start(job, UINT32_MAX) + 1);
+            return;
+        }
+        el_set(job, m, n, el_start(job, UINT32_MAX) + 1, why);
+    }
+    if (job->sync == FERRY__PS_SSP)
+        ssp_release(job);
 }
 
 static int el_same(const ferry__ps_job *job, const uint32_t *m, uint32_t n) {
@@ -1919,6 +1994,8 @@ static ferry_status el_barrier(ferry__ps_jobs *j, ferry__ps_job *job, const Ferr
 /* PUT: a member's columns' carried state at the end of the open step. */
 static ferry_status el_put(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V1__JobElastic *e) {
     int idx = el_index(job, e->rank);
+    if (job->sync != FERRY__PS_BSP) /* ssp, async: the progress alone */
+        return el_put_progress(job, e, idx);
     if (e->epoch != job->epoch || idx < 0)
         return ferry_errorf(FERRY_ERR_ABORTED,
                             "job '%s': rank %u puts under epoch %llu, but the membership is epoch "
@@ -1983,6 +2060,34 @@ static ferry_status el_put(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V
         job->p_prog_step = e->step;
     }
     rank_get(job, e->rank)->leave_after = e->leaving ? e->step : 0;
+    return FERRY_OK;
+}
+
+/* PUT of an elastic ssp or async job: a member's progress (its learning rate and
+ * schedule after an epoch), the latest of which a rank admitted later starts from. Each
+ * rank's carried state stays with it: no columns. */
+static ferry_status el_put_progress(ferry__ps_job *job, const Ferry__V1__JobElastic *e, int idx) {
+    if (idx < 0)
+        return ferry_errorf(FERRY_ERR_ABORTED, "job '%s': rank %u is not a member (admit first)",
+                            job->name, e->rank);
+    if (e->n_columns != 0 || e->leaving)
+        return ferry_errorf(FERRY_ERR_INVALID,
+                            "job '%s' runs %s: a rank puts its progress alone (each keeps its "
+                            "columns' state, and leaves with Leave)",
+                            job->name, sync_name(job->sync));
+    if (e->progress.len == 0 || e->progress.len > EL_PROG_MAX)
+        return ferry_errorf(FERRY_ERR_INVALID, "job '%s': progress of %zu bytes (1..%d)", job->name,
+                            e->progress.len, EL_PROG_MAX);
+    if (e->step < job->prog_step) /* an older one than the members' latest */
+        return FERRY_OK;
+    uint8_t *p = malloc(e->progress.len);
+    if (p == NULL)
+        return FERRY_NOMEM();
+    memcpy(p, e->progress.data, e->progress.len);
+    free(job->prog.data);
+    job->prog.data = p;
+    job->prog.len = e->progress.len;
+    job->prog_step = e->step;
     return FERRY_OK;
 }
 
@@ -2077,7 +2182,30 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
     if (st == FERRY_OK) {
         switch (e->op) {
         case FERRY__V1__JOB_ELASTIC__OP__ADMIT:
-            if (el_index(job, e->rank) >= 0) {
+            if (job->sync != FERRY__PS_BSP && e->rank_columns == 0) {
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "job '%s' runs %s: an elastic ssp or async job keeps each "
+                                  "rank's batch (rank_columns > 0); only bsp splits a global "
+                                  "batch over the members of a step",
+                                  job->name, sync_name(job->sync));
+                break;
+            }
+            if (job->sync != FERRY__PS_BSP) { /* no boundary to wait for */
+                uint32_t others = 0, waiting = 1;
+                for (uint32_t i = 0; i < job->nmembers; i++)
+                    others += job->members[i] != e->rank && el_alive(job, job->members[i]);
+                for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
+                    waiting += r != e->rank && rank_peek(job, r)->admit != NULL && el_alive(job, r);
+                if (others > 0 || waiting >= job->el_min) {
+                    char why[64];
+                    (void)snprintf(why, sizeof why, others > 0 ? "rank %u admitted" : "started",
+                                   e->rank);
+                    st = el_admit_now(job, e->rank, why);
+                    cols = 1;
+                    break;
+                }
+            }
+            if (el_index(job, e->rank) >= 0 && job->sync == FERRY__PS_BSP) {
                 cols = 1; /* a member already (a retry) */
                 break;
             }
@@ -2121,18 +2249,41 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
             st = el_put(j, job, e);
             break;
         case FERRY__V1__JOB_ELASTIC__OP__SYNC:
-            if (e->step > job->applied)
+            if (e->step > job->applied && job->sync == FERRY__PS_BSP)
                 st = ferry_errorf(FERRY_ERR_INVALID,
                                   "job '%s': step %llu is not applied here (at %llu)", job->name,
                                   (unsigned long long)e->step, (unsigned long long)job->applied);
             cols = e->epoch != job->epoch;
             break;
+        case FERRY__V1__JOB_ELASTIC__OP__START:
+            /* ssp, async: the rank is about to be admitted at the coordinator; here it
+             * counts from now as a rank at step 0 (its step unknown yet), holding the
+             * others' ssp Steps until its first Step tells where it is. */
+            if (job->sync == FERRY__PS_BSP || job->epoch > 0)
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "job '%s': start is for an elastic ssp or async job, on a "
+                                  "server other than its coordinator",
+                                  job->name);
+            else if (!el_alive(job, e->rank))
+                st = ferry_errorf(FERRY_ERR_ABORTED, "job '%s': rank %u is not held here",
+                                  job->name, e->rank);
+            else {
+                k->member = 1;
+                k->steps = 0;
+            }
+            break;
         case FERRY__V1__JOB_ELASTIC__OP__REDO:
-            st = el_redo(job, e, &cols);
+            if (job->sync != FERRY__PS_BSP)
+                st = ferry_errorf(FERRY_ERR_INVALID,
+                                  "job '%s' runs %s: its ranks have no common step to redo",
+                                  job->name, sync_name(job->sync));
+            else
+                st = el_redo(job, e, &cols);
             break;
         default:
-            st = ferry_errorf(FERRY_ERR_INVALID, "Job '%s': elastic op %d (admit | put | sync | "
-                              "redo)",
+            st = ferry_errorf(FERRY_ERR_INVALID,
+                              "Job '%s': elastic op %d (admit | put | sync | "
+                              "redo | start)",
                               job->name, (int)e->op);
         }
     }
@@ -2210,6 +2361,11 @@ static ferry_status mv_coordinate(ferry__ps_job *job, const Ferry__V1__JobReshar
                             job->name);
     switch (q->op) {
     case FERRY__V1__JOB_RESHARD__OP__BEGIN:
+        if (job->sync != FERRY__PS_BSP)
+            return ferry_errorf(FERRY_ERR_UNSUPPORTED,
+                                "job '%s' runs %s: a move holds the members at a common step "
+                                "boundary, which only an elastic bsp job has",
+                                job->name, sync_name(job->sync));
         if (job->mv_state != MV_NONE)
             return ferry_errorf(FERRY_ERR_BUSY, "job '%s': a move of its servers is under way",
                                 job->name);
@@ -2503,6 +2659,10 @@ static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uin
     }
     char why[400], msg[512];
     ferry_status st = rank_absent(job, rank, why, sizeof why);
+    if (job->el_min > 0 && job->sync != FERRY__PS_BSP) {
+        el_depart(job, rank, why);
+        return;
+    }
     if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived &&
         (job->el_min == 0 || k->member)) {
         (void)snprintf(msg, sizeof msg, "bsp step %llu of job '%s': %s",
@@ -3278,6 +3438,20 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
     st = job_of(j, sess, js, &job);
     if (st == FERRY_OK && q->install && job->sync != FERRY__PS_BSP)
         st = ferry_errorf(FERRY_ERR_INVALID, "Step: install is for bsp jobs");
+    /* An elastic ssp or async job: the coordinator takes Steps of its members only;
+     * another server counts a rank from its first Step there. */
+    if (st == FERRY_OK && job->el_min > 0 && job->sync != FERRY__PS_BSP) {
+        job_rank *k = rank_get(job, js->rank); /* joined: it exists */
+        if (job->epoch > 0 && el_index(job, js->rank) < 0)
+            st = ferry_errorf(FERRY_ERR_ABORTED,
+                              "job '%s': rank %u is not a member of the elastic job (it left, "
+                              "or the membership dropped it): be admitted first",
+                              job->name, js->rank);
+        else if (!k->member && js->step > 0) {
+            k->member = 1;
+            k->steps = js->step - 1;
+        }
+    }
     if (st == FERRY_OK && job->sync == FERRY__PS_BSP)
         st = bsp_step(j, job, q, q->install ? &in : NULL, reply);
     install_free(&in);
@@ -3292,6 +3466,8 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
     pthread_mutex_lock(&j->mu);
     job_rank *k = rank_get(job, js->rank); /* joined: it exists */
     k->steps = js->step > k->steps ? js->step : k->steps;
+    if (job->el_min > 0 && js->step > job->applied) /* elastic: the most steps taken */
+        job->applied = js->step;
     if (job->sync == FERRY__PS_SSP) {
         uint64_t min = job_min_steps(job, NULL);
         uint64_t lead = js->step > min ? js->step - min : 0;

@@ -136,11 +136,13 @@ void ferry_trainer_cli_init(ferry_trainer_cli *cli, ferry_trainer_config *cfg) {
          .defval = "FERRY_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX, or 0",
          .help = "this trainer's rank"},
         {.name = "elastic", .type = FERRY_FLAG_STRING, .ptr = &cli->elastic, .metavar = "MIN:MAX",
-         .help = "an elastic bsp job: MIN..MAX trainers join (start another) and leave (SIGTERM, "
-                 "or die) between steps without a roll-back; the global batch stays "
-                 "--batch-size, split over the members; the rank is picked"},
+         .help = "an elastic job: MIN..MAX trainers join (start another) and leave (SIGTERM, "
+                 "or die) without a roll-back; bsp admits them between steps and keeps the "
+                 "global batch --batch-size, split over the members; ssp and async admit them "
+                 "at once at the members' least step, each with --batch-size columns of its "
+                 "own (per-rank); the rank is picked"},
         {.name = "elastic-batch", .type = FERRY_FLAG_ENUM, .ptr = &cli->elastic_batch,
-         .choices = "global|per-rank", .defval = "global",
+         .choices = "global|per-rank", .defval = "global (bsp), per-rank (ssp, async)",
          .help = "an elastic job's batch policy: global keeps the global batch --batch-size "
                  "and splits it over the members (the same optimizer steps whatever the "
                  "membership); per-rank gives each rank --batch-size columns of its own (of "

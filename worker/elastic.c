@@ -274,10 +274,48 @@ ferry_status ferry__trainer_elastic_where(trainer *t) {
     return st == FERRY_OK ? follow_servers(t) : st;
 }
 
+/* An elastic ssp or async job: the rank starts after step first_step - 1 (the members'
+ * least), at that step's epoch and window, its columns' state from zero, with the
+ * learning rate and schedule the members last put (its own while none did). */
+static ferry_status async_start(trainer *t, const ferry_job_membership *m) {
+    int64_t nwin = ferry_batch_nwindows(t->train, t->cfg->bptt);
+    uint64_t s = m->first_step > 0 ? m->first_step - 1 : 0;
+    ferry_ck_progress pr = {0};
+    pr.epoch = 1 + (int)(s / (uint64_t)nwin);
+    pr.window = (int64_t)(s % (uint64_t)nwin);
+    pr.step = (int64_t)s;
+    pr.lr = t->lr;
+    pr.sched = t->sched;
+    const unsigned char *p = m->progress;
+    if (p != NULL && (m->progress_len != PROGRESS_BYTES || get_u32(p) != PROGRESS_MAGIC))
+        return ferry_errorf(FERRY_ERR_FORMAT,
+                            "elastic job: the members' progress is not one this trainer reads "
+                            "(%zu bytes; another ferry-trainer version?)",
+                            m->progress_len);
+    if (p != NULL) {
+        uint32_t lr_bits = get_u32(p + 24);
+        uint64_t best_bits = get_u64(p + 28);
+        memcpy(&pr.lr, &lr_bits, 4);
+        memcpy(&pr.sched.best, &best_bits, 8);
+        pr.sched.bad_epochs = (int)get_u32(p + 36);
+        pr.sched.cooldown_left = (int)get_u32(p + 40);
+    }
+    ferry_status st = ferry__trainer_apply_progress(t, &pr);
+    return st == FERRY_OK ? apply(t, m, 1) : st;
+}
+
+ferry_status ferry__trainer_elastic_progress(trainer *t) {
+    unsigned char prog[PROGRESS_BYTES];
+    progress_encode(t, 0, prog);
+    put_u64(prog + 16, (uint64_t)t->step); /* after this rank's step t->step */
+    return ferry_job_put_state(t->job, (uint64_t)t->step, NULL, 0, prog, sizeof prog, 0);
+}
+
 ferry_status ferry__trainer_elastic_admit(trainer *t) {
     ferry_job_membership m;
-    FERRY_LOG_INFO("elastic: rank %d asks to join job '%s' (admitted at the next step boundary)",
-                   ferry_job_get_config(t->job)->rank, t->cfg->job);
+    FERRY_LOG_INFO("elastic: rank %d asks to join job '%s' (admitted %s)",
+                   ferry_job_get_config(t->job)->rank, t->cfg->job,
+                   t->el_async ? "at the members' least step" : "at the next step boundary");
     double t0 = ferry_now();
     ferry_status st = ferry__trainer_elastic_where(t); /* a move may have begun since */
     if (st == FERRY_OK)
@@ -288,16 +326,18 @@ ferry_status ferry__trainer_elastic_admit(trainer *t) {
         ferry_job_membership_free(&m);
         return st;
     }
-    if (m.progress != NULL)
+    if (t->el_async)
+        st = async_start(t, &m);
+    else if (m.progress != NULL)
         st = progress_decode(t, m.progress, m.progress_len, m.first_step - 1);
     else if (m.first_step > 1)
         st = ferry_errorf(FERRY_ERR_FORMAT,
                           "elastic job '%s': admitted at step %llu without the members' "
                           "progress",
                           t->cfg->job, (unsigned long long)m.first_step);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK && !t->el_async)
         st = apply(t, &m, t->win0 == 0);
-    t->carried = st == FERRY_OK && m.state != NULL && t->win0 > 0;
+    t->carried = st == FERRY_OK && m.state != NULL && t->win0 > 0 && !t->el_async;
     if (st == FERRY_OK)
         FERRY_LOG_INFO("elastic: admitted in %.2f s at step %llu (epoch %d, window %lld)",
                        ferry_now() - t0, (unsigned long long)m.first_step, t->epoch,
@@ -306,9 +346,9 @@ ferry_status ferry__trainer_elastic_admit(trainer *t) {
     return st;
 }
 
-int ferry__trainer_elastic_dropped(trainer *t) {
-    if (t->el_dropped)
-        return 1;
+int ferry__trainer_elastic_dropped(trainer *t, ferry_status st) {
+    if (t->el_dropped || (t->el_async && st == FERRY_ERR_ABORTED && t->job != NULL))
+        return 1; /* ssp, async: a server refused it as not a member's */
     if (t->job == NULL || t->el_left)
         return 0;
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -411,7 +451,8 @@ int ferry__trainer_elastic_lost(trainer *t, ferry_status st) {
 }
 
 int ferry__trainer_elastic_retry(const trainer *t, ferry_status st) {
-    return t->cfg->elastic_max > 0 && (st == FERRY_ERR_ABORTED || st == FERRY_ERR_UNAVAILABLE);
+    return t->cfg->elastic_max > 0 && !t->el_async &&
+           (st == FERRY_ERR_ABORTED || st == FERRY_ERR_UNAVAILABLE);
 }
 
 ferry_status ferry__trainer_elastic_redo(trainer *t, int first_window) {

@@ -152,9 +152,14 @@ int main(int argc, char **argv) {
         if (cli.world >= 0 || cli.rank >= 0)
             return usage_error("--elastic picks each trainer's rank and sizes the job by MAX: "
                                "drop --world and --rank");
+        int async = cfg.sync != NULL && strcmp(cfg.sync, "bsp") != 0;
+        if (async && cli.elastic_batch < 0) /* no common step to split a global batch */
+            cli.elastic_batch = 1;
         const char *why = cfg.ps == NULL ? "needs --ps (the servers hold the job)"
-                          : cfg.sync != NULL && strcmp(cfg.sync, "bsp") != 0
-                              ? "is a bsp job (--sync bsp)"
+                          : async && cli.elastic_batch == 0
+                              ? "--elastic-batch global needs --sync bsp: ssp and async have no "
+                                "common step to split a global batch over (per-rank is their "
+                                "policy)"
                           : cfg.replicas > 1 ? "does not take --replicas yet"
                           : cfg.checkpoint_every > 0 || cfg.save != NULL || cfg.load != NULL
                               ? "does not write or read checkpoints yet (--save, --load, "

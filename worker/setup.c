@@ -110,12 +110,15 @@ static ferry_status job_join(trainer *t, const ferry_lm_config *mc, const ferry_
             (st = ferry_job_set_rank_columns(t->job, cfg->elastic_rank_batch)) != FERRY_OK)
             return st;
         int r = ferry_job_get_config(t->job)->rank, b = cfg->elastic_rank_batch;
+        const char *sync = cfg->sync != NULL ? cfg->sync : "bsp";
+        t->el_async = jc.sync != FERRY_SYNC_BSP;
         if (b > 0)
-            FERRY_LOG_INFO("job '%s': elastic, rank %d (picked) of %d..%d members, --sync bsp, "
+            FERRY_LOG_INFO("job '%s': elastic, rank %d (picked) of %d..%d members, --sync %s, "
                            "per-rank batch: columns [%d, %d) of %d (its data shard; the "
-                           "learning rate scales with the members: lr x members / %d)",
-                           cfg->job, r, cfg->elastic_min, cfg->elastic_max, r * b, (r + 1) * b,
-                           cfg->batch_size, cfg->elastic_max);
+                           "learning rate scales with the members: lr x members / %d%s)",
+                           cfg->job, r, cfg->elastic_min, cfg->elastic_max, sync, r * b,
+                           (r + 1) * b, cfg->batch_size, cfg->elastic_max,
+                           t->el_async ? ", each member's step applied on its own" : "");
         else
             FERRY_LOG_INFO("job '%s': elastic, rank %d (picked) of %d..%d members, --sync bsp, "
                            "a share of the global batch of %d columns",

@@ -92,6 +92,7 @@ typedef struct trainer {
     int srv_unjoined;   /* connected to srv_now, the rank not yet joined everywhere */
     int srv_fatal;      /* the model could not be placed over srv_now: the run stops */
     int el_lost;        /* a server of the elastic job is gone (its state with it) */
+    int el_async;       /* an elastic ssp or async job: no common step, no boundary */
     double penalty_sum; /* summed over the steps since the last log line */
     double t_start;
 } trainer;
@@ -132,11 +133,14 @@ ferry_status ferry__trainer_elastic_where(trainer *t);
  * on from there. Gives up, saying why, when a drop follows the last admission before
  * any step, three times. */
 ferry_status ferry__trainer_elastic_readmit(trainer *t, const char *why);
-/* After the run of an elastic job's rank failed: 1 when the coordinator no longer
- * counts this rank among the members (asked for up to a second, while it learns of
- * the broken connection), else 0 (the failure stands; the error message is then not
- * kept). */
-int ferry__trainer_elastic_dropped(trainer *t);
+/* After the run of an elastic job's rank failed with st: 1 when the coordinator no
+ * longer counts this rank among the members (asked for up to a second, while it learns
+ * of the broken connection; ssp and async: also when a server refused its Step as not
+ * a member's), else 0 (the failure stands; the error message is then not kept). */
+int ferry__trainer_elastic_dropped(trainer *t, ferry_status st);
+/* After an epoch's evaluation of an elastic ssp or async job: its learning rate and
+ * schedule on the coordinator, for ranks admitted later. */
+ferry_status ferry__trainer_elastic_progress(trainer *t);
 /* ferry_lm_step_args.before_sync (user: the trainer): its columns' state on the
  * coordinator. */
 ferry_status ferry__trainer_elastic_put(void *user);

@@ -113,7 +113,7 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
         .seed = (uint64_t)cfg->seed * 1000003ull + (uint64_t)t->step,
         .job_step = (uint64_t)t->step + 1,
     };
-    if (cfg->elastic_max > 0) { /* its columns' state to the coordinator, then GradNorm */
+    if (cfg->elastic_max > 0 && !t->el_async) { /* its columns' state, then GradNorm */
         a.before_sync = ferry__trainer_elastic_put;
         a.user = t;
     }
@@ -146,7 +146,7 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
             a.batch = gw->B;  /* may have moved them) */
             a.col0 = t->c0;
         }
-        a.owner_set = cfg->elastic_max > 0;
+        a.owner_set = cfg->elastic_max > 0 && !t->el_async;
         a.owner = t->el_first;
         st = ferry_lm_train_step(t->lm, t->ctx, t->dc, t->opt, &in, &tg, &a, &r);
         if (st == FERRY_OK || !ferry__trainer_elastic_retry(t, st) ||
@@ -206,7 +206,7 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
         t->el_window = i;
         if ((st = train_step(t, &w, &sum, &ntok, &gn)) != FERRY_OK)
             break;
-        if (cfg->elastic_max > 0 &&
+        if (cfg->elastic_max > 0 && !t->el_async &&
             (st = ferry__trainer_elastic_sync(t, start + cfg->bptt >= nsteps - 1)) != FERRY_OK)
             break;
         win_loss += sum;
@@ -247,7 +247,7 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
             t->op_t0 = 0.0; /* the step and its checkpoint are done */
         /* A rank of an elastic job asked to stop takes one more step, which tells the
          * coordinator it leaves after it: the others go on without a redo. */
-        int stop_now = stop_requested && (cfg->elastic_max == 0 || t->el_left);
+        int stop_now = stop_requested && (cfg->elastic_max == 0 || t->el_left || t->el_async);
         if ((cfg->max_steps > 0 && t->step >= cfg->max_steps) || stop_now) {
             *stop = 1;
             i++;
@@ -322,6 +322,8 @@ static ferry_status run_epochs(trainer *t, int *stop) {
         t->lr = (float)ferry_lr_schedule_epoch_end(&t->sched, t->epoch, val, t->lr);
         if ((st = ferry_optim_set_lr(t->opt, t->lr)) != FERRY_OK)
             break;
+        if (t->el_async && (st = ferry__trainer_elastic_progress(t)) != FERRY_OK)
+            break;
         if (!*stop && (st = ferry__trainer_save_checkpoint(t, t->epoch + 1, 0)) != FERRY_OK)
             break;
     }
@@ -350,7 +352,7 @@ ferry_status ferry_trainer_run(const ferry_trainer_config *cfg) {
              * are. Any other failure stands. */
             char why[1024];
             (void)snprintf(why, sizeof why, "%s", ferry_error_last());
-            if (t.el_lost || !ferry__trainer_elastic_dropped(&t)) {
+            if (t.el_lost || !ferry__trainer_elastic_dropped(&t, st)) {
                 st = ferry_errorf(st, "%s", why);
                 break;
             }

@@ -613,9 +613,9 @@ static ferry_status job_one(ferry_job *job, int server, const Ferry__V1__JobRequ
 ferry_status ferry_job_join_elastic(ferry_cluster *c, const ferry_job_config *cfg, int batch,
                                     ferry_job **out) {
     *out = NULL;
-    if (cfg->elastic_min < 1 || cfg->elastic_min > cfg->world || cfg->sync != FERRY_SYNC_BSP)
+    if (cfg->elastic_min < 1 || cfg->elastic_min > cfg->world)
         return ferry_errorf(FERRY_ERR_INVALID,
-                            "elastic job '%s': bsp with 1 <= MIN (%d) <= MAX (%d) (--elastic "
+                            "elastic job '%s': 1 <= MIN (%d) <= MAX (%d) (--elastic "
                             "MIN:MAX)",
                             cfg->name != NULL ? cfg->name : "", cfg->elastic_min, cfg->world);
     if (batch < cfg->world || batch > (1 << 20))
@@ -871,15 +871,43 @@ static ferry_status wait_applied(ferry_job *job, uint64_t step) {
     return st;
 }
 
+/* ssp, async: START on every server but the coordinator, before the ADMIT there. */
+static ferry_status elastic_start(ferry_job *job) {
+    job_msg *q = calloc(1, sizeof *q);
+    if (q == NULL)
+        return FERRY_NOMEM();
+    job_request(job, FERRY__V1__JOB_REQUEST__ACTION_ELASTIC, q);
+    q->elastic.op = FERRY__V1__JOB_ELASTIC__OP__START;
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < job->c->n && st == FERRY_OK; i++) {
+        ferry_rpc_msg reply;
+        if (i != EL_COORDINATOR) {
+            st = job_one(job, i, &q->q, job->c->cfg.deadline_ms, &reply);
+            ferry_rpc_msg_deinit(&reply);
+        }
+    }
+    free(q);
+    return st;
+}
+
 ferry_status ferry_job_admit(ferry_job *job, ferry_job_membership *m) {
     if (job->cfg.elastic_min < 1)
         return ferry_errorf(FERRY_ERR_INVALID, "job '%s' is not elastic", job->name);
+    if (job->cfg.sync != FERRY_SYNC_BSP) {
+        ferry_status st = elastic_start(job);
+        if (st != FERRY_OK) {
+            memset(m, 0, sizeof *m);
+            return ferry_errorf(st, "elastic job '%s': starting rank %d on the servers: %s",
+                                job->name, job->cfg.rank, ferry_error_last());
+        }
+    }
     ferry_status st = elastic_call(job, FERRY__V1__JOB_ELASTIC__OP__ADMIT, 0,
                                    job_wait_ms(job) + job->c->cfg.deadline_ms, m);
     /* Admitted at the boundary after step first_step - 1: the coordinator applied it,
      * the other servers may still be applying it (the members' Steps are in flight),
      * and this rank's first pull must see it everywhere. */
-    if (st == FERRY_OK && m->first_step > 1 && (st = wait_applied(job, m->first_step - 1)) != FERRY_OK)
+    if (st == FERRY_OK && m->first_step > 1 && job->cfg.sync == FERRY_SYNC_BSP &&
+        (st = wait_applied(job, m->first_step - 1)) != FERRY_OK)
         ferry_job_membership_free(m);
     return st;
 }
@@ -910,7 +938,7 @@ ferry_status ferry_job_redo(ferry_job *job, uint64_t step, int wait_ms, ferry_jo
 ferry_status ferry_job_put_state(ferry_job *job, uint64_t step, const void *state,
                                  size_t col_bytes, const void *progress, size_t progress_len,
                                  int leaving) {
-    size_t n = (size_t)(job->el_col1 - job->el_col0);
+    size_t n = state != NULL ? (size_t)(job->el_col1 - job->el_col0) : 0;
     job_msg *q = calloc(1, sizeof *q);
     ProtobufCBinaryData *cols = calloc(n + 1, sizeof *cols);
     if (q == NULL || cols == NULL) {

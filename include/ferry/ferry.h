@@ -776,7 +776,10 @@ FERRY_API ferry_status ferry_job_readmit(ferry_job *job, uint64_t mask, uint64_t
  * (i+1)*B/n) of the fixed global batch B, and before each step's GradNorm puts each
  * column's carried state at the end of the step there (ferry_job_put_state), so that
  * whoever holds the columns next starts from it; the GradNorm and Step of a step carry
- * the membership it ran under. */
+ * the membership it ran under. An elastic ssp or async job has no common step: each
+ * rank keeps its own columns (the per-rank policy) and their state, is admitted at
+ * once at the members' least step (first_step - 1 steps taken), and a rank that leaves
+ * or goes away stops counting for the staleness bound at once. */
 typedef struct ferry_job_membership {
     uint64_t epoch;      /* 0: none yet */
     uint64_t first_step; /* the first step it runs */
@@ -794,7 +797,7 @@ typedef struct ferry_job_membership {
 } ferry_job_membership;
 
 /* Joins elastic job cfg->name (cfg->elastic_min > 0, cfg->world its most members,
- * bsp): takes the lowest free rank on the coordinator, then the same rank on every
+ * any sync mode): takes the lowest free rank on the coordinator, then the same rank on every
  * other server. The taker of rank 0 while the job is not ready yet makes the job's
  * modules and says ready (ferry_job_makes_modules); a later taker of rank 0 does not.
  * `batch`: the global batch in columns (at least world). Errors as ferry_job_join;
@@ -804,13 +807,17 @@ FERRY_API ferry_status ferry_job_join_elastic(ferry_cluster *c, const ferry_job_
 /* Asks to become a member and waits (at most the sync timeout) until admitted: before
  * the job's first step once elastic_min ranks ask, else at the next step boundary,
  * and then until every server applied the step before it (so that this rank's first
- * pull sees it). *m receives the membership (free it with ferry_job_membership_free);
- * the job's GradNorms and Steps carry it from now on. */
+ * pull sees it). ssp and async: at once (once elastic_min ranks ask), at the least step
+ * of the members; set the per-rank policy first (ferry_job_set_rank_columns). *m receives the
+ * membership (free it with ferry_job_membership_free); the job's GradNorms and Steps carry it from
+ * now on. */
 FERRY_API ferry_status ferry_job_admit(ferry_job *job, ferry_job_membership *m);
 /* Before the GradNorm of step `step`: this rank's columns' carried state at its end
  * (col1 - col0 columns of col_bytes each, at most 1 MiB each), the progress the
  * members share (at most 4096 bytes; NULL: none) and whether it leaves after the
- * step. FERRY_ERR_ABORTED: the membership changed (ferry_job_redo). */
+ * step. FERRY_ERR_ABORTED: the membership changed (ferry_job_redo). ssp and async:
+ * state NULL and the progress alone (the latest a member put is what a rank admitted
+ * later receives). */
 FERRY_API ferry_status ferry_job_put_state(ferry_job *job, uint64_t step, const void *state,
                                            size_t col_bytes, const void *progress,
                                            size_t progress_len, int leaving);

@@ -227,8 +227,8 @@ static void forward(ferry_ps_server *s, const char *module, const char *in_name,
 }
 
 /* Rank 0 of a 2-rank job (elastic_min > 0: an elastic job of 1..2 members, rank 0
- * admitted over a global batch of 4); an in-process server cannot hold a call, so a
- * bsp or ssp wait is refused at once rather than waited for. */
+ * admitted over a global batch of 4, 2 columns per rank when not bsp); an in-process server cannot
+ * hold a call, so a bsp or ssp wait is refused at once rather than waited for. */
 static void join(ferry_ps_server *s, const char *job, Ferry__V1__SyncMode sync,
                  uint32_t elastic_min) {
     Ferry__V1__ModelKey k;
@@ -259,6 +259,7 @@ static void join(ferry_ps_server *s, const char *job, Ferry__V1__SyncMode sync,
     ferry__v1__job_elastic__init(&e);
     e.op = FERRY__V1__JOB_ELASTIC__OP__ADMIT;
     e.batch = 4;
+    e.rank_columns = sync == FERRY__V1__SYNC_MODE__BSP ? 0 : 2; /* ssp, async: per rank */
     q.action_case = FERRY__V1__JOB_REQUEST__ACTION_ELASTIC;
     q.elastic = &e;
     FUZZ_ASSERT(call_built(s, FERRY_RPC_JOB, &q.base, NULL, NULL) == FERRY_OK);
@@ -300,6 +301,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     join(s, "k", FERRY__V1__SYNC_MODE__SSP, 0);
     join(s, "a", FERRY__V1__SYNC_MODE__ASYNC, 0);
     join(s, "e", FERRY__V1__SYNC_MODE__BSP, 1); /* elastic, rank 0 admitted */
+    join(s, "f", FERRY__V1__SYNC_MODE__ASYNC, 1);
 
     ferry_rpc_method m = FUZZ_METHOD;
     ferry__rpc_limits lim = {.max_message_bytes = MESSAGE_LIMIT, .max_tensors = 64};

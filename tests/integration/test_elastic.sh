@@ -46,8 +46,8 @@ expect_error "--elastic MAX below MIN" "expected MIN:MAX" "$TRAINER" "${DATA[@]}
     --elastic 3:2
 expect_error "--elastic with --world" "drop --world and --rank" "$TRAINER" "${DATA[@]}" "${EL[@]}" \
     --world 2
-expect_error "--elastic with --sync async" "is a bsp job" "$TRAINER" "${DATA[@]}" "${EL[@]}" \
-    --sync async
+expect_error "--elastic --sync async with a global batch" "needs --sync bsp" "$TRAINER" \
+    "${DATA[@]}" "${EL[@]}" --sync async --elastic-batch global
 expect_error "--elastic with checkpoints" "does not write or read checkpoints" "$TRAINER" \
     "${DATA[@]}" "${EL[@]}" --checkpoint-every 5 --save "$TMP/x"
 expect_error "--elastic wider than the batch" "--batch-size of at least MAX" "$TRAINER" \
