@@ -213,7 +213,7 @@ static void job_free(ferry__ps_jobs *j, ferry__ps_job *job);
 static void el_free(ferry__ps_job *job);
 static int el_index(const ferry__ps_job *job, uint32_t r);
 static void el_fail_admits(ferry__ps_job *job, ferry_status st, const char *why);
-static void el_depart(ferry__ps_job *job, uint32_t r, const char *why);
+static void el_depart(ferry__ps_job *job, uint32_t r, const char *why, int completed);
 static ferry_status el_put_progress(ferry__ps_job *job, const Ferry__V1__JobElastic *e, int idx);
 
 static const char *sync_name(ferry__ps_sync s) {
@@ -497,7 +497,7 @@ static void rank_gone(ferry__ps_job *job, uint32_t r, int how) {
         job_fail_waiters(job, st, msg);
     }
     if (job->el_min > 0 && job->sync != FERRY__PS_BSP) {
-        el_depart(job, r, why);
+        el_depart(job, r, why, 0);
         return;
     }
     if (job->sync == FERRY__PS_SSP && k->steps == job_min_steps(job, NULL)) {
@@ -1701,7 +1701,7 @@ static ferry_status el_reply(const ferry__ps_job *job, uint32_t r, int cols, fer
     if (idx >= 0)
         el_cols(job, idx, r, &c0, &c1);
     /* per-rank: columns whose rank was away at step want start from zero */
-    int state = cols;
+    int state = cols && job->cols != NULL; /* ssp, async: none */
     for (uint32_t c = c0; state && idx >= 0 && job->el_rank_cols > 0 && c < c1; c++)
         state = job->cols[c].step == want && job->cols[c].data.len > 0;
     if (cols && idx >= 0 && job->prog.len > 0 &&
@@ -1841,23 +1841,33 @@ static ferry_status el_admit_now(ferry__ps_job *job, uint32_t r, const char *why
     }
     el_set(job, m, n, start + 1, why);
     el_answer_admits(job);
+    if (job->sync == FERRY__PS_SSP) /* a rank admitted again may have been the slowest */
+        ssp_release(job);
     return FERRY_OK;
 }
 
-/* Rank r left or its trainer went away: it stops counting now; the coordinator drops
- * it from the members (the job fails with fewer than MIN left, and waits for new ones
- * with none), and Steps the bound held for it go on. jobs->mu held. */
-static void el_depart(ferry__ps_job *job, uint32_t r, const char *why) {
+/* Rank r left (`completed`: at its run's end) or its trainer went away: it stops
+ * counting now, and a Step of its that the bound held fails (nobody waits for it); the
+ * coordinator drops it from the members (a departure other than a completed run fails
+ * the job when fewer than MIN are left; with none left the next ADMIT starts it again),
+ * and Steps the bound held for it go on. jobs->mu held. */
+static void el_depart(ferry__ps_job *job, uint32_t r, const char *why, int completed) {
     job_rank *k = rank_get(job, r);
     if (k != NULL)
         k->member = 0;
+    if (k != NULL && k->sp != NULL) {
+        (void)ferry_errorf(FERRY_ERR_ABORTED, "job '%s': %s", job->name, why);
+        ferry_rpc_msg_deinit(&k->sp_reply);
+        ferry_rpc_pending_finish(k->sp, FERRY_ERR_ABORTED, NULL);
+        k->sp = NULL;
+    }
     if (el_index(job, r) >= 0) {
         uint32_t *m = NULL, n = 0;
         if (el_next(job, 0, 0, UINT32_MAX, &m, &n) != FERRY_OK) {
             job_fail(job, "out of memory moving an elastic job's membership on");
             return;
         }
-        if (n > 0 && n < job->el_min) {
+        if (n > 0 && n < job->el_min && !completed) {
             free(m);
             (void)el_too_few(job, n, el_start(job, UINT32_MAX) + 1);
             return;
@@ -2158,16 +2168,25 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
                           "at least its largest membership, %u",
                           job->name, e->batch, job->el_batch, job->world);
     else if ((e->rank_columns != 0 && (uint64_t)e->rank_columns * job->world != e->batch) ||
-             (job->cols != NULL && e->rank_columns != job->el_rank_cols))
+             (job->el_batch != 0 && e->rank_columns != job->el_rank_cols))
         st = ferry_errorf(FERRY_ERR_INVALID,
                           "job '%s': %u columns per rank; the job's batch policy is %s (%u "
                           "columns per rank times %u ranks is the global batch)",
                           job->name, e->rank_columns,
-                          job->cols == NULL       ? "not set yet"
+                          job->el_batch == 0      ? "not set yet"
                           : job->el_rank_cols > 0 ? "per rank"
                                                   : "a global batch split over the members",
                           job->el_rank_cols, job->world);
-    if (st == FERRY_OK && job->cols == NULL) {
+    if (st == FERRY_OK && job->sync != FERRY__PS_BSP && e->rank_columns == 0)
+        st = ferry_errorf(FERRY_ERR_INVALID,
+                          "job '%s' runs %s: an elastic ssp or async job keeps each rank's batch "
+                          "(rank_columns > 0); only bsp splits a global batch over the members "
+                          "of a step",
+                          job->name, sync_name(job->sync));
+    if (st == FERRY_OK && job->el_batch == 0 && job->sync != FERRY__PS_BSP) {
+        job->el_rank_cols = e->rank_columns; /* ssp, async: no columns' state here */
+        job->el_batch = e->batch;
+    } else if (st == FERRY_OK && job->cols == NULL) {
         if ((job->cols = calloc(e->batch, sizeof *job->cols)) == NULL) {
             st = FERRY_NOMEM();
         } else {
@@ -2182,12 +2201,11 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
     if (st == FERRY_OK) {
         switch (e->op) {
         case FERRY__V1__JOB_ELASTIC__OP__ADMIT:
-            if (job->sync != FERRY__PS_BSP && e->rank_columns == 0) {
-                st = ferry_errorf(FERRY_ERR_INVALID,
-                                  "job '%s' runs %s: an elastic ssp or async job keeps each "
-                                  "rank's batch (rank_columns > 0); only bsp splits a global "
-                                  "batch over the members of a step",
-                                  job->name, sync_name(job->sync));
+            if (job->sync != FERRY__PS_BSP && !el_alive(job, e->rank)) {
+                st = ferry_errorf(FERRY_ERR_ABORTED,
+                                  "job '%s': rank %u's trainer is gone here (join the rank again "
+                                  "first)",
+                                  job->name, e->rank);
                 break;
             }
             if (job->sync != FERRY__PS_BSP) { /* no boundary to wait for */
@@ -2660,7 +2678,7 @@ static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uin
     char why[400], msg[512];
     ferry_status st = rank_absent(job, rank, why, sizeof why);
     if (job->el_min > 0 && job->sync != FERRY__PS_BSP) {
-        el_depart(job, rank, why);
+        el_depart(job, rank, why, !early);
         return;
     }
     if (job->sync == FERRY__PS_BSP && job->arrived > 0 && !job->bsp_complete && !k->arrived &&

@@ -1035,14 +1035,56 @@ TEST(hostile_requests) {
                send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
                "elastic_min (3) <= world (2)");
         mb.elastic_min = 1;
-        mb.sync = FERRY__V1__SYNC_MODE__ASYNC;
-        expect(&d, "elastic async job", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
-               FERRY_ERR_INVALID, "an elastic job is bsp");
-        mb.sync = FERRY__V1__SYNC_MODE__BSP;
-        CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL));
         Ferry__V1__JobElastic e;
         ferry__v1__job_elastic__init(&e);
         e.batch = 4;
+        { /* an elastic async job (contract 1.7): per-rank only, no redo, the progress alone */
+            mb.sync = FERRY__V1__SYNC_MODE__ASYNC;
+            j.job = "ea";
+            CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL));
+            j.action_case = FERRY__V1__JOB_REQUEST__ACTION_ELASTIC;
+            j.elastic = &e;
+            e.op = FERRY__V1__JOB_ELASTIC__OP__ADMIT;
+            expect(&d, "async admit without a per-rank batch",
+                   send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
+                   "keeps each rank's batch");
+            e.rank_columns = 2;
+            e.op = FERRY__V1__JOB_ELASTIC__OP__REDO;
+            expect(&d, "async redo", send_head(&d, FERRY_RPC_JOB, &j.base, NULL), FERRY_ERR_INVALID,
+                   "no common step to redo");
+            e.op = FERRY__V1__JOB_ELASTIC__OP__PUT;
+            e.step = 1;
+            expect(&d, "async put before admission", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+                   FERRY_ERR_ABORTED, "is not a member");
+            e.op = FERRY__V1__JOB_ELASTIC__OP__ADMIT;
+            CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL)); /* 1 of 1..2, at once */
+            e.op = FERRY__V1__JOB_ELASTIC__OP__START;
+            expect(&d, "start on the coordinator", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+                   FERRY_ERR_INVALID, "other than its coordinator");
+            uint8_t c8[8] = {0}, prog[16] = {0};
+            ProtobufCBinaryData one = {8, c8};
+            e.op = FERRY__V1__JOB_ELASTIC__OP__PUT;
+            e.columns = &one;
+            e.n_columns = 1;
+            expect(&d, "async put of columns", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+                   FERRY_ERR_INVALID, "puts its progress alone");
+            e.columns = NULL;
+            e.n_columns = 0;
+            expect(&d, "async put of no progress", send_head(&d, FERRY_RPC_JOB, &j.base, NULL),
+                   FERRY_ERR_INVALID, "progress of 0 bytes");
+            e.progress.data = prog;
+            e.progress.len = sizeof prog;
+            CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL));
+            e.progress.len = 0;
+            e.progress.data = NULL;
+            e.rank_columns = 0;
+            e.step = 0;
+            mb.sync = FERRY__V1__SYNC_MODE__BSP;
+            j.job = "ej";
+            j.action_case = FERRY__V1__JOB_REQUEST__ACTION_JOIN;
+            j.join = &jj; /* a oneof: elastic took its place */
+        }
+        CHECK_OK(send_head(&d, FERRY_RPC_JOB, &j.base, NULL));
         j.action_case = FERRY__V1__JOB_REQUEST__ACTION_ELASTIC;
         j.elastic = &e;
         e.op = (Ferry__V1__JobElastic__Op)9;

@@ -280,6 +280,9 @@ ferry_status ferry__trainer_elastic_where(trainer *t) {
 static ferry_status async_start(trainer *t, const ferry_job_membership *m) {
     int64_t nwin = ferry_batch_nwindows(t->train, t->cfg->bptt);
     uint64_t s = m->first_step > 0 ? m->first_step - 1 : 0;
+    if (nwin < 1)
+        return ferry_errorf(FERRY_ERR_INVALID, "elastic job '%s': the training split has no window",
+                            t->cfg->job);
     ferry_ck_progress pr = {0};
     pr.epoch = 1 + (int)(s / (uint64_t)nwin);
     pr.window = (int64_t)(s % (uint64_t)nwin);
@@ -301,7 +304,49 @@ static ferry_status async_start(trainer *t, const ferry_job_membership *m) {
         pr.sched.cooldown_left = (int)get_u32(p + 40);
     }
     ferry_status st = ferry__trainer_apply_progress(t, &pr);
-    return st == FERRY_OK ? apply(t, m, 1) : st;
+    if (st == FERRY_OK)
+        st = apply(t, m, 1);
+    /* Admitted where its run ends (--max-steps, --epochs): it leaves at once, for it
+     * will take no Step, and its START holds the others on the other servers until
+     * one comes. */
+    int64_t last = (int64_t)t->cfg->epochs * nwin;
+    if (t->cfg->max_steps > 0 && t->cfg->max_steps < last)
+        last = t->cfg->max_steps;
+    if (st == FERRY_OK && (int64_t)s >= last) {
+        FERRY_LOG_INFO("elastic: admitted at step %llu, where this run ends: leaving",
+                       (unsigned long long)s);
+        st = ferry_job_leave_after(t->job, s, "");
+    }
+    return st;
+}
+
+ferry_status ferry__trainer_elastic_watch(trainer *t) {
+    ferry_job_membership m;
+    ferry_status st = ferry_job_members(t->job, &m);
+    if (st != FERRY_OK)
+        return ferry_errorf(st, "elastic job '%s': asking the coordinator for the members: %s",
+                            t->cfg->job, ferry_error_last());
+    if (m.epoch != t->el_epoch) {
+        char text[256];
+        size_t k = 0;
+        text[0] = '\0';
+        for (size_t i = 0; i < m.n && k + 16 < sizeof text; i++)
+            k += (size_t)snprintf(text + k, sizeof text - k, "%s%u", i ? "," : "", m.members[i]);
+        FERRY_LOG_INFO("elastic: epoch %llu from step %llu: members %s (%zu)",
+                       (unsigned long long)m.epoch, (unsigned long long)m.first_step, text, m.n);
+        t->el_epoch = m.epoch;
+        pthread_mutex_lock(&t->live_mu);
+        t->live.el_epoch = m.epoch;
+        t->live.el_members = m.n;
+        pthread_mutex_unlock(&t->live_mu);
+        if (t->metrics != NULL) {
+            const char *keys[] = {"epoch", "first_step", "members", "col0", "col1"};
+            double vals[] = {(double)m.epoch, (double)m.first_step, (double)m.n, t->c0, t->c1};
+            st = ferry_metrics_write_kv(t->metrics, "membership", 5, keys, vals);
+        }
+    }
+    ferry_job_membership_free(&m);
+    return st;
 }
 
 ferry_status ferry__trainer_elastic_progress(trainer *t) {

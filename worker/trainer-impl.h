@@ -138,6 +138,10 @@ ferry_status ferry__trainer_elastic_readmit(trainer *t, const char *why);
  * of the broken connection; ssp and async: also when a server refused its Step as not
  * a member's), else 0 (the failure stands; the error message is then not kept). */
 int ferry__trainer_elastic_dropped(trainer *t, ferry_status st);
+/* An elastic ssp or async job's rank at each log line: the coordinator's membership,
+ * logged and written as a `membership` event when its epoch changed (the members are
+ * admitted and leave without this rank taking part). */
+ferry_status ferry__trainer_elastic_watch(trainer *t);
 /* After an epoch's evaluation of an elastic ssp or async job: its learning rate and
  * schedule on the coordinator, for ranks admitted later. */
 ferry_status ferry__trainer_elastic_progress(trainer *t);

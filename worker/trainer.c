@@ -227,6 +227,8 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
         if ((i + 1) % cfg->log_interval == 0 || last) {
             st = ferry__trainer_log_train(t, win_steps, win_loss / (double)win_tokens,
                                           ps.tokens_per_s, ferry_now() - t_win);
+            if (st == FERRY_OK && t->el_async)
+                st = ferry__trainer_elastic_watch(t);
             t_win = ferry_now();
             win_loss = 0.0;
             win_tokens = 0;
@@ -322,7 +324,8 @@ static ferry_status run_epochs(trainer *t, int *stop) {
         t->lr = (float)ferry_lr_schedule_epoch_end(&t->sched, t->epoch, val, t->lr);
         if ((st = ferry_optim_set_lr(t->opt, t->lr)) != FERRY_OK)
             break;
-        if (t->el_async && (st = ferry__trainer_elastic_progress(t)) != FERRY_OK)
+        if (t->el_async && !*stop && t->epoch < cfg->epochs &&
+            (st = ferry__trainer_elastic_progress(t)) != FERRY_OK)
             break;
         if (!*stop && (st = ferry__trainer_save_checkpoint(t, t->epoch + 1, 0)) != FERRY_OK)
             break;
