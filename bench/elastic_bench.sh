@@ -9,6 +9,12 @@
 # the servers of a running elastic job of 2 trainers move 2 -> 3 -> 2 (ferry-ctl
 # resize at steps ~60 and ~120): each move's bytes and seconds as ferry-ctl reports
 # them, and the longest gap between two steps of the run beside the median step.
+# Then ssp:1: a fixed world of 2 (--batch-size 40, 20 columns each) against an elastic
+# ssp:1 job of 2 with the same 20 columns per rank (--elastic-batch per-rank), rank 0's
+# pace over steps 101..STEPS, interleaved REPS times; and an elastic ssp:1 job of 3,
+# one SIGKILLed at step 60: the seconds from the SIGKILL to the survivor's next step and
+# its longest step-to-step gap, beside its median step (nothing is redone: the dead
+# member just stops counting for the bound).
 #
 #   bench/elastic_bench.sh [BUILD_DIR] [REPS]      # default: build 3
 set -euo pipefail
@@ -49,7 +55,8 @@ elapsed_at() { # FILE STEP: the train event's elapsed_s at STEP
     grep "\"event\":\"train\",\"epoch\":1,\"step\":$2," "$1" | sed 's/.*"elapsed_s":\([0-9.e+-]*\).*/\1/'
 }
 
-# run fixed|elastic: prints the job's tokens/s over steps 101..STEPS (rank 0's view).
+# run fixed|elastic|ssp-fixed|ssp-elastic: prints the job's tokens/s over steps
+# 101..STEPS (rank 0's view; ssp: 800 tokens per step of both ranks at rank 0's pace).
 run() {
     servers
     local pids=() r
@@ -57,6 +64,14 @@ run() {
         if [ "$1" = fixed ]; then
             "$BIN/worker/ferry-trainer" --ps "$PSS" --job b --world 2 --rank "$r" "${DATA[@]}" \
                 --max-steps "$STEPS" --metrics-out "$TMP/m$r.jsonl" 2>"$TMP/r$r.log" &
+        elif [ "$1" = ssp-fixed ]; then
+            "$BIN/worker/ferry-trainer" --ps "$PSS" --job b --world 2 --rank "$r" "${DATA[@]}" \
+                --sync ssp:1 --max-steps "$STEPS" --metrics-out "$TMP/m$r.jsonl" \
+                2>"$TMP/r$r.log" &
+        elif [ "$1" = ssp-elastic ]; then
+            "$BIN/worker/ferry-trainer" --ps "$PSS" --job b --elastic 1:2 "${DATA[@]}" \
+                --batch-size 20 --sync ssp:1 --max-steps "$STEPS" --metrics-out "$TMP/m$r.jsonl" \
+                2>"$TMP/r$r.log" &
         else
             "$BIN/worker/ferry-trainer" --ps "$PSS" --job b --elastic 1:3 "${DATA[@]}" \
                 --max-steps "$STEPS" --metrics-out "$TMP/m$r.jsonl" 2>"$TMP/r$r.log" &
@@ -140,4 +155,49 @@ gaps = [b - a for a, b in zip(times, times[1:])]
 waits = ", ".join(f"{e['seconds']:.3f}" for e in ev if e["event"] == "servers")
 print(f"moves: rank 0 followed them, waiting {waits} s; longest step-to-step gap "
       f"{max(gaps):.3f} s, median step {statistics.median(gaps):.3f} s")
+EOF
+
+# ssp:1: fixed against elastic, then a member's death.
+sf=() se=()
+for ((i = 1; i <= REPS; i++)); do
+    sf+=("$(run ssp-fixed)")
+    se+=("$(run ssp-elastic)")
+    echo "ssp:1 rep $i: fixed ${sf[-1]} tok/s, elastic ${se[-1]} tok/s"
+done
+mf=$(printf '%s\n' "${sf[@]}" | median)
+me=$(printf '%s\n' "${se[@]}" | median)
+echo "ssp:1 median: fixed world $mf tok/s, elastic $me tok/s ($(awk -v a="$me" -v b="$mf" 'BEGIN { printf "%.3f", a / b }')x)"
+servers
+pids=()
+for r in 0 1 2; do
+    "$BIN/worker/ferry-trainer" --ps "$PSS" --job s --elastic 1:3 "${DATA[@]}" --batch-size 20 \
+        --sync ssp:1 --max-steps 120 --metrics-out "$TMP/s$r.jsonl" 2>"$TMP/s$r.log" &
+    pids+=($!)
+    sleep 0.3
+done
+until grep -q '"step":60,' "$TMP/s0.jsonl" 2>/dev/null; do sleep 0.01; done
+kill -9 "${pids[2]}"
+killed=$(date +%s.%N)
+at=$(grep -c '"event":"train"' "$TMP/s0.jsonl")
+wait "${pids[0]}" "${pids[1]}" || { tail -3 "$TMP"/s*.log >&2; exit 1; }
+wait "${pids[2]}" 2>/dev/null || true
+stop_servers
+python3 - "$TMP/s0.log" "$TMP/s0.jsonl" "$killed" "$at" <<'EOF'
+import datetime, json, statistics, sys
+log, metrics, killed, at = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+ev = [json.loads(l) for l in open(metrics)]
+if any(e["event"] in ("redo", "recover") for e in ev):
+    sys.exit("a redo or roll-back in an ssp job")
+train = [e for e in ev if e["event"] == "train"]
+def when(s):
+    for line in open(log):
+        if f": step {s} |" in line:
+            t = datetime.datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f")
+            return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+nxt = train[at]["step"] if at < len(train) else None
+times = sorted(e["elapsed_s"] for e in train)
+gaps = [b - a for a, b in zip(times, times[1:])]
+print(f"ssp:1 death: SIGKILL of 1 of 3 members at step ~60; nothing redone; "
+      f"{when(nxt) - killed:.3f} s from the SIGKILL to the survivor's next step; longest "
+      f"step-to-step gap {max(gaps):.3f} s, median step {statistics.median(gaps):.3f} s")
 EOF
