@@ -58,6 +58,16 @@ static void progress_encode(const trainer *t, int64_t next_window, unsigned char
     put_u32(p + 40, (uint32_t)t->sched.cooldown_left);
 }
 
+/* The learning rate and the schedule's state of progress p into *pr. */
+static void progress_schedule(const unsigned char *p, ferry_ck_progress *pr) {
+    uint32_t lr_bits = get_u32(p + 24);
+    uint64_t best_bits = get_u64(p + 28);
+    memcpy(&pr->lr, &lr_bits, 4);
+    memcpy(&pr->sched.best, &best_bits, 8);
+    pr->sched.bad_epochs = (int)get_u32(p + 36);
+    pr->sched.cooldown_left = (int)get_u32(p + 40);
+}
+
 static ferry_status progress_decode(trainer *t, const unsigned char *p, size_t n,
                                     uint64_t step) {
     if (n != PROGRESS_BYTES || get_u32(p) != PROGRESS_MAGIC || get_u64(p + 16) != step)
@@ -65,21 +75,12 @@ static ferry_status progress_decode(trainer *t, const unsigned char *p, size_t n
                             "elastic job: the members' progress of step %llu is not one this "
                             "trainer reads (%zu bytes; another ferry-trainer version?)",
                             (unsigned long long)step, n);
-    uint32_t lr_bits = get_u32(p + 24);
-    uint64_t best_bits = get_u64(p + 28);
-    float lr;
-    double best;
-    memcpy(&lr, &lr_bits, 4);
-    memcpy(&best, &best_bits, 8);
     ferry_ck_progress pr = {0};
     pr.epoch = (int)get_u32(p + 4);
     pr.window = (int64_t)get_u64(p + 8);
     pr.step = (int64_t)step;
-    pr.lr = lr;
     pr.sched = t->sched;
-    pr.sched.best = best;
-    pr.sched.bad_epochs = (int)get_u32(p + 36);
-    pr.sched.cooldown_left = (int)get_u32(p + 40);
+    progress_schedule(p, &pr);
     pr.has_state = pr.window > 0;
     return ferry__trainer_apply_progress(t, &pr);
 }
@@ -121,6 +122,14 @@ static ferry_status state_columns(trainer *t, float *buf, int to_columns) {
     return st;
 }
 
+/* The members of m as "0,2,3" into buf (as many as fit). */
+static void members_text(const ferry_job_membership *m, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < m->n && k + 16 < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%u", i ? "," : "", m->members[i]);
+}
+
 /* Takes membership m: this rank's columns, and their carried state when m brings it
  * (zeroed instead at an epoch's first window, where every member starts from zero). */
 static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_window) {
@@ -134,9 +143,7 @@ static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_w
     }
     int moved = m->col0 != t->c0 || m->col1 != t->c1 || m->epoch != t->el_epoch;
     char text[256];
-    size_t k = 0;
-    for (size_t i = 0; i < m->n && k + 16 < sizeof text; i++)
-        k += (size_t)snprintf(text + k, sizeof text - k, "%s%u", i ? "," : "", m->members[i]);
+    members_text(m, text, sizeof text);
     if (m->epoch != t->el_epoch)
         FERRY_LOG_INFO("elastic: epoch %llu from step %llu: members %s (%zu); this rank's "
                        "columns [%d, %d) of %d",
@@ -295,14 +302,8 @@ static ferry_status async_start(trainer *t, const ferry_job_membership *m) {
                             "elastic job: the members' progress is not one this trainer reads "
                             "(%zu bytes; another ferry-trainer version?)",
                             m->progress_len);
-    if (p != NULL) {
-        uint32_t lr_bits = get_u32(p + 24);
-        uint64_t best_bits = get_u64(p + 28);
-        memcpy(&pr.lr, &lr_bits, 4);
-        memcpy(&pr.sched.best, &best_bits, 8);
-        pr.sched.bad_epochs = (int)get_u32(p + 36);
-        pr.sched.cooldown_left = (int)get_u32(p + 40);
-    }
+    if (p != NULL)
+        progress_schedule(p, &pr);
     ferry_status st = ferry__trainer_apply_progress(t, &pr);
     if (st == FERRY_OK)
         st = apply(t, m, 1);
@@ -328,10 +329,7 @@ ferry_status ferry__trainer_elastic_watch(trainer *t) {
                             t->cfg->job, ferry_error_last());
     if (m.epoch != t->el_epoch) {
         char text[256];
-        size_t k = 0;
-        text[0] = '\0';
-        for (size_t i = 0; i < m.n && k + 16 < sizeof text; i++)
-            k += (size_t)snprintf(text + k, sizeof text - k, "%s%u", i ? "," : "", m.members[i]);
+        members_text(&m, text, sizeof text);
         FERRY_LOG_INFO("elastic: epoch %llu from step %llu: members %s (%zu)",
                        (unsigned long long)m.epoch, (unsigned long long)m.first_step, text, m.n);
         t->el_epoch = m.epoch;
