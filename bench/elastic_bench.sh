@@ -96,22 +96,32 @@ mf=$(printf '%s\n' "${fixed[@]}" | median)
 me=$(printf '%s\n' "${elastic[@]}" | median)
 echo "median: fixed world $mf tok/s, elastic $me tok/s ($(awk -v a="$me" -v b="$mf" 'BEGIN { printf "%.3f", a / b }')x)"
 
+# death NAME [FLAG...]: an elastic job NAME of 3 trainers on 2 fresh ferry-ps (files
+# $TMP/NAME<r>.jsonl and .log), the third SIGKILLed when the first logs step 60; sets
+# KILLED (when) and AT (the first's train events by then).
+death() {
+    local name=$1 r
+    shift
+    servers
+    local pids=()
+    for r in 0 1 2; do
+        "$BIN/worker/ferry-trainer" --ps "$PSS" --job "$name" --elastic 1:3 "${DATA[@]}" "$@" \
+            --max-steps 120 --metrics-out "$TMP/$name$r.jsonl" 2>"$TMP/$name$r.log" &
+        pids+=($!)
+        sleep 0.3
+    done
+    until grep -q '"step":60,' "$TMP/${name}0.jsonl" 2>/dev/null; do sleep 0.01; done
+    kill -9 "${pids[2]}"
+    KILLED=$(date +%s.%N)
+    AT=$(grep -c '"event":"train"' "$TMP/${name}0.jsonl")
+    wait "${pids[0]}" "${pids[1]}" || { tail -3 "$TMP/$name"*.log >&2; exit 1; }
+    wait "${pids[2]}" 2>/dev/null || true
+    stop_servers
+}
+
 # A member's death: 3 trainers, one SIGKILLed at step 60.
-servers
-pids=()
-for r in 0 1 2; do
-    "$BIN/worker/ferry-trainer" --ps "$PSS" --job d --elastic 1:3 "${DATA[@]}" --max-steps 120 \
-        --metrics-out "$TMP/d$r.jsonl" 2>"$TMP/d$r.log" &
-    pids+=($!)
-    sleep 0.3
-done
-until grep -q '"step":60,' "$TMP/d0.jsonl" 2>/dev/null; do sleep 0.01; done
-kill -9 "${pids[2]}"
-killed=$(date +%s.%N)
-wait "${pids[0]}" "${pids[1]}" || { tail -3 "$TMP"/d*.log >&2; exit 1; }
-wait "${pids[2]}" 2>/dev/null || true
-stop_servers
-python3 - "$TMP/d0.log" "$TMP/d0.jsonl" "$killed" <<'EOF'
+death d
+python3 - "$TMP/d0.log" "$TMP/d0.jsonl" "$KILLED" <<'EOF'
 import datetime, json, statistics, sys
 log, metrics, killed = sys.argv[1], sys.argv[2], float(sys.argv[3])
 ev = [json.loads(l) for l in open(metrics)]
@@ -167,22 +177,8 @@ done
 mf=$(printf '%s\n' "${sf[@]}" | median)
 me=$(printf '%s\n' "${se[@]}" | median)
 echo "ssp:1 median: fixed world $mf tok/s, elastic $me tok/s ($(awk -v a="$me" -v b="$mf" 'BEGIN { printf "%.3f", a / b }')x)"
-servers
-pids=()
-for r in 0 1 2; do
-    "$BIN/worker/ferry-trainer" --ps "$PSS" --job s --elastic 1:3 "${DATA[@]}" --batch-size 20 \
-        --sync ssp:1 --max-steps 120 --metrics-out "$TMP/s$r.jsonl" 2>"$TMP/s$r.log" &
-    pids+=($!)
-    sleep 0.3
-done
-until grep -q '"step":60,' "$TMP/s0.jsonl" 2>/dev/null; do sleep 0.01; done
-kill -9 "${pids[2]}"
-killed=$(date +%s.%N)
-at=$(grep -c '"event":"train"' "$TMP/s0.jsonl")
-wait "${pids[0]}" "${pids[1]}" || { tail -3 "$TMP"/s*.log >&2; exit 1; }
-wait "${pids[2]}" 2>/dev/null || true
-stop_servers
-python3 - "$TMP/s0.log" "$TMP/s0.jsonl" "$killed" "$at" <<'EOF'
+death s --batch-size 20 --sync ssp:1
+python3 - "$TMP/s0.log" "$TMP/s0.jsonl" "$KILLED" "$AT" <<'EOF'
 import datetime, json, statistics, sys
 log, metrics, killed, at = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 ev = [json.loads(l) for l in open(metrics)]

@@ -216,6 +216,11 @@ static void el_fail_admits(ferry__ps_job *job, ferry_status st, const char *why)
 static void el_depart(ferry__ps_job *job, uint32_t r, const char *why, int completed);
 static ferry_status el_put_progress(ferry__ps_job *job, const Ferry__V1__JobElastic *e, int idx);
 
+/* An elastic ssp or async job: no common step, so no boundary (el_admit_now). */
+static int el_async(const ferry__ps_job *job) {
+    return job->el_min > 0 && job->sync != FERRY__PS_BSP;
+}
+
 static const char *sync_name(ferry__ps_sync s) {
     return s == FERRY__PS_BSP ? "bsp" : s == FERRY__PS_SSP ? "ssp" : "async";
 }
@@ -496,7 +501,7 @@ static void rank_gone(ferry__ps_job *job, uint32_t r, int how) {
                        (unsigned long long)job->bsp_step, job->name, why);
         job_fail_waiters(job, st, msg);
     }
-    if (job->el_min > 0 && job->sync != FERRY__PS_BSP) {
+    if (el_async(job)) {
         el_depart(job, r, why, 0);
         return;
     }
@@ -1601,6 +1606,18 @@ static void el_charge(ferry__ps_jobs *j, ferry__ps_job *job, int64_t delta) {
     j->bytes += delta;
 }
 
+/* *dst becomes a copy of src (freed first); *dst is unchanged when out of memory. */
+static ferry_status bin_copy(ProtobufCBinaryData *dst, const ProtobufCBinaryData *src) {
+    uint8_t *p = malloc(src->len);
+    if (p == NULL)
+        return FERRY_NOMEM();
+    memcpy(p, src->data, src->len);
+    free(dst->data);
+    dst->data = p;
+    dst->len = src->len;
+    return FERRY_OK;
+}
+
 /* The put value *put becomes the applied one *applied (freed first), at step s. */
 static void bin_apply(ProtobufCBinaryData *applied, uint64_t *applied_step,
                       ProtobufCBinaryData *put, uint64_t *put_step, uint64_t s) {
@@ -1819,6 +1836,22 @@ static uint64_t el_start(const ferry__ps_job *job, uint32_t except) {
     return min == UINT64_MAX ? job->applied : min;
 }
 
+/* The coordinator's live members other than `except` (UINT32_MAX: none left out). */
+static uint32_t el_live(const ferry__ps_job *job, uint32_t except) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < job->nmembers; i++)
+        n += job->members[i] != except && el_alive(job, job->members[i]);
+    return n;
+}
+
+/* Rank r and the other live ranks waiting to be admitted (ADMIT deferred). */
+static uint32_t el_asking(const ferry__ps_job *job, uint32_t r) {
+    uint32_t n = 1;
+    for (uint32_t x = rank_skip(job, 0); x < job->world; x = rank_skip(job, x + 1))
+        n += x != r && rank_peek(job, x)->admit != NULL && el_alive(job, x);
+    return n;
+}
+
 /* Admits rank r now (with the ranks waiting, when the job starts): the members gain
  * it in a new epoch from step start + 1; it counts as having taken `start` steps. */
 static ferry_status el_admit_now(ferry__ps_job *job, uint32_t r, const char *why) {
@@ -1867,12 +1900,13 @@ static void el_depart(ferry__ps_job *job, uint32_t r, const char *why, int compl
             job_fail(job, "out of memory moving an elastic job's membership on");
             return;
         }
+        uint64_t from = el_start(job, UINT32_MAX) + 1;
         if (n > 0 && n < job->el_min && !completed) {
             free(m);
-            (void)el_too_few(job, n, el_start(job, UINT32_MAX) + 1);
+            (void)el_too_few(job, n, from);
             return;
         }
-        el_set(job, m, n, el_start(job, UINT32_MAX) + 1, why);
+        el_set(job, m, n, from, why);
     }
     if (job->sync == FERRY__PS_SSP)
         ssp_release(job);
@@ -2060,13 +2094,9 @@ static ferry_status el_put(ferry__ps_jobs *j, ferry__ps_job *job, const Ferry__V
         c->p_epoch = e->epoch;
     }
     if (e->progress.len > 0) {
-        uint8_t *p = malloc(e->progress.len);
-        if (p == NULL)
-            return FERRY_NOMEM();
-        memcpy(p, e->progress.data, e->progress.len);
-        free(job->p_prog.data);
-        job->p_prog.data = p;
-        job->p_prog.len = e->progress.len;
+        ferry_status st = bin_copy(&job->p_prog, &e->progress);
+        if (st != FERRY_OK)
+            return st;
         job->p_prog_step = e->step;
     }
     rank_get(job, e->rank)->leave_after = e->leaving ? e->step : 0;
@@ -2090,15 +2120,10 @@ static ferry_status el_put_progress(ferry__ps_job *job, const Ferry__V1__JobElas
                             e->progress.len, EL_PROG_MAX);
     if (e->step < job->prog_step) /* an older one than the members' latest */
         return FERRY_OK;
-    uint8_t *p = malloc(e->progress.len);
-    if (p == NULL)
-        return FERRY_NOMEM();
-    memcpy(p, e->progress.data, e->progress.len);
-    free(job->prog.data);
-    job->prog.data = p;
-    job->prog.len = e->progress.len;
-    job->prog_step = e->step;
-    return FERRY_OK;
+    ferry_status st = bin_copy(&job->prog, &e->progress);
+    if (st == FERRY_OK)
+        job->prog_step = e->step;
+    return st;
 }
 
 /* REDO: step s failed under epoch e for want of a member: drop the members gone. */
@@ -2209,12 +2234,8 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
                 break;
             }
             if (job->sync != FERRY__PS_BSP) { /* no boundary to wait for */
-                uint32_t others = 0, waiting = 1;
-                for (uint32_t i = 0; i < job->nmembers; i++)
-                    others += job->members[i] != e->rank && el_alive(job, job->members[i]);
-                for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
-                    waiting += r != e->rank && rank_peek(job, r)->admit != NULL && el_alive(job, r);
-                if (others > 0 || waiting >= job->el_min) {
+                uint32_t others = el_live(job, e->rank);
+                if (others > 0 || el_asking(job, e->rank) >= job->el_min) {
                     char why[64];
                     (void)snprintf(why, sizeof why, others > 0 ? "rank %u admitted" : "started",
                                    e->rank);
@@ -2227,24 +2248,16 @@ static ferry_status job_elastic_call(ferry__ps_state *ps, const ferry__ps_sessio
                 cols = 1; /* a member already (a retry) */
                 break;
             }
-            int alive = 0;
-            for (uint32_t i = 0; i < job->nmembers; i++)
-                alive += el_alive(job, job->members[i]);
-            if (alive == 0) { /* not started, or every member went: from here */
-                uint32_t waiting = 1;
-                for (uint32_t r = rank_skip(job, 0); r < job->world; r = rank_skip(job, r + 1))
-                    waiting += r != e->rank && rank_peek(job, r)->admit != NULL &&
-                               el_alive(job, r);
-                if (waiting >= job->el_min) {
-                    uint32_t *m = NULL, n = 0;
-                    st = el_next(job, 1, 0, e->rank, &m, &n);
-                    if (st == FERRY_OK) {
-                        el_set(job, m, n, job->applied + 1, "started");
-                        el_answer_admits(job);
-                        cols = 1;
-                    }
-                    break;
+            /* not started, or every member went: from here */
+            if (el_live(job, UINT32_MAX) == 0 && el_asking(job, e->rank) >= job->el_min) {
+                uint32_t *m = NULL, n = 0;
+                st = el_next(job, 1, 0, e->rank, &m, &n);
+                if (st == FERRY_OK) {
+                    el_set(job, m, n, job->applied + 1, "started");
+                    el_answer_admits(job);
+                    cols = 1;
                 }
+                break;
             }
             ferry_rpc_pending *p = ferry_rpc_defer(reply);
             if (p == NULL) {
@@ -2677,7 +2690,7 @@ static void job_leave(ferry__ps_job *job, uint32_t rank, const char *reason, uin
     }
     char why[400], msg[512];
     ferry_status st = rank_absent(job, rank, why, sizeof why);
-    if (job->el_min > 0 && job->sync != FERRY__PS_BSP) {
+    if (el_async(job)) {
         el_depart(job, rank, why, !early);
         return;
     }
@@ -3458,7 +3471,7 @@ ferry_status ferry__ps_job_step(ferry__ps_state *ps, ferry__ps_session *sess,
         st = ferry_errorf(FERRY_ERR_INVALID, "Step: install is for bsp jobs");
     /* An elastic ssp or async job: the coordinator takes Steps of its members only;
      * another server counts a rank from its first Step there. */
-    if (st == FERRY_OK && job->el_min > 0 && job->sync != FERRY__PS_BSP) {
+    if (st == FERRY_OK && el_async(job)) {
         job_rank *k = rank_get(job, js->rank); /* joined: it exists */
         if (job->epoch > 0 && el_index(job, js->rank) < 0)
             st = ferry_errorf(FERRY_ERR_ABORTED,

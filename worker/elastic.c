@@ -122,12 +122,32 @@ static ferry_status state_columns(trainer *t, float *buf, int to_columns) {
     return st;
 }
 
-/* The members of m as "0,2,3" into buf (as many as fit). */
-static void members_text(const ferry_job_membership *m, char *buf, size_t cap) {
-    size_t k = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < m->n && k + 16 < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%u", i ? "," : "", m->members[i]);
+/* Membership m, under which this rank holds columns [c0, c1): logged and written as a
+ * `membership` event when its epoch is new to this rank, and shown on /metrics. */
+static ferry_status note_membership(trainer *t, const ferry_job_membership *m, int c0, int c1) {
+    ferry_status st = FERRY_OK;
+    if (m->epoch != t->el_epoch) {
+        char text[256] = "";
+        size_t k = 0;
+        for (size_t i = 0; i < m->n && k + 16 < sizeof text; i++)
+            k += (size_t)snprintf(text + k, sizeof text - k, "%s%u", i ? "," : "", m->members[i]);
+        FERRY_LOG_INFO("elastic: epoch %llu from step %llu: members %s (%zu); this rank's "
+                       "columns [%d, %d) of %d",
+                       (unsigned long long)m->epoch, (unsigned long long)m->first_step, text, m->n,
+                       c0, c1, t->cfg->batch_size);
+        if (t->metrics != NULL) {
+            const char *keys[] = {"epoch", "first_step", "members", "col0", "col1"};
+            double vals[] = {(double)m->epoch, (double)m->first_step, (double)m->n, c0, c1};
+            st = ferry_metrics_write_kv(t->metrics, "membership", 5, keys, vals);
+        }
+    }
+    t->el_epoch = m->epoch;
+    pthread_mutex_lock(&t->live_mu);
+    t->live.el_epoch = m->epoch;
+    t->live.el_members = m->n;
+    t->live.servers = ferry_cluster_size(t->cluster);
+    pthread_mutex_unlock(&t->live_mu);
+    return st;
 }
 
 /* Takes membership m: this rank's columns, and their carried state when m brings it
@@ -142,32 +162,15 @@ static ferry_status apply(trainer *t, const ferry_job_membership *m, int first_w
                             (unsigned long long)m->epoch);
     }
     int moved = m->col0 != t->c0 || m->col1 != t->c1 || m->epoch != t->el_epoch;
-    char text[256];
-    members_text(m, text, sizeof text);
-    if (m->epoch != t->el_epoch)
-        FERRY_LOG_INFO("elastic: epoch %llu from step %llu: members %s (%zu); this rank's "
-                       "columns [%d, %d) of %d",
-                       (unsigned long long)m->epoch, (unsigned long long)m->first_step, text, m->n,
-                       m->col0, m->col1, t->cfg->batch_size);
-    if (m->epoch != t->el_epoch && t->metrics != NULL) {
-        const char *keys[] = {"epoch", "first_step", "members", "col0", "col1"};
-        double vals[] = {(double)m->epoch, (double)m->first_step, (double)m->n, m->col0, m->col1};
-        ferry_status st = ferry_metrics_write_kv(t->metrics, "membership", 5, keys, vals);
-        if (st != FERRY_OK)
-            return st;
-    }
-    t->el_epoch = m->epoch;
+    ferry_status st = note_membership(t, m, m->col0, m->col1);
+    if (st != FERRY_OK)
+        return st;
     t->el_first = m->index == 0;
-    pthread_mutex_lock(&t->live_mu);
-    t->live.el_epoch = m->epoch;
-    t->live.el_members = m->n;
-    t->live.servers = ferry_cluster_size(t->cluster);
-    pthread_mutex_unlock(&t->live_mu);
     t->c0 = m->col0;
     t->c1 = m->col1;
     if (!moved && m->state == NULL)
         return FERRY_OK;
-    ferry_status st = ferry_lm_reset_state(t->lm, t->c1 - t->c0);
+    st = ferry_lm_reset_state(t->lm, t->c1 - t->c0);
     if (st != FERRY_OK || first_window || m->state == NULL)
         return st;
     if (m->col_bytes != column_bytes(t))
@@ -327,22 +330,7 @@ ferry_status ferry__trainer_elastic_watch(trainer *t) {
     if (st != FERRY_OK)
         return ferry_errorf(st, "elastic job '%s': asking the coordinator for the members: %s",
                             t->cfg->job, ferry_error_last());
-    if (m.epoch != t->el_epoch) {
-        char text[256];
-        members_text(&m, text, sizeof text);
-        FERRY_LOG_INFO("elastic: epoch %llu from step %llu: members %s (%zu)",
-                       (unsigned long long)m.epoch, (unsigned long long)m.first_step, text, m.n);
-        t->el_epoch = m.epoch;
-        pthread_mutex_lock(&t->live_mu);
-        t->live.el_epoch = m.epoch;
-        t->live.el_members = m.n;
-        pthread_mutex_unlock(&t->live_mu);
-        if (t->metrics != NULL) {
-            const char *keys[] = {"epoch", "first_step", "members", "col0", "col1"};
-            double vals[] = {(double)m.epoch, (double)m.first_step, (double)m.n, t->c0, t->c1};
-            st = ferry_metrics_write_kv(t->metrics, "membership", 5, keys, vals);
-        }
-    }
+    st = note_membership(t, &m, t->c0, t->c1);
     ferry_job_membership_free(&m);
     return st;
 }
