@@ -229,10 +229,7 @@ static ferry_status dense_backward(ferry__ps_module *m, const Ferry__V1__Backwar
     if ((st = ferry__ps_check_finite(m, ferry_wire_tensors[FERRY_WIRE_DENSE_BWD_GRAD].name, grad,
                                      n)) != FERRY_OK)
         return st;
-    float *g = ferry_grads_dense(G, m->w);
-    if (g == NULL)
-        return FERRY_NOMEM_SAID;
-    return ferry_backend_axpy(m->P.be, n, 1.0f, grad, g);
+    return ferry_grads_add_dense(G, m->w, grad);
 }
 
 const ferry__ps_kind ferry__ps_kind_dense = {

@@ -131,5 +131,24 @@ TEST(step_applies_the_scale) {
     two_blocks_deinit(&t);
 }
 
+/* ferry_grads_add_dense: the first gradient since a zero is copied over whatever the
+ * buffer held, the next ones added; a row-sparse parameter is refused. */
+TEST(add_dense_copies_then_adds) {
+    two_blocks t;
+    two_blocks_init(&t);
+    const float a[3] = {1, 2, 3}, b[3] = {0.5f, -2, 4};
+    CHECK(!t.GB.touched[1]); /* u: junk (100) in its buffer */
+    CHECK_OK(ferry_grads_add_dense(&t.GB, 1, a));
+    const float *u = t.GB.dense + t.B.items[1].offset;
+    CHECK(t.GB.touched[1] && u[0] == 1 && u[1] == 2 && u[2] == 3);
+    CHECK_OK(ferry_grads_add_dense(&t.GB, 1, b));
+    CHECK(u[0] == 1.5f && u[1] == 0 && u[2] == 7);
+    ferry_grads_zero(&t.GB);
+    CHECK_OK(ferry_grads_add_dense(&t.GB, 1, b));
+    CHECK(u[0] == 0.5f && u[1] == -2 && u[2] == 4);
+    CHECK_STATUS(ferry_grads_add_dense(&t.GA, 1, a), FERRY_ERR_INVALID);
+    two_blocks_deinit(&t);
+}
+
 FERRY_TEST_MAIN(T(coef_matches_torch_formula) T(coef_errors) T(sumsq_over_several_grads)
-                    T(step_applies_the_scale))
+                    T(step_applies_the_scale) T(add_dense_copies_then_adds))

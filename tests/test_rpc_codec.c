@@ -668,8 +668,82 @@ TEST(bf16_wire) {
     free(a);
 }
 
+/* ferry_rpc_msg_land: the named F32 tensor of the landing's size is written to the
+ * caller's buffer and borrowed from it; everything else is received as usual. */
+TEST(landing) {
+    enum { R = 300, C = 129 };
+    float *a = malloc(R * C * sizeof *a), *dst = malloc(R * C * sizeof *dst);
+    float v[7] = {1, 2, 3, 4, 5, 6, 7};
+    CHECK(a != NULL && dst != NULL);
+    for (int i = 0; i < R * C; i++)
+        a[i] = (float)i * 0.5f - 3.0f;
+    ferry_rpc_msg m, got;
+    ferry_rpc_msg_init(&m);
+    ferry_rpc_msg_init(&got);
+    ferry_rpc_tensor t2 = {.dtype = FERRY_RPC_DTYPE_F32,
+                           .ndim = 2,
+                           .dim = {R, C},
+                           .data = a,
+                           .nbytes = R * C * sizeof *a,
+                           .name = "weight"};
+    ferry_rpc_tensor t1 = {.dtype = FERRY_RPC_DTYPE_F32,
+                           .ndim = 1,
+                           .dim = {7},
+                           .data = v,
+                           .nbytes = sizeof v,
+                           .name = "weight"};
+    CHECK_OK(ferry_rpc_msg_add(&m, &t1)); /* the same name, another size: not landed */
+    CHECK_OK(ferry_rpc_msg_add(&m, &t2));
+    CHECK_OK(ferry_rpc_msg_add(&m, &t2)); /* a second match: only the first lands */
+    size_t n32, n16;
+    uint8_t *f32 = encode_flat(&m, 1024, &n32);
+    CHECK_OK(ferry_rpc_msg_set_wire_dtype(&m, FERRY_RPC_DTYPE_BF16));
+    uint8_t *f16 = encode_flat(&m, 1024, &n16);
+    ferry_rpc_msg_land(&got, "weight", dst, R * C * sizeof *dst);
+    for (unsigned seed = 0; seed <= 5; seed++) {
+        memset(dst, 0, R * C * sizeof *dst);
+        if (seed == 0)
+            CHECK_OK(ferry__rpc_decode_flat(f32, n32, &ferry__v1__forward_request__descriptor,
+                                            &limits, &got));
+        else
+            CHECK_OK(decode_chunked(f32, n32, seed, &got)); /* decode deinits: kept */
+        CHECK(got.ntensors == 3);
+        CHECK(got.tensors[0].data != dst && memcmp(got.tensors[0].data, v, sizeof v) == 0);
+        CHECK(got.tensors[1].data == dst && got.tensors[1].release == NULL);
+        CHECK(memcmp(dst, a, R * C * sizeof *a) == 0);
+        CHECK(got.tensors[2].data != dst && got.tensors[2].release != NULL);
+        CHECK(memcmp(got.tensors[2].data, a, R * C * sizeof *a) == 0);
+    }
+    /* bf16 on the wire is widened into a buffer of its own; dst is not touched */
+    memset(dst, 0, R * C * sizeof *dst);
+    CHECK_OK(decode_chunked(f16, n16, 3, &got));
+    CHECK(got.tensors[1].data != dst && dst[1] == 0.0f);
+    /* another name, or no landing (init, or dst NULL), lands nothing */
+    ferry_rpc_msg_land(&got, "grad", dst, R * C * sizeof *dst);
+    CHECK_OK(decode_chunked(f32, n32, 4, &got));
+    CHECK(got.tensors[1].data != dst && dst[1] == 0.0f);
+    ferry_rpc_msg_land(&got, "weight", NULL, 0);
+    CHECK(got.land == NULL);
+    CHECK_OK(decode_chunked(f32, n32, 5, &got));
+    CHECK(got.tensors[1].data != dst && dst[1] == 0.0f);
+    /* a message cut short inside the landed payload fails and releases what it owns */
+    ferry_rpc_msg_land(&got, "weight", dst, R * C * sizeof *dst);
+    CHECK_STATUS(ferry__rpc_decode_flat(f32, n32 / 2, &ferry__v1__forward_request__descriptor,
+                                        &limits, &got),
+                 FERRY_ERR_FORMAT);
+    CHECK(got.ntensors == 0 && got.land == dst);
+    ferry_rpc_msg_init(&got);
+    CHECK(got.land == NULL);
+    free(f16);
+    free(f32);
+    ferry_rpc_msg_deinit(&got);
+    ferry_rpc_msg_deinit(&m);
+    free(a);
+    free(dst);
+}
+
 /* clang-format off */
 FERRY_TEST_MAIN(T(method_table) T(msg_rules) T(head_rules) T(buffers) T(roundtrip_chunked)
                 T(protobuf_c_compat) T(forward_decoded) T(malformed_cases) T(limits)
-                T(fuzz_truncate_corrupt) T(bf16_rounding) T(bf16_arrays) T(bf16_wire))
+                T(fuzz_truncate_corrupt) T(bf16_rounding) T(bf16_arrays) T(bf16_wire) T(landing))
 /* clang-format on */

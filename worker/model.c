@@ -413,14 +413,21 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
     return ferry_lm_pull_dense(lm); /* start from the job's weights */
 }
 
-ferry_status ferry_lm_pull_dense(ferry_lm *lm) {
-    if (lm->dense_remote == NULL)
-        return FERRY_OK;
-    ferry_status st = ferry_remote_dense_pull(lm->dense_remote, NULL, lm->stage, NULL);
+/* The job's weights into P: straight from the transport where P is host memory,
+ * through the stage where it is a device's. A failed pull may leave P partly
+ * written; every step pulls again before it computes. */
+static ferry_status lm_pull(ferry_lm *lm, ferry_dist_ctx *dc, uint64_t *call) {
+    if (ferry_backend_is_host(lm->be))
+        return ferry_remote_dense_pull(lm->dense_remote, dc, lm->P.data, call);
+    ferry_status st = ferry_remote_dense_pull(lm->dense_remote, dc, lm->stage, call);
     if (st == FERRY_OK)
         st = ferry_backend_copy(lm->be, lm->P.data, lm->stage, (size_t)lm->P.numel * sizeof(float),
                                 FERRY_COPY_HOST_TO_DEVICE);
     return st;
+}
+
+ferry_status ferry_lm_pull_dense(ferry_lm *lm) {
+    return lm->dense_remote != NULL ? lm_pull(lm, NULL, NULL) : FERRY_OK;
 }
 
 ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cfg,
@@ -667,6 +674,40 @@ static ferry_status lm_dist_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_optim *
     return st;
 }
 
+/* The step's gradient in P's layout, zeros where no gradient came, in *out: G's
+ * dense block itself where it is host memory and every parameter (all dense) was
+ * touched, with only the alignment gaps between parameters cleared; else the stage,
+ * cleared and filled from G. */
+static ferry_status lm_push_block(ferry_lm *lm, ferry_grads *G, const float **out) {
+    int direct = G->dense != NULL && ferry_backend_is_host(lm->be);
+    for (int i = 0; i < lm->P.count && direct; i++)
+        direct = G->touched[i] && !(lm->P.items[i].flags & FERRY_PARAM_ROW_SPARSE);
+    if (direct) {
+        int64_t end = 0; /* parameters lie in P in offset order */
+        for (int i = 0; i < lm->P.count; i++) {
+            const ferry_param *p = &lm->P.items[i];
+            memset(G->dense + end, 0, (size_t)(p->offset - end) * sizeof(float));
+            end = p->offset + p->numel;
+        }
+        memset(G->dense + end, 0, (size_t)(lm->P.numel - end) * sizeof(float));
+        *out = G->dense;
+        return FERRY_OK;
+    }
+    memset(lm->stage, 0, (size_t)lm->P.numel * sizeof(float));
+    for (int i = 0; i < lm->P.count; i++) {
+        if (!G->touched[i])
+            continue;
+        const ferry_param *p = &lm->P.items[i];
+        ferry_status st =
+            ferry_backend_copy(lm->be, lm->stage + p->offset, G->dense + p->offset,
+                               (size_t)p->numel * sizeof(float), FERRY_COPY_DEVICE_TO_HOST);
+        if (st != FERRY_OK)
+            return st;
+    }
+    *out = lm->stage;
+    return FERRY_OK;
+}
+
 /* The data-parallel step: push the LSTM's gradient (its rows to each server), tie
  * the context to the job step, then the servers' clipped step: GradNorm (bsp: of
  * every rank's summed gradient) and Step. Nothing is stepped here. */
@@ -674,17 +715,9 @@ static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G
                                 uint64_t pull_call, const ferry_tensor *inputs,
                                 const ferry_lm_step_args *a, ferry_lm_step_result *res) {
     ferry_status st;
-    memset(lm->stage, 0, (size_t)lm->P.numel * sizeof(float));
-    for (int i = 0; i < lm->P.count; i++) {
-        if (!G->touched[i])
-            continue;
-        const ferry_param *p = &lm->P.items[i];
-        if ((st = ferry_backend_copy(lm->be, lm->stage + p->offset, G->dense + p->offset,
-                                     (size_t)p->numel * sizeof(float),
-                                     FERRY_COPY_DEVICE_TO_HOST)) != FERRY_OK)
-            return st;
-    }
-    if ((st = ferry_remote_dense_push(lm->dense_remote, dc, pull_call, lm->stage)) != FERRY_OK)
+    const float *grad;
+    if ((st = lm_push_block(lm, G, &grad)) != FERRY_OK ||
+        (st = ferry_remote_dense_push(lm->dense_remote, dc, pull_call, grad)) != FERRY_OK)
         return st;
     double tokens = (double)ferry_tensor_numel(inputs);
     if ((st = ferry_dist_ctx_set_job(dc, lm->job, a->job_step, res->loss_sum, tokens)) != FERRY_OK)
@@ -725,11 +758,7 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
             return st;
     }
     if (lm->dense_remote != NULL) { /* this step starts from the job's weights */
-        if ((st = ferry_remote_dense_pull(lm->dense_remote, dc, lm->stage, &pull_call)) !=
-                FERRY_OK ||
-            (st = ferry_backend_copy(lm->be, lm->P.data, lm->stage,
-                                     (size_t)lm->P.numel * sizeof(float),
-                                     FERRY_COPY_HOST_TO_DEVICE)) != FERRY_OK)
+        if ((st = lm_pull(lm, dc, &pull_call)) != FERRY_OK)
             return st;
     }
     if (lm->pipe != NULL && ferry_lm_is_remote(lm)) {

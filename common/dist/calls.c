@@ -357,17 +357,23 @@ ferry_status ferry_remote_dense_pull(ferry_remote *m, ferry_dist_ctx *dc, float 
             st = ferry_rpc_msg_add(&reqs[s], &t);
         }
     }
+    /* f32: each shard's rows land in out straight from the transport's buffers */
+    for (int s = 0; s < m->nshards && !bf16; s++)
+        ferry_rpc_msg_land(&replies[s], ferry_wire_tensors[FERRY_WIRE_DENSE_FWD_WEIGHT].name,
+                           out + m->shards[s].row_begin * m->cols,
+                           (size_t)(m->shards[s].row_count * m->cols) * sizeof *out);
     if (st == FERRY_OK)
         st = ferry__dist_fanout(m->c, FERRY_RPC_FORWARD, m->nshards, servers, reqs, 0, replies);
     for (int s = 0; s < m->nshards && st == FERRY_OK; s++) {
         int64_t want[2] = {m->shards[s].row_count, m->cols};
+        float *rows = out + m->shards[s].row_begin * m->cols;
         const ferry_rpc_tensor *t;
         st = ferry__dist_output(m->c, servers[s], &replies[s], FERRY_WIRE_DENSE_FWD_WEIGHT, want,
                                 &t);
         if (st == FERRY_OK && bf16)
             st = dense_image_apply(m, s, &replies[s], t, out);
-        else if (st == FERRY_OK && t->nbytes > 0)
-            memcpy(out + m->shards[s].row_begin * m->cols, t->data, t->nbytes);
+        else if (st == FERRY_OK && t->nbytes > 0 && t->data != rows)
+            memcpy(rows, t->data, t->nbytes);
     }
     msgs_deinit(reqs, replies, m->nshards);
     if (rec != NULL && st != FERRY_OK)

@@ -167,26 +167,45 @@ static int64_t dense_floats(const ferry_params *P) {
     return P->numel ? P->numel : 16;
 }
 
-float *ferry_grads_dense(ferry_grads *G, int index) {
+/* The dense gradient block's storage for parameter `index` in *out, not cleared. */
+static ferry_status dense_storage(ferry_grads *G, int index, float **out) {
     const ferry_param *p = &G->P->items[index];
-    if (p->flags & FERRY_PARAM_ROW_SPARSE) {
-        (void)ferry_errorf(FERRY_ERR_INVALID, "parameter '%s' has a row-sparse gradient",
-                           p->name);
-        return NULL;
-    }
+    if (p->flags & FERRY_PARAM_ROW_SPARSE)
+        return ferry_errorf(FERRY_ERR_INVALID, "parameter '%s' has a row-sparse gradient", p->name);
     if (G->dense == NULL) {
         ferry_status st = ferry_backend_alloc(G->P->be, (size_t)dense_floats(G->P) * sizeof(float),
                                               (void **)&G->dense);
         if (st != FERRY_OK)
-            return NULL;
+            return st;
     }
-    float *g = G->dense + p->offset;
+    *out = G->dense + p->offset;
+    return FERRY_OK;
+}
+
+float *ferry_grads_dense(ferry_grads *G, int index) {
+    float *g = NULL;
+    if (dense_storage(G, index, &g) != FERRY_OK)
+        return NULL;
     if (!G->touched[index]) {
-        if (ferry_backend_fill(G->P->be, g, p->numel, 0.0f) != FERRY_OK)
+        if (ferry_backend_fill(G->P->be, g, G->P->items[index].numel, 0.0f) != FERRY_OK)
             return NULL;
         G->touched[index] = 1;
     }
     return g;
+}
+
+ferry_status ferry_grads_add_dense(ferry_grads *G, int index, const float *src) {
+    float *g = NULL;
+    ferry_status st = dense_storage(G, index, &g);
+    if (st != FERRY_OK)
+        return st;
+    int64_t n = G->P->items[index].numel;
+    if (G->touched[index])
+        return ferry_backend_axpy(G->P->be, n, 1.0f, src, g);
+    if ((st = ferry_backend_copy(G->P->be, g, src, (size_t)n * sizeof(float),
+                                 FERRY_COPY_DEVICE_TO_DEVICE)) == FERRY_OK)
+        G->touched[index] = 1;
+    return st;
 }
 
 ferry_rowgrad *ferry_grads_rows(ferry_grads *G, int index) {
@@ -382,9 +401,7 @@ ferry_status ferry_grads_add(ferry_grads *dst, const ferry_grads *src) {
             free(slots);
             free(ids);
         } else {
-            float *g = ferry_grads_dense(dst, i);
-            st = g ? ferry_backend_axpy(be, p->numel, 1.0f, src->dense + p->offset, g)
-                   : FERRY_NOMEM_SAID;
+            st = ferry_grads_add_dense(dst, i, src->dense + p->offset);
         }
     }
     return st;

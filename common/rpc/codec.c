@@ -325,8 +325,16 @@ static ferry_status tensor_dim(cursor *c, const ferry__rpc_limits *lim, ferry_rp
     return FERRY_OK;
 }
 
+/* Where one received tensor may land instead of a buffer of its own (ferry_rpc_msg_land);
+ * dst becomes NULL once a tensor took it. */
+typedef struct landing {
+    const char *name;
+    void *dst;
+    size_t nbytes;
+} landing;
+
 static ferry_status tensor_field(cursor *c, size_t end, const ferry__rpc_limits *lim,
-                                 ferry_rpc_tensor *t, uint64_t *dtype) {
+                                 ferry_rpc_tensor *t, uint64_t *dtype, landing *land) {
     uint64_t key, v;
     ferry_status st = cur_varint(c, end, &key, NULL, NULL);
     if (st != FERRY_OK)
@@ -371,6 +379,13 @@ static ferry_status tensor_field(cursor *c, size_t end, const ferry__rpc_limits 
         return bad(c, "tensor with two data fields");
     if (v == 0)
         return FERRY_OK;
+    if (land->dst != NULL && *dtype == FERRY_RPC_DTYPE_F32 && v == land->nbytes &&
+        strcmp(t->name, land->name) == 0) {
+        t->data = land->dst; /* borrowed: written once, here, and never past nbytes */
+        t->nbytes = (size_t)v;
+        land->dst = NULL;
+        return cur_copy(c, end, t->data, (size_t)v);
+    }
     /* v is bounded by the bytes that arrived (checked by cur_len), so this
      * allocation never exceeds the message itself. */
     if ((t->data = ferry_rpc_buf_alloc((size_t)v)) == NULL)
@@ -401,13 +416,13 @@ static ferry_status widen_bf16(ferry_rpc_tensor *t) {
 }
 
 static ferry_status decode_tensor(cursor *c, size_t end, const ferry__rpc_limits *lim,
-                                  ferry_rpc_tensor *t) {
+                                  ferry_rpc_tensor *t, landing *land) {
     memset(t, 0, sizeof *t);
     size_t start = c->pos;
     uint64_t dtype = 0;
     ferry_status st = FERRY_OK;
     while (st == FERRY_OK && c->pos < end)
-        st = tensor_field(c, end, lim, t, &dtype);
+        st = tensor_field(c, end, lim, t, &dtype, land);
     if (st == FERRY_OK && (dtype > FERRY_RPC_DTYPE_BF16))
         st = ferry_errorf(FERRY_ERR_FORMAT, "tensor at byte %zu has unknown dtype %llu", start,
                           (unsigned long long)dtype);
@@ -495,7 +510,7 @@ static ferry_status header_field(cursor *c, size_t end, unsigned wt, hbuf *h) {
 }
 
 static ferry_status decode_field(cursor *c, size_t total, const ferry__rpc_limits *lim,
-                                 ferry_rpc_msg *out, hbuf *h) {
+                                 ferry_rpc_msg *out, hbuf *h, landing *land) {
     uint8_t raw[10];
     size_t rawn;
     uint64_t key, len;
@@ -515,7 +530,7 @@ static ferry_status decode_field(cursor *c, size_t total, const ferry__rpc_limit
         (st = ferry__rpc_msg_reserve(out, lim->max_tensors)) != FERRY_OK)
         return st;
     ferry_rpc_tensor *t = &out->tensors[out->ntensors];
-    if ((st = decode_tensor(c, c->pos + (size_t)len, lim, t)) != FERRY_OK)
+    if ((st = decode_tensor(c, c->pos + (size_t)len, lim, t, land)) != FERRY_OK)
         return st;
     out->ntensors++;
     return FERRY_OK;
@@ -569,9 +584,10 @@ ferry_status ferry__rpc_decode(const ferry__rpc_source *src, const ProtobufCMess
                             src->total, lim->max_message_bytes);
     cursor c = {.src = src};
     hbuf h = {0};
+    landing land = {out->land_name, out->land, out->land_bytes};
     ferry_status st = FERRY_OK;
     while (st == FERRY_OK && c.pos < src->total)
-        st = decode_field(&c, src->total, lim, out, &h);
+        st = decode_field(&c, src->total, lim, out, &h, &land);
     if (st == FERRY_OK) {
         static const uint8_t empty[1];
         ProtobufCMessage *head =

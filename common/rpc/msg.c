@@ -267,7 +267,18 @@ void ferry_rpc_msg_deinit(ferry_rpc_msg *m) {
     }
     free(m->tensors);
     msg_clear_head(m);
+    const char *land_name = m->land_name;
+    void *land = m->land;
+    size_t land_bytes = m->land_bytes;
     ferry_rpc_msg_init(m);
+    ferry_rpc_msg_land(m, land_name, land, land_bytes);
+}
+
+void ferry_rpc_msg_land(ferry_rpc_msg *m, const char *name, void *dst, size_t nbytes) {
+    int on = name != NULL && dst != NULL && nbytes > 0;
+    m->land_name = on ? name : NULL;
+    m->land = on ? dst : NULL;
+    m->land_bytes = on ? nbytes : 0;
 }
 
 void ferry__rpc_msg_disown(ferry_rpc_msg *m) {

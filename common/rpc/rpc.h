@@ -110,7 +110,8 @@ typedef void (*ferry_rpc_release_fn)(void *user);
  *     sends it returns, which ferry guarantees is after gRPC let go of them).
  *   - release != NULL: owned by the message; release(release_user) runs once
  *     when the message and the transport are both done with it.
- * Received tensors are owned, 64-byte aligned, and released with ferry_rpc_buf_free. */
+ * Received tensors are owned, 64-byte aligned, and released with ferry_rpc_buf_free,
+ * except one that landed in the caller's memory (ferry_rpc_msg_land): borrowed. */
 typedef struct ferry_rpc_tensor {
     int dtype; /* FERRY_RPC_DTYPE_* */
     int ndim;  /* 0 (scalar) .. FERRY_RPC_MAX_DIMS */
@@ -167,6 +168,9 @@ typedef struct ferry_rpc_msg {
                          too large to send is refused before it is built) */
     void *call;       /* a server's reply: the call it answers (ferry_rpc_defer) */
     int wire_dtype;   /* FERRY_RPC_DTYPE_F32 (as they are) or _BF16: see ferry_rpc_dtype */
+    const char *land_name; /* ferry_rpc_msg_land: kept by deinit, cleared by init */
+    void *land;
+    size_t land_bytes;
 } ferry_rpc_msg;
 
 /* Makes *m an empty message. No allocation; cannot fail. */
@@ -198,8 +202,20 @@ static inline float ferry_rpc_bf16_to_f32(uint16_t h) {
 void ferry_rpc_bf16_narrow(void *dst, const float *src, size_t n);
 void ferry_rpc_bf16_widen(float *dst, const void *src, size_t n);
 
+/* Asks that the next messages received into *m (a client's reply) write a tensor
+ * named `name`, of dtype F32 and exactly nbytes bytes, straight to dst instead of a
+ * buffer of its own: the copy out of the transport's buffers is then the only one,
+ * and the tensor in m->tensors borrows dst (release NULL). Only the first such tensor
+ * of a message lands; one that differs in name, dtype or size, or that travels as
+ * BF16, is received as usual, so a caller copies from t->data when it is not dst.
+ * A decode that fails may leave part of a tensor in dst. The landing stays set across
+ * calls and ferry_rpc_msg_deinit (fan-out calls deinit their replies first), until
+ * ferry_rpc_msg_init or ferry_rpc_msg_land(m, NULL, NULL, 0); dst and name must
+ * outlive it. */
+void ferry_rpc_msg_land(ferry_rpc_msg *m, const char *name, void *dst, size_t nbytes);
+
 /* Releases every owned tensor and the header, leaving *m empty and reusable
- * (deinit twice is fine). */
+ * (deinit twice is fine; a landing stays set: ferry_rpc_msg_land). */
 void ferry_rpc_msg_deinit(ferry_rpc_msg *m);
 
 /* Sets the header from a protobuf-c message of the method's type. A packed copy
