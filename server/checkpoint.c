@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/core/ckfile.h"
@@ -626,12 +627,18 @@ ferry_status ferry__ps_checkpoint_newest(const char *dir, char *path, size_t cap
 
 /* ---- a job's modules between servers (JobReshard EXPORT and ADOPT) ---- */
 
-/* A private directory for one file under dir (--checkpoint-dir), else $TMPDIR or /tmp. */
-static ferry_status move_dir(const char *dir, char *out, size_t cap) {
+#define MOVE_DIR_PREFIX ".ferry-move."
+
+/* Where moves write: dir (--checkpoint-dir), else $TMPDIR or /tmp. */
+static const char *move_base(const char *dir) {
     const char *base = dir != NULL && dir[0] != '\0' ? dir : getenv("TMPDIR");
-    if (base == NULL || base[0] == '\0')
-        base = "/tmp";
-    if (snprintf(out, cap, "%s/.ferry-move.XXXXXX", base) >= (int)cap)
+    return base != NULL && base[0] != '\0' ? base : "/tmp";
+}
+
+/* A private directory for one file under move_base(dir). */
+static ferry_status move_dir(const char *dir, char *out, size_t cap) {
+    const char *base = move_base(dir);
+    if (snprintf(out, cap, "%s/" MOVE_DIR_PREFIX "XXXXXX", base) >= (int)cap)
         return ferry_errorf(FERRY_ERR_INVALID, "%s: path too long", base);
     if (mkdtemp(out) == NULL)
         return ferry_errorf(FERRY_ERR_IO, "cannot make a directory in %s to move a job's modules",
@@ -668,6 +675,40 @@ ferry_status ferry__ps_checkpoint_export(ferry__ps_registry *r, const char *dir,
     (void)unlink(path);
     (void)rmdir(tmp);
     return st;
+}
+
+int ferry__ps_checkpoint_sweep_moves(const char *dir, double min_age_s) {
+    static const char *const files[] = {"export.ckpt", "adopt.ckpt"};
+    const char *base = move_base(dir);
+    int dirfd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = dirfd >= 0 ? fdopendir(dirfd) : NULL;
+    if (d == NULL) {
+        if (dirfd >= 0)
+            (void)close(dirfd);
+        return 0;
+    }
+    int removed = 0;
+    double now = (double)time(NULL);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        struct stat sb;
+        if (strncmp(e->d_name, MOVE_DIR_PREFIX, strlen(MOVE_DIR_PREFIX)) != 0 ||
+            fstatat(dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) ||
+            sb.st_uid != geteuid() || now - (double)sb.st_mtime < min_age_s)
+            continue;
+        int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        for (size_t i = 0; sub >= 0 && i < sizeof files / sizeof files[0]; i++)
+            (void)unlinkat(sub, files[i], 0); /* a link itself, never what it points to */
+        if (sub >= 0)
+            (void)close(sub);
+        if (unlinkat(dirfd, e->d_name, AT_REMOVEDIR) == 0)
+            removed++;
+    }
+    (void)closedir(d); /* closes dirfd */
+    if (removed > 0)
+        FERRY_LOG_INFO("removed %d director%s of job moves a kill interrupted (%s/" MOVE_DIR_PREFIX
+                       "XXXXXX)",
+                       removed, removed > 1 ? "ies" : "y", base);
+    return removed;
 }
 
 /* Deletes owner's modules named prefix... from r. */

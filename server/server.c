@@ -216,6 +216,7 @@ static ferry_status server_new(const ferry_ps_config *cfg, int network, ferry_ps
     int found = 0;
     if (ps->checkpoint_dir[0] != '\0') /* what an earlier run was writing when it died */
         (void)ferry__ps_checkpoint_sweep_temps(ps->checkpoint_dir, NULL);
+    (void)ferry__ps_checkpoint_sweep_moves(ps->checkpoint_dir, 3600.0); /* and moving */
     if (restore == NULL && ps->checkpoint_dir[0] != '\0' &&
         (st = ferry__ps_checkpoint_newest(ps->checkpoint_dir, newest, sizeof newest, &found)) !=
             FERRY_OK) {
