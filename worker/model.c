@@ -716,13 +716,15 @@ static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G
                                 const ferry_lm_step_args *a, ferry_lm_step_result *res) {
     ferry_status st;
     const float *grad;
+    double t0 = ferry_now();
     if ((st = lm_push_block(lm, G, &grad)) != FERRY_OK ||
         (st = ferry_remote_dense_push(lm->dense_remote, dc, pull_call, grad)) != FERRY_OK)
         return st;
+    res->xfer_s += ferry_now() - t0;
     double tokens = (double)ferry_tensor_numel(inputs);
     if ((st = ferry_dist_ctx_set_job(dc, lm->job, a->job_step, res->loss_sum, tokens)) != FERRY_OK)
         return st;
-    double t0 = ferry_now();
+    t0 = ferry_now();
     st = ferry_dist_ctx_clip_step(dc, 0.0, a->clip, a->lr, &res->coef, &res->grad_norm);
     res->sync_s = ferry_now() - t0;
     if (st != FERRY_OK)
@@ -758,8 +760,10 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
             return st;
     }
     if (lm->dense_remote != NULL) { /* this step starts from the job's weights */
+        double t0 = ferry_now();
         if ((st = lm_pull(lm, dc, &pull_call)) != FERRY_OK)
             return st;
+        res->xfer_s = ferry_now() - t0;
     }
     if (lm->pipe != NULL && ferry_lm_is_remote(lm)) {
         if (lm->h == NULL || lm->B != inputs->shape.dim[1]) {

@@ -140,6 +140,7 @@ typedef struct ferry_lm_step_result {
      * global batch's); else this rank's (= loss_sum, tokens). */
     double job_loss_sum, job_tokens;
     double sync_s; /* seconds in the job's GradNorm and Step (waiting for the others) */
+    double xfer_s; /* seconds pulling the job's dense block and pushing its gradient */
     int checkpoint; /* a job rank asked for a checkpoint after this step */
     uint64_t readmit; /* replicas every rank re-admits after this step (ferry_job_readmit) */
 } ferry_lm_step_result;

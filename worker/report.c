@@ -13,8 +13,10 @@
 
 /* A job's line every log interval: the job's tokens/s (bsp: the global batch's),
  * where the slowest rank is (the servers' count of its steps) and how far ahead this
- * rank is, the bytes this rank moved per step, and the share of the time it spent
- * in GradNorm/Step (waiting for the others, and the servers' update). */
+ * rank is, the bytes this rank moved per step, and the shares of the time it spent
+ * pulling the job's dense block and pushing its gradient (the serial transfer a
+ * one-trainer step does not have) and in GradNorm/Step (waiting for the others, and
+ * the servers' update). */
 static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double elapsed) {
     uint64_t min_step = 0, sent, received;
     ferry_status st = ferry_job_min_step(t->job, &min_step);
@@ -25,8 +27,10 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
     ferry_cluster_bytes(t->cluster, &sent, &received);
     double wire = (double)(sent + received - t->wire_last) / (double)(nsteps ? nsteps : 1);
     double sync = elapsed > 0.0 ? t->sync_s / elapsed : 0.0;
+    double xfer = elapsed > 0.0 ? t->xfer_s / elapsed : 0.0;
     t->wire_last = sent + received;
     t->sync_s = 0.0;
+    t->xfer_s = 0.0;
     int64_t lead = t->step - (int64_t)min_step;
     int rank = ferry_job_get_config(t->job)->rank; /* an elastic job's: picked at join */
     char members[48] = "";
@@ -34,9 +38,11 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
         (void)snprintf(members, sizeof members, " (epoch %llu, %d columns)",
                        (unsigned long long)t->el_epoch, t->c1 - t->c0);
     FERRY_LOG_INFO("job '%s' rank %d/%d%s: step %lld | job %.0f tok/s | slowest rank at step %llu "
-                   "(lead %lld) | %.2f MB/step on the wire | %.0f%% in GradNorm/Step",
+                   "(lead %lld) | %.2f MB/step on the wire | %.0f%% in pull/push, %.0f%% in "
+                   "GradNorm/Step",
                    t->cfg->job, rank, t->cfg->world, members, (long long)t->step, tok_s,
-                   (unsigned long long)min_step, (long long)lead, wire / 1e6, 100.0 * sync);
+                   (unsigned long long)min_step, (long long)lead, wire / 1e6, 100.0 * xfer,
+                   100.0 * sync);
     if (t->metrics == NULL)
         return FERRY_OK;
     const char *keys[] = {"step",
@@ -46,10 +52,11 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
                           "min_step",
                           "lead",
                           "wire_bytes_per_step",
-                          "sync_fraction"};
-    double vals[] = {(double)t->step,  rank, t->cfg->world, tok_s,
-                     (double)min_step, (double)lead, wire,          sync};
-    return ferry_metrics_write_kv(t->metrics, "job", 8, keys, vals);
+                          "sync_fraction",
+                          "pull_push_fraction"};
+    double vals[] = {(double)t->step, rank, t->cfg->world, tok_s, (double)min_step,
+                     (double)lead,    wire, sync,          xfer};
+    return ferry_metrics_write_kv(t->metrics, "job", 9, keys, vals);
 }
 
 /* The pipeline's line every log interval: how busy each stage was (the trainer's LSTM,

@@ -48,6 +48,7 @@ typedef struct trainer {
     int c0, c1;               /* this rank's batch columns [c0, c1) */
     int32_t *in_buf, *tg_buf; /* (bptt, c1 - c0): its slice of a window */
     double sync_s;            /* time in the job's GradNorm/Step since the last log line */
+    double xfer_s;            /* time pulling and pushing the job's dense block, the same */
     char pipe_note[64];       /* the pipeline's busy fractions, for the progress line */
     uint64_t wire_last;       /* bytes on the wire at the last log line */
     uint64_t drops_seen;      /* replicas dropped, as of the last failover event */

@@ -163,6 +163,7 @@ static ferry_status train_step(trainer *t, const ferry_window *gw, double *loss_
     *tokens = r.job_tokens;
     *grad_norm = r.grad_norm;
     t->sync_s += r.sync_s;
+    t->xfer_s += r.xfer_s;
     t->penalty_sum += r.penalty;
     t->step++;
     return t->cluster != NULL ? ferry__trainer_note_failover(t) : FERRY_OK;

@@ -28,6 +28,14 @@ awk -v a="$b16" -v b="$b32" 'BEGIN { exit !(b > 0 && a > 0 && a <= 0.55 * b) }' 
     fail "bf16 moves $b16 bytes per step against f32's $b32 (want <= 55%)"
 ok "bytes per bsp rank-step: f32 $b32, bf16 $b16 ($(awk -v a="$b16" -v b="$b32" 'BEGIN { printf "%.3f", a / b }')x)"
 
+# The share of a rank's time in the dense block's pull and push: logged and in the event,
+# a fraction above 0 (every step pulls and pushes) that leaves room for the rest.
+pp=$(grep '"event":"job"' "$TMP/m-f32.jsonl" | tail -1 | sed -n 's/.*"pull_push_fraction":\([^,}]*\).*/\1/p')
+awk -v f="$pp" 'BEGIN { exit !(f > 0 && f < 0.9) }' || fail "pull_push_fraction is '$pp'"
+grep -q "% in pull/push, [0-9]*% in GradNorm/Step" "$TMP/t-f32.log" ||
+    fail "the job line does not give the pull/push share: $(grep "job 'wire-f32' rank" "$TMP/t-f32.log" | tail -1)"
+ok "the job line and event give the pull/push share of a rank's time ($pp)"
+
 paste <(train_losses "$TMP/m-f32.jsonl") <(train_losses "$TMP/m-bf16.jsonl") |
     awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 0.02 * $1) bad = 1; if (NR == 1) f = $2; l = $2; n++ }
          END { exit !(n >= 2 && !bad && l < f) }' ||
