@@ -677,8 +677,14 @@ ferry_status ferry__ps_checkpoint_export(ferry__ps_registry *r, const char *dir,
     return st;
 }
 
+/* 1 for a name a move writes in its directory: export.ckpt and adopt.ckpt, and the
+ * temporary an export is written to before its rename (.export.ckpt.XXXXXX). */
+static int move_file(const char *name) {
+    return strcmp(name, "export.ckpt") == 0 || strcmp(name, "adopt.ckpt") == 0 ||
+           strncmp(name, ".export.ckpt.", 13) == 0;
+}
+
 int ferry__ps_checkpoint_sweep_moves(const char *dir, double min_age_s) {
-    static const char *const files[] = {"export.ckpt", "adopt.ckpt"};
     const char *base = move_base(dir);
     int dirfd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = dirfd >= 0 ? fdopendir(dirfd) : NULL;
@@ -690,18 +696,29 @@ int ferry__ps_checkpoint_sweep_moves(const char *dir, double min_age_s) {
     int removed = 0;
     double now = (double)time(NULL);
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        struct stat sb;
+        struct stat sb, sub_sb;
         if (strncmp(e->d_name, MOVE_DIR_PREFIX, strlen(MOVE_DIR_PREFIX)) != 0 ||
             fstatat(dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) ||
             sb.st_uid != geteuid() || now - (double)sb.st_mtime < min_age_s)
             continue;
         int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        for (size_t i = 0; sub >= 0 && i < sizeof files / sizeof files[0]; i++)
-            (void)unlinkat(sub, files[i], 0); /* a link itself, never what it points to */
-        if (sub >= 0)
-            (void)close(sub);
+        DIR *sd = NULL;
+        if (sub >= 0 && (fstat(sub, &sub_sb) != 0 || sub_sb.st_dev != sb.st_dev ||
+                         sub_sb.st_ino != sb.st_ino || (sd = fdopendir(sub)) == NULL)) {
+            (void)close(sub); /* replaced since it was looked at: left alone */
+            continue;
+        }
+        for (struct dirent *f; sd != NULL && (f = readdir(sd)) != NULL;)
+            if (move_file(f->d_name)) /* a link itself, never what it points to */
+                (void)unlinkat(sub, f->d_name, 0);
+        if (sd != NULL)
+            (void)closedir(sd); /* closes sub */
         if (unlinkat(dirfd, e->d_name, AT_REMOVEDIR) == 0)
             removed++;
+        else
+            FERRY_LOG_WARN("left %s/%s, the directory of a job move a kill interrupted: it holds "
+                           "files a move does not write",
+                           base, e->d_name);
     }
     (void)closedir(d); /* closes dirfd */
     if (removed > 0)

@@ -768,8 +768,9 @@ int ferry__ps_checkpoint_sweep_temps(const char *dir, const char *job);
 /* Removes the private directories of job moves (ferry__ps_checkpoint_export and _adopt)
  * that a kill left under dir (NULL or "": $TMPDIR or /tmp): this user's
  * ".ferry-move.XXXXXX" directories untouched for min_age_s seconds or more (a live move
- * keeps its directory for the length of one call), with the one file each may hold.
- * For start-up. Logs and returns how many. */
+ * keeps its directory for the length of one call), with the files a move writes there
+ * (a directory holding anything else is left, and logged). For start-up. Logs and
+ * returns how many. */
 int ferry__ps_checkpoint_sweep_moves(const char *dir, double min_age_s);
 
 #endif /* FERRY_PS_IMPL_H */

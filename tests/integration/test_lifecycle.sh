@@ -73,7 +73,8 @@ stop_clean "$B_PID" "ferry-ps b" "$TMP/b.log"
 
 # ---- the directories of job moves a kill left behind go at start-up, live ones stay -------
 mkdir -p "$TMP/ck/.ferry-move.old123" "$TMP/ck/.ferry-move.new456" "$TMP/ck/.ferry-move.lnk789"
-printf 'FERRYPS3 partial' >"$TMP/ck/.ferry-move.old123/export.ckpt"
+printf 'FERRYPS3 partial' >"$TMP/ck/.ferry-move.old123/.export.ckpt.Ab12Cd" # killed mid-write
+printf 'FERRYPS3 whole' >"$TMP/ck/.ferry-move.old123/export.ckpt"
 printf 'keep' >"$TMP/outside"
 ln -s "$TMP/outside" "$TMP/ck/.ferry-move.lnk789/adopt.ckpt"
 touch -d '2 hours ago' "$TMP/ck/.ferry-move.old123" "$TMP/ck/.ferry-move.lnk789"
