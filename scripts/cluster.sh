@@ -91,7 +91,7 @@ if [ "$view" = 1 ] && [ -t 2 ]; then
         for r in $(seq 0 $((trainers - 1))); do
             printf '\033[2Krank %-3d %s\n' "$r" "$(last_line "$dir/rank$r.log" | sed 's/^[0-9T:.Z-]* I ferry-trainer: //')" >&2
         done
-        printf '\033[2K%s\n' "$(grep "job '" "$dir/rank0.log" 2>/dev/null | tail -1 | sed 's/^[0-9T:.Z-]* I ferry-trainer: //' | cut -c1-150)" >&2
+        printf '\033[2K%s\n' "$(grep "job '" "$dir/rank0.log" 2>/dev/null | tail -1 | sed 's/^[0-9T:.Z-]* I ferry-trainer: //' | cut -c1-200)" >&2
         sleep 1
     done
 fi

@@ -18,6 +18,7 @@
  * starts, and only the newest `keep` checkpoints stay in the directory, so a client
  * calling Checkpoint in a loop cannot fill the disk. */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -703,22 +704,32 @@ int ferry__ps_checkpoint_sweep_moves(const char *dir, double min_age_s) {
             continue;
         int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         DIR *sd = NULL;
-        if (sub >= 0 && (fstat(sub, &sub_sb) != 0 || sub_sb.st_dev != sb.st_dev ||
-                         sub_sb.st_ino != sb.st_ino || (sd = fdopendir(sub)) == NULL)) {
-            (void)close(sub); /* replaced since it was looked at: left alone */
+        const char *why = NULL;
+        if (sub < 0)
+            why = strerror(errno);
+        else if (fstat(sub, &sub_sb) != 0 || sub_sb.st_dev != sb.st_dev ||
+                 sub_sb.st_ino != sb.st_ino)
+            why = "it was replaced while it was looked at";
+        else if ((sd = fdopendir(sub)) == NULL)
+            why = strerror(errno);
+        if (why != NULL) {
+            if (sub >= 0)
+                (void)close(sub);
+            FERRY_LOG_WARN("left %s/%s, the directory of a job move a kill interrupted: %s", base,
+                           e->d_name, why);
             continue;
         }
-        for (struct dirent *f; sd != NULL && (f = readdir(sd)) != NULL;)
+        for (struct dirent *f; (f = readdir(sd)) != NULL;)
             if (move_file(f->d_name)) /* a link itself, never what it points to */
                 (void)unlinkat(sub, f->d_name, 0);
-        if (sd != NULL)
-            (void)closedir(sd); /* closes sub */
+        (void)closedir(sd); /* closes sub */
         if (unlinkat(dirfd, e->d_name, AT_REMOVEDIR) == 0)
             removed++;
         else
-            FERRY_LOG_WARN("left %s/%s, the directory of a job move a kill interrupted: it holds "
-                           "files a move does not write",
-                           base, e->d_name);
+            FERRY_LOG_WARN(
+                "left %s/%s, the directory of a job move a kill interrupted: %s", base, e->d_name,
+                errno == ENOTEMPTY || errno == EEXIST ? "it holds files a move does not write"
+                                                      : strerror(errno));
     }
     (void)closedir(d); /* closes dirfd */
     if (removed > 0)

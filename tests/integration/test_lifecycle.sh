@@ -72,21 +72,28 @@ stop_clean "$A_PID" "ferry-ps a" "$TMP/a.log"
 stop_clean "$B_PID" "ferry-ps b" "$TMP/b.log"
 
 # ---- the directories of job moves a kill left behind go at start-up, live ones stay -------
-mkdir -p "$TMP/ck/.ferry-move.old123" "$TMP/ck/.ferry-move.new456" "$TMP/ck/.ferry-move.lnk789"
+mkdir -p "$TMP/ck/.ferry-move.old123" "$TMP/ck/.ferry-move.new456" "$TMP/ck/.ferry-move.lnk789" \
+    "$TMP/ck/.ferry-move.usr000"
+printf 'mine' >"$TMP/ck/.ferry-move.usr000/notes.txt" # not a move's: the directory stays
 printf 'FERRYPS3 partial' >"$TMP/ck/.ferry-move.old123/.export.ckpt.Ab12Cd" # killed mid-write
 printf 'FERRYPS3 whole' >"$TMP/ck/.ferry-move.old123/export.ckpt"
 printf 'keep' >"$TMP/outside"
 ln -s "$TMP/outside" "$TMP/ck/.ferry-move.lnk789/adopt.ckpt"
-touch -d '2 hours ago' "$TMP/ck/.ferry-move.old123" "$TMP/ck/.ferry-move.lnk789"
+touch -d '2 hours ago' "$TMP/ck/.ferry-move.old123" "$TMP/ck/.ferry-move.lnk789" \
+    "$TMP/ck/.ferry-move.usr000"
 start_ps c --checkpoint-dir "$TMP/ck"
 C=127.0.0.1:$PORT C_PID=$PS_PID
 [ ! -e "$TMP/ck/.ferry-move.old123" ] && [ ! -e "$TMP/ck/.ferry-move.lnk789" ] ||
     fail "stale move directories stayed: $(ls -a "$TMP/ck")"
 [ -d "$TMP/ck/.ferry-move.new456" ] || fail "a fresh move directory (a live move's) was removed"
 [ "$(cat "$TMP/outside")" = keep ] || fail "the sweep followed a link out of its directory"
+[ "$(cat "$TMP/ck/.ferry-move.usr000/notes.txt" 2>/dev/null)" = mine ] ||
+    fail "the sweep removed a file a move does not write"
+grep -q "left $TMP/ck/.ferry-move.usr000, .*: it holds files a move does not write" "$TMP/c.log" ||
+    fail "the sweep did not say why it left a directory: $(cat "$TMP/c.log")"
 grep -q "removed 2 directories of job moves a kill interrupted" "$TMP/c.log" ||
     fail "the sweep did not say what it removed: $(cat "$TMP/c.log")"
-ok "start-up removed the two move directories a kill left (one with a link: not followed), kept a fresh one"
+ok "start-up removed the two move directories a kill left (one with a link: not followed), kept a fresh one and one holding another file (logged)"
 "$TRAINER" --ps "$C" --job fin "${SMALL[@]}" --save "$TMP/fin.ck" --max-steps 6 \
     2>"$TMP/fin.log" || fail "--save with --ps: $(tail -3 "$TMP/fin.log")"
 grep -q "save with --ps: this run is job 'fin' of one rank" "$TMP/fin.log" ||
