@@ -86,15 +86,19 @@ run() {
     awk -v a="$a" -v b="$b" -v n=$((STEPS - 100)) 'BEGIN { printf "%.0f\n", n * 800 / (b - a) }'
 }
 
-fixed=() elastic=()
-for ((i = 1; i <= REPS; i++)); do
-    fixed+=("$(run fixed)")
-    elastic+=("$(run elastic)")
-    echo "rep $i: fixed ${fixed[-1]} tok/s, elastic ${elastic[-1]} tok/s"
-done
-mf=$(printf '%s\n' "${fixed[@]}" | median)
-me=$(printf '%s\n' "${elastic[@]}" | median)
-echo "median: fixed world $mf tok/s, elastic $me tok/s ($(awk -v a="$me" -v b="$mf" 'BEGIN { printf "%.3f", a / b }')x)"
+# compare LABEL FIXED ELASTIC: REPS runs of each kind, interleaved, and their medians.
+compare() {
+    local fx=() el=() i mf me
+    for ((i = 1; i <= REPS; i++)); do
+        fx+=("$(run "$2")")
+        el+=("$(run "$3")")
+        echo "${1}rep $i: fixed ${fx[-1]} tok/s, elastic ${el[-1]} tok/s"
+    done
+    mf=$(printf '%s\n' "${fx[@]}" | median)
+    me=$(printf '%s\n' "${el[@]}" | median)
+    echo "${1}median: fixed world $mf tok/s, elastic $me tok/s ($(awk -v a="$me" -v b="$mf" 'BEGIN { printf "%.3f", a / b }')x)"
+}
+compare "" fixed elastic
 
 # death NAME [FLAG...]: an elastic job NAME of 3 trainers on 2 fresh ferry-ps (files
 # $TMP/NAME<r>.jsonl and .log), the third SIGKILLed when the first logs step 60; sets
@@ -168,15 +172,7 @@ print(f"moves: rank 0 followed them, waiting {waits} s; longest step-to-step gap
 EOF
 
 # ssp:1: fixed against elastic, then a member's death.
-sf=() se=()
-for ((i = 1; i <= REPS; i++)); do
-    sf+=("$(run ssp-fixed)")
-    se+=("$(run ssp-elastic)")
-    echo "ssp:1 rep $i: fixed ${sf[-1]} tok/s, elastic ${se[-1]} tok/s"
-done
-mf=$(printf '%s\n' "${sf[@]}" | median)
-me=$(printf '%s\n' "${se[@]}" | median)
-echo "ssp:1 median: fixed world $mf tok/s, elastic $me tok/s ($(awk -v a="$me" -v b="$mf" 'BEGIN { printf "%.3f", a / b }')x)"
+compare "ssp:1 " ssp-fixed ssp-elastic
 death s --batch-size 20 --sync ssp:1
 python3 - "$TMP/s0.log" "$TMP/s0.jsonl" "$KILLED" "$AT" <<'EOF'
 import datetime, json, statistics, sys

@@ -62,6 +62,16 @@ static void build(ferry_rpc_msg *m, const size_t *sizes, int n, void **bufs) {
     }
 }
 
+/* An F32 tensor of shape (d0) or, with d1 > 0, (d0, d1), borrowing data. */
+static ferry_rpc_tensor f32_tensor(const char *name, int64_t d0, int64_t d1, float *data) {
+    ferry_rpc_tensor t = {.dtype = FERRY_RPC_DTYPE_F32, .ndim = d1 > 0 ? 2 : 1, .data = data};
+    t.dim[0] = d0;
+    t.dim[1] = d1;
+    t.nbytes = (size_t)(d0 * (d1 > 0 ? d1 : 1)) * sizeof(float);
+    (void)snprintf(t.name, sizeof t.name, "%s", name);
+    return t;
+}
+
 static uint8_t *encode_flat(const ferry_rpc_msg *m, size_t inline_max, size_t *n) {
     ferry__rpc_wire w;
     ferry__rpc_wire_init(&w);
@@ -607,18 +617,7 @@ TEST(bf16_wire) {
     ferry_rpc_msg m, got;
     ferry_rpc_msg_init(&m);
     ferry_rpc_msg_init(&got);
-    ferry_rpc_tensor t2 = {.dtype = FERRY_RPC_DTYPE_F32,
-                           .ndim = 2,
-                           .dim = {R, C},
-                           .data = a,
-                           .nbytes = R * C * sizeof *a,
-                           .name = "hidden"};
-    ferry_rpc_tensor t1 = {.dtype = FERRY_RPC_DTYPE_F32,
-                           .ndim = 1,
-                           .dim = {7},
-                           .data = v,
-                           .nbytes = sizeof v,
-                           .name = "scale"};
+    ferry_rpc_tensor t2 = f32_tensor("hidden", R, C, a), t1 = f32_tensor("scale", 7, 0, v);
     ferry_rpc_tensor ti = {.dtype = FERRY_RPC_DTYPE_I64,
                            .ndim = 1,
                            .dim = {3},
@@ -680,18 +679,7 @@ TEST(landing) {
     ferry_rpc_msg m, got;
     ferry_rpc_msg_init(&m);
     ferry_rpc_msg_init(&got);
-    ferry_rpc_tensor t2 = {.dtype = FERRY_RPC_DTYPE_F32,
-                           .ndim = 2,
-                           .dim = {R, C},
-                           .data = a,
-                           .nbytes = R * C * sizeof *a,
-                           .name = "weight"};
-    ferry_rpc_tensor t1 = {.dtype = FERRY_RPC_DTYPE_F32,
-                           .ndim = 1,
-                           .dim = {7},
-                           .data = v,
-                           .nbytes = sizeof v,
-                           .name = "weight"};
+    ferry_rpc_tensor t2 = f32_tensor("weight", R, C, a), t1 = f32_tensor("weight", 7, 0, v);
     CHECK_OK(ferry_rpc_msg_add(&m, &t1)); /* the same name, another size: not landed */
     CHECK_OK(ferry_rpc_msg_add(&m, &t2));
     CHECK_OK(ferry_rpc_msg_add(&m, &t2)); /* a second match: only the first lands */

@@ -11,6 +11,15 @@
 #include "common/ops/http.h"
 #include "worker/trainer-impl.h"
 
+void ferry__trainer_job_window(trainer *t) {
+    uint64_t sent = 0, received = 0;
+    if (t->cluster != NULL)
+        ferry_cluster_bytes(t->cluster, &sent, &received);
+    t->wire_last = sent + received;
+    t->sync_s = 0.0;
+    t->xfer_s = 0.0;
+}
+
 /* A job's line every log interval: the job's tokens/s (bsp: the global batch's),
  * where the slowest rank is (the servers' count of its steps) and how far ahead this
  * rank is, the bytes this rank moved per step, and the shares of the time it spent
@@ -28,9 +37,7 @@ static ferry_status log_job(trainer *t, int64_t nsteps, double tok_s, double ela
     double wire = (double)(sent + received - t->wire_last) / (double)(nsteps ? nsteps : 1);
     double sync = elapsed > 0.0 ? t->sync_s / elapsed : 0.0;
     double xfer = elapsed > 0.0 ? t->xfer_s / elapsed : 0.0;
-    t->wire_last = sent + received;
-    t->sync_s = 0.0;
-    t->xfer_s = 0.0;
+    ferry__trainer_job_window(t);
     int64_t lead = t->step - (int64_t)min_step;
     int rank = ferry_job_get_config(t->job)->rank; /* an elastic job's: picked at join */
     char members[48] = "";

@@ -167,6 +167,12 @@ ferry_status ferry__trainer_elastic_sync(trainer *t, int next_first_window);
 /* After a step: a replica dropped since the last call (ferry_cluster_replicas_dropped)
  * becomes a "failover" event in --metrics-out (the log has its line already). */
 ferry_status ferry__trainer_note_failover(trainer *t);
+/* Starts a log interval's job figures: the wire bytes so far, no time in
+ * pull/push or GradNorm/Step yet. At each job line and at each epoch's start, so an
+ * interval never counts the steps of one a failure cut short, nor an evaluation's
+ * calls. */
+void ferry__trainer_job_window(trainer *t);
+
 /* After a step whose answer offered dropped replicas back (t->readmit) and its
  * checkpoint: ferry_job_readmit, and a "readmit" event in --metrics-out. */
 ferry_status ferry__trainer_readmit(trainer *t);

@@ -190,15 +190,7 @@ static ferry_status train_epoch(trainer *t, int *stop, int64_t *windows_done) {
     pc.mode = (ferry_progress_mode)cfg->progress;
     if ((st = ferry_progress_create(&pc, &t->progress)) != FERRY_OK)
         return st;
-    /* A log interval's job figures start with it: not with the steps of an interval a
-     * failure cut short (recovery, readmission), nor with an evaluation's calls. */
-    t->sync_s = 0.0;
-    t->xfer_s = 0.0;
-    if (t->cluster != NULL) {
-        uint64_t sent, received;
-        ferry_cluster_bytes(t->cluster, &sent, &received);
-        t->wire_last = sent + received;
-    }
+    ferry__trainer_job_window(t);
     double t0 = ferry_now(), t_win = t0, win_loss = 0.0, gn = 0.0;
     int64_t win_tokens = 0, tokens = 0, i = t->win0, win_steps = 0;
     t->win0 = 0;
