@@ -373,14 +373,19 @@ static void bsp_matches_local_placed(int world, float stiefel, ferry_optim_kind 
             CHECK_OK(ferry_ps_connect(t, NULL, &cl[k]));
         }
         int checked = 0;
-        for (int g = -3; g < lm0->ngroups; g++) {
+        for (int g = -4; g < lm0->ngroups; g++) {
             const char *name, *param = "weight";
             int64_t rows, numel;
-            if (g == -3) { /* the job's dense block: the ranks' LSTM, one float per row */
+            if (g == -4) { /* the job's dense blocks: the ranks' LSTM, one float per row */
                 if (lm0->dense_remote == NULL)
                     continue;
                 name = ferry_remote_name(lm0->dense_remote);
-                rows = numel = lm0->P.numel;
+                rows = numel = lm0->split;
+            } else if (g == -3) { /* ... and the decoder slice's, if any */
+                if (lm0->slice_remote == NULL)
+                    continue;
+                name = ferry_remote_name(lm0->slice_remote);
+                rows = numel = lm0->P.numel - lm0->split;
             } else if (g < 0) { /* the embedding and the decoder, shaped as the local model's */
                 int idx = ferry_params_find(&loc->P, g == -2 ? "encoder.weight" : "decoder.weight");
                 name = ferry_remote_name(g == -2 ? lm0->emb_remote : lm0->dec_remote);

@@ -7,6 +7,25 @@
 
 #include "worker/model.h"
 
+#include <pthread.h>
+
+/* A data-parallel step's transfer of the decoder slice's block (lm->slice_remote) on a
+ * thread of its own: its pull runs while the LSTM's forward does, its push while the
+ * LSTM's backward does (model.c, "the slice's overlap"). */
+typedef struct ferry_lm_slice_io {
+    int want;    /* this training step overlaps the slice's pull and push */
+    int started; /* a pull or push is out (its outcome not yet taken) */
+    int running; /* ... on thread (else it ran inline) */
+    int pushed;  /* this step's push went out on the thread */
+    pthread_t thread;
+    ferry_dist_ctx *dc;
+    uint64_t call;     /* the step's pull of the slice (its push refers to it) */
+    const float *grad; /* NULL: pull; else push this gradient block */
+    ferry_status st;
+    char err[512];
+    double wait_s; /* the step's time blocked on the transfer */
+} ferry_lm_slice_io;
+
 /* A group of consecutive LSTM layers, run here or on a server. */
 typedef struct ferry_lm_group {
     int first, count;     /* layers [first, first + count) of the stack */
@@ -34,7 +53,11 @@ typedef struct ferry_lm {
      * local_vocab) as "decoder.weight" (local_vocab, H) and "decoder.bias" in P. */
     int64_t local_vocab;
     int dec_w, dec_b;           /* their indices in P */
-    ferry_remote *dense_remote; /* data-parallel job: the LSTM block */
+    ferry_remote *dense_remote; /* data-parallel job: the LSTM block, P[0, split) */
+    ferry_remote *slice_remote; /* ... with a decoder slice: its block, P[split, numel) */
+    int64_t split;
+    int slice_overlap; /* the slice's transfer may overlap the step (no replicas) */
+    ferry_lm_slice_io slice;
     ferry_job *job;
     float *stage; /* host (P.numel): pulled weights, pushed grads */
     ferry_decoder_mode decoder_mode;

@@ -301,24 +301,41 @@ static ferry_status lm_create_group(ferry_lm *lm, ferry_lm_group *G, const ferry
     return ferry_remote_create(pl->cluster, &rc, &G->remote);
 }
 
-/* The job's dense module "lstm": the whole local block (alignment padding too, so
- * pulls and pushes are one copy), rows split over the servers. Rank 0 sends its
- * initial values (polar-initialised where constrained); the others must find it. */
+/* The job's dense modules: "lstm", the local block up to the decoder slice (alignment
+ * padding too, so pulls and pushes are one copy), and with a slice (--local-vocab)
+ * "dec-slice", its rows in P after the LSTM's: a block of its own so that a step pulls
+ * it while the LSTM runs and pushes it while the LSTM's backward does. Rows split
+ * over the servers. Rank 0 sends the initial values (polar-initialised where
+ * constrained); the others must find them. */
 static ferry_status lm_create_dense(ferry_lm *lm, const ferry_lm_placement *pl) {
     ferry_remote_config rc;
     char name[FERRY_PARAM_NAME_MAX];
-    (void)snprintf(name, sizeof name, "%s/lstm", ferry_job_get_config(pl->job)->name);
-    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, lm->P.numel, 1);
-    rc.bias = 0;
-    rc.optim = pl->optim;
+    const char *job = ferry_job_get_config(pl->job)->name;
+    lm->split = lm->local_vocab > 0 ? lm->P.items[lm->dec_w].offset : lm->P.numel;
     ferry_status st = FERRY_OK;
     if ((lm->stage = malloc((size_t)lm->P.numel * sizeof(float))) == NULL)
         return FERRY_NOMEM();
     if ((st = ferry_backend_copy(lm->be, lm->stage, lm->P.data, (size_t)lm->P.numel * sizeof(float),
                                  FERRY_COPY_DEVICE_TO_HOST)) != FERRY_OK)
         return st;
+    (void)snprintf(name, sizeof name, "%s/lstm", job);
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, lm->split, 1);
+    rc.bias = 0;
+    rc.optim = pl->optim;
     rc.init_weight = lm->stage;
-    return ferry_remote_create(pl->cluster, &rc, &lm->dense_remote);
+    if ((st = ferry_remote_create(pl->cluster, &rc, &lm->dense_remote)) != FERRY_OK ||
+        lm->split == lm->P.numel)
+        return st;
+    (void)snprintf(name, sizeof name, "%s/dec-slice", job);
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, lm->P.numel - lm->split, 1);
+    rc.bias = 0;
+    rc.optim = pl->optim;
+    rc.init_weight = lm->stage + lm->split;
+    /* With replicated shards a context's calls are logged as each returns, to replay
+     * on a backup if the primary dies: a call on another thread could return unlogged
+     * when the main thread fails over, so there the blocks move in turn. */
+    lm->slice_overlap = ferry_cluster_replicas(pl->cluster, 0, NULL) <= 1;
+    return ferry_remote_create(pl->cluster, &rc, &lm->slice_remote);
 }
 
 /* Hands the decoder module the trainer's slice of it (--local-vocab): its rows in P
@@ -332,11 +349,12 @@ static ferry_status lm_attach_slice(ferry_lm *lm, float *gw, float *gb) {
 /* A new run must have made every shard of its modules: one that ferry-ps already held
  * carries an earlier run's parameters, and training them is a decision. */
 static ferry_status lm_check_fresh(const ferry_lm *lm, const ferry_lm_placement *pl) {
-    const ferry_remote *mods[3 + FERRY_LSTM_MAX_LAYERS];
+    const ferry_remote *mods[4 + FERRY_LSTM_MAX_LAYERS];
     int n = 0;
     mods[n++] = lm->emb_remote;
     mods[n++] = lm->dec_remote;
     mods[n++] = lm->dense_remote;
+    mods[n++] = lm->slice_remote;
     for (int g = 0; g < lm->ngroups; g++)
         mods[n++] = lm->groups[g].remote;
     for (int i = 0; i < n; i++) {
@@ -414,12 +432,21 @@ static ferry_status lm_create_remote(ferry_lm *lm, const ferry_params *full,
 }
 
 /* The job's weights into P: straight from the transport where P is host memory,
- * through the stage where it is a device's. A failed pull may leave P partly
- * written; every step pulls again before it computes. */
-static ferry_status lm_pull(ferry_lm *lm, ferry_dist_ctx *dc, uint64_t *call) {
-    if (ferry_backend_is_host(lm->be))
-        return ferry_remote_dense_pull(lm->dense_remote, dc, lm->P.data, call);
-    ferry_status st = ferry_remote_dense_pull(lm->dense_remote, dc, lm->stage, call);
+ * through the stage where it is a device's; the LSTM's block, and the slice's too
+ * unless slice_call is NULL (the step pulls that one on the slice's thread). A
+ * failed pull may leave P partly written; every step pulls again before it
+ * computes. */
+static ferry_status lm_pull(ferry_lm *lm, ferry_dist_ctx *dc, uint64_t *call,
+                            uint64_t *slice_call) {
+    ferry_status st;
+    if (ferry_backend_is_host(lm->be)) {
+        st = ferry_remote_dense_pull(lm->dense_remote, dc, lm->P.data, call);
+        if (st == FERRY_OK && lm->slice_remote != NULL && slice_call != NULL)
+            st = ferry_remote_dense_pull(lm->slice_remote, dc, lm->P.data + lm->split, slice_call);
+        return st;
+    }
+    /* A decoder slice needs the host backend: the block is the LSTM's alone. */
+    st = ferry_remote_dense_pull(lm->dense_remote, dc, lm->stage, call);
     if (st == FERRY_OK)
         st = ferry_backend_copy(lm->be, lm->P.data, lm->stage, (size_t)lm->P.numel * sizeof(float),
                                 FERRY_COPY_HOST_TO_DEVICE);
@@ -427,7 +454,121 @@ static ferry_status lm_pull(ferry_lm *lm, ferry_dist_ctx *dc, uint64_t *call) {
 }
 
 ferry_status ferry_lm_pull_dense(ferry_lm *lm) {
-    return lm->dense_remote != NULL ? lm_pull(lm, NULL, NULL) : FERRY_OK;
+    uint64_t call = 0, slice_call = 0;
+    return lm->dense_remote != NULL ? lm_pull(lm, NULL, &call, &slice_call) : FERRY_OK;
+}
+
+/* ---- the slice's overlap ----
+ * In a data-parallel step with a decoder slice (lm->slice_remote), the slice's block
+ * (most of what a rank moves with --local-vocab) is pulled on a thread while the
+ * LSTM's forward runs, and its gradient pushed on one while the LSTM's backward runs:
+ * - ferry_lm_forward starts the pull once the embedding's Forward returned and joins
+ *   it before the decoder's, so every server sees the step's modules in the same
+ *   order (the LSTM's block, the embedding, the slice, the decoder) and sums their
+ *   gradients' norms in that order, run after run;
+ * - a tape node recorded before the decoder runs right after the decoder's backward,
+ *   which has then written the slice's whole gradient, and starts its push;
+ * - lm_job_step joins the push once it pushed the LSTM's block, before GradNorm; a
+ *   failed step joins whatever is out (ferry_lm_train_step).
+ */
+static void *slice_run(void *arg) {
+    ferry_lm *lm = arg;
+    ferry_lm_slice_io *io = &lm->slice;
+    if (io->grad == NULL)
+        io->st =
+            ferry_remote_dense_pull(lm->slice_remote, io->dc, lm->P.data + lm->split, &io->call);
+    else
+        io->st = ferry_remote_dense_push(lm->slice_remote, io->dc, io->call, io->grad);
+    if (io->st != FERRY_OK)
+        (void)snprintf(io->err, sizeof io->err, "%s", ferry_error_last());
+    return NULL;
+}
+
+/* Starts the slice's pull (grad NULL) or the push of grad; inline if no thread. */
+static void slice_start(ferry_lm *lm, const float *grad) {
+    ferry_lm_slice_io *io = &lm->slice;
+    FERRY_ASSERT(!io->started);
+    io->grad = grad;
+    io->st = FERRY_OK;
+    io->started = 1;
+    io->running = pthread_create(&io->thread, NULL, slice_run, lm) == 0;
+    if (!io->running)
+        (void)slice_run(lm);
+}
+
+/* Waits for the slice's transfer, if one is out, and returns its outcome. */
+static ferry_status slice_join(ferry_lm *lm) {
+    ferry_lm_slice_io *io = &lm->slice;
+    if (!io->started)
+        return FERRY_OK;
+    double t0 = ferry_now();
+    if (io->running)
+        (void)pthread_join(io->thread, NULL);
+    io->wait_s += ferry_now() - t0;
+    io->started = io->running = 0;
+    return io->st == FERRY_OK ? FERRY_OK : ferry_errorf(io->st, "%s", io->err);
+}
+
+/* The step's gradient of P[begin, end) (a dense module's block) in P's layout, zeros
+ * where no gradient came, in *out (its first float): G's dense block itself where it
+ * is host memory and every parameter there (all dense) was touched, with only the
+ * alignment gaps between parameters cleared; else the stage, cleared and filled from
+ * G. Parameters lie in P in offset order, each within one block. */
+static ferry_status lm_push_block(ferry_lm *lm, ferry_grads *G, int64_t begin, int64_t end,
+                                  const float **out) {
+    int direct = G->dense != NULL && ferry_backend_is_host(lm->be);
+    for (int i = 0; i < lm->P.count && direct; i++) {
+        const ferry_param *p = &lm->P.items[i];
+        if (p->offset >= begin && p->offset < end)
+            direct = G->touched[i] && !(p->flags & FERRY_PARAM_ROW_SPARSE);
+    }
+    if (direct) {
+        int64_t at = begin;
+        for (int i = 0; i < lm->P.count; i++) {
+            const ferry_param *p = &lm->P.items[i];
+            if (p->offset < begin || p->offset >= end)
+                continue;
+            memset(G->dense + at, 0, (size_t)(p->offset - at) * sizeof(float));
+            at = p->offset + p->numel;
+        }
+        memset(G->dense + at, 0, (size_t)(end - at) * sizeof(float));
+        *out = G->dense + begin;
+        return FERRY_OK;
+    }
+    memset(lm->stage + begin, 0, (size_t)(end - begin) * sizeof(float));
+    for (int i = 0; i < lm->P.count; i++) {
+        const ferry_param *p = &lm->P.items[i];
+        if (!G->touched[i] || p->offset < begin || p->offset >= end)
+            continue;
+        ferry_status st =
+            ferry_backend_copy(lm->be, lm->stage + p->offset, G->dense + p->offset,
+                               (size_t)p->numel * sizeof(float), FERRY_COPY_DEVICE_TO_HOST);
+        if (st != FERRY_OK)
+            return st;
+    }
+    *out = lm->stage + begin;
+    return FERRY_OK;
+}
+
+/* The tape node recorded before the decoder (ferry_lm_forward): the decoder's backward
+ * has just written the slice's gradient, so its push starts while the LSTM's runs. */
+static ferry_status slice_push_node(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
+                                    ferry_tensor **grad_in) {
+    (void)grad_out;
+    (void)grad_in;
+    ferry_lm *lm = *(ferry_lm **)saved;
+    ferry_grads *G = ferry_ctx_grads(ctx, &lm->P);
+    const float *grad;
+    if (G == NULL)
+        return FERRY_NOMEM();
+    ferry_status st = slice_join(lm); /* the pull, joined before the decoder already */
+    if (st == FERRY_OK)
+        st = lm_push_block(lm, G, lm->split, lm->P.numel, &grad);
+    if (st != FERRY_OK)
+        return st;
+    slice_start(lm, grad);
+    lm->slice.pushed = 1;
+    return FERRY_OK;
 }
 
 ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cfg,
@@ -541,6 +682,7 @@ void ferry_lm_destroy(ferry_lm *lm) {
     ferry_remote_destroy(lm->emb_remote);
     ferry_remote_destroy(lm->dec_remote);
     ferry_remote_destroy(lm->dense_remote);
+    ferry_remote_destroy(lm->slice_remote);
     for (int g = 0; g < lm->ngroups; g++) {
         ferry_remote_destroy(lm->groups[g].remote);
         ferry_params_deinit(&lm->groups[g].view);
@@ -635,6 +777,10 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
         st = ferry_embedding_forward(&lm->emb, ctx, inputs, &x);
     if (st != FERRY_OK)
         return st; /* (T, B, E) */
+    int overlap = lm->slice.want; /* the slice's pull meanwhile (a training step) */
+    lm->slice.want = 0;
+    if (overlap)
+        slice_start(lm, NULL);
     if ((st = ferry_dropout_forward(ctx, p, x, &xd)) != FERRY_OK)
         return st;
     if ((st = ferry_lm_stack_forward(lm, ctx, dc, xd, lm->h, lm->c,
@@ -642,6 +788,16 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
         return st; /* y (T, B, H); hn, cn (L, B, H) */
     if ((st = ferry_dropout_forward(ctx, p, y, &yd)) != FERRY_OK)
         return st;
+    if (overlap) { /* the slice's rows are in P; its push goes out after its backward */
+        ferry_lm **saved = ferry_ctx_host_alloc(ctx, sizeof *saved);
+        if ((st = slice_join(lm)) != FERRY_OK)
+            return st;
+        if (saved == NULL)
+            return FERRY_NOMEM();
+        *saved = lm;
+        if ((st = ferry_ctx_record(ctx, slice_push_node, saved, 0, NULL, 1, &yd)) != FERRY_OK)
+            return st;
+    }
     if ((st = lm_decode(lm, ctx, dc, yd, targets, loss_scale, loss, loss_sum)) != FERRY_OK)
         return st;
     /* Truncated BPTT: the next window starts from these values, detached. */
@@ -674,40 +830,6 @@ static ferry_status lm_dist_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_optim *
     return st;
 }
 
-/* The step's gradient in P's layout, zeros where no gradient came, in *out: G's
- * dense block itself where it is host memory and every parameter (all dense) was
- * touched, with only the alignment gaps between parameters cleared; else the stage,
- * cleared and filled from G. */
-static ferry_status lm_push_block(ferry_lm *lm, ferry_grads *G, const float **out) {
-    int direct = G->dense != NULL && ferry_backend_is_host(lm->be);
-    for (int i = 0; i < lm->P.count && direct; i++)
-        direct = G->touched[i] && !(lm->P.items[i].flags & FERRY_PARAM_ROW_SPARSE);
-    if (direct) {
-        int64_t end = 0; /* parameters lie in P in offset order */
-        for (int i = 0; i < lm->P.count; i++) {
-            const ferry_param *p = &lm->P.items[i];
-            memset(G->dense + end, 0, (size_t)(p->offset - end) * sizeof(float));
-            end = p->offset + p->numel;
-        }
-        memset(G->dense + end, 0, (size_t)(lm->P.numel - end) * sizeof(float));
-        *out = G->dense;
-        return FERRY_OK;
-    }
-    memset(lm->stage, 0, (size_t)lm->P.numel * sizeof(float));
-    for (int i = 0; i < lm->P.count; i++) {
-        if (!G->touched[i])
-            continue;
-        const ferry_param *p = &lm->P.items[i];
-        ferry_status st =
-            ferry_backend_copy(lm->be, lm->stage + p->offset, G->dense + p->offset,
-                               (size_t)p->numel * sizeof(float), FERRY_COPY_DEVICE_TO_HOST);
-        if (st != FERRY_OK)
-            return st;
-    }
-    *out = lm->stage;
-    return FERRY_OK;
-}
-
 /* The data-parallel step: push the LSTM's gradient (its rows to each server), tie
  * the context to the job step, then the servers' clipped step: GradNorm (bsp: of
  * every rank's summed gradient) and Step. Nothing is stepped here. */
@@ -717,10 +839,21 @@ static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G
     ferry_status st;
     const float *grad;
     double t0 = ferry_now();
-    if ((st = lm_push_block(lm, G, &grad)) != FERRY_OK ||
+    if ((st = lm_push_block(lm, G, 0, lm->split, &grad)) != FERRY_OK ||
         (st = ferry_remote_dense_push(lm->dense_remote, dc, pull_call, grad)) != FERRY_OK)
         return st;
     res->xfer_s += ferry_now() - t0;
+    if (lm->slice_remote != NULL && lm->slice.pushed) {
+        if ((st = slice_join(lm)) != FERRY_OK)
+            return st;
+    } else if (lm->slice_remote != NULL) {
+        t0 = ferry_now();
+        if ((st = lm_push_block(lm, G, lm->split, lm->P.numel, &grad)) != FERRY_OK ||
+            (st = ferry_remote_dense_push(lm->slice_remote, dc, lm->slice.call, grad)) != FERRY_OK)
+            return st;
+        lm->slice.wait_s += ferry_now() - t0;
+    }
+    res->xfer_s += lm->slice.wait_s; /* the slice's transfer where this step waited for it */
     double tokens = (double)ferry_tensor_numel(inputs);
     if ((st = ferry_dist_ctx_set_job(dc, lm->job, a->job_step, res->loss_sum, tokens)) != FERRY_OK)
         return st;
@@ -760,8 +893,11 @@ static ferry_status lm_step_body(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
             return st;
     }
     if (lm->dense_remote != NULL) { /* this step starts from the job's weights */
+        lm->slice.dc = dc;
+        lm->slice.want =
+            lm->slice_remote != NULL && lm->slice_overlap && lm->pipe == NULL && lm_all_local(lm);
         double t0 = ferry_now();
-        if ((st = lm_pull(lm, dc, &pull_call)) != FERRY_OK)
+        if ((st = lm_pull(lm, dc, &pull_call, lm->slice.want ? NULL : &lm->slice.call)) != FERRY_OK)
             return st;
         res->xfer_s = ferry_now() - t0;
     }
@@ -841,7 +977,16 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
             return ferry_errorf(FERRY_ERR_INVALID, "a distributed model needs a ferry_dist_ctx");
         (void)ferry_dist_ctx_begin(dc);
     }
+    lm->slice.want = lm->slice.pushed = 0;
+    lm->slice.wait_s = 0.0;
     ferry_status st = lm_step_body(lm, ctx, dc, opt, inputs, targets, args, res);
+    if (lm->slice.started) { /* a failed step's transfer of the slice */
+        char err[512];
+        (void)snprintf(err, sizeof err, "%s", ferry_error_last());
+        ferry_status sj = slice_join(lm);
+        st = st != FERRY_OK ? ferry_errorf(st, "%s", err) : sj;
+    }
+    lm->slice.want = lm->slice.pushed = 0;
     if (st != FERRY_OK && dc != NULL && ferry_dist_ctx_id(dc) != 0) {
         /* Keep the error message of the step, not of the release. */
         char err[512];
@@ -924,14 +1069,14 @@ ferry_lm_pipe *ferry_lm_pipeline(const ferry_lm *lm) {
 }
 
 ferry_status ferry_lm_replace(ferry_lm *lm) {
-    ferry_remote *mods[3] = {lm->emb_remote, lm->dec_remote, lm->dense_remote};
+    ferry_remote *mods[4] = {lm->emb_remote, lm->dec_remote, lm->dense_remote, lm->slice_remote};
     for (int g = 0; g < lm->ngroups; g++) {
         if (lm->groups[g].remote != NULL)
             return ferry_errorf(FERRY_ERR_UNSUPPORTED,
                                 "layers placed on a server (--stages) do not follow its servers");
     }
     ferry_status st = FERRY_OK;
-    for (int i = 0; i < 3 && st == FERRY_OK; i++) {
+    for (int i = 0; i < 4 && st == FERRY_OK; i++) {
         if (mods[i] != NULL)
             st = ferry_remote_replace(mods[i]);
     }

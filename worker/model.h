@@ -41,8 +41,9 @@ typedef struct ferry_lm_placement {
     ferry_decoder_mode decoder_mode;
     ferry_optim_config optim; /* the shards' optimizer (the trainer's own config) */
     /* A data-parallel job: the LSTM's master copy and optimizer live on the servers
-     * too, as the dense module "lstm" (the whole local block, rows split over the
-     * servers); each step pulls it, pushes its gradient and steps there. Rank 0
+     * too, as the dense module "lstm" (the local block, rows split over the servers;
+     * with a decoder slice, the slice's rows are the module "dec-slice"); each step
+     * pulls them, pushes their gradient and steps there. Rank 0
      * creates every module from its own initial values and says ready; the others
      * wait for it. NULL: the LSTM is the trainer's alone. */
     ferry_job *job;

@@ -220,19 +220,36 @@ close_losses "$TMP/m-lv-local.jsonl" "$TMP/m-lv.jsonl" ||
     fail "--local-vocab losses differ from the local trainer's: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-lv.jsonl"))"
 ok "--local-vocab 3000 --micro-batches 2: losses as the local trainer's ($(train_losses "$TMP/m-lv.jsonl" | tail -1))"
 stop_ps ps-lv
-start_daemon ps-lvj
-for r in 0 1; do
-    "$TRAINER" --ps "127.0.0.1:$PORT" --job lv2 --world 2 --rank "$r" --local-vocab 3000 \
-        --micro-batches 2 "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
-        --metrics-out "$TMP/m-lvj$r.jsonl" 2>"$TMP/t-lvj$r.log" &
-    eval "LJ$r=\$!"
+# Unpipelined (M=1), each step pulls the slice's block while the LSTM runs and pushes
+# it while the LSTM's backward runs (worker/model.c, the slice's overlap); twice, to the
+# same losses and the same part at step 60 bit for bit (every server sums the modules'
+# gradient norms in one order).
+mkdir -p "$TMP/ck-lvj"
+start_daemon_ck ps-lvj "$TMP/ck-lvj"
+n=0
+for M in 2 1 1; do
+    n=$((n + 1)) run=lv2-$n-m$M
+    for r in 0 1; do
+        "$TRAINER" --ps "127.0.0.1:$PORT" --job "$run" --world 2 --rank "$r" --local-vocab 3000 \
+            --micro-batches "$M" "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 --save "$TMP/$run" \
+            --metrics-out "$TMP/m-lvj$r.jsonl" 2>"$TMP/t-lvj$r.log" &
+        eval "LJ$r=\$!"
+    done
+    wait "$LJ0" || fail "--local-vocab in a 2-rank job (M=$M): rank 0 exited $?: $(tail -3 "$TMP/t-lvj0.log")"
+    wait "$LJ1" || fail "--local-vocab in a 2-rank job (M=$M): rank 1 exited $?: $(tail -3 "$TMP/t-lvj1.log")"
+    close_losses "$TMP/m-lv-local.jsonl" "$TMP/m-lvj0.jsonl" &&
+        [ "$(train_losses "$TMP/m-lvj0.jsonl")" = "$(train_losses "$TMP/m-lvj1.jsonl")" ] ||
+        fail "--local-vocab 2-rank job (M=$M) differs: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-lvj0.jsonl") <(train_losses "$TMP/m-lvj1.jsonl"))"
+    grep -q "% in pull/push" "$TMP/t-lvj0.log" || fail "M=$M: no pull/push share: $(grep "rank 0" "$TMP/t-lvj0.log" | tail -1)"
+    if [ "$M" = 1 ] && [ -n "${LVJ_FIRST:-}" ]; then
+        [ "$(train_losses "$TMP/m-lvj0.jsonl")" = "$LVJ_FIRST" ] ||
+            fail "the overlapped job is not reproducible: $LVJ_FIRST against $(train_losses "$TMP/m-lvj0.jsonl")"
+        same_state "$TMP/$LVJ_RUN.r0.60" "$TMP/$run.r0.60" "the overlapped job's rank 0 part, run twice"
+    elif [ "$M" = 1 ]; then
+        LVJ_FIRST=$(train_losses "$TMP/m-lvj0.jsonl") LVJ_RUN=$run
+    fi
 done
-wait "$LJ0" || fail "--local-vocab in a 2-rank job: rank 0 exited $?: $(tail -3 "$TMP/t-lvj0.log")"
-wait "$LJ1" || fail "--local-vocab in a 2-rank job: rank 1 exited $?: $(tail -3 "$TMP/t-lvj1.log")"
-close_losses "$TMP/m-lv-local.jsonl" "$TMP/m-lvj0.jsonl" &&
-    [ "$(train_losses "$TMP/m-lvj0.jsonl")" = "$(train_losses "$TMP/m-lvj1.jsonl")" ] ||
-    fail "--local-vocab 2-rank job differs: $(paste <(train_losses "$TMP/m-lv-local.jsonl") <(train_losses "$TMP/m-lvj0.jsonl") <(train_losses "$TMP/m-lvj1.jsonl"))"
-ok "--local-vocab in a 2-rank bsp job (10 columns each): the local trainer's losses on both ranks"
+ok "--local-vocab in a 2-rank bsp job (10 columns each), pipelined and with the slice's transfer overlapped: the local trainer's losses on both ranks; the overlapped job twice, bit for bit"
 # Dropout in a data-parallel job: each rank's masks are its columns of the masks the
 # whole batch draws, so a 2-rank job, unpipelined and with --micro-batches 2, trains as
 # the local trainer does with dropout on (losses within 1e-5 relative).
