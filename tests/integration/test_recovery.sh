@@ -217,17 +217,19 @@ ok "$identical of $TRIALS trials (a server or a rank SIGKILLed at a random step,
 
 # The same with a decoder slice in each trainer (--local-vocab): its block is a module
 # of its own, pulled and pushed on a thread beside the LSTM's work (worker/model.c), so
-# a failure can strike while that transfer is out. One trial per kind of victim.
+# a failure can strike while that transfer is out. FERRY_RECOVERY_LV_TRIALS (default
+# 4: one per kind of victim) trials.
+LV_TRIALS=${FERRY_RECOVERY_LV_TRIALS:-4}
 DATA_NOLV=("${DATA[@]}")
 DATA+=(--local-vocab 3000)
 run_job "$TMP/ref-lv"
-for k in 1 2 3 4; do
+for k in $(seq 1 "$LV_TRIALS"); do
     RANDOM=$((k * 104729))
-    REF=$TMP/ref-lv kill_trial "$TMP/lv$k" "${victims[$((k - 1))]}" $((2 + RANDOM % (STEPS - 4)))
+    REF=$TMP/ref-lv kill_trial "$TMP/lv$k" "${victims[$(((k - 1) % 4))]}" $((2 + RANDOM % (STEPS - 4)))
 done
 rm -rf "$TMP/ref-lv"
 DATA=("${DATA_NOLV[@]}")
-ok "--local-vocab 3000: a server or a rank SIGKILLed while the slice's transfer may be out (4 trials): rolled back, finished, bit-identical to its undisturbed run"
+ok "--local-vocab 3000: a server or a rank SIGKILLed while the slice's transfer may be out ($LV_TRIALS trials): rolled back, finished, bit-identical to its undisturbed run"
 
 # ---- at the edges ------------------------------------------------------------------
 # After restarts: the lines of a log written since the last "=== restarted".
