@@ -418,14 +418,19 @@ def mode_fair(stub, seconds):
                    timeout=60)
             one.append(time.time() - t)
     stop = threading.Event()
-    floods = [threading.Thread(target=flood, args=(Session(stub, TOK, "flood%d" % i), stop)) for i in range(4)]
+    # Daemon threads, stopped in `finally`: a probe that raises (a refusal, a lapsed
+    # session) fails the case at once instead of leaving the floods running forever.
+    floods = [threading.Thread(target=flood, args=(Session(stub, TOK, "flood%d" % i), stop),
+                               daemon=True) for i in range(4)]
     for t in floods:
         t.start()
-    time.sleep(1.0)
-    loaded = probe_all(seconds, 1)
-    stop.set()
-    for t in floods:
-        t.join()
+    try:
+        time.sleep(1.0)
+        loaded = probe_all(seconds, 1)
+    finally:
+        stop.set()
+        for t in floods:
+            t.join(timeout=120)
     # The joins wait for the Forwards in flight (seconds under the sanitizers), longer
     # than the test's --session-ttl: h may have lapsed, so Stats goes on a new session.
     q = stats(Session(stub, TOK2, "stats"), "queue_")
