@@ -483,7 +483,7 @@ void ferry__ps_session_leave(ferry__ps_sessions *S, ferry__ps_session *s);
  * FERRY_ERR_BUSY when spent. */
 ferry_status ferry__ps_session_probe_rate(ferry__ps_sessions *S, ferry__ps_session *s);
 /* 1 while session `serial` may hold a job rank: a Session stream open, or, for a
- * client that never opened one, a call within the TTL. */
+ * client that never opened one, a call in flight or within the TTL. */
 int ferry__ps_session_holds(ferry__ps_sessions *S, uint64_t serial);
 /* The lease ops of the RPC layer: a Session stream opened and closed. */
 ferry_status ferry__ps_session_lease_open(ferry__ps_sessions *S, const ferry_rpc_caller_info *who,
@@ -491,8 +491,9 @@ ferry_status ferry__ps_session_lease_open(ferry__ps_sessions *S, const ferry_rpc
 /* A Session stream ended; returns the session's serial when that was its last one
  * (its client process or connection went away), else 0. */
 uint64_t ferry__ps_session_lease_close(ferry__ps_sessions *S, ferry__ps_session *s);
-/* Ends the sessions idle past the TTL without a lease; their serials into ended (at
- * most cap), for the caller to drop what they held. Returns the count. */
+/* Ends the sessions idle past the TTL, without a lease or a call in flight; their
+ * serials into ended (at most cap), for the caller to drop what they held. Returns
+ * the count. */
 int ferry__ps_sessions_sweep(ferry__ps_sessions *S, uint64_t *ended, int cap);
 void ferry__ps_sessions_counts(ferry__ps_sessions *S, int64_t *live, int64_t *opened,
                                int64_t *expired, int64_t *leases);
