@@ -191,14 +191,20 @@ void ferry__ps_session_leave(ferry__ps_sessions *S, ferry__ps_session *s) {
         free(s);
 }
 
+/* Called lately: a call in flight (a reference beyond the table's), however long it
+ * has queued or run, or one within the TTL. Table lock held. */
+static int calling_locked(const ferry__ps_sessions *S, const ferry__ps_session *s, double now) {
+    return s->refs > 1 || now - s->last_used <= S->ttl_s;
+}
+
 /* Alive for the purpose of holding a job rank: a lease open, or (for a client that
- * never opened one) a call in flight or within the TTL. Table lock held. */
+ * never opened one) calling. Table lock held. */
 static int holds_locked(const ferry__ps_sessions *S, const ferry__ps_session *s, double now) {
     if (s->dead)
         return 0;
     if (s->leases > 0)
         return 1;
-    return !s->had_lease && (s->refs > 1 || now - s->last_used <= S->ttl_s);
+    return !s->had_lease && calling_locked(S, s, now);
 }
 
 int ferry__ps_session_holds(ferry__ps_sessions *S, uint64_t serial) {
@@ -260,9 +266,7 @@ int ferry__ps_sessions_sweep(ferry__ps_sessions *S, uint64_t *ended, int cap) {
     for (int b = 0; b < SESSION_BUCKETS && n < cap; b++) {
         for (ferry__ps_session *s = S->buckets[b], *next; s != NULL && n < cap; s = next) {
             next = s->next;
-            /* In use: a lease open, or a call in flight (refs beyond the table's),
-             * however long it has queued or run. */
-            if (s->leases > 0 || s->refs > 1 || now - s->last_used <= S->ttl_s)
+            if (s->leases > 0 || calling_locked(S, s, now))
                 continue;
             unlink_locked(S, s);
             s->dead = 1;

@@ -301,41 +301,41 @@ static ferry_status lm_create_group(ferry_lm *lm, ferry_lm_group *G, const ferry
     return ferry_remote_create(pl->cluster, &rc, &G->remote);
 }
 
+/* A dense module "<job>/<suffix>" of P[begin, end), rows split over the servers,
+ * starting from the stage's copy of those values. */
+static ferry_status lm_create_block(ferry_lm *lm, const ferry_lm_placement *pl, const char *suffix,
+                                    int64_t begin, int64_t end, ferry_remote **out) {
+    ferry_remote_config rc;
+    char name[FERRY_PARAM_NAME_MAX];
+    (void)snprintf(name, sizeof name, "%s/%s", ferry_job_get_config(pl->job)->name, suffix);
+    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, end - begin, 1);
+    rc.bias = 0;
+    rc.optim = pl->optim;
+    rc.init_weight = lm->stage + begin;
+    return ferry_remote_create(pl->cluster, &rc, out);
+}
+
 /* The job's dense modules: "lstm", the local block up to the decoder slice (alignment
  * padding too, so pulls and pushes are one copy), and with a slice (--local-vocab)
  * "dec-slice", its rows in P after the LSTM's: a block of its own so that a step pulls
- * it while the LSTM runs and pushes it while the LSTM's backward does. Rows split
- * over the servers. Rank 0 sends the initial values (polar-initialised where
- * constrained); the others must find them. */
+ * it while the LSTM runs and pushes it while the LSTM's backward does. Rank 0 sends
+ * the initial values (polar-initialised where constrained); the others must find
+ * them. */
 static ferry_status lm_create_dense(ferry_lm *lm, const ferry_lm_placement *pl) {
-    ferry_remote_config rc;
-    char name[FERRY_PARAM_NAME_MAX];
-    const char *job = ferry_job_get_config(pl->job)->name;
     lm->split = lm->local_vocab > 0 ? lm->P.items[lm->dec_w].offset : lm->P.numel;
     ferry_status st = FERRY_OK;
     if ((lm->stage = malloc((size_t)lm->P.numel * sizeof(float))) == NULL)
         return FERRY_NOMEM();
     if ((st = ferry_backend_copy(lm->be, lm->stage, lm->P.data, (size_t)lm->P.numel * sizeof(float),
-                                 FERRY_COPY_DEVICE_TO_HOST)) != FERRY_OK)
-        return st;
-    (void)snprintf(name, sizeof name, "%s/lstm", job);
-    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, lm->split, 1);
-    rc.bias = 0;
-    rc.optim = pl->optim;
-    rc.init_weight = lm->stage;
-    if ((st = ferry_remote_create(pl->cluster, &rc, &lm->dense_remote)) != FERRY_OK ||
+                                 FERRY_COPY_DEVICE_TO_HOST)) != FERRY_OK ||
+        (st = lm_create_block(lm, pl, "lstm", 0, lm->split, &lm->dense_remote)) != FERRY_OK ||
         lm->split == lm->P.numel)
         return st;
-    (void)snprintf(name, sizeof name, "%s/dec-slice", job);
-    ferry_remote_config_default(&rc, FERRY_REMOTE_DENSE, name, lm->P.numel - lm->split, 1);
-    rc.bias = 0;
-    rc.optim = pl->optim;
-    rc.init_weight = lm->stage + lm->split;
     /* With replicated shards a context's calls are logged as each returns, to replay
      * on a backup if the primary dies: a call on another thread could return unlogged
      * when the main thread fails over, so there the blocks move in turn. */
     lm->slice_overlap = ferry_cluster_replicas(pl->cluster, 0, NULL) <= 1;
-    return ferry_remote_create(pl->cluster, &rc, &lm->slice_remote);
+    return lm_create_block(lm, pl, "dec-slice", lm->split, lm->P.numel, &lm->slice_remote);
 }
 
 /* Hands the decoder module the trainer's slice of it (--local-vocab): its rows in P
@@ -550,6 +550,15 @@ static ferry_status lm_push_block(ferry_lm *lm, ferry_grads *G, int64_t begin, i
     return FERRY_OK;
 }
 
+/* Starts the push of the step's slice gradient (G's rows P[split, numel)). */
+static ferry_status slice_push(ferry_lm *lm, ferry_grads *G) {
+    const float *grad;
+    ferry_status st = lm_push_block(lm, G, lm->split, lm->P.numel, &grad);
+    if (st == FERRY_OK)
+        slice_start(lm, grad);
+    return st;
+}
+
 /* The tape node recorded before the decoder (ferry_lm_forward): the decoder's backward
  * has just written the slice's gradient, so its push starts while the LSTM's runs. */
 static ferry_status slice_push_node(ferry_ctx *ctx, void *saved, ferry_tensor *const *grad_out,
@@ -558,17 +567,11 @@ static ferry_status slice_push_node(ferry_ctx *ctx, void *saved, ferry_tensor *c
     (void)grad_in;
     ferry_lm *lm = *(ferry_lm **)saved;
     ferry_grads *G = ferry_ctx_grads(ctx, &lm->P);
-    const float *grad;
     if (G == NULL)
         return FERRY_NOMEM();
-    ferry_status st = slice_join(lm); /* the pull, joined before the decoder already */
-    if (st == FERRY_OK)
-        st = lm_push_block(lm, G, lm->split, lm->P.numel, &grad);
-    if (st != FERRY_OK)
-        return st;
-    slice_start(lm, grad);
-    lm->slice.pushed = 1;
-    return FERRY_OK;
+    ferry_status st = slice_push(lm, G);
+    lm->slice.pushed = st == FERRY_OK;
+    return st;
 }
 
 ferry_status ferry_lm_create_placed(ferry_backend *be, const ferry_lm_config *cfg,
@@ -789,9 +792,9 @@ ferry_status ferry_lm_forward(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *dc,
     if ((st = ferry_dropout_forward(ctx, p, y, &yd)) != FERRY_OK)
         return st;
     if (overlap) { /* the slice's rows are in P; its push goes out after its backward */
-        ferry_lm **saved = ferry_ctx_host_alloc(ctx, sizeof *saved);
         if ((st = slice_join(lm)) != FERRY_OK)
             return st;
+        ferry_lm **saved = ferry_ctx_host_alloc(ctx, sizeof *saved);
         if (saved == NULL)
             return FERRY_NOMEM();
         *saved = lm;
@@ -843,16 +846,10 @@ static ferry_status lm_job_step(ferry_lm *lm, ferry_dist_ctx *dc, ferry_grads *G
         (st = ferry_remote_dense_push(lm->dense_remote, dc, pull_call, grad)) != FERRY_OK)
         return st;
     res->xfer_s += ferry_now() - t0;
-    if (lm->slice_remote != NULL && lm->slice.pushed) {
-        if ((st = slice_join(lm)) != FERRY_OK)
-            return st;
-    } else if (lm->slice_remote != NULL) {
-        t0 = ferry_now();
-        if ((st = lm_push_block(lm, G, lm->split, lm->P.numel, &grad)) != FERRY_OK ||
-            (st = ferry_remote_dense_push(lm->slice_remote, dc, lm->slice.call, grad)) != FERRY_OK)
-            return st;
-        lm->slice.wait_s += ferry_now() - t0;
-    }
+    /* The slice's push: out on its thread since the decoder's backward, or now. */
+    if (lm->slice_remote != NULL && ((!lm->slice.pushed && (st = slice_push(lm, G)) != FERRY_OK) ||
+                                     (st = slice_join(lm)) != FERRY_OK))
+        return st;
     res->xfer_s += lm->slice.wait_s; /* the slice's transfer where this step waited for it */
     double tokens = (double)ferry_tensor_numel(inputs);
     if ((st = ferry_dist_ctx_set_job(dc, lm->job, a->job_step, res->loss_sum, tokens)) != FERRY_OK)
@@ -977,7 +974,6 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
             return ferry_errorf(FERRY_ERR_INVALID, "a distributed model needs a ferry_dist_ctx");
         (void)ferry_dist_ctx_begin(dc);
     }
-    lm->slice.want = lm->slice.pushed = 0;
     lm->slice.wait_s = 0.0;
     ferry_status st = lm_step_body(lm, ctx, dc, opt, inputs, targets, args, res);
     if (lm->slice.started) { /* a failed step's transfer of the slice */
@@ -986,7 +982,7 @@ ferry_status ferry_lm_train_step(ferry_lm *lm, ferry_ctx *ctx, ferry_dist_ctx *d
         ferry_status sj = slice_join(lm);
         st = st != FERRY_OK ? ferry_errorf(st, "%s", err) : sj;
     }
-    lm->slice.want = lm->slice.pushed = 0;
+    lm->slice.want = lm->slice.pushed = 0; /* every step's path ends here */
     if (st != FERRY_OK && dc != NULL && ferry_dist_ctx_id(dc) != 0) {
         /* Keep the error message of the step, not of the release. */
         char err[512];
