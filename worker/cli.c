@@ -235,5 +235,6 @@ const char *const ferry_trainer_env[] = {
     "OPENBLAS_CORETYPE", "OpenBLAS kernels to use (else ferry picks the strongest)",
     "FERRY_NO_REEXEC", "set: never re-execute to choose OpenBLAS kernels",
     "FERRY_RPC_SPIN_US", "microseconds a waiting call spins before it sleeps",
+    "FERRY_PIPE_TRACE", "N: log the timeline of every Nth pipelined step (--micro-batches)",
     NULL};
 /* clang-format on */

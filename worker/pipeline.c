@@ -27,6 +27,7 @@
  * once, as without micro-batches. */
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,11 @@
 #include "common/tensor/backend.h"
 #include "worker/model-impl.h" /* the model's fields */
 #include "worker/pipeline.h"
+
+/* A timeline's spans: the trainer's LSTM forward of a chunk, the decoder thread's
+ * Forward and Backward calls of it, the trainer waiting for its dh, its backward. */
+enum { SPAN_F, SPAN_D, SPAN_DB, SPAN_WAIT, SPAN_B, SPAN_KINDS };
+static const char *const span_name[SPAN_KINDS] = {"F", "D", "d", "wait", "B"};
 
 struct ferry_lm_pipe {
     int M;
@@ -68,6 +74,13 @@ struct ferry_lm_pipe {
     double remote_busy; /* seconds the thread spent in decoder calls this step */
     /* Totals since the last ferry_lm_pipe_take_stats. */
     ferry_lm_pipe_stats acc;
+    /* The step's timeline (FERRY_PIPE_TRACE=N logs every Nth step's): per chunk, the
+     * start and end of each span in seconds from the step's start; each thread writes
+     * its own spans, read once the thread finished the step. */
+    int trace_every;
+    double t_start;
+    double span[FERRY_LM_MAX_MICRO][SPAN_KINDS][2];
+    double sync[2]; /* the trainer waiting for the helper's weight gradients */
 };
 
 /* First step of chunk c of M over T steps. */
@@ -83,6 +96,8 @@ ferry_status ferry_lm_pipe_create(int M, ferry_lm_pipe **out) {
     if (p == NULL)
         return FERRY_NOMEM();
     p->M = M;
+    const char *trace = getenv("FERRY_PIPE_TRACE");
+    p->trace_every = trace != NULL && atoi(trace) > 0 ? atoi(trace) : 0;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     *out = p;
@@ -128,6 +143,11 @@ static ferry_status grow(float **buf, size_t *cap, size_t nbytes) {
     return FERRY_OK;
 }
 
+/* Marks the start (end 0) or end (1) of chunk c's span of kind k, now. */
+static void mark(ferry_lm_pipe *p, int c, int k, int end) {
+    p->span[c][k][end] = ferry_now() - p->t_start;
+}
+
 /* ---- the decoder thread: Forward of every chunk in order, then Backward in reverse ---- */
 
 static void thread_fail(ferry_lm_pipe *p, ferry_status st) {
@@ -151,9 +171,11 @@ static void decoder_step(ferry_lm_pipe *p) {
             return;
         int64_t t0 = t0_of(p->T, p->M, c), steps = t0_of(p->T, p->M, c + 1) - t0;
         double t = ferry_now();
+        mark(p, c, SPAN_D, 0);
         ferry_status st = ferry_remote_xent_forward(p->dec, p->dc, p->hid + t0 * BH,
                                                     p->targets + t0 * p->B, steps * p->B, NULL,
                                                     &p->loss[c], &p->call[c]);
+        mark(p, c, SPAN_D, 1);
         p->remote_busy += ferry_now() - t;
         if (st != FERRY_OK) {
             thread_fail(p, st);
@@ -163,8 +185,10 @@ static void decoder_step(ferry_lm_pipe *p) {
     for (int c = p->M - 1; c >= 0; c--) {
         int64_t t0 = t0_of(p->T, p->M, c);
         double t = ferry_now();
+        mark(p, c, SPAN_DB, 0);
         ferry_status st =
             ferry_remote_xent_backward(p->dec, p->dc, p->call[c], NULL, p->scale, p->dh + t0 * BH);
+        mark(p, c, SPAN_DB, 1);
         p->remote_busy += ferry_now() - t;
         if (st != FERRY_OK) {
             thread_fail(p, st);
@@ -281,6 +305,50 @@ static ferry_status chunk_backward(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ct
                               FERRY_COPY_DEVICE_TO_HOST);
 }
 
+/* Appends to line (cap bytes, n used), clamped: a line cut short stays terminated. */
+static size_t append(char *line, size_t cap, size_t n, const char *fmt, ...) {
+    if (n + 1 >= cap)
+        return n;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(line + n, cap - n, fmt, ap);
+    va_end(ap);
+    return k < 0 ? n : n + (size_t)k >= cap ? cap - 1 : n + (size_t)k;
+}
+
+static size_t append_span(const ferry_lm_pipe *p, char *line, size_t cap, size_t n, int k, int c) {
+    return append(line, cap, n, " %s%d %.1f-%.1f", span_name[k], c, p->span[c][k][0] * 1e3,
+                  p->span[c][k][1] * 1e3);
+}
+
+/* Logs the step's timeline, one line: each span as NAME+chunk start-end in ms from
+ * the step's start (its embedding Forward), the trainer's spans in the order they
+ * ran, then the decoder thread's, then the wait for the helper's weight gradients. */
+static void log_timeline(const ferry_lm_pipe *p) {
+    size_t cap = 128 + (size_t)p->M * SPAN_KINDS * 40, n = 0;
+    char *line = malloc(cap);
+    if (line == NULL)
+        return; /* a diagnostic: nothing to say without memory */
+    line[0] = '\0';
+    n = append(line, cap, n, "trainer");
+    for (int c = 0; c < p->M; c++)
+        n = append_span(p, line, cap, n, SPAN_F, c);
+    for (int c = p->M - 1; c >= 0; c--) {
+        n = append_span(p, line, cap, n, SPAN_WAIT, c);
+        n = append_span(p, line, cap, n, SPAN_B, c);
+    }
+    n = append(line, cap, n, " | decoder thread");
+    for (int c = 0; c < p->M; c++)
+        n = append_span(p, line, cap, n, SPAN_D, c);
+    for (int c = p->M - 1; c >= 0; c--)
+        n = append_span(p, line, cap, n, SPAN_DB, c);
+    (void)append(line, cap, n, " | weight gradients joined %.1f-%.1f", p->sync[0] * 1e3,
+                 p->sync[1] * 1e3);
+    FERRY_LOG_INFO("pipeline: timeline of pipelined step %llu (ms): %s",
+                   (unsigned long long)p->steps, line);
+    free(line);
+}
+
 /* Every chunk forward, posting each to the thread; then every chunk backward as its
  * dh comes back, last chunk first. All on the step's context and tape. */
 static ferry_status run_chunks(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx, uint64_t seed,
@@ -298,9 +366,11 @@ static ferry_status run_chunks(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx, u
                                  FERRY_COPY_DEVICE_TO_DEVICE)) != FERRY_OK)
         return st;
     for (int c = 0; c < p->M; c++) {
+        mark(p, c, SPAN_F, 0);
         if ((st = chunk_forward(lm, p, ctx, seed, &k[c], c, c == 0 ? h0 : k[c - 1].h,
                                 c == 0 ? c0 : k[c - 1].c)) != FERRY_OK)
             return st;
+        mark(p, c, SPAN_F, 1);
         post(p, c);
     }
     /* Truncated BPTT: the next window starts from the last chunk's state, detached. */
@@ -312,10 +382,14 @@ static ferry_status run_chunks(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ctx, u
         return st;
     *busy = ferry_now() - t;
     for (int c = p->M - 1; c >= 0; c--) {
+        mark(p, c, SPAN_WAIT, 0);
         if ((st = wait_back(p, c)) != FERRY_OK)
             return st; /* the thread's error: its message is the step's */
+        mark(p, c, SPAN_WAIT, 1);
         t = ferry_now();
+        mark(p, c, SPAN_B, 0);
         st = chunk_backward(lm, p, ctx, &k[c], c);
+        mark(p, c, SPAN_B, 1);
         *busy += ferry_now() - t;
         if (st != FERRY_OK)
             return st;
@@ -341,6 +415,7 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
                             " at most one per step (lower --micro-batches or raise --bptt)",
                             p->M, (long long)T);
     double t_start = ferry_now();
+    p->t_start = t_start;
     size_t nx = (size_t)(T * B * E) * sizeof(float), nh = (size_t)(T * B * H) * sizeof(float);
     if ((st = grow(&p->x, &p->cap_x, nx)) != FERRY_OK ||
         (st = grow(&p->dx, &p->cap_dx, nx)) != FERRY_OK ||
@@ -383,7 +458,9 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
     pthread_mutex_unlock(&p->mu);
     /* The LSTM's weight gradients, formed on the context's helper thread while the
      * chunks' recurrences ran (model.c turns deferral on), are complete now. */
+    p->sync[0] = ferry_now() - t_start;
     ferry_status sy = ferry_ctx_sync(ctx);
+    p->sync[1] = ferry_now() - t_start;
     if (st == FERRY_OK)
         st = sy;
     if (p->st != FERRY_OK) /* the thread failed first: its message names the call */
@@ -399,5 +476,7 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
     p->acc.wall_s += ferry_now() - t_start;
     p->acc.trainer_busy_s += busy;
     p->acc.servers_busy_s += p->remote_busy;
+    if (p->trace_every > 0 && p->steps % (uint64_t)p->trace_every == 0)
+        log_timeline(p);
     return FERRY_OK;
 }
