@@ -25,9 +25,9 @@
  * over its own stretch of the tape (ferry_ctx_backward_range), and the LSTM's
  * gradient accumulates in the one context. Clipping and the optimizer steps run
  * once, as without micro-batches. */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +40,6 @@
 /* A timeline's spans: the trainer's LSTM forward of a chunk, the decoder thread's
  * Forward and Backward calls of it, the trainer waiting for its dh, its backward. */
 enum { SPAN_F, SPAN_D, SPAN_DB, SPAN_WAIT, SPAN_B, SPAN_KINDS };
-static const char *const span_name[SPAN_KINDS] = {"F", "D", "d", "wait", "B"};
 
 struct ferry_lm_pipe {
     int M;
@@ -74,9 +73,9 @@ struct ferry_lm_pipe {
     double remote_busy; /* seconds the thread spent in decoder calls this step */
     /* Totals since the last ferry_lm_pipe_take_stats. */
     ferry_lm_pipe_stats acc;
-    /* The step's timeline (FERRY_PIPE_TRACE=N logs every Nth step's): per chunk, the
-     * start and end of each span in seconds from the step's start; each thread writes
-     * its own spans, read once the thread finished the step. */
+    /* The step's timeline (FERRY_PIPE_TRACE=N logs that of every Nth step this pipe
+     * ran): per chunk, the start and end of each span in seconds from the step's start;
+     * each thread writes its own spans, read once the thread finished the step. */
     int trace_every;
     double t_start;
     double span[FERRY_LM_MAX_MICRO][SPAN_KINDS][2];
@@ -96,8 +95,12 @@ ferry_status ferry_lm_pipe_create(int M, ferry_lm_pipe **out) {
     if (p == NULL)
         return FERRY_NOMEM();
     p->M = M;
-    const char *trace = getenv("FERRY_PIPE_TRACE");
-    p->trace_every = trace != NULL && atoi(trace) > 0 ? atoi(trace) : 0;
+    const char *trace = getenv("FERRY_PIPE_TRACE"); /* N >= 1: every Nth step; else none */
+    char *end = NULL;
+    long every = trace != NULL ? strtol(trace, &end, 10) : 0;
+    p->trace_every = end != trace && end != NULL && *end == '\0' && every > 0 && every <= INT_MAX
+                         ? (int)every
+                         : 0;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     *out = p;
@@ -143,9 +146,10 @@ static ferry_status grow(float **buf, size_t *cap, size_t nbytes) {
     return FERRY_OK;
 }
 
-/* Marks the start (end 0) or end (1) of chunk c's span of kind k, now. */
+/* Marks the start (end 0) or end (1) of chunk c's span of kind k, now, if traced. */
 static void mark(ferry_lm_pipe *p, int c, int k, int end) {
-    p->span[c][k][end] = ferry_now() - p->t_start;
+    if (p->trace_every > 0)
+        p->span[c][k][end] = ferry_now() - p->t_start;
 }
 
 /* ---- the decoder thread: Forward of every chunk in order, then Backward in reverse ---- */
@@ -305,48 +309,23 @@ static ferry_status chunk_backward(ferry_lm *lm, ferry_lm_pipe *p, ferry_ctx *ct
                               FERRY_COPY_DEVICE_TO_HOST);
 }
 
-/* Appends to line (cap bytes, n used), clamped: a line cut short stays terminated. */
-static size_t append(char *line, size_t cap, size_t n, const char *fmt, ...) {
-    if (n + 1 >= cap)
-        return n;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(line + n, cap - n, fmt, ap);
-    va_end(ap);
-    return k < 0 ? n : n + (size_t)k >= cap ? cap - 1 : n + (size_t)k;
-}
-
-static size_t append_span(const ferry_lm_pipe *p, char *line, size_t cap, size_t n, int k, int c) {
-    return append(line, cap, n, " %s%d %.1f-%.1f", span_name[k], c, p->span[c][k][0] * 1e3,
-                  p->span[c][k][1] * 1e3);
-}
-
-/* Logs the step's timeline, one line: each span as NAME+chunk start-end in ms from
- * the step's start (its embedding Forward), the trainer's spans in the order they
- * ran, then the decoder thread's, then the wait for the helper's weight gradients. */
+/* Logs the step's timeline, a line per chunk and one for the step: each span's start
+ * and end in ms from the step's start (its embedding Forward). The decoder's calls are
+ * timed on the trainer's decoder thread, wire included. */
 static void log_timeline(const ferry_lm_pipe *p) {
-    size_t cap = 128 + (size_t)p->M * SPAN_KINDS * 40, n = 0;
-    char *line = malloc(cap);
-    if (line == NULL)
-        return; /* a diagnostic: nothing to say without memory */
-    line[0] = '\0';
-    n = append(line, cap, n, "trainer");
-    for (int c = 0; c < p->M; c++)
-        n = append_span(p, line, cap, n, SPAN_F, c);
-    for (int c = p->M - 1; c >= 0; c--) {
-        n = append_span(p, line, cap, n, SPAN_WAIT, c);
-        n = append_span(p, line, cap, n, SPAN_B, c);
+    unsigned long long n = (unsigned long long)p->steps;
+    for (int c = 0; c < p->M; c++) {
+        const double(*s)[2] = p->span[c];
+        FERRY_LOG_INFO("pipeline: timeline of pipelined step %llu, chunk %d/%d (ms): F %.1f-%.1f "
+                       "D %.1f-%.1f d %.1f-%.1f wait %.1f-%.1f B %.1f-%.1f",
+                       n, c, p->M, s[SPAN_F][0] * 1e3, s[SPAN_F][1] * 1e3, s[SPAN_D][0] * 1e3,
+                       s[SPAN_D][1] * 1e3, s[SPAN_DB][0] * 1e3, s[SPAN_DB][1] * 1e3,
+                       s[SPAN_WAIT][0] * 1e3, s[SPAN_WAIT][1] * 1e3, s[SPAN_B][0] * 1e3,
+                       s[SPAN_B][1] * 1e3);
     }
-    n = append(line, cap, n, " | decoder thread");
-    for (int c = 0; c < p->M; c++)
-        n = append_span(p, line, cap, n, SPAN_D, c);
-    for (int c = p->M - 1; c >= 0; c--)
-        n = append_span(p, line, cap, n, SPAN_DB, c);
-    (void)append(line, cap, n, " | weight gradients joined %.1f-%.1f", p->sync[0] * 1e3,
-                 p->sync[1] * 1e3);
-    FERRY_LOG_INFO("pipeline: timeline of pipelined step %llu (ms): %s",
-                   (unsigned long long)p->steps, line);
-    free(line);
+    FERRY_LOG_INFO("pipeline: timeline of pipelined step %llu (ms): weight gradients joined "
+                   "%.1f-%.1f",
+                   n, p->sync[0] * 1e3, p->sync[1] * 1e3);
 }
 
 /* Every chunk forward, posting each to the thread; then every chunk backward as its

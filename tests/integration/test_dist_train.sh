@@ -69,26 +69,27 @@ fi
 # order: the trainer's forwards in turn, each chunk's decoder Forward after the
 # trainer's forward of it, its Backward after the Forward of the last chunk, the
 # trainer's backward of a chunk after its dh came back, last chunk first.
-[ "$(grep -c 'pipeline: timeline of pipelined step' "$TMP/t-m4.log")" = 3 ] ||
+[ "$(grep -c 'pipeline: timeline of pipelined step [0-9]* (ms): weight gradients' "$TMP/t-m4.log")" = 3 ] ||
     fail "FERRY_PIPE_TRACE=20: not 3 timelines: $(grep timeline "$TMP/t-m4.log")"
-grep 'pipeline: timeline of pipelined step 60 ' "$TMP/t-m4.log" | tr ' |' '\n\n' |
-    awk -v M=4 '$0 ~ /^(F|D|d|wait|B)[0-9]+$/ { name = $0; next }
-        name != "" { split($0, t, "-"); s[name] = t[1] + 0; e[name] = t[2] + 0
-                     if (s[name] > e[name]) bad = bad " " name " ends before it starts"
-                     name = "" }
+grep 'pipeline: timeline of pipelined step 60, chunk ' "$TMP/t-m4.log" | sed 's/.*, chunk //' |
+    awk -v M=4 '{ split($1, cm, "/"); c = cm[1]; chunks++
+                  for (i = 3; i < NF; i += 2) {
+                      name = $i c; split($(i + 1), t, "-"); s[name] = t[1] + 0; e[name] = t[2] + 0
+                      if (s[name] > e[name]) bad = bad " " name " ends before it starts" } }
         END {
             n = 0; for (k in s) n++
-            if (n != 5 * M) bad = bad " " n " spans, not " 5 * M
+            if (chunks != M || n != 5 * M) bad = bad " " chunks " chunks, " n " spans, not " M ", " 5 * M
             for (c = 0; c < M; c++) {
                 if (c > 0 && s["F" c] < e["F" c - 1]) bad = bad " F" c " before F" c - 1 " ended"
                 if (s["D" c] < e["F" c]) bad = bad " D" c " before F" c " ended"
                 if (s["d" c] < e["D" M - 1]) bad = bad " d" c " before D" M - 1 " ended"
                 if (s["B" c] < e["d" c]) bad = bad " B" c " before its dh (d" c ")"
+                if (s["B" c] < e["wait" c]) bad = bad " B" c " before its wait ended"
                 if (c < M - 1 && s["B" c] < e["B" c + 1]) bad = bad " B" c " before B" c + 1
             }
             if (bad != "") { print bad; exit 1 }
         }' >"$TMP/timeline.err" ||
-    fail "the step-60 timeline is out of order:$(cat "$TMP/timeline.err"): $(grep 'step 60 ' "$TMP/t-m4.log" | grep timeline)"
+    fail "the step-60 timeline is out of order:$(cat "$TMP/timeline.err"): $(grep 'step 60,' "$TMP/t-m4.log" | grep timeline)"
 ok "--micro-batches 4: losses as unpipelined ($(train_losses "$TMP/m-m4.jsonl" | tail -1)), $(grep -o 'trainer busy.*bubble [0-9]*%' "$TMP/t-m4.log" | tail -1); FERRY_PIPE_TRACE's timelines in the pipeline's order"
 expect_error "--micro-batches without --ps" "needs --ps" \
     "$TRAINER" --micro-batches 2 --data "$FERRY_SRC/data/ptb" --max-steps 1
