@@ -301,8 +301,10 @@ SD=(--ps "127.0.0.1:$D0,127.0.0.1:$D1" --max-steps 5000 --job sd --elastic 1:3)
 T1=$!
 "$TRAINER" "${DATA[@]}" "${SD[@]}" --metrics-out "$TMP/d2.jsonl" 2>"$TMP/d2.log" &
 T2=$!
-# (the second may be admitted after step 30: its own steps count from its admission)
-wait_until "job sd to train with both trainers" 300 logged "$TMP/d2.jsonl" '"event":"train"' "$T2"
+# Either may be the one admitted second (after step 30; its own steps count from its
+# admission): the server dies only once both have trained, so both are members.
+wait_until "job sd's first trainer to train" 300 logged "$TMP/d1.jsonl" '"event":"train"' "$T1"
+wait_until "job sd's second trainer to train" 300 logged "$TMP/d2.jsonl" '"event":"train"' "$T2"
 at=$(last_step "$TMP/d2.jsonl")
 wait_until "job sd to reach step $((at + 30)) with both trainers" 300 at_least "$TMP/d2.jsonl" \
     "$T2" "$((at + 30))"
