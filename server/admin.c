@@ -152,6 +152,7 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
     stat_add(b, "contexts_released", (double)atomic_load(&s->ctxs.released));
     stat_add(b, "contexts_swept", (double)atomic_load(&s->ctxs.swept));
     stat_add(b, "backward_early_replies", (double)atomic_load(&s->ctxs.early));
+    stat_add(b, "backward_overlapped", (double)atomic_load(&s->ctxs.overlapped));
     stat_add(b, "modules", (double)nmods);
     pthread_mutex_lock(&s->reg.mu);
     stat_add(b, "module_bytes", (double)s->reg.bytes);

@@ -41,6 +41,8 @@ ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
     atomic_init(&t->stepped, 0);
     atomic_init(&t->released, 0);
     atomic_init(&t->replayed, 0);
+    atomic_init(&t->early, 0);
+    atomic_init(&t->overlapped, 0);
     return FERRY_OK;
 }
 
@@ -79,6 +81,7 @@ static void ctx_free(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
         ferry__ps_module_put(c->mods[i].mod); /* the context's reference */
     }
     free(c->mods);
+    pthread_cond_destroy(&c->late_cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -109,9 +112,9 @@ static void unlink_locked(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     t->count--;
 }
 
-ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int create,
+ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int flags,
                                    ferry__ps_ctx **out) {
-    return ferry__ps_ctx_acquire_q(t, sess, NULL, id, create, out);
+    return ferry__ps_ctx_acquire_q(t, sess, NULL, id, flags, out);
 }
 
 /* A new context's first bytes and its place in the count of its identity's contexts;
@@ -131,8 +134,43 @@ static ferry_status ctx_quota(ferry__ps_ctx_table *t, ferry__ps_quota *q, uint64
     return st;
 }
 
+/* Whether c (locked, referenced) was retired while this call waited for it; if so it
+ * is released. */
+static ferry_status still_live(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
+    pthread_mutex_lock(&t->mu);
+    int dead = c->dead;
+    pthread_mutex_unlock(&t->mu);
+    if (!dead)
+        return FERRY_OK;
+    uint64_t id = c->id;
+    ferry__ps_ctx_release(t, c);
+    return ferry_errorf(FERRY_ERR_NOT_FOUND,
+                        "context %#llx was stepped or released while this call waited",
+                        (unsigned long long)id);
+}
+
+ferry_status ferry__ps_ctx_settle(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
+    while (c->late_done != c->late_next)
+        pthread_cond_wait(&c->late_cv, &c->mu);
+    return still_live(t, c);
+}
+
+void ferry__ps_ctx_late_begin(ferry__ps_ctx *c) {
+    uint64_t turn = c->late_next++;
+    while (c->late_done != turn)
+        pthread_cond_wait(&c->late_cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ferry__ps_ctx_late_end(ferry__ps_ctx *c) {
+    pthread_mutex_lock(&c->mu);
+    c->late_done++;
+    pthread_cond_broadcast(&c->late_cv);
+}
+
 ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferry__ps_quota *quota,
-                                     uint64_t id, int create, ferry__ps_ctx **out) {
+                                     uint64_t id, int flags, ferry__ps_ctx **out) {
+    int create = flags & FERRY__PS_CTX_CREATE;
     if (id == 0)
         return ferry_errorf(FERRY_ERR_INVALID, "context id 0 means no context: this call "
                                                "needs one");
@@ -172,6 +210,7 @@ ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferr
         c->sess = sess;
         c->quota = quota;
         pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->late_cv, NULL);
         c->next = *head;
         *head = c;
         t->count++;
@@ -190,17 +229,11 @@ ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferr
                             "stepped or released, or swept after %g s idle",
                             (unsigned long long)id, t->ttl_s);
     pthread_mutex_lock(&c->mu);
-    pthread_mutex_lock(&t->mu);
-    int dead = c->dead;
-    pthread_mutex_unlock(&t->mu);
-    if (dead) {
-        ferry__ps_ctx_release(t, c);
-        return ferry_errorf(FERRY_ERR_NOT_FOUND,
-                            "context %#llx was stepped or released while this call waited",
-                            (unsigned long long)id);
-    }
-    *out = c;
-    return FERRY_OK;
+    ferry_status st =
+        flags & FERRY__PS_CTX_UNSETTLED ? still_live(t, c) : ferry__ps_ctx_settle(t, c);
+    if (st == FERRY_OK)
+        *out = c;
+    return st;
 }
 
 int ferry__ps_ctx_drop_session(ferry__ps_ctx_table *t, uint64_t sess) {
@@ -313,14 +346,18 @@ void ferry__ps_ctx_retire(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int stepped)
     atomic_fetch_add(stepped ? &t->stepped : &t->released, 1);
 }
 
+ferry_grads *ferry__ps_ctx_find_grads(ferry__ps_ctx *c, const ferry__ps_module *m) {
+    for (int i = 0; i < c->nmods; i++) {
+        if (c->mods[i].mod == m)
+            return &c->mods[i].G;
+    }
+    return NULL;
+}
+
 ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
                                  ferry_grads **out) {
-    for (int i = 0; i < c->nmods; i++) {
-        if (c->mods[i].mod == m) {
-            *out = &c->mods[i].G;
-            return FERRY_OK;
-        }
-    }
+    if ((*out = ferry__ps_ctx_find_grads(c, m)) != NULL)
+        return FERRY_OK;
     /* The list entry, gradient flags and per-parameter tables: a few hundred bytes
      * (the gradient storage is charged as it grows). */
     ferry_status st = ferry__ps_ctx_charge(

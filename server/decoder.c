@@ -194,4 +194,5 @@ const ferry__ps_kind ferry__ps_kind_decoder = {
     .declare = decoder_declare,
     .forward = decoder_forward,
     .backward = decoder_backward,
+    .late_dw = 1,
 };

@@ -59,8 +59,8 @@ static ferry_status forward(ferry__ps_state *ps, ferry__ps_session *sess, ferry_
     memset(&sv, 0, sizeof sv);
     ferry_status st = FERRY_OK;
     if (saving) {
-        if ((st = ferry__ps_ctx_acquire_q(t, sess->serial, sess->quota, q->ctx_id, 1, &c)) !=
-            FERRY_OK)
+        if ((st = ferry__ps_ctx_acquire_q(t, sess->serial, sess->quota, q->ctx_id,
+                                          FERRY__PS_CTX_CREATE, &c)) != FERRY_OK)
             return st;
         /* The same Forward again is a retry whose first reply was lost: it replaces a
          * pending one, and after its Backward it only answers. */
@@ -106,28 +106,33 @@ static ferry_status forward(ferry__ps_state *ps, ferry__ps_session *sess, ferry_
 }
 
 /* The end of a Backward whose weight gradient is still to form (saved.late): the
- * reply is kept for a retry and sent, then the weight gradient accumulates, all
- * under the context's mutex, so the context's next call (the next Backward,
- * GradNorm, Step, a retry) sees the whole gradient. Should the weight gradient fail
- * after the answer, the context is dropped: its Step then fails rather than apply
- * part of a gradient. */
+ * reply is kept for a retry and sent, then the weight gradient accumulates in its
+ * turn (ferry__ps_ctx_late_begin), without the context's mutex: the context's next
+ * Backward of an affine module forms its input gradient meanwhile, and every other
+ * call (GradNorm, Step, a Forward, a release) waits for the whole gradient. Should the
+ * weight gradient fail after the answer, the context is dropped: its Step then fails
+ * rather than apply part of a gradient. */
 static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
                                   ferry__ps_call *call, ferry_grads *G, ferry_rpc_msg *reply) {
     ferry__ps_saved sv = call->saved; /* its buffers hold the operands until the end */
     memset(&call->saved, 0, sizeof call->saved);
+    uint64_t call_id = call->call_id;
     Ferry__V1__BackwardReply r;
     ferry__v1__backward_reply__init(&r);
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
-    if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK) {
+    if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK)
         ferry__ps_ctx_drop_call(c, call);
-        call = NULL;
-    }
     int sent = st == FERRY_OK && ferry_rpc_reply_now(reply) == FERRY_OK;
     if (sent)
         atomic_fetch_add(&t->early, 1);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK) {
+        ferry__ps_ctx_late_begin(c);
         st = ferry__ps_affine_grad_weights(m, &sv, G);
+        ferry__ps_ctx_late_end(c);
+    }
     ferry__ps_saved_free(&sv);
+    /* The call as it is now: a retried Forward may have dropped it meanwhile. */
+    call = ferry__ps_ctx_find_call(c, m, call_id);
     if (st != FERRY_OK && sent) {
         FERRY_LOG_ERROR("%s '%s': the weight gradient failed after the reply; context %#llx "
                         "dropped: %s",
@@ -146,9 +151,22 @@ static ferry_status backward(ferry__ps_state *ps, ferry__ps_session *sess, ferry
                              ferry_rpc_msg *reply) {
     ferry__ps_ctx_table *t = &ps->ctxs;
     ferry__ps_ctx *c;
-    ferry_status st = ferry__ps_ctx_acquire(t, sess->serial, q->ctx_id, 0, &c);
+    ferry_status st =
+        ferry__ps_ctx_acquire(t, sess->serial, q->ctx_id, FERRY__PS_CTX_UNSETTLED, &c);
     if (st != FERRY_OK)
         return st;
+    /* On a network call an affine kind may leave its weight gradient for after the
+     * reply (the caller waits for the input gradient only). Such a Backward, on a
+     * module whose gradients the context already holds, touches none of them before
+     * that: it goes on while an earlier weight gradient still forms. Any other waits. */
+    int late_ok = ferry_rpc_can_reply_now(reply);
+    if (c->late_done != c->late_next) {
+        if (late_ok && m->kind->late_dw && !ferry__ps_constrained(m) &&
+            ferry__ps_ctx_find_grads(c, m) != NULL)
+            atomic_fetch_add(&t->overlapped, 1);
+        else if ((st = ferry__ps_ctx_settle(t, c)) != FERRY_OK)
+            return st;
+    }
     ferry__ps_call *call = ferry__ps_ctx_find_call(c, m, q->call_id);
     ferry_grads *G = NULL;
     if (call != NULL && call->done) { /* a retry: answered alike, applied once */
@@ -169,9 +187,7 @@ static ferry_status backward(ferry__ps_state *ps, ferry__ps_session *sess, ferry
     if (st == FERRY_OK)
         st = ferry__ps_ctx_charge_grads(t, c, G, call->saved.N);
     if (st == FERRY_OK) {
-        /* On a network call an affine kind may leave its weight gradient for after
-         * the reply (the caller waits for the input gradient only). */
-        call->saved.late_ok = ferry_rpc_can_reply_now(reply);
+        call->saved.late_ok = late_ok;
         pthread_rwlock_rdlock(&m->lock);
         st = m->kind->backward(m, q, &call->saved, req, G, reply);
         pthread_rwlock_unlock(&m->lock);

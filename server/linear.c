@@ -396,4 +396,5 @@ const ferry__ps_kind ferry__ps_kind_linear = {
     .declare = linear_declare,
     .forward = linear_forward,
     .backward = linear_backward,
+    .late_dw = 1,
 };

@@ -125,6 +125,9 @@ void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
     counter(p, "ferry_ps_backward_early_replies_total",
             "Backward calls answered before their weight gradient was formed",
             (double)atomic_load(&s->ctxs.early));
+    counter(p, "ferry_ps_backward_overlapped_total",
+            "Backward calls that ran while an earlier one's weight gradient still formed",
+            (double)atomic_load(&s->ctxs.overlapped));
     int n = 0;
     ferry__ps_module **mods = ferry__ps_registry_list(&s->reg, &n);
     ferry_prom_family(p, "ferry_ps_module_version", "gauge",

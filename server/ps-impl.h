@@ -146,6 +146,10 @@ typedef struct ferry__ps_kind {
     ferry_status (*backward)(ferry__ps_module *m, const Ferry__V1__BackwardRequest *q,
                              ferry__ps_saved *saved, ferry_rpc_msg *req, ferry_grads *G,
                              ferry_rpc_msg *reply);
+    /* 1: with saved->late_ok on an unconstrained module, backward adds nothing into G
+     * (it may make G's zeroed blocks; a late weight gradient of this module has made
+     * them already): it may then run while an earlier weight gradient still forms. */
+    int late_dw;
     /* Optional. Frees m->impl. */
     void (*destroy)(ferry__ps_module *m);
     /* Optional. Option polar=1 on the drawn initial values (default: the weight's
@@ -348,6 +352,12 @@ typedef struct ferry__ps_ctx {
     ferry__ps_ctx_mod *mods; /* modules touched, in order */
     int nmods, cap;
     ferry__ps_call *calls;      /* saved Forwards awaiting Backward */
+    /* Weight gradients formed after their Backward's reply, without mu: each takes a
+     * ticket (late_next++) under mu and runs once late_done reaches it, so they
+     * accumulate in the order their Backwards came. A call that reads or writes the
+     * gradients waits until late_done == late_next (ferry__ps_ctx_settle). */
+    uint64_t late_next, late_done; /* mu */
+    pthread_cond_t late_cv;        /* with mu: late_done moved */
     int64_t bytes;              /* memory held: as last measured, plus charges since */
     struct ferry__ps_ctx *next; /* hash chain */
 } ferry__ps_ctx;
@@ -364,21 +374,38 @@ typedef struct ferry__ps_ctx_table {
     int stepped_next;
     atomic_llong replayed; /* retried calls answered from what was kept */
     atomic_llong early;    /* Backward replies sent before their weight gradient */
+    atomic_llong overlapped; /* Backwards that ran while an earlier weight gradient had
+                              * not yet been formed */
 } ferry__ps_ctx_table;
 
 ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
                                       const ferry__ps_limits *lim);
 void ferry__ps_ctx_table_deinit(ferry__ps_ctx_table *t);
-/* Finds (or with create, makes) session sess's context id, refreshes its lease, and
- * returns it locked. Contexts of other sessions are not seen: FERRY_ERR_NOT_FOUND with
- * the same message as for an unknown, stepped, released or swept context;
+/* ferry__ps_ctx_acquire's flags. */
+enum {
+    FERRY__PS_CTX_CREATE = 1,   /* make the context if there is none */
+    FERRY__PS_CTX_UNSETTLED = 2 /* do not wait for late weight gradients (a Backward, which
+                                 * waits itself where it must: ferry__ps_ctx_settle) */
+};
+/* Finds (or with FERRY__PS_CTX_CREATE, makes) session sess's context id, refreshes its
+ * lease, and returns it locked, every late weight gradient of it formed (unless
+ * FERRY__PS_CTX_UNSETTLED). Contexts of other sessions are not seen: FERRY_ERR_NOT_FOUND
+ * with the same message as for an unknown, stepped, released or swept context;
  * FERRY_ERR_INVALID for id 0. */
-ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int create,
+ferry_status ferry__ps_ctx_acquire(ferry__ps_ctx_table *t, uint64_t sess, uint64_t id, int flags,
                                    ferry__ps_ctx **out);
 /* The same, a new context charged to the session's identity (quota: its count and
  * bytes against the identity's share; NULL: not charged). */
 ferry_status ferry__ps_ctx_acquire_q(ferry__ps_ctx_table *t, uint64_t sess, ferry__ps_quota *quota,
-                                     uint64_t id, int create, ferry__ps_ctx **out);
+                                     uint64_t id, int flags, ferry__ps_ctx **out);
+/* Waits (c locked; the lock is let go meanwhile) until every late weight gradient of c
+ * is formed. FERRY_ERR_NOT_FOUND, c released, if c was stepped or released meanwhile. */
+ferry_status ferry__ps_ctx_settle(ferry__ps_ctx_table *t, ferry__ps_ctx *c);
+/* A late weight gradient's turn, taken (c locked) in the order the Backwards hold c:
+ * waits until every earlier one is formed, then lets c's lock go (c stays referenced)
+ * while the caller forms it; ferry__ps_ctx_late_end locks c again and ends the turn. */
+void ferry__ps_ctx_late_begin(ferry__ps_ctx *c);
+void ferry__ps_ctx_late_end(ferry__ps_ctx *c);
 /* Drops every context of session sess (it ended); returns how many. */
 int ferry__ps_ctx_drop_session(ferry__ps_ctx_table *t, uint64_t sess);
 /* Re-accounts its memory, unlocks, and drops the reference (freeing a retired one). */
@@ -396,6 +423,8 @@ ferry_status ferry__ps_ctx_charge(ferry__ps_ctx_table *t, ferry__ps_ctx *c, int6
  * new_rows more rows and dense ones are first touched. */
 ferry_status ferry__ps_ctx_charge_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c,
                                         const ferry_grads *G, int64_t new_rows);
+/* The gradients of module m in context c, or NULL while it has none (nothing made). */
+ferry_grads *ferry__ps_ctx_find_grads(ferry__ps_ctx *c, const ferry__ps_module *m);
 /* The gradients of module m in context c, created (zero) on first use. */
 ferry_status ferry__ps_ctx_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
                                  ferry_grads **out);

@@ -15,6 +15,7 @@
 #include <uv.h>
 
 #include "ferry/version.h"
+#include "common/core/flags.h" /* ferry_env_int */
 #include "common/core/log.h"
 #include "ferry/backend.h"
 #include "server/ps-impl.h"
@@ -290,9 +291,8 @@ ferry_status ferry_ps_server_create(const ferry_ps_config *cfg, ferry_ps_server 
      * One by default: a server's GEMMs are one call's, and a ferry-ps sharing a machine
      * with a trainer must not spin threads on the trainer's cores. */
     int blas = cfg->blas_threads;
-    const char *env = getenv("OPENBLAS_NUM_THREADS");
-    if (blas == 0 && env != NULL && atoi(env) > 0)
-        blas = atoi(env);
+    if (blas == 0)
+        blas = ferry_env_int("OPENBLAS_NUM_THREADS", 1, 4096, 1);
     ferry_cpu_set_threads(blas > 0 ? blas : 1);
     FERRY_LOG_INFO("listening on %s (id %s, incarnation %016llx, %d threads, context ttl %g s, "
                    "session ttl %g s, %d identities)",

@@ -300,6 +300,90 @@ TEST(split_step_is_the_clipped_step) {
     ferry_ps_server_destroy(s1);
 }
 
+static void add_metric(void *user, const char *name, double value) {
+    if (strcmp(name, "backward_overlapped") == 0)
+        *(double *)user = value;
+}
+
+/* One step of a pipeline's decoder calls: the Forwards of MB chunks, then their
+ * Backwards last chunk first, each sent when the one before has answered (dh into
+ * dh_out). `settle`: a GradNorm after each Backward, so that no Backward starts before
+ * the previous weight gradient is whole. Returns the context's sum of squares. */
+enum { MB = 4, MN = 128, MH = 256, MV = 8000 };
+static double pipelined_step(ferry_remote *dec, ferry_dist_ctx *dc, int step, int settle,
+                             float *dh_out) {
+    static float hid[MB][MN * MH];
+    int32_t tg[MB][MN];
+    uint64_t call[MB];
+    (void)ferry_dist_ctx_begin(dc);
+    for (int c = 0; c < MB; c++) {
+        for (int i = 0; i < MN * MH; i++)
+            hid[c][i] = (float)((i * 7 + c * 3 + step) % 17) * 0.05f - 0.4f;
+        for (int n = 0; n < MN; n++)
+            tg[c][n] = (n * 131 + c * 17 + step) % MV;
+        CHECK_OK(ferry_remote_xent_forward(dec, dc, hid[c], tg[c], MN, NULL, NULL, &call[c]));
+    }
+    double ss;
+    for (int c = MB - 1; c >= 0; c--) {
+        CHECK_OK(ferry_remote_xent_backward(dec, dc, call[c], NULL, 1.0f / (MB * MN),
+                                            dh_out + (size_t)c * MN * MH));
+        if (settle)
+            CHECK_OK(ferry_dist_ctx_grad_sumsq(dc, &ss));
+    }
+    CHECK_OK(ferry_dist_ctx_grad_sumsq(dc, &ss));
+    return ss;
+}
+
+/* A Backward forms its input gradient while the previous Backward's weight gradient
+ * still accumulates (the server's counter says it happened), and the gradients, the
+ * input gradients and the stepped weights are bit for bit those of calls that never
+ * overlap. */
+TEST(backward_overlaps_the_previous_weight_gradient) {
+    ferry_ps_server *s = server_up(60.0, NULL, NULL);
+    ferry_cluster *cl;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
+    ferry_remote *dec[2];
+    ferry_dist_ctx *dc[2];
+    for (int k = 0; k < 2; k++) {
+        ferry_remote_config rc;
+        ferry_remote_config_default(&rc, FERRY_REMOTE_DECODER, k == 0 ? "dec_a" : "dec_b", MV, MH);
+        rc.init_seed = 5; /* the same weights */
+        CHECK_OK(ferry_optim_config_named("sgd", &rc.optim));
+        CHECK_OK(ferry_remote_create(cl, &rc, &dec[k]));
+        CHECK_OK(ferry_dist_ctx_create(cl, &dc[k]));
+    }
+    static float dh[2][MB * MN * MH], w[2][MV * MH];
+    double before = -1, after = -1;
+    CHECK_OK(ferry_cluster_metrics(cl, 0, "backward_", add_metric, &before));
+    CHECK(before == 0);
+    for (int step = 0; step < 3; step++) {
+        double ss0 = pipelined_step(dec[0], dc[0], step, 0, dh[0]);
+        double ss1 = pipelined_step(dec[1], dc[1], step, 1, dh[1]);
+        CHECK(ss0 == ss1 && ss0 > 0);
+        CHECK(memcmp(dh[0], dh[1], sizeof dh[0]) == 0);
+        CHECK_OK(ferry_dist_ctx_step(dc[0], 1.0f, 0.5));
+        CHECK_OK(ferry_dist_ctx_step(dc[1], 1.0f, 0.5));
+    }
+    CHECK_OK(ferry_remote_get_params(dec[0], "weight", 0, 0, w[0]));
+    CHECK_OK(ferry_remote_get_params(dec[1], "weight", 0, 0, w[1]));
+    CHECK(memcmp(w[0], w[1], sizeof w[0]) == 0);
+    /* 3 steps of 3 Backwards sent while a weight gradient of 8000 x 256 x 128 forms:
+     * at least one of them ran meanwhile. */
+    CHECK_OK(ferry_cluster_metrics(cl, 0, "backward_", add_metric, &after));
+    CHECK(after >= 1);
+    ferry_ps_stats st;
+    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_EQ(st.contexts_live, 0);
+    CHECK_EQ(st.context_bytes, 0);
+    CHECK_EQ(st.errors, 0);
+    for (int k = 0; k < 2; k++) {
+        ferry_dist_ctx_destroy(dc[k]);
+        ferry_remote_destroy(dec[k]);
+    }
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
 TEST(shutdown_call_stops_the_server) {
     ferry_ps_server *s = server_up(60.0, NULL, NULL);
     ferry_cluster *cl;
@@ -320,4 +404,6 @@ TEST(shutdown_call_stops_the_server) {
 FERRY_TEST_MAIN(T(idle_context_is_swept_and_its_memory_freed)
                     T(concurrent_trainers_keep_separate_contexts)
                         T(checkpoint_restores_parameters_and_optimizer_state)
-                            T(split_step_is_the_clipped_step) T(shutdown_call_stops_the_server))
+                            T(split_step_is_the_clipped_step)
+                                T(backward_overlaps_the_previous_weight_gradient)
+                                    T(shutdown_call_stops_the_server))

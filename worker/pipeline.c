@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/core/flags.h" /* ferry_env_int */
 #include "common/core/log.h"
 #include "common/tensor/backend.h"
 #include "worker/model-impl.h" /* the model's fields */
@@ -95,12 +96,7 @@ ferry_status ferry_lm_pipe_create(int M, ferry_lm_pipe **out) {
     if (p == NULL)
         return FERRY_NOMEM();
     p->M = M;
-    const char *trace = getenv("FERRY_PIPE_TRACE"); /* N >= 1: every Nth step; else none */
-    char *end = NULL;
-    long every = trace != NULL ? strtol(trace, &end, 10) : 0;
-    p->trace_every = end != trace && end != NULL && *end == '\0' && every > 0 && every <= INT_MAX
-                         ? (int)every
-                         : 0;
+    p->trace_every = ferry_env_int("FERRY_PIPE_TRACE", 1, INT_MAX, 0); /* every Nth step */
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     *out = p;
@@ -437,9 +433,11 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
     pthread_mutex_unlock(&p->mu);
     /* The LSTM's weight gradients, formed on the context's helper thread while the
      * chunks' recurrences ran (model.c turns deferral on), are complete now. */
-    p->sync[0] = ferry_now() - t_start;
+    if (p->trace_every > 0)
+        p->sync[0] = ferry_now() - t_start;
     ferry_status sy = ferry_ctx_sync(ctx);
-    p->sync[1] = ferry_now() - t_start;
+    if (p->trace_every > 0)
+        p->sync[1] = ferry_now() - t_start;
     if (st == FERRY_OK)
         st = sy;
     if (p->st != FERRY_OK) /* the thread failed first: its message names the call */

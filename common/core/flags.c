@@ -455,3 +455,15 @@ const char *ferry_flags_peek(int argc, char *const argv[], const char *name) {
     }
     return value;
 }
+
+int ferry_env_int(const char *name, int lo, int hi, int fallback) {
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return fallback;
+    char *end = NULL;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno != 0 || *end != '\0' || n < lo || n > hi)
+        return fallback;
+    return (int)n;
+}

@@ -103,4 +103,8 @@ void ferry_flags_usage(const ferry_flags *fs, FILE *out);
  * line is written in). Does not validate anything. */
 const char *ferry_flags_peek(int argc, char *const argv[], const char *name);
 
+/* Environment variable `name` as a whole decimal number in [lo, hi]; `fallback` when
+ * it is unset, empty, not such a number, or out of range (read anew on every call). */
+int ferry_env_int(const char *name, int lo, int hi, int fallback);
+
 #endif /* FERRY_FLAGS_H */

@@ -14,7 +14,10 @@
 #ifndef FERRY_CORE_SIMD_H
 #define FERRY_CORE_SIMD_H
 
-#if defined(FERRY_SIMD_CLONES) && defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+/* Not under ThreadSanitizer: an ifunc's resolver runs while the loader relocates, before
+ * TSan's runtime is up, and the instrumented resolver crashes there. */
+#if defined(FERRY_SIMD_CLONES) && defined(__GNUC__) && !defined(__clang__) &&                      \
+    defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define FERRY_HOT_LOOP __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define FERRY_HOT_LOOP

@@ -10,6 +10,7 @@
 
 #include <grpc/support/log.h>
 
+#include "common/core/flags.h" /* ferry_env_int */
 #include "common/core/log.h"
 #include "common/rpc/transport-grpc.h"
 
@@ -407,12 +408,7 @@ void ferry_rpc_set_spin_us(int us) {
 int ferry_rpc_get_spin_us(void) {
     int us = atomic_load(&spin_us);
     if (us < 0) {
-        const char *env = getenv("FERRY_RPC_SPIN_US");
-        char *end = NULL;
-        long v = env != NULL ? strtol(env, &end, 10) : -1;
-        us = env != NULL && end != env && *end == '\0' && v >= 0 && v <= 1000000
-                 ? (int)v
-                 : FERRY_RPC_DEFAULT_SPIN_US;
+        us = ferry_env_int("FERRY_RPC_SPIN_US", 0, 1000000, FERRY_RPC_DEFAULT_SPIN_US);
         atomic_store(&spin_us, us);
     }
     return us;
