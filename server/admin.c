@@ -164,6 +164,7 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
     stat_add(b, "budget_contexts", (double)s->lim.contexts);
     stat_add(b, "rss_bytes", (double)ferry__ps_rss_bytes());
     stat_add(b, "heap_in_use_bytes", (double)ferry__ps_heap_bytes());
+    stat_add(b, "memory_trims", (double)atomic_load(&s->memory_trims));
     stat_add(b, "blas_threads", (double)ferry_cpu_threads());
     stat_add(b, "calls", (double)rs.calls);
     stat_add(b, "errors", (double)rs.errors);

@@ -77,6 +77,9 @@ void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
           "bytes the allocations hold (malloc's in-use bytes): a leak grows it, a burst that "
           "the allocator keeps does not",
           (double)ferry__ps_heap_bytes());
+    counter(p, "ferry_ps_memory_trims_total",
+            "times free memory went back to the system (only once no context was made for 2 s)",
+            (double)atomic_load(&s->memory_trims));
     if (rpc != NULL) {
         ferry_rpc_method_stats ms[FERRY_RPC_STATS_SLOTS];
         for (int m = 0; m < FERRY_RPC_STATS_SLOTS; m++)

@@ -384,6 +384,54 @@ TEST(backward_overlaps_the_previous_weight_gradient) {
     ferry_ps_server_destroy(s);
 }
 
+static void trims_metric(void *user, const char *name, double value) {
+    if (strcmp(name, "memory_trims") == 0)
+        *(double *)user = value;
+}
+
+static double memory_trims(ferry_cluster *cl) {
+    double v = -1;
+    CHECK_OK(ferry_cluster_metrics(cl, 0, "memory_trims", trims_metric, &v));
+    CHECK(v >= 0);
+    return v;
+}
+
+/* While contexts keep coming (a job training), ferry-ps keeps the pages its steps free
+ * for the next step; once none has come for 2 s it hands free memory back (every 5 s
+ * at most). The sweep runs every second here (ttl 60 s). */
+TEST(free_memory_goes_back_when_idle_not_between_steps) {
+    ferry_ps_server *s = server_up(60.0, NULL, NULL);
+    ferry_cluster *cl;
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
+    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
+    ferry_remote *dec = make_decoder(cl, "sgd");
+    double t0 = ferry_now(), before = -1;
+    int steps = 0;
+    while (ferry_now() - t0 < 8.5) { /* over a trim period, after a second's start */
+        if (before < 0 && ferry_now() - t0 > 1.5)
+            before = memory_trims(cl);
+        (void)ferry_dist_ctx_begin(dc);
+        forward_backward(dec, dc, 0.0f);
+        CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.0));
+        steps++;
+    }
+    double during = memory_trims(cl);
+    CHECK(steps > 20);
+    CHECK(during == before);
+    double idle0 = ferry_now(), after = during;
+    while (after == during && ferry_now() - idle0 < 15.0) {
+        sleep_ms(250);
+        after = memory_trims(cl);
+    }
+    CHECK(after > during);
+    CHECK(ferry_now() - idle0 >= 1.9); /* not before 2 s without a context */
+    ferry_remote_destroy(dec);
+    ferry_dist_ctx_destroy(dc);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
 TEST(shutdown_call_stops_the_server) {
     ferry_ps_server *s = server_up(60.0, NULL, NULL);
     ferry_cluster *cl;
@@ -406,4 +454,5 @@ FERRY_TEST_MAIN(T(idle_context_is_swept_and_its_memory_freed)
                         T(checkpoint_restores_parameters_and_optimizer_state)
                             T(split_step_is_the_clipped_step)
                                 T(backward_overlaps_the_previous_weight_gradient)
-                                    T(shutdown_call_stops_the_server))
+                                    T(free_memory_goes_back_when_idle_not_between_steps)
+                                        T(shutdown_call_stops_the_server))
