@@ -17,6 +17,17 @@ cleanup() {
     local pids
     pids=$(jobs -p || true)
     [ -n "$pids" ] && kill $pids 2>/dev/null || true
+    # A failed test's first sanitizer report (a daemon's log holds it, and the log goes
+    # with $TMP): shown, so that a CI log says what a daemon that aborted found.
+    if [ "${failed_:-0}" = 1 ]; then
+        local f
+        f=$(grep -rIlE "$SANITIZER_RE" "$TMP" 2>/dev/null | head -1) || true
+        if [ -n "$f" ]; then
+            echo "---- the first sanitizer report under the test's files: ${f#"$TMP"/} ----" >&2
+            grep -m1 -n -E "$SANITIZER_RE" "$f" | cut -d: -f1 |
+                { read -r at && tail -n "+$((at > 3 ? at - 3 : 1))" "$f" | head -60; } >&2 || true
+        fi
+    fi
     # FERRY_KEEP_FAILED=DIR: a failed test's files (logs, checkpoints) are kept there.
     if [ -n "${FERRY_KEEP_FAILED:-}" ] && [ "${failed_:-0}" = 1 ]; then
         rm -rf "$FERRY_KEEP_FAILED" && cp -a "$TMP" "$FERRY_KEEP_FAILED" &&
