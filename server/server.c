@@ -420,7 +420,7 @@ static void on_sweep(uv_timer_t *t) {
      * made for TRIM_IDLE_S: while a job trains, each step reuses the pages the last
      * one freed (received tensors, gradient blocks, saved activations), and handing
      * them back every TRIM_EVERY_S had the steps after it fault them in again (medium:
-     * about 7,000 page faults per step, 2-3% of ferry-ps's CPU). */
+     * about 7,000 page faults per step, about 5% of ferry-ps's CPU). */
     double now = ferry_now();
     long long made = atomic_load(&s->ps.ctxs.created);
     if (made != s->made) {

@@ -300,9 +300,22 @@ TEST(split_step_is_the_clipped_step) {
     ferry_ps_server_destroy(s1);
 }
 
-static void add_metric(void *user, const char *name, double value) {
-    if (strcmp(name, "backward_overlapped") == 0)
-        *(double *)user = value;
+/* One of server 0's Stats values, by name (-1 if it has none). */
+typedef struct stat_want {
+    const char *name;
+    double value;
+} stat_want;
+
+static void stat_match(void *user, const char *name, double value) {
+    stat_want *w = user;
+    if (strcmp(name, w->name) == 0)
+        w->value = value;
+}
+
+static double server_stat(ferry_cluster *cl, const char *name) {
+    stat_want w = {name, -1};
+    CHECK_OK(ferry_cluster_metrics(cl, 0, name, stat_match, &w));
+    return w.value;
 }
 
 /* One step of a pipeline's decoder calls: the Forwards of MB chunks, then their
@@ -353,9 +366,7 @@ TEST(backward_overlaps_the_previous_weight_gradient) {
         CHECK_OK(ferry_dist_ctx_create(cl, &dc[k]));
     }
     static float dh[2][MB * MN * MH], w[2][MV * MH];
-    double before = -1, after = -1;
-    CHECK_OK(ferry_cluster_metrics(cl, 0, "backward_", add_metric, &before));
-    CHECK(before == 0);
+    CHECK(server_stat(cl, "backward_overlapped") == 0);
     for (int step = 0; step < 3; step++) {
         double ss0 = pipelined_step(dec[0], dc[0], step, 0, dh[0]);
         double ss1 = pipelined_step(dec[1], dc[1], step, 1, dh[1]);
@@ -369,8 +380,7 @@ TEST(backward_overlaps_the_previous_weight_gradient) {
     CHECK(memcmp(w[0], w[1], sizeof w[0]) == 0);
     /* 3 steps of 3 Backwards sent while a weight gradient of 8000 x 256 x 128 forms:
      * at least one of them ran meanwhile. */
-    CHECK_OK(ferry_cluster_metrics(cl, 0, "backward_", add_metric, &after));
-    CHECK(after >= 1);
+    CHECK(server_stat(cl, "backward_overlapped") >= 1);
     ferry_ps_stats st;
     CHECK_OK(ferry_cluster_stats(cl, 0, &st));
     CHECK_EQ(st.contexts_live, 0);
@@ -384,14 +394,8 @@ TEST(backward_overlaps_the_previous_weight_gradient) {
     ferry_ps_server_destroy(s);
 }
 
-static void trims_metric(void *user, const char *name, double value) {
-    if (strcmp(name, "memory_trims") == 0)
-        *(double *)user = value;
-}
-
 static double memory_trims(ferry_cluster *cl) {
-    double v = -1;
-    CHECK_OK(ferry_cluster_metrics(cl, 0, "memory_trims", trims_metric, &v));
+    double v = server_stat(cl, "memory_trims");
     CHECK(v >= 0);
     return v;
 }
