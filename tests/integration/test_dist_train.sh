@@ -21,6 +21,11 @@ stop_ps() { # SIGTERM and a clean exit 0
 # trains 100, the loss down by 0.3 at least, and evaluates less.
 STEPS300=300 EVAL_TOKENS=20000 BELOW=6.8 LOGI=50
 [ -n "${FERRY_SANITIZE:-}" ] && STEPS300=100 EVAL_TOKENS=5000 BELOW= LOGI=10
+# The comparisons below train N = 60 steps, logging every LI (and LI2) steps, and
+# resume at N / 2; a sanitized build trains half as far (3 and 6 losses either way).
+N=60 LI=20 LI2=10
+[ -n "${FERRY_SANITIZE:-}" ] && N=30 LI=10 LI2=5
+H=$((N / 2))
 for mode in sharded-softmax logits; do
     start_daemon "ps-$mode"
     "$TRAINER" --ps "127.0.0.1:$PORT" --decoder-mode "$mode" --data "$FERRY_SRC/data/ptb" \
@@ -45,8 +50,8 @@ done
 # on this machine's 2 cores is held to the core the server leaves.
 for m in 1 4; do
     start_daemon "ps-m$m"
-    FERRY_PIPE_TRACE=$([ "$m" = 4 ] && echo 20 || echo 0) "$TRAINER" --ps "127.0.0.1:$PORT" --micro-batches "$m" --data "$FERRY_SRC/data/ptb" \
-        --train-tokens 60000 --eval-tokens 5000 --epochs 1 --max-steps 60 --log-interval 20 \
+    FERRY_PIPE_TRACE=$([ "$m" = 4 ] && echo "$LI" || echo 0) "$TRAINER" --ps "127.0.0.1:$PORT" --micro-batches "$m" --data "$FERRY_SRC/data/ptb" \
+        --train-tokens 60000 --eval-tokens 5000 --epochs 1 --max-steps "$N" --log-interval "$LI" \
         --threads 2 --lr 0.1 --progress plain --metrics-out "$TMP/m-m$m.jsonl" 2>"$TMP/t-m$m.log" ||
         fail "--micro-batches $m: trainer exited $?: $(tail -5 "$TMP/t-m$m.log")"
     stop_ps "ps-m$m"
@@ -56,22 +61,22 @@ paste <(train_losses "$TMP/m-m1.jsonl") <(train_losses "$TMP/m-m4.jsonl") |
          END { exit !(n == 3 && !bad) }' ||
     fail "pipelined losses differ: $(paste <(train_losses "$TMP/m-m1.jsonl") <(train_losses "$TMP/m-m4.jsonl"))"
 grep -q "pipeline: 4 micro-batches of 5-5 time steps" "$TMP/t-m4.log" || fail "no pipeline line"
-grep -q "pipeline: step 60 | 4 micro-batches | trainer busy" "$TMP/t-m4.log" ||
+grep -q "pipeline: step $N | 4 micro-batches | trainer busy" "$TMP/t-m4.log" ||
     fail "no pipeline stats: $(grep pipeline "$TMP/t-m4.log")"
 grep -q "ps [0-9]*% bubble [0-9]*%" "$TMP/t-m4.log" || fail "the progress line lacks the pipeline"
-grep -q '"event":"pipeline","step":60,"micro_batches":4,"trainer_busy"' "$TMP/m-m4.jsonl" ||
+grep -q "\"event\":\"pipeline\",\"step\":$N,\"micro_batches\":4,\"trainer_busy\"" "$TMP/m-m4.jsonl" ||
     fail "no pipeline event in the metrics file"
 nthreads="1 thread (not the 2 of --threads: 1 ferry-ps on this machine uses"
 if [ "$(nproc)" -eq 2 ]; then
     grep -qF "$nthreads" "$TMP/t-m4.log" || fail "threads not placed: $(grep OpenBLAS "$TMP/t-m4.log")"
 fi
-# FERRY_PIPE_TRACE=20: every 20th step's timeline, whose spans keep the pipeline's
+# FERRY_PIPE_TRACE=$LI: every LI-th step's timeline, whose spans keep the pipeline's
 # order: the trainer's forwards in turn, each chunk's decoder Forward after the
 # trainer's forward of it, its Backward after the Forward of the last chunk, the
 # trainer's backward of a chunk after its dh came back, last chunk first.
 [ "$(grep -c 'pipeline: timeline of pipelined step [0-9]* (ms): weight gradients' "$TMP/t-m4.log")" = 3 ] ||
-    fail "FERRY_PIPE_TRACE=20: not 3 timelines: $(grep timeline "$TMP/t-m4.log")"
-grep 'pipeline: timeline of pipelined step 60, chunk ' "$TMP/t-m4.log" | sed 's/.*, chunk //' |
+    fail "FERRY_PIPE_TRACE=$LI: not 3 timelines: $(grep timeline "$TMP/t-m4.log")"
+grep "pipeline: timeline of pipelined step $N, chunk " "$TMP/t-m4.log" | sed 's/.*, chunk //' |
     awk -v M=4 '{ split($1, cm, "/"); c = cm[1]; chunks++
                   for (i = 3; i < NF; i += 2) {
                       name = $i c; split($(i + 1), t, "-"); s[name] = t[1] + 0; e[name] = t[2] + 0
@@ -89,7 +94,7 @@ grep 'pipeline: timeline of pipelined step 60, chunk ' "$TMP/t-m4.log" | sed 's/
             }
             if (bad != "") { print bad; exit 1 }
         }' >"$TMP/timeline.err" ||
-    fail "the step-60 timeline is out of order:$(cat "$TMP/timeline.err"): $(grep 'step 60,' "$TMP/t-m4.log" | grep timeline)"
+    fail "the step-$N timeline is out of order:$(cat "$TMP/timeline.err"): $(grep "step $N," "$TMP/t-m4.log" | grep timeline)"
 ok "--micro-batches 4: losses as unpipelined ($(train_losses "$TMP/m-m4.jsonl" | tail -1)), $(grep -o 'trainer busy.*bubble [0-9]*%' "$TMP/t-m4.log" | tail -1); FERRY_PIPE_TRACE's timelines in the pipeline's order"
 expect_error "--micro-batches without --ps" "needs --ps" \
     "$TRAINER" --micro-batches 2 --data "$FERRY_SRC/data/ptb" --max-steps 1
@@ -106,7 +111,7 @@ stop_ps ps-mbad
 start_daemon ps-s0; S0=$PORT; S0_PID=$PS_PID
 start_daemon ps-s1; S1=$PORT
 common=(--nlayers 4 --emsize 64 --nhid 64 --dropout 0 --data "$FERRY_SRC/data/ptb"
-        --train-tokens 60000 --eval-tokens 5000 --epochs 1 --max-steps 60 --log-interval 20
+        --train-tokens 60000 --eval-tokens 5000 --epochs 1 --max-steps "$N" --log-interval "$LI"
         --lr 0.1 --progress plain)
 "$TRAINER" --ps "127.0.0.1:$S0,127.0.0.1:$S1" --stages ps0:1,ps1:1,local:2 "${common[@]}" \
     --metrics-out "$TMP/m-stages.jsonl" 2>"$TMP/t-stages.log" ||
@@ -136,7 +141,7 @@ PS_PID=$S0_PID stop_ps ps-s0
 # run a job: the run without it is another code path, compared on losses).
 split=(--nlayers 3 --emsize 64 --nhid 64 --dropout 0.3 --stiefel 0.1 --lr 0.5
        --data "$FERRY_SRC/data/ptb" --train-tokens 60000 --eval-tokens 5000 --epochs 1
-       --log-interval 10 --progress off)
+       --log-interval "$LI2" --progress off)
 split_ps() { # split_ps TAG DIR: two servers on DIR/0, DIR/1; sets SPS and SPIDS
     mkdir -p "$2/0" "$2/1"
     start_daemon_ck "$1-0" "$2/0"; SPS="127.0.0.1:$PORT"; SPIDS=$PS_PID
@@ -151,34 +156,34 @@ split_stop() { # both servers of split_ps, each exiting 0 on SIGTERM
     done
 }
 split_ps sa "$TMP/ck-a"
-"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 60 \
+"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps "$N" \
     --metrics-out "$TMP/m-split-a.jsonl" 2>"$TMP/t-split-a.log" ||
     fail "split run exited $?: $(tail -3 "$TMP/t-split-a.log")"
 split_stop
 split_ps sa2 "$TMP/ck-a2"
-"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 60 \
+"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps "$N" \
     --save "$TMP/split-a2.ck" --metrics-out "$TMP/m-split-a2.jsonl" 2>"$TMP/t-split-a2.log" ||
     fail "split run with --save exited $?: $(tail -3 "$TMP/t-split-a2.log")"
 split_stop
 split_ps sb "$TMP/ck-b"
-"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps 30 \
+"$TRAINER" --ps "$SPS" --stages ps0:1,ps1:1,local:1 "${split[@]}" --max-steps "$H" \
     --save "$TMP/split.ck" --metrics-out "$TMP/m-split-b.jsonl" 2>"$TMP/t-split-b1.log" ||
-    fail "split run to step 30 exited $?: $(tail -3 "$TMP/t-split-b1.log")"
+    fail "split run to step $H exited $?: $(tail -3 "$TMP/t-split-b1.log")"
 split_stop
 split_ps sc "$TMP/ck-b"
-"$TRAINER" --ps "$SPS" --load "$TMP/split.ck" --data "$FERRY_SRC/data/ptb" --max-steps 60 \
+"$TRAINER" --ps "$SPS" --load "$TMP/split.ck" --data "$FERRY_SRC/data/ptb" --max-steps "$N" \
     --save "$TMP/split.ck" --metrics-out "$TMP/m-split-b.jsonl" 2>"$TMP/t-split-b2.log" ||
     fail "split resume exited $?: $(tail -3 "$TMP/t-split-b2.log")"
 split_stop
 [ "$(train_losses "$TMP/m-split-a.jsonl")" = "$(train_losses "$TMP/m-split-b.jsonl")" ] &&
     [ "$(train_losses "$TMP/m-split-a.jsonl" | wc -l)" -eq 6 ] ||
     fail "split resume differs: $(paste <(train_losses "$TMP/m-split-a.jsonl") <(train_losses "$TMP/m-split-b.jsonl"))"
-same_state "$TMP/split-a2.ck.r0.60" "$TMP/split.ck.r0.60" "--stages resume: the trainer's part at step 60"
+same_state "$TMP/split-a2.ck.r0.$N" "$TMP/split.ck.r0.$N" "--stages resume: the trainer's part at step $N"
 for s in 0 1; do
     same_state "$(newest_ckpt "$TMP/ck-a2/$s")" "$(newest_ckpt "$TMP/ck-b/$s")" \
-        "--stages resume: server $s's checkpoint at step 60"
+        "--stages resume: server $s's checkpoint at step $N"
 done
-ok "--stages: saved at step 30, servers restarted, resumed to 60 with the uninterrupted losses and state (trainer and servers, bit for bit)"
+ok "--stages: saved at step $H, servers restarted, resumed to $N with the uninterrupted losses and state (trainer and servers, bit for bit)"
 
 # A pipeline is one replica of a data-parallel job: 2 ranks of a bsp job of 4 layers,
 # each with layers 0-1 on server 1 (one module, shared: the ranks' gradients are summed
@@ -189,7 +194,7 @@ ok "--stages: saved at step 30, servers restarted, resumed to 60 with the uninte
 split_ps sj "$TMP/ck-j"
 for r in 0 1; do
     "$TRAINER" --ps "$SPS" --job split2 --world 2 --rank "$r" --stages ps1:2,ps0:1,local:1 \
-        --micro-batches 2 "${split[@]}" --nlayers 4 --max-steps 20 --metrics-out "$TMP/m-sj$r.jsonl" \
+        --micro-batches 2 "${split[@]}" --nlayers 4 --max-steps "$((2 * LI2))" --metrics-out "$TMP/m-sj$r.jsonl" \
         2>"$TMP/t-sj$r.log" &
     eval "SJ$r=\$!"
 done
@@ -199,7 +204,7 @@ split_stop
 [ "$(train_losses "$TMP/m-sj0.jsonl" | wc -l)" -eq 2 ] &&
     [ "$(train_losses "$TMP/m-sj0.jsonl")" = "$(train_losses "$TMP/m-sj1.jsonl")" ] ||
     fail "stages in a 2-rank job: the ranks' job losses differ: $(paste <(train_losses "$TMP/m-sj0.jsonl") <(train_losses "$TMP/m-sj1.jsonl"))"
-"$TRAINER" --local "${split[@]}" --nlayers 4 --max-steps 20 --metrics-out "$TMP/m-sj-local.jsonl" \
+"$TRAINER" --local "${split[@]}" --nlayers 4 --max-steps "$((2 * LI2))" --metrics-out "$TMP/m-sj-local.jsonl" \
     2>"$TMP/t-sj-local.log" || fail "local 3-layer trainer exited $?"
 # Steps 1-10 within 1e-5 relative (wrong masks: 2e-4 at once); by step 20, with 4
 # layers, lr 0.5 and Stiefel, the other summation order has drifted to about 1.3e-5:
@@ -217,25 +222,25 @@ ok "--stages ps1:2,ps0:1,local:1 --micro-batches 2 in a 2-rank bsp job, dropout 
 # uninterrupted run's losses; the state at step 60, trainer's and server's, that of an
 # uninterrupted run with --save, bit for bit).
 lv=(--nlayers 2 --emsize 64 --nhid 64 --data "$FERRY_SRC/data/ptb" --train-tokens 60000
-    --eval-tokens 5000 --epochs 1 --log-interval 20 --progress off)
+    --eval-tokens 5000 --epochs 1 --log-interval "$LI" --progress off)
 start_daemon ps-lv
 "$TRAINER" --ps "127.0.0.1:$PORT" --local-vocab 3000 --micro-batches 2 "${lv[@]}" --dropout 0 \
-    --lr 0.1 --max-steps 60 --metrics-out "$TMP/m-lv.jsonl" 2>"$TMP/t-lv.log" ||
+    --lr 0.1 --max-steps "$N" --metrics-out "$TMP/m-lv.jsonl" 2>"$TMP/t-lv.log" ||
     fail "--local-vocab: trainer exited $?: $(tail -3 "$TMP/t-lv.log")"
 grep -q "decoder: vocabulary rows 0-6999 on the servers, 7000-9999 here" "$TMP/t-lv.log" ||
     fail "no decoder placement line: $(grep decoder "$TMP/t-lv.log")"
-"$TRAINER" --local "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 --save "$TMP/gt-off.ck" \
+"$TRAINER" --local "${lv[@]}" --dropout 0 --lr 0.1 --max-steps "$N" --save "$TMP/gt-off.ck" \
     --metrics-out "$TMP/m-lv-local.jsonl" 2>"$TMP/t-lv-local.log" || fail "local trainer exited $?"
 # The LSTM's weight gradients on a helper thread change nothing, to the last bit: the
 # same losses and, at step 60, the same state.
-"$TRAINER" --local --grad-thread on "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 \
+"$TRAINER" --local --grad-thread on "${lv[@]}" --dropout 0 --lr 0.1 --max-steps "$N" \
     --save "$TMP/gt-on.ck" --metrics-out "$TMP/m-gt-local.jsonl" 2>"$TMP/t-gt-local.log" ||
     fail "--grad-thread on exited $?"
 grep -q "weight gradients form on a helper thread" "$TMP/t-gt-local.log" || fail "no helper line"
 same_listing "--grad-thread on against the local trainer" "$(train_losses "$TMP/m-gt-local.jsonl")" \
     "$(train_losses "$TMP/m-lv-local.jsonl")" 3
-same_state "$TMP/gt-off.ck.60" "$TMP/gt-on.ck.60" "--grad-thread on at step 60"
-ok "--local --grad-thread on: the local trainer's losses, and at step 60 its parameters and optimizer state bit for bit"
+same_state "$TMP/gt-off.ck.$N" "$TMP/gt-on.ck.$N" "--grad-thread on at step $N"
+ok "--local --grad-thread on: the local trainer's losses, and at step $N its parameters and optimizer state bit for bit"
 close_losses() { # close_losses A B: the same number (3) of losses, each within 1e-5
     paste <(train_losses "$1") <(train_losses "$2") |
         awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1; n++ }
@@ -256,7 +261,7 @@ for M in 2 1 1; do
     n=$((n + 1)) run=lv2-$n-m$M
     for r in 0 1; do
         "$TRAINER" --ps "127.0.0.1:$PORT" --job "$run" --world 2 --rank "$r" --local-vocab 3000 \
-            --micro-batches "$M" "${lv[@]}" --dropout 0 --lr 0.1 --max-steps 60 --save "$TMP/$run" \
+            --micro-batches "$M" "${lv[@]}" --dropout 0 --lr 0.1 --max-steps "$N" --save "$TMP/$run" \
             --metrics-out "$TMP/m-lvj$r.jsonl" 2>"$TMP/t-lvj$r.log" &
         eval "LJ$r=\$!"
     done
@@ -269,7 +274,7 @@ for M in 2 1 1; do
     if [ "$M" = 1 ] && [ -n "${LVJ_FIRST:-}" ]; then
         [ "$(train_losses "$TMP/m-lvj0.jsonl")" = "$LVJ_FIRST" ] ||
             fail "the overlapped job is not reproducible: $LVJ_FIRST against $(train_losses "$TMP/m-lvj0.jsonl")"
-        same_state "$TMP/$LVJ_RUN.r0.60" "$TMP/$run.r0.60" "the overlapped job's rank 0 part, run twice"
+        same_state "$TMP/$LVJ_RUN.r0.$N" "$TMP/$run.r0.$N" "the overlapped job's rank 0 part, run twice"
     elif [ "$M" = 1 ]; then
         LVJ_FIRST=$(train_losses "$TMP/m-lvj0.jsonl") LVJ_RUN=$run
     fi
@@ -278,12 +283,12 @@ ok "--local-vocab in a 2-rank bsp job (10 columns each), pipelined and with the 
 # Dropout in a data-parallel job: each rank's masks are its columns of the masks the
 # whole batch draws, so a 2-rank job, unpipelined and with --micro-batches 2, trains as
 # the local trainer does with dropout on (losses within 1e-5 relative).
-"$TRAINER" --local "${lv[@]}" --dropout 0.3 --lr 0.1 --max-steps 60 \
+"$TRAINER" --local "${lv[@]}" --dropout 0.3 --lr 0.1 --max-steps "$N" \
     --metrics-out "$TMP/m-dl.jsonl" 2>"$TMP/t-dl.log" || fail "local trainer with dropout exited $?"
 for mb in 1 2; do
     for r in 0 1; do
         "$TRAINER" --ps "127.0.0.1:$PORT" --job "dj$mb" --world 2 --rank "$r" --micro-batches "$mb" \
-            "${lv[@]}" --dropout 0.3 --lr 0.1 --max-steps 60 --metrics-out "$TMP/m-dj$mb-$r.jsonl" \
+            "${lv[@]}" --dropout 0.3 --lr 0.1 --max-steps "$N" --metrics-out "$TMP/m-dj$mb-$r.jsonl" \
             2>"$TMP/t-dj$mb-$r.log" &
         eval "DJ$r=\$!"
     done
@@ -297,34 +302,34 @@ stop_ps ps-lvj
 lvs=("${lv[@]}" --dropout 0.3 --stiefel 0.1 --lr 0.5 --local-vocab 3000 --micro-batches 2)
 mkdir -p "$TMP/ck-lva" "$TMP/ck-lvb"
 start_daemon_ck lva "$TMP/ck-lva"
-"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps 60 --log-interval 10 \
+"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps "$N" --log-interval "$LI2" \
     --metrics-out "$TMP/m-lva.jsonl" 2>"$TMP/t-lva.log" ||
     fail "--local-vocab run exited $?: $(tail -3 "$TMP/t-lva.log")"
 stop_ps lva
 mkdir -p "$TMP/ck-lva2"
 start_daemon_ck lva2 "$TMP/ck-lva2"
-"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps 60 --log-interval 10 \
+"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps "$N" --log-interval "$LI2" \
     --save "$TMP/lva2.ck" --metrics-out "$TMP/m-lva2.jsonl" 2>"$TMP/t-lva2.log" ||
     fail "--local-vocab run with --save exited $?: $(tail -3 "$TMP/t-lva2.log")"
 stop_ps lva2
 start_daemon_ck lvb "$TMP/ck-lvb"
-"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps 30 --log-interval 10 \
+"$TRAINER" --ps "127.0.0.1:$PORT" "${lvs[@]}" --max-steps "$H" --log-interval "$LI2" \
     --save "$TMP/lv.ck" --metrics-out "$TMP/m-lvb.jsonl" 2>"$TMP/t-lvb1.log" ||
-    fail "--local-vocab run to step 30 exited $?: $(tail -3 "$TMP/t-lvb1.log")"
+    fail "--local-vocab run to step $H exited $?: $(tail -3 "$TMP/t-lvb1.log")"
 stop_ps lvb
 start_daemon_ck lvc "$TMP/ck-lvb"
 "$TRAINER" --ps "127.0.0.1:$PORT" --load "$TMP/lv.ck" --micro-batches 2 \
-    --data "$FERRY_SRC/data/ptb" --max-steps 60 --save "$TMP/lv.ck" \
+    --data "$FERRY_SRC/data/ptb" --max-steps "$N" --save "$TMP/lv.ck" \
     --metrics-out "$TMP/m-lvb.jsonl" \
     2>"$TMP/t-lvb2.log" || fail "--local-vocab resume exited $?: $(tail -3 "$TMP/t-lvb2.log")"
 stop_ps lvc
 [ "$(train_losses "$TMP/m-lva.jsonl")" = "$(train_losses "$TMP/m-lvb.jsonl")" ] &&
     [ "$(train_losses "$TMP/m-lva.jsonl" | wc -l)" -eq 6 ] ||
     fail "--local-vocab resume differs: $(paste <(train_losses "$TMP/m-lva.jsonl") <(train_losses "$TMP/m-lvb.jsonl"))"
-same_state "$TMP/lva2.ck.r0.60" "$TMP/lv.ck.r0.60" "--local-vocab resume: the trainer's part at step 60"
+same_state "$TMP/lva2.ck.r0.$N" "$TMP/lv.ck.r0.$N" "--local-vocab resume: the trainer's part at step $N"
 same_state "$(newest_ckpt "$TMP/ck-lva2")" "$(newest_ckpt "$TMP/ck-lvb")" \
-    "--local-vocab resume: the server's checkpoint at step 60"
-ok "--local-vocab: saved at step 30 (the slice in the trainer's part), resumed to 60 exactly (losses, and the trainer's and the server's state bit for bit)"
+    "--local-vocab resume: the server's checkpoint at step $N"
+ok "--local-vocab: saved at step $H (the slice in the trainer's part), resumed to $N exactly (losses, and the trainer's and the server's state bit for bit)"
 expect_error "--local-vocab without --ps" "needs --ps" \
     "$TRAINER" --local-vocab 10 --data "$FERRY_SRC/data/ptb" --max-steps 1
 
