@@ -308,9 +308,10 @@ ferry_status ferry__ps_ctx_charge_grads(ferry__ps_ctx_table *t, ferry__ps_ctx *c
                                 NULL);
 }
 
-/* What c really holds: itself, its module list, gradients and saved Forwards. */
+/* What c really holds: itself, its module list, gradients, saved Forwards and the
+ * operands of weight gradients still to form. */
 static int64_t ctx_bytes(const ferry__ps_ctx *c) {
-    int64_t bytes = (int64_t)sizeof *c + c->cap * (int64_t)sizeof *c->mods;
+    int64_t bytes = (int64_t)sizeof *c + c->cap * (int64_t)sizeof *c->mods + c->late_bytes;
     for (int i = 0; i < c->nmods; i++)
         bytes += ferry_grads_bytes(&c->mods[i].G);
     for (const ferry__ps_call *call = c->calls; call != NULL; call = call->next)

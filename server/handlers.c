@@ -109,39 +109,40 @@ static ferry_status forward(ferry__ps_state *ps, ferry__ps_session *sess, ferry_
  * reply is kept for a retry and sent, then the weight gradient accumulates in its
  * turn (ferry__ps_ctx_late_begin), without the context's mutex: the context's next
  * Backward of an affine module forms its input gradient meanwhile, and every other
- * call (GradNorm, Step, a Forward, a release) waits for the whole gradient. Should the
- * weight gradient fail after the answer, the context is dropped: its Step then fails
- * rather than apply part of a gradient. */
+ * call (GradNorm, Step, a Forward, a release) waits for the whole gradient. The
+ * operands stay charged to the context until they are freed. Should the weight
+ * gradient fail once the reply is kept (sent, or replayed to a retry), the context is
+ * dropped: its Step then fails rather than apply part of a gradient. */
 static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
                                   ferry__ps_call *call, ferry_grads *G, ferry_rpc_msg *reply) {
     ferry__ps_saved sv = call->saved; /* its buffers hold the operands until the end */
     memset(&call->saved, 0, sizeof call->saved);
-    uint64_t call_id = call->call_id;
+    int64_t held = (int64_t)sv.bytes;
+    c->late_bytes += held;
     Ferry__V1__BackwardReply r;
     ferry__v1__backward_reply__init(&r);
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
-    if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK)
+    int kept = st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) == FERRY_OK;
+    if (st == FERRY_OK && !kept)
         ferry__ps_ctx_drop_call(c, call);
-    int sent = st == FERRY_OK && ferry_rpc_reply_now(reply) == FERRY_OK;
-    if (sent)
+    if (st == FERRY_OK && ferry_rpc_reply_now(reply) == FERRY_OK)
         atomic_fetch_add(&t->early, 1);
     if (st == FERRY_OK) {
         ferry__ps_ctx_late_begin(c);
         st = ferry__ps_affine_grad_weights(m, &sv, G);
         ferry__ps_ctx_late_end(c);
+        if (st != FERRY_OK && kept) {
+            FERRY_LOG_ERROR("%s '%s': the weight gradient failed after its reply was kept; "
+                            "context %#llx dropped: %s",
+                            ferry__ps_kind_name(m->kind), m->name, (unsigned long long)c->id,
+                            ferry_error_last());
+            ferry__ps_ctx_retire(t, c, 0);
+        }
+    } else {
+        ferry__ps_ctx_drop_call(c, call); /* not finished: nothing kept, nothing added */
     }
     ferry__ps_saved_free(&sv);
-    /* The call as it is now: a retried Forward may have dropped it meanwhile. */
-    call = ferry__ps_ctx_find_call(c, m, call_id);
-    if (st != FERRY_OK && sent) {
-        FERRY_LOG_ERROR("%s '%s': the weight gradient failed after the reply; context %#llx "
-                        "dropped: %s",
-                        ferry__ps_kind_name(m->kind), m->name, (unsigned long long)c->id,
-                        ferry_error_last());
-        ferry__ps_ctx_retire(t, c, 0);
-    } else if (st != FERRY_OK && call != NULL) {
-        ferry__ps_ctx_drop_call(c, call);
-    }
+    c->late_bytes -= held;
     ferry__ps_ctx_release(t, c);
     return st;
 }
@@ -159,11 +160,11 @@ static ferry_status backward(ferry__ps_state *ps, ferry__ps_session *sess, ferry
      * reply (the caller waits for the input gradient only). Such a Backward, on a
      * module whose gradients the context already holds, touches none of them before
      * that: it goes on while an earlier weight gradient still forms. Any other waits. */
-    int late_ok = ferry_rpc_can_reply_now(reply);
+    int late_ok = ferry_rpc_can_reply_now(reply), overlapped = 0;
     if (c->late_done != c->late_next) {
         if (late_ok && m->kind->late_dw && !ferry__ps_constrained(m) &&
             ferry__ps_ctx_find_grads(c, m) != NULL)
-            atomic_fetch_add(&t->overlapped, 1);
+            overlapped = 1; /* counted once it has run */
         else if ((st = ferry__ps_ctx_settle(t, c)) != FERRY_OK)
             return st;
     }
@@ -191,6 +192,8 @@ static ferry_status backward(ferry__ps_state *ps, ferry__ps_session *sess, ferry
         pthread_rwlock_rdlock(&m->lock);
         st = m->kind->backward(m, q, &call->saved, req, G, reply);
         pthread_rwlock_unlock(&m->lock);
+        if (st == FERRY_OK && overlapped)
+            atomic_fetch_add(&t->overlapped, 1);
     }
     if (st == FERRY_OK && call->saved.late.pending)
         return backward_late(t, c, m, call, G, reply);

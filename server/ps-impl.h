@@ -358,6 +358,7 @@ typedef struct ferry__ps_ctx {
      * gradients waits until late_done == late_next (ferry__ps_ctx_settle). */
     uint64_t late_next, late_done; /* mu */
     pthread_cond_t late_cv;        /* with mu: late_done moved */
+    int64_t late_bytes;            /* mu: operands the late gradients still hold */
     int64_t bytes;              /* memory held: as last measured, plus charges since */
     struct ferry__ps_ctx *next; /* hash chain */
 } ferry__ps_ctx;
