@@ -57,6 +57,16 @@ FERRY_HOT_LOOP static void row_scale_by(float *z, int64_t V, float s) {
         z[v] *= s;
 }
 
+/* z[v] = (z[v] * f) * s: row_scale_by by f, then by s, rounded alike in one pass. */
+FERRY_HOT_LOOP static void row_scale_twice(float *z, int64_t V, float f, float s) {
+    int64_t v = 0;
+    for (; v + FERRY_VLANES <= V; v += FERRY_VLANES)
+        for (int k = 0; k < FERRY_VLANES; k++)
+            z[v + k] = (z[v + k] * f) * s;
+    for (; v < V; v++)
+        z[v] = (z[v] * f) * s;
+}
+
 FERRY_HOT_LOOP ferry_status ferry__cpu_xent_forward(ferry_backend *be, int64_t N, int64_t V,
                                                     float *logits, const int32_t *targets,
                                                     float *loss_rows) {
@@ -107,10 +117,11 @@ FERRY_HOT_LOOP ferry_status ferry__cpu_softmax_grad(ferry_backend *be, int64_t N
     (void)be;
     for (int64_t n = 0; n < N; n++) {
         float *p = e + n * V; /* (V) exp(z - max_slice) in, gradient out */
-        row_scale_by(p, V, factor[n]);
+        float f = factor[n], s = row_scale != NULL ? row_scale[n] * scale : scale;
+        float pt = targets[n] >= 0 ? p[targets[n]] * f - 1.0f : 0.0f;
+        row_scale_twice(p, V, f, s); /* one pass, the two products of two passes */
         if (targets[n] >= 0)
-            p[targets[n]] -= 1.0f;
-        row_scale_by(p, V, row_scale != NULL ? row_scale[n] * scale : scale);
+            p[targets[n]] = pt * s;
     }
     return FERRY_OK;
 }
