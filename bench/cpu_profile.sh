@@ -29,6 +29,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 command -v perf >/dev/null || { echo "cpu_profile.sh needs Linux perf (apt install linux-perf)" >&2; exit 2; }
+[ -x /usr/bin/time ] || { echo "cpu_profile.sh needs /usr/bin/time (apt install time)" >&2; exit 2; }
 case $CFG in
 small) MODEL=(--preset small) PSX=(--local-vocab 5000) TPS=400 N=400 H=200 V=10000 ;;
 medium) MODEL=(--preset medium) PSX=(--micro-batches 4) TPS=700 N=700 H=650 V=10000 ;;
@@ -52,7 +53,8 @@ esac
 perf record -q -F 997 -p "$PS" -o "$TMP/ps.data" 2>/dev/null &
 PERF=$!
 sleep 0.5
-perf record -q -F 997 -o "$TMP/tr.data" -- "$BIN/worker/ferry-trainer" --ps "127.0.0.1:$PORT" \
+perf record -q -F 997 -o "$TMP/tr.data" -- /usr/bin/time -f "%U %S" -o "$TMP/tr.time" \
+    "$BIN/worker/ferry-trainer" --ps "127.0.0.1:$PORT" \
     --wire-dtype "$WIRE" "${X[@]}" "${MODEL[@]}" --max-steps "$STEPS" \
     --train-tokens $(((STEPS + 40) * TPS)) --data data/ptb --epochs 1 --eval-tokens 2000 \
     --log-interval 1000 2>"$TMP/tr.log" >/dev/null ||
@@ -87,10 +89,14 @@ echo "placement $PLACE, $CFG, $STEPS steps, wire $WIRE; perf at 997 Hz per threa
 limit=$("$BIN/bench/gemm_limit" "$N" "$H" "$VS")
 printf "ferry-ps: %.1f ms CPU per rank-step (whole run, start-up included); its decoder GEMMs at the sgemm rate: %s ms (%s GFLOP at %s GFLOP/s, 1 thread)\n" \
     "$(awk -v c="$pscpu" -v s="$STEPS" 'BEGIN { print c / s * 1000 }')" $limit
+printf "trainer: %.1f ms CPU per rank-step (whole run, start-up included)\n" \
+    "$(awk -v s="$STEPS" '{ print ($1 + $2) / s * 1000 }' "$TMP/tr.time")"
 printf "%-10s %9s %9s\n" phase ferry-ps trainer
 join -a1 -a2 -e 0 -o 0,1.2,2.2 <(phases "$TMP/ps.data" | sort) <(phases "$TMP/tr.data" | sort) |
     sort -k2,2gr | awk '{ printf "%-10s %8.1f%% %8.1f%%\n", $1, $2, $3 }'
-echo
-echo "top functions of ferry-ps (self):"
-perf report -i "$TMP/ps.data" --stdio --no-children --sort dso,sym 2>/dev/null |
-    awk '/^ *[0-9.]+%/' | head -25
+for who in ps tr; do
+    echo
+    echo "top functions of $([ $who = ps ] && echo ferry-ps || echo the trainer) (self):"
+    perf report -i "$TMP/$who.data" --stdio --no-children --sort dso,sym 2>/dev/null |
+        awk '/^ *[0-9.]+%/' | head -20 || true
+done
