@@ -111,8 +111,9 @@ static ferry_status forward(ferry__ps_state *ps, ferry__ps_session *sess, ferry_
  * Backward of an affine module forms its input gradient meanwhile, and every other
  * call (GradNorm, Step, a Forward, a release) waits for the whole gradient. The
  * operands stay charged to the context until they are freed. Should the weight
- * gradient fail once the reply is kept (sent, or replayed to a retry), the context is
- * dropped: its Step then fails rather than apply part of a gradient. */
+ * gradient fail (its reply may have gone, or be kept for a retry to replay, and part
+ * of it may be added), the context is dropped: its Step then fails rather than apply
+ * part of a gradient. */
 static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry__ps_module *m,
                                   ferry__ps_call *call, ferry_grads *G, ferry_rpc_msg *reply) {
     ferry__ps_saved sv = call->saved; /* its buffers hold the operands until the end */
@@ -131,8 +132,8 @@ static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferr
         ferry__ps_ctx_late_begin(c);
         st = ferry__ps_affine_grad_weights(m, &sv, G);
         ferry__ps_ctx_late_end(c);
-        if (st != FERRY_OK && kept) {
-            FERRY_LOG_ERROR("%s '%s': the weight gradient failed after its reply was kept; "
+        if (st != FERRY_OK) { /* it may have added part of itself: nothing can take it back */
+            FERRY_LOG_ERROR("%s '%s': the weight gradient failed after the input gradient; "
                             "context %#llx dropped: %s",
                             ferry__ps_kind_name(m->kind), m->name, (unsigned long long)c->id,
                             ferry_error_last());

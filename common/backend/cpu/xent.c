@@ -118,7 +118,8 @@ FERRY_HOT_LOOP ferry_status ferry__cpu_softmax_grad(ferry_backend *be, int64_t N
     for (int64_t n = 0; n < N; n++) {
         float *p = e + n * V; /* (V) exp(z - max_slice) in, gradient out */
         float f = factor[n], s = row_scale != NULL ? row_scale[n] * scale : scale;
-        float pt = targets[n] >= 0 ? p[targets[n]] * f - 1.0f : 0.0f;
+        float pt = targets[n] >= 0 ? p[targets[n]] * f : 0.0f;
+        pt -= 1.0f;                  /* a statement of its own: no compiler fuses it into an FMA */
         row_scale_twice(p, V, f, s); /* one pass, the two products of two passes */
         if (targets[n] >= 0)
             p[targets[n]] = pt * s;
