@@ -156,7 +156,8 @@ typedef struct server_call {
     int cancelled;
     int deferred;     /* the handler called ferry_rpc_defer: the reply comes later */
     int early;        /* the handler called ferry_rpc_reply_now: answered, still running */
-    atomic_int holds; /* early: the reply batch and the handler, each frees last */
+    int held;         /* a handler ran (call_execute): holds counts the two owners */
+    atomic_int holds; /* held: the reply batch and the handler's thread; the last frees */
     ferry_rpc_caller_info caller;                 /* ferry_rpc_caller */
     void *lease_handle;                           /* Session: what lease.open returned */
     struct server_call *lease_next, **lease_prev; /* srv->leases (mu) */
@@ -286,6 +287,14 @@ static void call_free(server_call *c) {
         cq_maybe_close(srv);
 }
 
+/* The reply batch's end (or the handler thread's, for a call a handler ran) lets go
+ * of c; the last owner frees it. A handler's reply may go out before the handler
+ * returns (early, or deferred and finished by another call), so both own it. */
+static void call_drop(server_call *c) {
+    if (!c->held || atomic_fetch_sub(&c->holds, 1) == 1)
+        call_free(c);
+}
+
 /* Offers one slot for the next call of `method`. Failure only loses a slot. */
 static void call_post(ferry_rpc_server *srv, int method) {
     server_call *c = calloc(1, sizeof *c);
@@ -356,8 +365,7 @@ static void call_reply(server_call *c, ferry_status st, grpc_status_code code, c
     if (e != GRPC_CALL_OK) {
         FERRY_LOG_ERROR("rpc server: cannot send a reply: %s", grpc_call_error_to_string(e));
         atomic_fetch_sub(&c->srv->in_flight, 1);
-        if (!c->early || atomic_fetch_sub(&c->holds, 1) == 1)
-            call_free(c);
+        call_drop(c);
     }
 }
 
@@ -606,6 +614,8 @@ static void call_execute(void *user, void *item) {
     server_call *c = item;
     ferry_rpc_server *srv = c->srv;
     const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
+    c->held = 1; /* before any reply: this thread and the reply batch each own c */
+    atomic_store(&c->holds, 2);
     char detail[512];
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
@@ -630,14 +640,14 @@ static void call_execute(void *user, void *item) {
                 FERRY_LOG_ERROR("%s: after its reply: %s", mi->name, ferry_error_last());
             ferry_rpc_msg_deinit(&req);
             ferry_rpc_msg_deinit(&reply);
-            if (atomic_fetch_sub(&c->holds, 1) == 1)
-                call_free(c);
+            call_drop(c);
             return;
         }
         if (c->deferred && st == FERRY_OK) {
             ferry_rpc_msg_deinit(&req);
             ferry_rpc_msg_deinit(&reply);
-            return; /* ferry_rpc_pending_finish answers */
+            call_drop(c); /* ferry_rpc_pending_finish answers, maybe already has */
+            return;
         }
         c->deferred = 0;
         code = ferry__grpc_code_from_status(st);
@@ -653,6 +663,7 @@ static void call_execute(void *user, void *item) {
     ferry_rpc_msg_deinit(&req);
     ferry_rpc_msg_deinit(&reply);
     call_reply(c, st, code, st == FERRY_OK ? "" : detail);
+    call_drop(c);
 }
 
 /* A call of one of ferry's methods: who makes it (refused here when the credentials or
@@ -1029,7 +1040,6 @@ ferry_status ferry_rpc_reply_now(ferry_rpc_msg *reply) {
     if (st != FERRY_OK)
         return st;
     c->early = 1;
-    atomic_store(&c->holds, 2);
     call_reply(c, FERRY_OK, GRPC_STATUS_OK, "");
     return FERRY_OK;
 }
@@ -1065,8 +1075,7 @@ static void call_event(server_call *c, int ok) {
         atomic_fetch_sub(&srv->in_flight, 1);
         pend_release(c); /* written (or failed): no longer held for the client */
         /* Answered early: the handler may still be running, and frees it if last. */
-        if (!c->early || atomic_fetch_sub(&c->holds, 1) == 1)
-            call_free(c);
+        call_drop(c);
         return;
     }
     if (c->state == CALL_WATCH_FIRST) {
