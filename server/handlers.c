@@ -123,8 +123,7 @@ static ferry_status backward_late(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferr
     Ferry__V1__BackwardReply r;
     ferry__v1__backward_reply__init(&r);
     ferry_status st = ferry_rpc_msg_set_head(reply, &r.base);
-    int kept = st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) == FERRY_OK;
-    if (st == FERRY_OK && !kept)
+    if (st == FERRY_OK && ferry__ps_ctx_finish_call(c, call, reply) != FERRY_OK)
         ferry__ps_ctx_drop_call(c, call);
     if (st == FERRY_OK && ferry_rpc_reply_now(reply) == FERRY_OK)
         atomic_fetch_add(&t->early, 1);

@@ -1074,7 +1074,7 @@ static void call_event(server_call *c, int ok) {
     if (c->state == CALL_REPLYING) {
         atomic_fetch_sub(&srv->in_flight, 1);
         pend_release(c); /* written (or failed): no longer held for the client */
-        /* Answered early: the handler may still be running, and frees it if last. */
+        /* A handler's reply (early or deferred) may end before the handler: last frees. */
         call_drop(c);
         return;
     }
