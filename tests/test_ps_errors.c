@@ -345,6 +345,29 @@ TEST(bad_inputs_get_precise_statuses) {
     CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &th, NULL), FERRY_ERR_INVALID);
     check_message("missing input tensor 'targets'", NULL);
     CHECK_OK(forward(c, 0, 0, "dec", "partials", &th, &tt));
+    /* A non-finite input is named by its first index, wherever it lies: in a full block
+     * of the scan (4,096 floats), at a block's end, or in the tail. */
+    static float hbig[600 * 8];
+    static int32_t tbig[600];
+    ferry_rpc_tensor thb = tensor("hidden", FERRY_RPC_DTYPE_F32, 2, 600, 8, hbig);
+    ferry_rpc_tensor ttb = tensor("targets", FERRY_RPC_DTYPE_I32, 1, 600, 0, tbig);
+    const struct {
+        int at, later; /* the first bad element, and a later one (0: none) */
+        float v;
+        const char *msg;
+    } bad[] = {{100, 4500, INFINITY, "hidden[100] is inf"},
+               {4095, 4096, NAN, "hidden[4095] is nan"},
+               {4096, 4799, -INFINITY, "hidden[4096] is -inf"},
+               {4799, 0, NAN, "hidden[4799] is nan"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hbig[bad[i].at] = bad[i].v;
+        if (bad[i].later > 0)
+            hbig[bad[i].later] = NAN;
+        CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &thb, &ttb), FERRY_ERR_NUMERIC);
+        check_message(bad[i].msg, NULL);
+        hbig[bad[i].at] = hbig[bad[i].later] = 0.0f;
+    }
+    CHECK_OK(forward(c, 0, 0, "dec", "partials", &thb, &ttb));
     /* Targets and ids out of range. */
     tgt[3] = 12;
     CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &th, &tt), FERRY_ERR_RANGE);

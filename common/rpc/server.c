@@ -4,6 +4,7 @@
  * poll one queue and run handlers inline. Shutdown is asynchronous: stop
  * accepting, drain, cancel what is left after the grace period, and let the
  * threads exit once gRPC reports the queue empty (spec/grpc-core.md §3). */
+#include <assert.h>
 #include <errno.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -156,8 +157,7 @@ typedef struct server_call {
     int cancelled;
     int deferred;     /* the handler called ferry_rpc_defer: the reply comes later */
     int early;        /* the handler called ferry_rpc_reply_now: answered, still running */
-    int held;         /* a handler ran (call_execute): holds counts the two owners */
-    atomic_int holds; /* held: the reply batch and the handler's thread; the last frees */
+    atomic_int holds; /* owners: the reply batch, and the handler's thread while it runs */
     ferry_rpc_caller_info caller;                 /* ferry_rpc_caller */
     void *lease_handle;                           /* Session: what lease.open returned */
     struct server_call *lease_next, **lease_prev; /* srv->leases (mu) */
@@ -287,11 +287,11 @@ static void call_free(server_call *c) {
         cq_maybe_close(srv);
 }
 
-/* The reply batch's end (or the handler thread's, for a call a handler ran) lets go
- * of c; the last owner frees it. A handler's reply may go out before the handler
- * returns (early, or deferred and finished by another call), so both own it. */
+/* The reply batch's end, or the end of the handler's run, lets go of c; the last
+ * owner frees it. A handler's reply may go out before the handler returns (early, or
+ * deferred and finished by another call), so both own it while the handler runs. */
 static void call_drop(server_call *c) {
-    if (!c->held || atomic_fetch_sub(&c->holds, 1) == 1)
+    if (atomic_fetch_sub(&c->holds, 1) == 1)
         call_free(c);
 }
 
@@ -303,6 +303,7 @@ static void call_post(ferry_rpc_server *srv, int method) {
         return;
     }
     atomic_fetch_add(&srv->live, 1);
+    atomic_init(&c->holds, 1); /* the reply batch's */
     c->srv = srv;
     c->method = method;
     c->state = CALL_WAIT_NEW;
@@ -614,8 +615,7 @@ static void call_execute(void *user, void *item) {
     server_call *c = item;
     ferry_rpc_server *srv = c->srv;
     const ferry__rpc_method_info *mi = ferry__rpc_method((ferry_rpc_method)c->method);
-    c->held = 1; /* before any reply: this thread and the reply batch each own c */
-    atomic_store(&c->holds, 2);
+    atomic_fetch_add(&c->holds, 1); /* before any reply: this thread owns c too */
     char detail[512];
     ferry_rpc_msg req, reply;
     ferry_rpc_msg_init(&req);
@@ -643,13 +643,20 @@ static void call_execute(void *user, void *item) {
             call_drop(c);
             return;
         }
-        if (c->deferred && st == FERRY_OK) {
+        if (c->deferred) { /* ferry_rpc_pending_finish answers, maybe already has */
+            /* rpc.h: a handler that deferred returns FERRY_OK. Answering its error here
+             * as well would answer twice once the pending's owner finishes it (and
+             * touch c after that frees it): the reply stays with the pending. */
+            assert(st == FERRY_OK);
+            if (st != FERRY_OK)
+                FERRY_LOG_ERROR("%s: the handler deferred its reply, then returned an error "
+                                "(a bug; the reply is left to the deferred one): %s",
+                                mi->name, ferry_error_last());
             ferry_rpc_msg_deinit(&req);
             ferry_rpc_msg_deinit(&reply);
-            call_drop(c); /* ferry_rpc_pending_finish answers, maybe already has */
+            call_drop(c);
             return;
         }
-        c->deferred = 0;
         code = ferry__grpc_code_from_status(st);
         if (st == FERRY_OK && (st = reply_encode(c, mi, &reply)) != FERRY_OK)
             code = st == FERRY_ERR_RANGE ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INTERNAL;
