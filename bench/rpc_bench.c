@@ -360,7 +360,7 @@ static void rpc_latency(int port, double *median, double *p99) {
 
 /* Payload bytes per second per direction: SetParams is one-way, Forward echoes. */
 static double rpc_throughput(ferry_rpc_client *c, ferry_rpc_method m, size_t n, int iters) {
-    float *buf = ferry_rpc_buf_alloc(n);
+    float *buf = ferry_buf_alloc(n);
     if (buf == NULL)
         die("out of memory");
     for (size_t i = 0; i < n / 4; i++)
@@ -379,7 +379,7 @@ static double rpc_throughput(ferry_rpc_client *c, ferry_rpc_method m, size_t n, 
         die("bulk echo returned wrong data");
     ferry_rpc_msg_deinit(&reply);
     ferry_rpc_msg_deinit(&req);
-    ferry_rpc_buf_free(buf);
+    ferry_buf_free(buf);
     return (double)n * iters / dt;
 }
 

@@ -49,7 +49,7 @@ ferry_status ferry__ps_ctx_table_init(ferry__ps_ctx_table *t, double ttl_s,
 static void call_free(ferry__ps_call *call) {
     ferry__ps_saved_free(&call->saved);
     for (int i = 0; i < call->nreply; i++)
-        ferry_rpc_buf_free(call->reply[i].data);
+        ferry_buf_free(call->reply[i].data);
     free(call->reply);
     free(call);
 }
@@ -432,10 +432,10 @@ ferry_status ferry__ps_ctx_finish_call(ferry__ps_ctx *c, ferry__ps_call *call,
         kept[i] = reply->tensors[i];
         kept[i].release = NULL;
         kept[i].release_user = NULL;
-        kept[i].data = ferry_rpc_buf_alloc(kept[i].nbytes);
+        kept[i].data = ferry_buf_alloc(kept[i].nbytes);
         if (kept[i].data == NULL) {
             for (int k = 0; k < i; k++)
-                ferry_rpc_buf_free(kept[k].data);
+                ferry_buf_free(kept[k].data);
             free(kept);
             return FERRY_NOMEM();
         }

@@ -44,12 +44,12 @@ ferry_status ferry__ps_saved_take(ferry__ps_saved *sv, ferry_rpc_msg *req, int i
         return st;
     if (t->release == NULL) {
         /* A borrowed tensor cannot be kept past the call: copy it. */
-        void *copy = ferry_rpc_buf_alloc(t->nbytes);
+        void *copy = ferry_buf_alloc(t->nbytes);
         if (copy == NULL)
             return FERRY_NOMEM();
         memcpy(copy, t->data, t->nbytes);
         t->data = copy;
-        t->release = ferry_rpc_buf_free;
+        t->release = ferry_buf_free;
         t->release_user = copy;
     }
     sv->bytes += t->nbytes;
@@ -62,14 +62,14 @@ ferry_status ferry__ps_saved_alloc(ferry__ps_saved *sv, size_t n, const char *na
     ferry_status st = saved_charge(sv, n, name);
     if (st != FERRY_OK)
         return st;
-    void *p = ferry_rpc_buf_alloc(n);
+    void *p = ferry_buf_alloc(n);
     if (p == NULL)
         return ferry_errorf(FERRY_ERR_NOMEM, "cannot allocate %zu bytes for a saved activation", n);
     ferry_rpc_tensor *t = &sv->t[sv->nt++];
     memset(t, 0, sizeof *t);
     t->data = p;
     t->nbytes = n;
-    t->release = ferry_rpc_buf_free;
+    t->release = ferry_buf_free;
     t->release_user = p;
     sv->bytes += n;
     *data = p;

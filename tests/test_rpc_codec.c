@@ -249,12 +249,12 @@ TEST(head_rules) {
 /* Large buffers are recycled (outside sanitizer builds) when they fit without
  * wasting more than half; all are 64-byte aligned. */
 TEST(buffers) {
-    uint8_t *p = ferry_rpc_buf_alloc(3u << 20);
+    uint8_t *p = ferry_buf_alloc(3u << 20);
     CHECK(p != NULL && ((uintptr_t)p & 63) == 0);
     memset(p, 7, 3u << 20);
-    ferry_rpc_buf_free(p);
-    uint8_t *q = ferry_rpc_buf_alloc(2u << 20);
-    uint8_t *r = ferry_rpc_buf_alloc(1u << 20); /* too small to take a 3 MiB buffer */
+    ferry_buf_free(p);
+    uint8_t *q = ferry_buf_alloc(2u << 20);
+    uint8_t *r = ferry_buf_alloc(1u << 20); /* too small to take a 3 MiB buffer */
     CHECK(q != NULL && r != NULL && ((uintptr_t)q & 63) == 0 && ((uintptr_t)r & 63) == 0);
 #ifndef FERRY_SANITIZE
     CHECK(q == p);
@@ -262,13 +262,13 @@ TEST(buffers) {
     CHECK(r != q);
     memset(q, 1, 2u << 20);
     memset(r, 2, 1u << 20);
-    ferry_rpc_buf_free(q);
-    ferry_rpc_buf_free(r);
-    uint8_t *z = ferry_rpc_buf_alloc(0);
+    ferry_buf_free(q);
+    ferry_buf_free(r);
+    uint8_t *z = ferry_buf_alloc(0);
     CHECK(z != NULL);
-    ferry_rpc_buf_free(z);
-    ferry_rpc_buf_free(NULL);
-    CHECK(ferry_rpc_buf_alloc(SIZE_MAX - 8) == NULL);
+    ferry_buf_free(z);
+    ferry_buf_free(NULL);
+    CHECK(ferry_buf_alloc(SIZE_MAX - 8) == NULL);
 }
 
 /* ---- Round trips ----------------------------------------------------------------------- */

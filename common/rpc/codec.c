@@ -388,11 +388,11 @@ static ferry_status tensor_field(cursor *c, size_t end, const ferry__rpc_limits 
     }
     /* v is bounded by the bytes that arrived (checked by cur_len), so this
      * allocation never exceeds the message itself. */
-    if ((t->data = ferry_rpc_buf_alloc((size_t)v)) == NULL)
+    if ((t->data = ferry_buf_alloc((size_t)v)) == NULL)
         return ferry_errorf(FERRY_ERR_NOMEM, "no memory for a %llu-byte tensor",
                             (unsigned long long)v);
     t->nbytes = (size_t)v;
-    t->release = ferry_rpc_buf_free;
+    t->release = ferry_buf_free;
     t->release_user = t->data;
     return cur_copy(c, end, t->data, (size_t)v); /* the one copy */
 }
@@ -401,7 +401,7 @@ static ferry_status tensor_field(cursor *c, size_t end, const ferry__rpc_limits 
  * top half), in a new aligned buffer that replaces the received one. */
 static ferry_status widen_bf16(ferry_rpc_tensor *t) {
     size_t n = t->nbytes / 2;
-    float *f = n > 0 ? ferry_rpc_buf_alloc(n * sizeof *f) : NULL;
+    float *f = n > 0 ? ferry_buf_alloc(n * sizeof *f) : NULL;
     if (n > 0 && f == NULL)
         return ferry_errorf(FERRY_ERR_NOMEM, "no memory to widen a %zu-element bf16 tensor", n);
     ferry_rpc_bf16_widen(f, t->data, n);
@@ -410,7 +410,7 @@ static ferry_status widen_bf16(ferry_rpc_tensor *t) {
     t->data = f;
     t->nbytes = n * sizeof *f;
     t->dtype = FERRY_RPC_DTYPE_F32;
-    t->release = n > 0 ? ferry_rpc_buf_free : NULL;
+    t->release = n > 0 ? ferry_buf_free : NULL;
     t->release_user = f;
     return FERRY_OK;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ferry.pb-c.h" /* ferry__*_descriptor */
+#include "common/core/buf.h"
 #include "common/core/log.h"
 #include "common/rpc/codec.h"
 
@@ -78,112 +79,8 @@ ferry_status ferry_rpc_tensor_nbytes(int dtype, int ndim, const int64_t *dim, si
     return FERRY_OK;
 }
 
-/* Receive buffers. A fresh multi-megabyte allocation is a fresh mmap, and
- * page-faulting it in costs about as much as the copy that fills it
- * (spec/grpc-core.md §5; perf shows the same here). A parameter server gets
- * same-sized tensors every step, so a few recycled large buffers remove most
- * of those faults. Each buffer starts with a 64-byte header holding its
- * capacity, which keeps the payload 64-byte aligned. Under FERRY_SANITIZE
- * nothing is recycled, so ASan sees every use after free. */
-#define BUF_HEADER      64
-#define BUF_CACHE_MIN   (1u << 20) /* smaller buffers: malloc's free lists do fine */
-#define BUF_CACHE_SLOTS 8
-#define BUF_CACHE_BYTES (512u << 20) /* at most this much kept idle */
-#ifdef FERRY_SANITIZE
-#define BUF_RECYCLE 0
-#else
-#define BUF_RECYCLE 1
-#endif
-
-static struct {
-    pthread_mutex_t mu;
-    void *buf[BUF_CACHE_SLOTS]; /* oldest first */
-    int n;
-    size_t bytes;
-} buf_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static size_t buf_capacity(void *p) {
-    size_t cap;
-    memcpy(&cap, (char *)p - BUF_HEADER, sizeof cap);
-    return cap;
-}
-
-/* The smallest cached buffer holding n bytes without wasting more than n. */
-static void *buf_cache_get(size_t n) {
-    void *p = NULL;
-    pthread_mutex_lock(&buf_cache.mu);
-    int best = -1;
-    for (int i = 0; i < buf_cache.n; i++) {
-        size_t cap = buf_capacity(buf_cache.buf[i]);
-        if (cap >= n && cap / 2 <= n && (best < 0 || cap < buf_capacity(buf_cache.buf[best])))
-            best = i;
-    }
-    if (best >= 0) {
-        p = buf_cache.buf[best];
-        buf_cache.bytes -= buf_capacity(p);
-        memmove(&buf_cache.buf[best], &buf_cache.buf[best + 1],
-                (size_t)(buf_cache.n - best - 1) * sizeof(void *));
-        buf_cache.n--;
-    }
-    pthread_mutex_unlock(&buf_cache.mu);
-    return p;
-}
-
-/* Keeps p (at most BUF_CACHE_BYTES), evicting the oldest buffers while the
- * cache would exceed its limits. */
-static void buf_cache_put(void *p) {
-    size_t cap = buf_capacity(p);
-    void *evicted[BUF_CACHE_SLOTS];
-    int ne = 0;
-    pthread_mutex_lock(&buf_cache.mu);
-    while (buf_cache.n > 0 &&
-           (buf_cache.n == BUF_CACHE_SLOTS || buf_cache.bytes + cap > BUF_CACHE_BYTES)) {
-        evicted[ne++] = buf_cache.buf[0];
-        buf_cache.bytes -= buf_capacity(buf_cache.buf[0]);
-        memmove(&buf_cache.buf[0], &buf_cache.buf[1], (size_t)(buf_cache.n - 1) * sizeof(void *));
-        buf_cache.n--;
-    }
-    buf_cache.buf[buf_cache.n++] = p;
-    buf_cache.bytes += cap;
-    pthread_mutex_unlock(&buf_cache.mu);
-    for (int i = 0; i < ne; i++)
-        free((char *)evicted[i] - BUF_HEADER);
-}
-
-void *ferry_rpc_buf_alloc(size_t n) {
-    if (BUF_RECYCLE && n >= BUF_CACHE_MIN) {
-        void *p = buf_cache_get(n);
-        if (p != NULL)
-            return p;
-    }
-    void *raw = NULL;
-    if (n > SIZE_MAX - BUF_HEADER || posix_memalign(&raw, 64, BUF_HEADER + n) != 0)
-        return NULL;
-    memcpy(raw, &n, sizeof n);
-    return (char *)raw + BUF_HEADER;
-}
-
-void ferry_rpc_buf_free(void *p) {
-    if (p == NULL)
-        return;
-    size_t cap = buf_capacity(p);
-    if (BUF_RECYCLE && cap >= BUF_CACHE_MIN && cap <= BUF_CACHE_BYTES) {
-        buf_cache_put(p);
-        return;
-    }
-    free((char *)p - BUF_HEADER);
-}
-
 void ferry_rpc_release_idle_memory(void) {
-    void *idle[BUF_CACHE_SLOTS];
-    pthread_mutex_lock(&buf_cache.mu);
-    int n = buf_cache.n;
-    memcpy(idle, buf_cache.buf, (size_t)n * sizeof *idle);
-    buf_cache.n = 0;
-    buf_cache.bytes = 0;
-    pthread_mutex_unlock(&buf_cache.mu);
-    for (int i = 0; i < n; i++)
-        free((char *)idle[i] - BUF_HEADER);
+    ferry_buf_release_idle();
 #if defined(__GLIBC__)
     (void)malloc_trim(0);
 #endif
@@ -384,9 +281,9 @@ ferry_status ferry_rpc_msg_alloc(ferry_rpc_msg *m, int dtype, int ndim, const in
         (st = ferry__rpc_msg_reserve(m, FERRY_RPC_MAX_TENSORS)) != FERRY_OK)
         return st;
     if (t.nbytes > 0) {
-        if ((t.data = ferry_rpc_buf_alloc(t.nbytes)) == NULL)
+        if ((t.data = ferry_buf_alloc(t.nbytes)) == NULL)
             return ferry_errorf(FERRY_ERR_NOMEM, "no memory for a %zu-byte tensor", t.nbytes);
-        t.release = ferry_rpc_buf_free;
+        t.release = ferry_buf_free;
         t.release_user = t.data;
     }
     m->tensors[m->ntensors++] = t;

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/core/buf.h" /* ferry_buf_alloc, ferry_buf_free: what tensors live in */
 #include "ferry/status.h"
 
 #ifdef __cplusplus
@@ -100,7 +101,8 @@ typedef enum ferry_rpc_dtype {
 size_t ferry_rpc_dtype_size(int dtype);
 
 /* Called exactly once, possibly on another thread, when the bytes it guards are
- * no longer needed. ferry_rpc_buf_free fits this type. */
+ * no longer needed. ferry_buf_free (common/core/buf.h: the 64-byte-aligned, recycled
+ * buffers received tensors live in) fits this type. */
 typedef void (*ferry_rpc_release_fn)(void *user);
 
 /* One tensor of a message. The descriptor is a plain value; `release` says who
@@ -110,7 +112,7 @@ typedef void (*ferry_rpc_release_fn)(void *user);
  *     sends it returns, which ferry guarantees is after gRPC let go of them).
  *   - release != NULL: owned by the message; release(release_user) runs once
  *     when the message and the transport are both done with it.
- * Received tensors are owned, 64-byte aligned, and released with ferry_rpc_buf_free,
+ * Received tensors are owned, 64-byte aligned, and released with ferry_buf_free,
  * except one that landed in the caller's memory (ferry_rpc_msg_land): borrowed. */
 typedef struct ferry_rpc_tensor {
     int dtype; /* FERRY_RPC_DTYPE_* */
@@ -128,14 +130,6 @@ typedef struct ferry_rpc_tensor {
  * FERRY_ERR_RANGE if the size overflows size_t. */
 ferry_status ferry_rpc_tensor_nbytes(int dtype, int ndim, const int64_t *dim, size_t *out);
 
-/* 64-byte-aligned buffers, the kind received tensors live in; release them
- * with ferry_rpc_buf_free, never free(). alloc returns NULL when out of memory
- * (n == 0 gives a valid minimal buffer); free(NULL) is a no-op. Buffers of
- * 1 MiB or more are recycled (up to 8 and 512 MiB kept), so that same-sized
- * messages do not page-fault fresh memory every time. Thread-safe. */
-void *ferry_rpc_buf_alloc(size_t n);
-void ferry_rpc_buf_free(void *p);
-
 /* Process-wide: lets glibc keep up to keep_bytes (0: 1 GiB) of freed heap
  * instead of returning it to the kernel after every large message, which
  * otherwise page-faults gRPC's receive buffers in again for each one (+30 to
@@ -144,8 +138,8 @@ void ferry_rpc_buf_free(void *p);
  * FERRY_ERR_UNSUPPORTED without glibc. */
 ferry_status ferry_rpc_tune_malloc(size_t keep_bytes);
 
-/* Returns idle memory to the system: the recycled receive buffers and malloc's
- * free pages (malloc_trim). For after a burst, such as freeing dead trainers'
+/* Returns idle memory to the system: the recycled buffers (ferry_buf_release_idle)
+ * and malloc's free pages (malloc_trim). For after a burst, such as freeing dead trainers'
  * state; the next large message pays the page faults again. */
 void ferry_rpc_release_idle_memory(void);
 

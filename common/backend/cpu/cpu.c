@@ -1,19 +1,23 @@
-/* cpu.c - the CPU backend: 64-byte-aligned host memory, memcpy copies, and the
- * op table assembled from math.c, lstm.c, xent.c, rows.c and optim.c. */
+/* cpu.c - the CPU backend: 64-byte-aligned host memory (recycled when large), memcpy copies, and
+ * the op table assembled from math.c, lstm.c, xent.c, rows.c and optim.c. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <cblas.h>
 
 #include "common/backend/cpu/cpu.h"
+#include "common/core/buf.h"
 #include "common/core/log.h"
 
+/* ferry_buf_alloc's buffers: 64-byte aligned, and the large ones (a server's gradient
+ * blocks and context tensors, the same sizes every step) recycled instead of
+ * page-faulted in afresh on whichever thread runs the next call (common/core/buf.h). */
 static ferry_status cpu_alloc(ferry_backend *be, size_t nbytes, void **out) {
     (void)be;
-    void *p = NULL;
     /* Round up so vector loops may read whole 64-byte lines. */
     size_t rounded = (nbytes + 63) & ~(size_t)63;
-    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+    void *p = rounded >= nbytes ? ferry_buf_alloc(rounded) : NULL;
+    if (p == NULL)
         return ferry_errorf(FERRY_ERR_NOMEM, "cannot allocate %zu bytes", nbytes);
     *out = p;
     return FERRY_OK;
@@ -21,7 +25,7 @@ static ferry_status cpu_alloc(ferry_backend *be, size_t nbytes, void **out) {
 
 static void cpu_free(ferry_backend *be, void *ptr) {
     (void)be;
-    free(ptr);
+    ferry_buf_free(ptr);
 }
 
 static ferry_status cpu_copy(ferry_backend *be, void *dst, const void *src, size_t n,
