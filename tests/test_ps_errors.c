@@ -6,6 +6,7 @@
  * host that does not resolve, in words that name no program's flag. Servers run
  * in-process on 127.0.0.1:0. */
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo */
+#include <float.h>
 #include <math.h>
 #include <netdb.h>
 #include <string.h>
@@ -345,27 +346,36 @@ TEST(bad_inputs_get_precise_statuses) {
     CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &th, NULL), FERRY_ERR_INVALID);
     check_message("missing input tensor 'targets'", NULL);
     CHECK_OK(forward(c, 0, 0, "dec", "partials", &th, &tt));
-    /* A non-finite input is named by its first index, wherever it lies: in a full block
-     * of the scan (4,096 floats), at a block's end, or in the tail. */
-    static float hbig[600 * 8];
-    static int32_t tbig[600];
-    ferry_rpc_tensor thb = tensor("hidden", FERRY_RPC_DTYPE_F32, 2, 600, 8, hbig);
-    ferry_rpc_tensor ttb = tensor("targets", FERRY_RPC_DTYPE_I32, 1, 600, 0, tbig);
+    /* A non-finite input is named by its first index, wherever it lies: in the first or
+     * a later full block of the scan (4,096 floats), at a block's edge, or in the tail
+     * (1100 x 8 = two blocks and 608 floats); -0, a denormal and FLT_MAX pass. */
+    static float hbig[1100 * 8];
+    static int32_t tbig[1100];
+    ferry_rpc_tensor thb = tensor("hidden", FERRY_RPC_DTYPE_F32, 2, 1100, 8, hbig);
+    ferry_rpc_tensor ttb = tensor("targets", FERRY_RPC_DTYPE_I32, 1, 1100, 0, tbig);
     const struct {
         int at, later; /* the first bad element, and a later one (0: none) */
         float v;
         const char *msg;
-    } bad[] = {{100, 4500, INFINITY, "hidden[100] is inf"},
+    } bad[] = {{0, 8700, NAN, "hidden[0] is nan"},
+               {100, 4500, INFINITY, "hidden[100] is inf"},
                {4095, 4096, NAN, "hidden[4095] is nan"},
                {4096, 4799, -INFINITY, "hidden[4096] is -inf"},
-               {4799, 0, NAN, "hidden[4799] is nan"}};
+               {5000, 8200, INFINITY, "hidden[5000] is inf"},
+               {8799, 0, NAN, "hidden[8799] is nan"}};
+    const int edge[] = {1, 4097, 8199, 8700};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        hbig[edge[i]] = i == 0 ? -0.0f : i == 1 ? 1e-40f : i == 2 ? FLT_MAX : -FLT_MAX;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        float keep = hbig[bad[i].later];
         hbig[bad[i].at] = bad[i].v;
         if (bad[i].later > 0)
             hbig[bad[i].later] = NAN;
         CHECK_STATUS(forward(c, 0, 0, "dec", "partials", &thb, &ttb), FERRY_ERR_NUMERIC);
         check_message(bad[i].msg, NULL);
-        hbig[bad[i].at] = hbig[bad[i].later] = 0.0f;
+        hbig[bad[i].at] = 0.0f;
+        if (bad[i].later > 0)
+            hbig[bad[i].later] = keep;
     }
     CHECK_OK(forward(c, 0, 0, "dec", "partials", &thb, &ttb));
     /* Targets and ids out of range. */

@@ -24,20 +24,23 @@ static struct {
     size_t bytes;
 } buf_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+#if BUF_RECYCLE
 static size_t buf_capacity(void *p) {
     size_t cap;
     memcpy(&cap, (char *)p - BUF_HEADER, sizeof cap);
     return cap;
 }
 
-/* The smallest cached buffer holding n bytes without wasting more than n. */
+/* The smallest cached buffer holding n bytes without wasting more than a quarter of n:
+ * a block that outlives a step (a module's weights) keeps what it was given, and the
+ * budgets count n. */
 static void *buf_cache_get(size_t n) {
     void *p = NULL;
     pthread_mutex_lock(&buf_cache.mu);
     int best = -1;
     for (int i = 0; i < buf_cache.n; i++) {
         size_t cap = buf_capacity(buf_cache.buf[i]);
-        if (cap >= n && cap / 2 <= n && (best < 0 || cap < buf_capacity(buf_cache.buf[best])))
+        if (cap >= n && cap - n <= n / 4 && (best < 0 || cap < buf_capacity(buf_cache.buf[best])))
             best = i;
     }
     if (best >= 0) {
@@ -73,7 +76,7 @@ static void buf_cache_put(void *p) {
 }
 
 void *ferry_buf_alloc(size_t n) {
-    if (BUF_RECYCLE && n >= BUF_CACHE_MIN) {
+    if (n >= BUF_CACHE_MIN) {
         void *p = buf_cache_get(n);
         if (p != NULL)
             return p;
@@ -89,12 +92,24 @@ void ferry_buf_free(void *p) {
     if (p == NULL)
         return;
     size_t cap = buf_capacity(p);
-    if (BUF_RECYCLE && cap >= BUF_CACHE_MIN && cap <= BUF_CACHE_BYTES) {
+    if (cap >= BUF_CACHE_MIN && cap <= BUF_CACHE_BYTES) {
         buf_cache_put(p);
         return;
     }
     free((char *)p - BUF_HEADER);
 }
+#else
+/* Sanitized: plain aligned blocks with no header in front, so ASan sees an underflow
+ * and a use after free of every buffer. */
+void *ferry_buf_alloc(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n > 0 ? n : 1) == 0 ? p : NULL;
+}
+
+void ferry_buf_free(void *p) {
+    free(p);
+}
+#endif
 
 void ferry_buf_release_idle(void) {
     void *idle[BUF_CACHE_SLOTS];

@@ -8,8 +8,9 @@
  * next step's other thread: medium's gradient blocks page-faulted ~5,000 pages in per
  * rank-step (docs/benchmarks.md). Buffers of 1 MiB or more go back to one process-wide
  * cache (up to 8 and 512 MiB kept) and serve the next request of a size they fit
- * without wasting more than half. Under FERRY_SANITIZE nothing is recycled, so ASan
- * sees every use after free. Thread-safe. */
+ * without wasting more than a quarter of it. Under FERRY_SANITIZE nothing is recycled
+ * and no header precedes a buffer, so ASan sees every underflow and use after free.
+ * Thread-safe. */
 #ifndef FERRY_CORE_BUF_H
 #define FERRY_CORE_BUF_H
 

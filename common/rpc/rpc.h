@@ -295,7 +295,9 @@ typedef ferry_status (*ferry_rpc_handler)(void *user, ferry_rpc_method method, f
  * returns NULL for a reply that belongs to no network call (an in-process
  * dispatch): the handler must then answer at once. A handler that deferred must
  * return FERRY_OK: the answer is the pending's, and an error returned after
- * ferry_rpc_defer is logged as a bug (an assertion in debug builds), not sent. */
+ * ferry_rpc_defer is logged as a bug (an assertion in debug builds), not sent (a
+ * pending that nobody then finishes holds its call, and the server's shutdown, for
+ * ever: finish every pending handed out). */
 typedef struct ferry_rpc_pending ferry_rpc_pending;
 ferry_rpc_pending *ferry_rpc_defer(ferry_rpc_msg *reply);
 void ferry_rpc_pending_finish(ferry_rpc_pending *p, ferry_status st, ferry_rpc_msg *reply);

@@ -16,7 +16,7 @@ static ferry_status cpu_alloc(ferry_backend *be, size_t nbytes, void **out) {
     (void)be;
     /* Round up so vector loops may read whole 64-byte lines. */
     size_t rounded = (nbytes + 63) & ~(size_t)63;
-    void *p = rounded >= nbytes ? ferry_buf_alloc(rounded) : NULL;
+    void *p = rounded >= nbytes ? ferry_buf_alloc(rounded ? rounded : 64) : NULL;
     if (p == NULL)
         return ferry_errorf(FERRY_ERR_NOMEM, "cannot allocate %zu bytes", nbytes);
     *out = p;
