@@ -103,6 +103,8 @@ void ferry_buf_free(void *p) {
  * and a use after free of every buffer. */
 void *ferry_buf_alloc(size_t n) {
     void *p = NULL;
+    if (n > SIZE_MAX - BUF_HEADER) /* refused as the recycling build refuses it */
+        return NULL;
     return posix_memalign(&p, 64, n > 0 ? n : 1) == 0 ? p : NULL;
 }
 
