@@ -18,7 +18,9 @@
 #              vocabulary slice) on the server too, pulled and pushed every step; the
 #              same --local-vocab / --micro-batches as ps
 #   bsp2       2 ferry-ps + 2 bsp ranks (each half the batch columns), the same
-# Also each placement's wall-clock tokens/s over the same steps, and for the server
+# --reps N runs N rounds, each placement once per round (interleaved), and reports
+# medians. Also each placement's wall-clock tokens/s over the same steps (and each
+# round's ratio to the same round's local-2t), and for the server
 # placements the servers' CPU per rank-step beside the time OpenBLAS sgemm takes for
 # their own FLOPs (the decoder GEMMs of the rows they hold; bench/gemm_limit).
 # bench/cpu_profile.sh splits one placement's CPU by phase.
@@ -123,22 +125,28 @@ for cfg in $CONFIGS; do
     esac
     echo
     echo "== $cfg: $TPS tokens per step; ${MODEL[*]}; ps and bsp paths add ${PSX[*]}"
-    printf "%-9s %12s %8s %10s %9s %14s %10s %8s\n" placement "cpu-s/1k tok" "vs 1t" "tok/s" "vs 2t" \
-        "server ms/rank-step" "sgemm ms" "ratio"
-    base_cpu= base_wall=
-    for p in local-1t local-2t ps bsp1 bsp2; do
-        ranks=1
-        [ "$p" = bsp2 ] && ranks=2
-        : >"$TMP/cpu" >"$TMP/wall" >"$TMP/srv"
-        for _ in $(seq "$REPS"); do
+    PLACES="local-1t local-2t ps bsp1 bsp2"
+    for p in $PLACES; do : >"$TMP/$p.cpu" >"$TMP/$p.wall" >"$TMP/$p.srv"; done
+    # Rounds outermost, every placement once per round: the VM's drift between rounds
+    # (often larger than the gaps measured) then falls on every placement alike.
+    for rep in $(seq "$REPS"); do
+        for p in $PLACES; do
+            ranks=1
+            [ "$p" = bsp2 ] && ranks=2
             read -r c1 w1 s1 <<<"$(run "$p" "$SHORT")"
             read -r c2 w2 s2 <<<"$(run "$p" "$LONG")"
             d=$((LONG - SHORT))
-            awk -v a="$c1" -v b="$c2" -v d="$d" -v t="$TPS" 'BEGIN { print (b - a) / (d * t) * 1000 }' >>"$TMP/cpu"
-            awk -v a="$w1" -v b="$w2" -v d="$d" -v t="$TPS" 'BEGIN { print d * t / (b - a) }' >>"$TMP/wall"
-            awk -v a="$s1" -v b="$s2" -v d="$d" -v r="$ranks" 'BEGIN { print (b - a) / (d * r) * 1000 }' >>"$TMP/srv"
+            awk -v a="$c1" -v b="$c2" -v d="$d" -v t="$TPS" 'BEGIN { print (b - a) / (d * t) * 1000 }' >>"$TMP/$p.cpu"
+            awk -v a="$w1" -v b="$w2" -v d="$d" -v t="$TPS" 'BEGIN { print d * t / (b - a) }' >>"$TMP/$p.wall"
+            awk -v a="$s1" -v b="$s2" -v d="$d" -v r="$ranks" 'BEGIN { print (b - a) / (d * r) * 1000 }' >>"$TMP/$p.srv"
         done
-        cpu=$(median <"$TMP/cpu") tok=$(median <"$TMP/wall") srv=$(median <"$TMP/srv")
+        echo "round $rep of $REPS, tok/s: $(for p in $PLACES; do printf '%s %.0f  ' "$p" "$(tail -1 "$TMP/$p.wall")"; done)" >&2
+    done
+    printf "%-9s %12s %8s %10s %9s %14s %10s %8s\n" placement "cpu-s/1k tok" "vs 1t" "tok/s" "vs 2t" \
+        "server ms/rank-step" "sgemm ms" "ratio"
+    base_cpu= base_wall=
+    for p in $PLACES; do
+        cpu=$(median <"$TMP/$p.cpu") tok=$(median <"$TMP/$p.wall") srv=$(median <"$TMP/$p.srv")
         [ "$p" = local-1t ] && base_cpu=$cpu
         [ "$p" = local-2t ] && base_wall=$tok
         # The servers' own FLOPs per rank-step (the decoder's GEMMs over the rows they
@@ -154,6 +162,11 @@ for cfg in $CONFIGS; do
             "$([ -n "$base_wall" ] && awk -v a="$tok" -v b="$base_wall" 'BEGIN { printf "%.2fx", a / b }' || echo -)" \
             "$([ "$p" = local-1t ] || [ "$p" = local-2t ] && echo - || printf "%.1f" "$srv")" "$lim" \
             "$([ "$lim" = - ] && echo - || awk -v a="$srv" -v b="$lim" 'BEGIN { printf "%.2fx", a / b }')"
+    done
+    # Each round's wall clock against the same round's local trainer on two threads.
+    for p in ps bsp1 bsp2; do
+        printf "%-9s vs 2t by round: %s\n" "$p" \
+            "$(paste -d' ' "$TMP/$p.wall" "$TMP/local-2t.wall" | awk '{ printf "%.2fx ", $1 / $2 }')"
     done
 done
 echo

@@ -363,9 +363,12 @@ TEST(bad_inputs_get_precise_statuses) {
                {4096, 4799, -INFINITY, "hidden[4096] is -inf"},
                {5000, 8200, INFINITY, "hidden[5000] is inf"},
                {8799, 0, NAN, "hidden[8799] is nan"}};
-    const int edge[] = {1, 4097, 8199, 8700};
+    const struct {
+        int at;
+        float v;
+    } edge[] = {{1, -0.0f}, {4097, 1e-40f}, {8199, FLT_MAX}, {8700, -FLT_MAX}};
     for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
-        hbig[edge[i]] = i == 0 ? -0.0f : i == 1 ? 1e-40f : i == 2 ? FLT_MAX : -FLT_MAX;
+        hbig[edge[i].at] = edge[i].v;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         float keep = hbig[bad[i].later];
         hbig[bad[i].at] = bad[i].v;

@@ -17,6 +17,7 @@
 #define BUF_RECYCLE 1
 #endif
 
+#if BUF_RECYCLE
 static struct {
     pthread_mutex_t mu;
     void *buf[BUF_CACHE_SLOTS]; /* oldest first */
@@ -24,7 +25,6 @@ static struct {
     size_t bytes;
 } buf_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-#if BUF_RECYCLE
 static size_t buf_capacity(void *p) {
     size_t cap;
     memcpy(&cap, (char *)p - BUF_HEADER, sizeof cap);
@@ -38,14 +38,17 @@ static void *buf_cache_get(size_t n) {
     void *p = NULL;
     pthread_mutex_lock(&buf_cache.mu);
     int best = -1;
+    size_t best_cap = 0;
     for (int i = 0; i < buf_cache.n; i++) {
         size_t cap = buf_capacity(buf_cache.buf[i]);
-        if (cap >= n && cap - n <= n / 4 && (best < 0 || cap < buf_capacity(buf_cache.buf[best])))
+        if (cap >= n && cap - n <= n / 4 && (best < 0 || cap < best_cap)) {
             best = i;
+            best_cap = cap;
+        }
     }
     if (best >= 0) {
         p = buf_cache.buf[best];
-        buf_cache.bytes -= buf_capacity(p);
+        buf_cache.bytes -= best_cap;
         memmove(&buf_cache.buf[best], &buf_cache.buf[best + 1],
                 (size_t)(buf_cache.n - best - 1) * sizeof(void *));
         buf_cache.n--;
@@ -75,14 +78,10 @@ static void buf_cache_put(void *p) {
         free((char *)evicted[i] - BUF_HEADER);
 }
 
-void *ferry_buf_alloc(size_t n) {
-    if (n >= BUF_CACHE_MIN) {
-        void *p = buf_cache_get(n);
-        if (p != NULL)
-            return p;
-    }
+/* A new buffer of n bytes, its capacity in the header in front. */
+static void *buf_new(size_t n) {
     void *raw = NULL;
-    if (n > SIZE_MAX - BUF_HEADER || posix_memalign(&raw, 64, BUF_HEADER + n) != 0)
+    if (posix_memalign(&raw, 64, BUF_HEADER + n) != 0)
         return NULL;
     memcpy(raw, &n, sizeof n);
     return (char *)raw + BUF_HEADER;
@@ -98,20 +97,6 @@ void ferry_buf_free(void *p) {
     }
     free((char *)p - BUF_HEADER);
 }
-#else
-/* Sanitized: plain aligned blocks with no header in front, so ASan sees an underflow
- * and a use after free of every buffer. */
-void *ferry_buf_alloc(size_t n) {
-    void *p = NULL;
-    if (n > SIZE_MAX - BUF_HEADER) /* refused as the recycling build refuses it */
-        return NULL;
-    return posix_memalign(&p, 64, n > 0 ? n : 1) == 0 ? p : NULL;
-}
-
-void ferry_buf_free(void *p) {
-    free(p);
-}
-#endif
 
 void ferry_buf_release_idle(void) {
     void *idle[BUF_CACHE_SLOTS];
@@ -123,4 +108,31 @@ void ferry_buf_release_idle(void) {
     pthread_mutex_unlock(&buf_cache.mu);
     for (int i = 0; i < n; i++)
         free((char *)idle[i] - BUF_HEADER);
+}
+#else
+/* Sanitized: plain aligned blocks with no header in front, so ASan sees an underflow
+ * and a use after free of every buffer; nothing is kept. */
+static void *buf_new(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n > 0 ? n : 1) == 0 ? p : NULL;
+}
+
+void ferry_buf_free(void *p) {
+    free(p);
+}
+
+void ferry_buf_release_idle(void) {}
+#endif
+
+void *ferry_buf_alloc(size_t n) {
+    if (n > SIZE_MAX - BUF_HEADER) /* both builds refuse the same sizes */
+        return NULL;
+#if BUF_RECYCLE
+    if (n >= BUF_CACHE_MIN) {
+        void *p = buf_cache_get(n);
+        if (p != NULL)
+            return p;
+    }
+#endif
+    return buf_new(n);
 }
