@@ -165,6 +165,8 @@ ferry_status ferry__ps_on_stats(ferry__ps_state *s, ferry__ps_session *sess,
     stat_add(b, "rss_bytes", (double)ferry__ps_rss_bytes());
     stat_add(b, "heap_in_use_bytes", (double)ferry__ps_heap_bytes());
     stat_add(b, "memory_trims", (double)atomic_load(&s->memory_trims));
+    stat_add(b, "wide_calls", (double)atomic_load(&s->wide_calls));
+    stat_add(b, "gemm_splits", (double)ferry_cpu_gemm_splits());
     stat_add(b, "blas_threads", (double)ferry_cpu_threads());
     stat_add(b, "calls", (double)rs.calls);
     stat_add(b, "errors", (double)rs.errors);

@@ -29,6 +29,28 @@ static void grads_prepare(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry_grads 
     }
 }
 
+/* A call marked wide (its caller waits idle for the reply) runs its GEMMs on two
+ * threads while a worker of this server is idle and nothing waits in the queue: the
+ * core the caller leaves free then does half of each, and the reply is the same bit
+ * for bit (ferry_cpu_set_gemm_width). Returns the thread's previous width, for
+ * wide_end. */
+static int wide_begin(ferry__ps_state *ps, int wide) {
+    ferry_rpc_server *rpc = atomic_load(&ps->rpc);
+    if (!wide || rpc == NULL)
+        return 0;
+    ferry_rpc_queue_stats q;
+    ferry_rpc_server_queue_stats(rpc, &q);
+    if (q.queued > 0 || q.running >= q.workers) /* this call is one of those running */
+        return 0;
+    atomic_fetch_add(&ps->wide_calls, 1);
+    return ferry_cpu_set_gemm_width(2);
+}
+
+static void wide_end(int prev) {
+    if (prev > 0)
+        (void)ferry_cpu_set_gemm_width(prev);
+}
+
 ferry__ps_module *ferry__ps_module_find(ferry__ps_state *ps, const ferry__ps_session *sess,
                                         const char *name) {
     ferry__ps_module *m = ferry__ps_registry_find(&ps->reg, name);
@@ -78,10 +100,12 @@ static ferry_status forward(ferry__ps_state *ps, ferry__ps_session *sess, ferry_
     }
     uint64_t version = 0;
     if (st == FERRY_OK) {
+        int w = wide_begin(ps, q->wide);
         pthread_rwlock_rdlock(&m->lock);
         st = m->kind->forward(m, mode, req, reply, keep ? &sv : NULL);
         version = m->version;
         pthread_rwlock_unlock(&m->lock);
+        wide_end(w);
     }
     ferry_grads *G = NULL;
     if (st == FERRY_OK && keep) {
@@ -189,9 +213,11 @@ static ferry_status backward(ferry__ps_state *ps, ferry__ps_session *sess, ferry
         st = ferry__ps_ctx_charge_grads(t, c, G, call->saved.N);
     if (st == FERRY_OK) {
         call->saved.late_ok = late_ok;
+        int w = wide_begin(ps, q->wide); /* a weight gradient formed late is not */
         pthread_rwlock_rdlock(&m->lock);
         st = m->kind->backward(m, q, &call->saved, req, G, reply);
         pthread_rwlock_unlock(&m->lock);
+        wide_end(w);
         if (st == FERRY_OK && overlapped)
             atomic_fetch_add(&t->overlapped, 1);
     }

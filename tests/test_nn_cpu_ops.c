@@ -195,5 +195,60 @@ TEST(row_ops) {
     CHECK_CLOSE("scatter_add_rows (repeats accumulate)", table, ref, R * D, 0.0, 0.0);
 }
 
+/* A GEMM on two threads (ferry_cpu_set_gemm_width) against the same GEMM on one, bit
+ * for bit: every transpose, beta 0 and 1, row counts around the cut (a multiple of 48
+ * near half) and the decoder's shapes (a chunk of 175 rows against 10,000 x 650), with
+ * leading dimensions wider than the rows. That the two-thread runs were split is read
+ * off ferry_cpu_gemm_splits; a GEMM too small or of too few rows is not split. */
+TEST(gemm_split_rows_bit_for_bit) {
+    ferry_backend *be = ferry_backend_cpu();
+    ferry_cpu_set_threads(1);
+    const struct {
+        int64_t M, N, K;
+    } shapes[] = {{96, 211, 300},   {97, 160, 300}, {143, 133, 257},
+                  {175, 1000, 650}, {401, 64, 200}, {175, 650, 1000}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t M = shapes[si].M, N = shapes[si].N, K = shapes[si].K, pad = 3;
+        float *A = malloc(sizeof(float) * (size_t)((M + pad) * (K + pad)));
+        float *B = malloc(sizeof(float) * (size_t)((K + pad) * (N + pad)));
+        float *C1 = malloc(sizeof(float) * (size_t)(M * (N + pad)));
+        float *C2 = malloc(sizeof(float) * (size_t)(M * (N + pad)));
+        CHECK(A != NULL && B != NULL && C1 != NULL && C2 != NULL);
+        ferry_gradcheck_fill(A, (M + pad) * (K + pad), -1.0f, 1.0f, 20 + (int)si);
+        ferry_gradcheck_fill(B, (K + pad) * (N + pad), -1.0f, 1.0f, 40 + (int)si);
+        for (int t = 0; t < 8; t++) {
+            int ta = t & 1, tb = (t >> 1) & 1;
+            float beta = (t >> 2) ? 1.0f : 0.0f;
+            int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            ferry_gradcheck_fill(C1, M * ldc, -1.0f, 1.0f, 60 + t);
+            memcpy(C2, C1, sizeof(float) * (size_t)(M * ldc));
+            CHECK_OK(ferry_backend_gemm(be, ta, tb, M, N, K, 0.75f, A, lda, B, ldb, beta, C1, ldc));
+            uint64_t before = ferry_cpu_gemm_splits();
+            int prev = ferry_cpu_set_gemm_width(2);
+            CHECK(prev == 1);
+            CHECK_OK(ferry_backend_gemm(be, ta, tb, M, N, K, 0.75f, A, lda, B, ldb, beta, C2, ldc));
+            CHECK(ferry_cpu_set_gemm_width(prev) == 2);
+            CHECK(ferry_cpu_gemm_splits() == before + 1); /* each of these is large enough */
+            if (memcmp(C1, C2, sizeof(float) * (size_t)(M * ldc)) != 0) {
+                fprintf(stderr, "M=%lld N=%lld K=%lld ta=%d tb=%d beta=%g: split differs\n",
+                        (long long)M, (long long)N, (long long)K, ta, tb, (double)beta);
+                CHECK(0);
+            }
+        }
+        free(A);
+        free(B);
+        free(C1);
+        free(C2);
+    }
+    /* Not split: fewer than 96 rows, or too little work. */
+    static float a[96 * 40], b[40 * 40], c[96 * 40];
+    uint64_t before = ferry_cpu_gemm_splits();
+    int prev = ferry_cpu_set_gemm_width(2);
+    CHECK_OK(ferry_backend_gemm(be, 0, 0, 95, 40, 40, 1.0f, a, 40, b, 40, 0.0f, c, 40));
+    CHECK_OK(ferry_backend_gemm(be, 0, 0, 96, 40, 40, 1.0f, a, 40, b, 40, 0.0f, c, 40));
+    (void)ferry_cpu_set_gemm_width(prev);
+    CHECK(ferry_cpu_gemm_splits() == before);
+}
+
 FERRY_TEST_MAIN(T(vmath_within_3_ulp) T(lstm_cell_matches_float64) T(xent_matches_float64)
-                    T(elementwise_ops_all_lengths) T(row_ops))
+                    T(elementwise_ops_all_lengths) T(row_ops) T(gemm_split_rows_bit_for_bit))

@@ -13,7 +13,8 @@
  * ferry_lm_set_micro_batches(lm, 1) leaves no pipe (the trainer's default is the
  * unpipelined step). The same holds with a slice of the decoder's vocabulary in the
  * trainer (--local-vocab), pipelined or not, against the run with every decoder row on
- * the servers. */
+ * the servers. The last micro-batch's decoder calls are marked wide, and the servers
+ * ran their GEMMs on two threads (their counters say so) with no bit changed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,18 @@ static uint64_t calls_to(run *r, int i, const char *method) {
     return cs.calls;
 }
 
+static void add_value(void *user, const char *name, double value) {
+    (void)name;
+    *(double *)user += value;
+}
+
+/* Server i's count of calls marked wide that ran their GEMMs on two threads. */
+static double wide_calls(run *r, int i) {
+    double n = 0.0;
+    CHECK_OK(ferry_cluster_metrics(r->cl, i, "wide_calls", add_value, &n));
+    return n;
+}
+
 /* Runs the reference (unpipelined) and a run with M micro-batches (M = 0: the pipe
  * forced on with one; M = 1: unpipelined too, to compare a local vocabulary slice)
  * for STEPS steps. tol > 0: every step's loss within tol relative, every parameter
@@ -209,6 +222,22 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
                  (uint64_t)(micro - 1) * STEPS);
         CHECK_EQ(calls_to(&pipe, i, "Backward") - calls_to(&ref, i, "Backward"),
                  (uint64_t)(micro - 1) * STEPS);
+    }
+    /* The last micro-batch's decoder Forward and Backward are marked wide (without a
+     * local vocabulary slice): a server with a worker idle ran their GEMMs on two
+     * threads, which changed no bit above. Its other calls, and the unpipelined run's,
+     * are not marked. Each server's second worker is idle for nearly all of them here;
+     * a call that found it busy ran on one thread. */
+    for (int i = 0; i < nservers; i++) {
+        CHECK(wide_calls(&ref, i) == 0.0);
+        if (pipe.lm->pipe != NULL && local_vocab == 0) {
+            double w = wide_calls(&pipe, i);
+            if (w < STEPS || w > 2 * STEPS)
+                fprintf(stderr, "  server %d: %.0f wide calls in %d steps\n", i, w, STEPS);
+            CHECK(w >= STEPS && w <= 2 * STEPS);
+        } else {
+            CHECK(wide_calls(&pipe, i) == 0.0);
+        }
     }
     /* Every step freed its context. */
     for (int i = 0; i < nservers; i++) {

@@ -64,6 +64,8 @@ struct ferry_lm_pipe {
     char err[512];
     /* The step being run (read by the thread). */
     ferry_remote *dec;
+    int wide; /* the last chunk's calls marked wide (no decoder slice here: the trainer
+                 is idle while they run) */
     ferry_dist_ctx *dc;
     const int32_t *targets;
     int64_t T, B, H;
@@ -172,12 +174,17 @@ static void decoder_step(ferry_lm_pipe *p) {
         int64_t t0 = t0_of(p->T, p->M, c), steps = t0_of(p->T, p->M, c + 1) - t0;
         double t = ferry_now();
         mark(p, c, SPAN_D, 0);
+        /* The last chunk's Forward and Backward are the turn: the trainer has nothing
+         * to run until its dh is back, so the server may use the core it leaves. */
+        if (c == p->M - 1 && p->wide)
+            ferry_remote_set_wide(p->dec, 1);
         ferry_status st = ferry_remote_xent_forward(p->dec, p->dc, p->hid + t0 * BH,
                                                     p->targets + t0 * p->B, steps * p->B, NULL,
                                                     &p->loss[c], &p->call[c]);
         mark(p, c, SPAN_D, 1);
         p->remote_busy += ferry_now() - t;
         if (st != FERRY_OK) {
+            ferry_remote_set_wide(p->dec, 0);
             thread_fail(p, st);
             return;
         }
@@ -188,6 +195,7 @@ static void decoder_step(ferry_lm_pipe *p) {
         mark(p, c, SPAN_DB, 0);
         ferry_status st =
             ferry_remote_xent_backward(p->dec, p->dc, p->call[c], NULL, p->scale, p->dh + t0 * BH);
+        ferry_remote_set_wide(p->dec, 0);
         mark(p, c, SPAN_DB, 1);
         p->remote_busy += ferry_now() - t;
         if (st != FERRY_OK) {
@@ -402,6 +410,7 @@ ferry_status ferry_lm_pipe_forward_backward(ferry_lm *lm, ferry_lm_pipe *p, ferr
                                              &emb_call)) != FERRY_OK)
         return st;
     p->dec = lm->dec_remote;
+    p->wide = lm->local_vocab == 0;
     p->dc = dc;
     p->targets = targets->data;
     p->T = T;

@@ -44,6 +44,7 @@ ferry_status ferry__dist_forward_head(ferry_rpc_msg *req, const ferry_remote *m,
     q.module = (char *)(uintptr_t)m->name;
     q.mode = (char *)(uintptr_t)ferry_wire_modes[mode].name;
     q.reply_dtype = (Ferry__V1__DType)ferry__dist_reply_dtype(m->c, req);
+    q.wide = atomic_load(&((ferry_remote *)(uintptr_t)m)->wide) != 0;
     return ferry_rpc_msg_set_head(req, &q.base);
 }
 
@@ -55,6 +56,7 @@ ferry_status ferry__dist_backward_head(ferry_rpc_msg *req, const ferry__dist_cal
     q.call_id = call->call_id;
     q.module = (char *)(uintptr_t)call->m->name;
     q.reply_dtype = (Ferry__V1__DType)ferry__dist_reply_dtype(call->m->c, req);
+    q.wide = atomic_load(&((ferry_remote *)(uintptr_t)call->m)->wide) != 0;
     (void)mode; /* the Forward's mode applies */
     Ferry__V1__DecoderBackwardArgs args;
     ferry__v1__decoder_backward_args__init(&args);

@@ -109,6 +109,7 @@ struct ferry_remote {
      * the one held from each shard (0: none); server/dense.c says how they advance. */
     float *image;
     uint64_t *image_id;
+    atomic_int wide; /* ferry_remote_set_wide: its calls carry the hint */
 };
 
 enum {

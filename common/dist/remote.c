@@ -241,6 +241,7 @@ ferry_status ferry_remote_create(ferry_cluster *c, const ferry_remote_config *cf
     if (m == NULL)
         return FERRY_NOMEM();
     m->c = c;
+    atomic_init(&m->wide, 0);
     (void)snprintf(m->name, sizeof m->name, "%s", cfg->name);
     m->kind = cfg->kind;
     m->dims[0] = cfg->dims[0];
@@ -341,6 +342,10 @@ void ferry_remote_destroy(ferry_remote *m) {
 
 int ferry_remote_created(const ferry_remote *m) {
     return m->created;
+}
+
+void ferry_remote_set_wide(ferry_remote *m, int on) {
+    atomic_store(&m->wide, on != 0);
 }
 
 const char *ferry_remote_name(const ferry_remote *m) {

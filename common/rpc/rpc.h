@@ -449,10 +449,10 @@ const char *ferry_rpc_stats_slot_name(int slot);
 const char *ferry_rpc_code_name(int code);
 void ferry_rpc_server_method_stats(ferry_rpc_server *s, int slot, ferry_rpc_method_stats *out);
 
-/* The fair work queue: calls waiting and running, served, refused, and how long the
- * served ones waited (mean, worst). */
+/* The fair work queue: calls waiting and running (of its workers), served, refused,
+ * and how long the served ones waited (mean, worst). */
 typedef struct ferry_rpc_queue_stats {
-    int queued, running;
+    int queued, running, workers;
     uint64_t served, refused;
     double wait_mean_s, wait_max_s;
 } ferry_rpc_queue_stats;

@@ -226,6 +226,7 @@ void ferry__rpc_sched_stats(ferry__rpc_sched *s, ferry__rpc_sched_stats_t *out) 
     pthread_mutex_lock(&s->mu);
     out->queued = s->queued;
     out->running = s->running;
+    out->workers = s->workers;
     out->served = s->served;
     out->refused = s->refused;
     out->wait_max_s = s->wait_max_s;

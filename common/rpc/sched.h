@@ -25,7 +25,7 @@ typedef struct ferry__rpc_sched_config {
 typedef struct ferry__rpc_sched ferry__rpc_sched;
 
 typedef struct ferry__rpc_sched_stats_t {
-    int queued, running;
+    int queued, running, workers;
     uint64_t served, refused;
     double wait_max_s, wait_mean_s; /* time items waited in the queue */
 } ferry__rpc_sched_stats_t;

@@ -1528,6 +1528,7 @@ void ferry_rpc_server_queue_stats(ferry_rpc_server *s, ferry_rpc_queue_stats *ou
     ferry__rpc_sched_stats(s->sched, &st);
     out->queued = st.queued;
     out->running = st.running;
+    out->workers = st.workers;
     out->served = st.served;
     out->refused = st.refused;
     out->wait_mean_s = st.wait_mean_s;

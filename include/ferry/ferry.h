@@ -421,6 +421,13 @@ FERRY_API ferry_status ferry_remote_decoder_set_local(ferry_remote *dec, ferry_b
                                                       const float *weight, const float *bias,
                                                       float *grad_weight, float *grad_bias);
 
+/* Marks the module's Forward and Backward calls from now on (on 1; off 0) as ones
+ * whose caller waits idle for the reply: a pipeline's last micro-batch, whose decoder
+ * calls nothing else overlaps. A server with an idle worker then runs the call's GEMMs
+ * on two threads (ferry_cpu_set_gemm_width); the reply is the same bit for bit. A hint
+ * only: any thread may set it, and it applies to the calls sent after. */
+FERRY_API void ferry_remote_set_wide(ferry_remote *m, int on);
+
 /* How many of the module's shards this create made new (the rest existed). */
 FERRY_API int ferry_remote_created(const ferry_remote *m);
 FERRY_API int ferry_remote_shards(const ferry_remote *m);

@@ -1,5 +1,5 @@
 /* cpu.c - the CPU backend: 64-byte-aligned host memory (recycled when large), memcpy copies, and
- * the op table assembled from math.c, lstm.c, xent.c, rows.c and optim.c. */
+ * the op table assembled from gemm.c, math.c, lstm.c, xent.c, rows.c and optim.c. */
 #include <stdlib.h>
 #include <string.h>
 

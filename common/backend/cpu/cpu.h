@@ -1,5 +1,5 @@
-/* cpu.h - the CPU backend's ops, one file per group (math.c, lstm.c, xent.c,
- * rows.c, optim.c); cpu.c assembles them into the backend table. */
+/* cpu.h - the CPU backend's ops, one file per group (gemm.c, math.c, lstm.c,
+ * xent.c, rows.c, optim.c); cpu.c assembles them into the backend table. */
 #ifndef FERRY_CPU_H
 #define FERRY_CPU_H
 

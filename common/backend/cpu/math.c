@@ -1,29 +1,10 @@
-/* math.c - CPU dense math: GEMM through OpenBLAS, and plain loops for the
+/* math.c - CPU dense math (GEMM in gemm.c): plain loops for the
  * elementwise ops. The loops run in blocks of FERRY_VLANES with a constant inner
  * trip count and stage results in a local array (vmath.h's idiom), which is what
  * lets GCC vectorise them at -O2 without restrict; a scalar tail finishes. */
-#include <cblas.h>
-
 #include "common/backend/cpu/cpu.h"
 #include "common/core/simd.h"
 #include "common/backend/cpu/vmath.h"
-
-ferry_status ferry__cpu_gemm(ferry_backend *be, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                             float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
-                             float beta, float *C, int64_t ldc) {
-    (void)be;
-    if (K == 0) {
-        /* BLAS leaves C untouched for K=0 only when beta=1; make it explicit. */
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++)
-                C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-        return FERRY_OK;
-    }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta,
-                C, (blasint)ldc);
-    return FERRY_OK;
-}
 
 FERRY_HOT_LOOP ferry_status ferry__cpu_fill(ferry_backend *be, float *x, int64_t n, float v) {
     (void)be;
