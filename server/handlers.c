@@ -36,7 +36,7 @@ static void grads_prepare(ferry__ps_ctx_table *t, ferry__ps_ctx *c, ferry_grads 
  * wide_end. */
 static int wide_begin(ferry__ps_state *ps, int wide) {
     ferry_rpc_server *rpc = atomic_load(&ps->rpc);
-    if (!wide || rpc == NULL)
+    if (!wide || rpc == NULL || ferry_cpu_threads() > 1) /* OpenBLAS spreads them itself */
         return 0;
     ferry_rpc_queue_stats q;
     ferry_rpc_server_queue_stats(rpc, &q);

@@ -81,9 +81,10 @@ void ferry__ps_prometheus(ferry__ps_state *s, ferry_prom *p) {
             "times free memory went back to the system (only once no context was made for 2 s)",
             (double)atomic_load(&s->memory_trims));
     counter(p, "ferry_ps_wide_calls_total",
-            "calls marked wide whose GEMMs ran on two threads (a worker was idle)",
+            "calls marked wide that found a worker idle and ran with two-thread GEMMs",
             (double)atomic_load(&s->wide_calls));
-    counter(p, "ferry_ps_gemm_splits_total", "GEMMs whose rows ran on two threads",
+    counter(p, "ferry_ps_gemm_splits_total",
+            "GEMMs whose rows ran on two threads (of the wide calls, those large enough)",
             (double)ferry_cpu_gemm_splits());
     if (rpc != NULL) {
         ferry_rpc_method_stats ms[FERRY_RPC_STATS_SLOTS];

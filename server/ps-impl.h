@@ -679,7 +679,8 @@ typedef struct ferry__ps_state {
     uint64_t restored_step;
     double t_start;
     atomic_llong memory_trims; /* free memory handed back to the system (server.c) */
-    atomic_llong wide_calls;   /* calls whose GEMMs ran on two threads (handlers.c) */
+    atomic_llong wide_calls;   /* calls marked wide that found a worker idle, their GEMMs
+                                  then two-threaded where large enough (handlers.c) */
     pthread_mutex_t id_mu; /* guards server_id, completed once the port is known */
     char server_id[192];
     _Atomic(ferry_rpc_server *) rpc; /* its port and counters; NULL without the network */

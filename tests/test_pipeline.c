@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "common/backend/cpu/cpu.h" /* ferry__cpu_gemm_split_ok */
 #include "server/ps.h"
 #include "worker/batch.h"
 #include "worker/corpus.h"
@@ -164,6 +165,7 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
     int64_t V = ferry_vocab_size(ferry_corpus_vocab(corpus));
     ferry_lm_config mc = {V, 64, 64, 2, dropout, 0.1f, stiefel, 7};
     run ref, pipe;
+    uint64_t splits0 = ferry_cpu_gemm_splits();
     run_init(&ref, nservers, &mc, 1, 0);
     run_init(&pipe, nservers, &mc, M, local_vocab);
     CHECK(ref.lm->pipe == NULL && (pipe.lm->pipe != NULL) == (M != 1));
@@ -228,9 +230,10 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
      * threads, which changed no bit above. Its other calls, and the unpipelined run's,
      * are not marked. Each server's second worker is idle for nearly all of them here;
      * a call that found it busy ran on one thread. */
+    int wide = pipe.lm->pipe != NULL && local_vocab == 0;
     for (int i = 0; i < nservers; i++) {
         CHECK(wide_calls(&ref, i) == 0.0);
-        if (pipe.lm->pipe != NULL && local_vocab == 0) {
+        if (wide) {
             double w = wide_calls(&pipe, i);
             if (w < STEPS || w > 2 * STEPS)
                 fprintf(stderr, "  server %d: %.0f wide calls in %d steps\n", i, w, STEPS);
@@ -239,6 +242,14 @@ static double pipeline_case(int nservers, float dropout, float stiefel, int M, i
             CHECK(wide_calls(&pipe, i) == 0.0);
         }
     }
+    /* ... and their GEMMs were split (this process's servers share one helper thread,
+     * so two shards' calls at once split one of them), unless OpenBLAS's kernels here
+     * round a 48-row cut differently, when nothing is. */
+    uint64_t splits = ferry_cpu_gemm_splits() - splits0;
+    if (wide && ferry__cpu_gemm_split_ok())
+        CHECK(splits >= STEPS);
+    else
+        CHECK(splits == 0);
     /* Every step freed its context. */
     for (int i = 0; i < nservers; i++) {
         ferry_ps_stats st;

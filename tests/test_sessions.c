@@ -193,7 +193,7 @@ TEST(contract_versions) {
     ferry_rpc_client *c = client(s, NULL);
     CHECK_STATUS(hello(c, 2, NULL), FERRY_ERR_UNSUPPORTED);
     CHECK(strstr(ferry_error_last(),
-                 "speaks contract 1.7 (ferry.v1); the client speaks contract 2") != NULL);
+                 "speaks contract 1.8 (ferry.v1); the client speaks contract 2") != NULL);
     /* A client of the pre-v1 service gets one line saying so. */
     ferry_rpc_msg reply;
     ferry_rpc_msg_init(&reply);

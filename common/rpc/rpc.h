@@ -44,7 +44,7 @@ struct ProtobufCMessage; /* protobuf-c; the concrete types come from ferry.pb-c.
 /* The wire contract's version (proto/ferry.proto section 1): major 1 = package ferry.v1;
  * a minor only adds. */
 #define FERRY_CONTRACT_MAJOR 1
-#define FERRY_CONTRACT_MINOR 7
+#define FERRY_CONTRACT_MINOR 8
 
 #define FERRY_RPC_MAX_DIMS                  4
 #define FERRY_RPC_NAME_MAX                  64   /* bytes, with the terminating NUL */

@@ -79,11 +79,11 @@ FERRY_API void ferry_cpu_set_threads(int n);
 FERRY_API int ferry_cpu_threads(void);
 /* The calling thread's GEMMs on up to n threads (1 or 2; 1 is every thread's
  * default), for a thread that has an idle core for a while: a GEMM of 96 rows or more
- * and enough work has its rows split between this thread and a helper thread. The
- * result is the one-thread GEMM's bit for bit: the cut falls on a multiple of OpenBLAS's
- * row blocks, and a probe checks once per process that such a cut changes no bit
- * (where it would, and while OpenBLAS runs more than one thread, nothing is split).
- * Returns the previous width. */
+ * whose halves hold 8M multiply-adds each has its rows split between this thread and a
+ * helper thread (one GEMM at a time). The result is the one-thread GEMM's bit for bit:
+ * the cut falls on a multiple of 48 rows, of OpenBLAS's row blocks, and a probe checks
+ * once per process that such a cut changes no bit (where it would, and while OpenBLAS
+ * runs more than one thread, nothing is split). Returns the previous width. */
 FERRY_API int ferry_cpu_set_gemm_width(int n);
 /* GEMMs split so far, process-wide. */
 FERRY_API uint64_t ferry_cpu_gemm_splits(void);

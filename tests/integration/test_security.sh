@@ -58,7 +58,7 @@ ok "grpc.health.v1.Health/Check without a token: SERVING"
 
 # Under mutual TLS the identity is the certificate's subject; the token gives the role.
 got=$(FERRY_T_TOKEN=$(cat "$TMP/trainer.tok") client hello)
-[ "$got" = "ferry-trainer trainer contract 1.7" ] || fail "hello over mutual TLS: $got"
+[ "$got" = "ferry-trainer trainer contract 1.8" ] || fail "hello over mutual TLS: $got"
 ok "Hello over mutual TLS: identity from the certificate's CN, role from the token ($got)"
 
 # A standard client drives the model with the trainer token.
@@ -107,7 +107,7 @@ export FERRY_T_CA=
 for who in alice mallory viewer admin; do
     got=$(FERRY_T_TOKEN=$(cat "$TMP/$who.tok") client hello)
     case $who in viewer) role=reader ;; admin) role=admin ;; *) role=trainer ;; esac
-    [ "$got" = "$who $role contract 1.7" ] || fail "hello as $who: $got"
+    [ "$got" = "$who $role contract 1.8" ] || fail "hello as $who: $got"
 done
 ok "a token table: each token is its identity with its role (alice, mallory trainers; viewer reader; admin)"
 check "a reader calling SetParams" "PERMISSION_DENIED: SetParams needs role admin" \

@@ -16,6 +16,10 @@
  * ferry_cpu_blas_kernels. */
 void ferry_cpu_ensure_blas_kernels(char **argv);
 
+/* Whether this process splits GEMMs (ferry_cpu_set_gemm_width): its probe found a cut
+ * at 48 rows exact on OpenBLAS's kernels here and the helper thread runs (gemm.c). */
+int ferry__cpu_gemm_split_ok(void);
+
 /* ferry__cpu_<op> for every op of FERRY_BACKEND_OP_MAP (common/tensor/backend.h). */
 #define FERRY_CPU_OP_DECLARE_(op, params, args, empty, check) ferry_status ferry__cpu_##op params;
 FERRY_BACKEND_OP_MAP(FERRY_CPU_OP_DECLARE_)

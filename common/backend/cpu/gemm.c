@@ -10,17 +10,23 @@
  * the same dot product in the same order). SPLIT_ROWS is a multiple of every x86
  * sgemm kernel's block (4, 6, 8, 12, 16, 24), and a probe checks it once per process:
  * where a cut at SPLIT_ROWS changes a bit of a random product, nothing is split.
- * Nothing is split while OpenBLAS runs several threads of its own either. */
+ * Each part is large (SPLIT_MIN_MACS), so that OpenBLAS runs it by the same code as
+ * the whole. Nothing is split while OpenBLAS runs several threads of its own, nor in
+ * a child forked after the helper started (it has no helper). */
 #include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/backend/cpu/cpu.h"
 #include "common/core/log.h"
 
-#define SPLIT_ROWS     48
-#define SPLIT_MIN_MACS ((int64_t)1 << 22) /* below ~0.1 ms a hand-over costs more than it buys */
+#define SPLIT_ROWS 48
+/* Each part at least this many multiply-adds (~0.1 ms): smaller, a hand-over costs more
+ * than it buys, and OpenBLAS may run a small product by other code (its direct and
+ * small-matrix kernels, which sum K in one chain) than the whole. */
+#define SPLIT_MIN_MACS ((int64_t)1 << 23)
 
 typedef struct gemm_args {
     int ta, tb;
@@ -57,7 +63,8 @@ static atomic_ullong gemm_splits;
  * second part of one split GEMM at a time (a second caller meanwhile runs whole). */
 static struct {
     pthread_once_t once;
-    int ok; /* the probe passed and the thread runs */
+    int ok;    /* the probe passed and the thread runs */
+    pid_t pid; /* ... in this process (a fork's child has no helper) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int busy, posted, done;
@@ -82,10 +89,12 @@ static void *helper_main(void *arg) {
     return NULL;
 }
 
-/* Does a cut at SPLIT_ROWS reproduce the whole product, for each transpose and for
- * beta 0 and 1? Random operands of awkward sizes (no dimension a multiple of 4). */
+/* Does a cut at SPLIT_ROWS reproduce the whole product, for each transpose, with
+ * alpha 1 and beta 0 and with alpha 0.75 and beta 1? Random operands of awkward sizes
+ * (no dimension a multiple of 4), each part as large as a split one may be and K
+ * longer than OpenBLAS's K blocks. */
 static int probe(void) {
-    enum { M = 2 * SPLIT_ROWS + 7, N = 67, K = 83 };
+    enum { M = 2 * SPLIT_ROWS + 7, N = 131, K = 1399 };
     static float A[M * K], B[K * N], C1[M * N], C2[M * N];
     uint32_t s = 12345;
     for (int i = 0; i < M * K; i++)
@@ -98,7 +107,7 @@ static int probe(void) {
                        .M = M,
                        .N = N,
                        .K = K,
-                       .alpha = 1.0f,
+                       .alpha = (t >> 2) ? 0.75f : 1.0f,
                        .A = A,
                        .lda = (t & 1) ? M : K,
                        .B = B,
@@ -132,21 +141,31 @@ static void helper_start(void) {
     if (pthread_attr_init(&attr) != 0)
         return;
     (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    helper.pid = getpid();
     helper.ok = pthread_create(&t, &attr, helper_main, NULL) == 0;
     (void)pthread_attr_destroy(&attr);
+}
+
+int ferry__cpu_gemm_split_ok(void) {
+    (void)pthread_once(&helper.once, helper_start);
+    return helper.ok && helper.pid == getpid();
 }
 
 /* Runs g with its rows split between this thread and the helper; 0 (nothing done)
  * where it should run whole. */
 static int split(const gemm_args *g) {
-    if (gemm_width < 2 || g->M < 2 * SPLIT_ROWS || g->M * g->N * g->K < SPLIT_MIN_MACS ||
-        openblas_get_num_threads() > 1)
+    if (gemm_width < 2 || g->M < 2 * SPLIT_ROWS || openblas_get_num_threads() > 1)
         return 0;
-    (void)pthread_once(&helper.once, helper_start);
-    if (!helper.ok)
+    /* The cut: the multiple of SPLIT_ROWS nearest half, leaving both parts a whole
+     * block or more; each part large enough. */
+    int64_t m1 = (g->M + SPLIT_ROWS) / (2 * SPLIT_ROWS) * SPLIT_ROWS;
+    if (m1 > g->M - SPLIT_ROWS)
+        m1 -= SPLIT_ROWS;
+    if (g->M - m1 < m1 ? (g->M - m1) * g->N * g->K < SPLIT_MIN_MACS
+                       : m1 * g->N * g->K < SPLIT_MIN_MACS)
         return 0;
-    /* The first part a multiple of SPLIT_ROWS, about half. */
-    int64_t m1 = (g->M / 2 + SPLIT_ROWS - 1) / SPLIT_ROWS * SPLIT_ROWS;
+    if (!ferry__cpu_gemm_split_ok())
+        return 0;
     pthread_mutex_lock(&helper.mu);
     if (helper.busy) {
         pthread_mutex_unlock(&helper.mu);
