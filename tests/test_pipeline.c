@@ -141,7 +141,7 @@ static void add_value(void *user, const char *name, double value) {
     *(double *)user += value;
 }
 
-/* Server i's count of calls marked wide that ran their GEMMs on two threads. */
+/* Server i's count of calls marked wide that found a worker idle (hints taken). */
 static double wide_calls(run *r, int i) {
     double n = 0.0;
     CHECK_OK(ferry_cluster_metrics(r->cl, i, "wide_calls", add_value, &n));

@@ -47,6 +47,13 @@ static void blas(const gemm_args *g) {
                 (blasint)g->ldb, g->beta, g->C, (blasint)g->ldc);
 }
 
+/* Rows [0, m1) of g's product as a GEMM of their own. */
+static gemm_args rows_before(const gemm_args *g, int64_t m1) {
+    gemm_args r = *g;
+    r.M = m1;
+    return r;
+}
+
 /* Rows [m1, M) of g's product as a GEMM of their own. */
 static gemm_args rows_from(const gemm_args *g, int64_t m1) {
     gemm_args r = *g;
@@ -119,8 +126,7 @@ static int probe(void) {
         g.C = C1;
         blas(&g);
         g.C = C2;
-        gemm_args lo = g, hi = rows_from(&g, SPLIT_ROWS);
-        lo.M = SPLIT_ROWS;
+        gemm_args lo = rows_before(&g, SPLIT_ROWS), hi = rows_from(&g, SPLIT_ROWS);
         blas(&lo);
         blas(&hi);
         if (memcmp(C1, C2, sizeof C1) != 0)
@@ -161,8 +167,8 @@ static int split(const gemm_args *g) {
     int64_t m1 = (g->M + SPLIT_ROWS) / (2 * SPLIT_ROWS) * SPLIT_ROWS;
     if (m1 > g->M - SPLIT_ROWS)
         m1 -= SPLIT_ROWS;
-    if (g->M - m1 < m1 ? (g->M - m1) * g->N * g->K < SPLIT_MIN_MACS
-                       : m1 * g->N * g->K < SPLIT_MIN_MACS)
+    int64_t smaller = m1 < g->M - m1 ? m1 : g->M - m1;
+    if (smaller * g->N * g->K < SPLIT_MIN_MACS)
         return 0;
     if (!ferry__cpu_gemm_split_ok())
         return 0;
@@ -177,8 +183,7 @@ static int split(const gemm_args *g) {
     helper.posted = 1;
     pthread_cond_broadcast(&helper.cv);
     pthread_mutex_unlock(&helper.mu);
-    gemm_args lo = *g;
-    lo.M = m1;
+    gemm_args lo = rows_before(g, m1);
     blas(&lo);
     pthread_mutex_lock(&helper.mu);
     while (!helper.done)
