@@ -325,7 +325,10 @@ void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     if (c->quota != NULL)
         atomic_fetch_add(&c->quota->context_bytes, bytes - c->bytes);
     c->bytes = bytes;
-    pthread_mutex_unlock(&c->mu);
+    /* The reference is dropped before c's mutex, so that a call that waited for this
+     * one (a Step waits for a late weight gradient) finds it dropped: that Step's
+     * retire then frees c, and its reply goes out with c's bytes already uncharged.
+     * (Lock order: a context's mutex, then the table's, as in retire.) */
     pthread_mutex_lock(&t->mu);
     c->refs--;
     c->last_used = ferry_now();
@@ -333,6 +336,7 @@ void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     if (free_it)
         ctx_uncharge(t, c);
     pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&c->mu);
     if (free_it)
         ctx_free(t, c);
 }

@@ -318,6 +318,35 @@ static double server_stat(ferry_cluster *cl, const char *name) {
     return w.value;
 }
 
+/* A Step waits for the Backward's late weight gradient; the Backward's handler must
+ * drop its hold on the context before that Step can reply, or a Stats right after
+ * the Step sees the context gone from the count with its bytes still charged (a race
+ * CI once lost). Many steps, each checked at once. */
+TEST(stepped_context_is_uncharged_before_its_reply) {
+    ferry_ps_server *s = server_up(60.0, NULL, NULL);
+    ferry_cluster *cl;
+    ferry_dist_ctx *dc;
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
+    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
+    ferry_remote *dec = make_decoder(cl, "sgd");
+    ferry_ps_stats st;
+    enum { STEPS = 300 };
+    for (int i = 0; i < STEPS; i++) {
+        (void)ferry_dist_ctx_begin(dc);
+        forward_backward(dec, dc, 0.001f * (float)i);
+        CHECK_OK(ferry_dist_ctx_step(dc, 0.01f, 0.0));
+        CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+        CHECK_EQ(st.contexts_live, 0);
+        CHECK_EQ(st.context_bytes, 0);
+    }
+    CHECK_EQ(st.contexts_stepped, STEPS);
+    CHECK(server_stat(cl, "backward_early_replies") >= 1); /* the late path ran */
+    ferry_remote_destroy(dec);
+    ferry_dist_ctx_destroy(dc);
+    ferry_cluster_destroy(cl);
+    ferry_ps_server_destroy(s);
+}
+
 /* One step of a pipeline's decoder calls: the Forwards of MB chunks, then their
  * Backwards last chunk first, each sent when the one before has answered (dh into
  * dh_out). `settle`: a GradNorm after each Backward, so that no Backward starts before
@@ -457,9 +486,10 @@ TEST(shutdown_call_stops_the_server) {
 }
 
 FERRY_TEST_MAIN(T(idle_context_is_swept_and_its_memory_freed)
-                    T(concurrent_trainers_keep_separate_contexts)
-                        T(checkpoint_restores_parameters_and_optimizer_state)
-                            T(split_step_is_the_clipped_step)
-                                T(backward_overlaps_the_previous_weight_gradient)
-                                    T(free_memory_goes_back_when_idle_not_between_steps)
-                                        T(shutdown_call_stops_the_server))
+                    T(stepped_context_is_uncharged_before_its_reply)
+                        T(concurrent_trainers_keep_separate_contexts)
+                            T(checkpoint_restores_parameters_and_optimizer_state)
+                                T(split_step_is_the_clipped_step)
+                                    T(backward_overlaps_the_previous_weight_gradient)
+                                        T(free_memory_goes_back_when_idle_not_between_steps)
+                                            T(shutdown_call_stops_the_server))
