@@ -328,15 +328,17 @@ void ferry__ps_ctx_release(ferry__ps_ctx_table *t, ferry__ps_ctx *c) {
     /* The reference is dropped before c's mutex, so that a call that waited for this
      * one (a Step waits for a late weight gradient) finds it dropped: that Step's
      * retire then frees c, and its reply goes out with c's bytes already uncharged.
-     * (Lock order: a context's mutex, then the table's, as in retire.) */
+     * (Lock order: a context's mutex, then the table's, as in retire.) c's mutex is
+     * let go while the table's is still held: from refs 0 on, a sweep or a dropped
+     * session may free c, and each decides that under the table's lock. */
     pthread_mutex_lock(&t->mu);
     c->refs--;
     c->last_used = ferry_now();
     int free_it = c->dead && c->refs == 0;
     if (free_it)
         ctx_uncharge(t, c);
-    pthread_mutex_unlock(&t->mu);
     pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&t->mu);
     if (free_it)
         ctx_free(t, c);
 }
