@@ -48,7 +48,7 @@ enum { N = 24, H = 16 };
 
 /* One training step's Forward and Backward (no Step) with fixed data. */
 static void forward_backward(ferry_remote *dec, ferry_dist_ctx *dc, float shift) {
-    static float hid[N * H], dh[N * H];
+    float hid[N * H], dh[N * H]; /* per call: trainers run it on several threads at once */
     int32_t tg[N];
     for (int i = 0; i < N * H; i++)
         hid[i] = (float)((i * 7) % 13) * 0.1f - 0.6f + shift;
