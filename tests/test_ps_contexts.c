@@ -44,6 +44,30 @@ static ferry_remote *make_decoder(ferry_cluster *cl, const char *optim) {
     return m;
 }
 
+/* One server on 127.0.0.1, a trainer's cluster and context, and a decoder on it. */
+typedef struct one_trainer {
+    ferry_ps_server *s;
+    ferry_cluster *cl;
+    ferry_dist_ctx *dc;
+    ferry_remote *dec;
+} one_trainer;
+
+static one_trainer one_trainer_up(double ttl_s) {
+    one_trainer t;
+    t.s = server_up(ttl_s, NULL, NULL);
+    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(t.s), NULL, &t.cl));
+    CHECK_OK(ferry_dist_ctx_create(t.cl, &t.dc));
+    t.dec = make_decoder(t.cl, "sgd");
+    return t;
+}
+
+static void one_trainer_down(one_trainer *t) {
+    ferry_remote_destroy(t->dec);
+    ferry_dist_ctx_destroy(t->dc);
+    ferry_cluster_destroy(t->cl);
+    ferry_ps_server_destroy(t->s);
+}
+
 enum { N = 24, H = 16 };
 
 /* One training step's Forward and Backward (no Step) with fixed data. */
@@ -60,42 +84,37 @@ static void forward_backward(ferry_remote *dec, ferry_dist_ctx *dc, float shift)
 }
 
 TEST(idle_context_is_swept_and_its_memory_freed) {
-    ferry_ps_server *s = server_up(1.0, NULL, NULL);
-    ferry_cluster *cl;
-    ferry_dist_ctx *dc;
-    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
-    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
-    ferry_remote *dec = make_decoder(cl, "sgd");
+    one_trainer tr = one_trainer_up(1.0);
     ferry_ps_stats st;
 
     /* A context that is stepped frees its memory at once. */
-    (void)ferry_dist_ctx_begin(dc);
-    forward_backward(dec, dc, 0.0f);
-    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    (void)ferry_dist_ctx_begin(tr.dc);
+    forward_backward(tr.dec, tr.dc, 0.0f);
+    CHECK_OK(ferry_cluster_stats(tr.cl, 0, &st));
     CHECK_EQ(st.contexts_live, 1);
     int64_t held = st.context_bytes;
     CHECK(held >= (int64_t)((40 * 16 + 40) * sizeof(float))); /* at least dW and db */
-    CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.0));
-    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_OK(ferry_dist_ctx_step(tr.dc, 1.0f, 0.0));
+    CHECK_OK(ferry_cluster_stats(tr.cl, 0, &st));
     CHECK_EQ(st.contexts_live, 0);
     CHECK_EQ(st.context_bytes, 0);
     /* A refused step releases the context instead of leaving it to the sweep. */
-    (void)ferry_dist_ctx_begin(dc);
-    forward_backward(dec, dc, 0.0f);
-    CHECK_STATUS(ferry_dist_ctx_step(dc, 0.0f, 0.0), FERRY_ERR_INVALID);
-    CHECK_EQ(ferry_dist_ctx_id(dc), 0);
-    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    (void)ferry_dist_ctx_begin(tr.dc);
+    forward_backward(tr.dec, tr.dc, 0.0f);
+    CHECK_STATUS(ferry_dist_ctx_step(tr.dc, 0.0f, 0.0), FERRY_ERR_INVALID);
+    CHECK_EQ(ferry_dist_ctx_id(tr.dc), 0);
+    CHECK_OK(ferry_cluster_stats(tr.cl, 0, &st));
     CHECK_EQ(st.contexts_live, 0);
     CHECK_EQ(st.contexts_released, 1);
     CHECK_EQ(st.context_bytes, 0);
 
     /* A trainer that dies after Forward: the context holds the saved logits... */
-    uint64_t id = ferry_dist_ctx_begin(dc);
+    uint64_t id = ferry_dist_ctx_begin(tr.dc);
     static float hid[N * H];
     int32_t tg[N] = {0};
     uint64_t call;
-    CHECK_OK(ferry_remote_xent_forward(dec, dc, hid, tg, N, NULL, NULL, &call));
-    CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+    CHECK_OK(ferry_remote_xent_forward(tr.dec, tr.dc, hid, tg, N, NULL, NULL, &call));
+    CHECK_OK(ferry_cluster_stats(tr.cl, 0, &st));
     CHECK_EQ(st.contexts_live, 1);
     CHECK(st.context_bytes >= (int64_t)(N * 40 * sizeof(float)));
     /* ... until the sweep frees it, after the 1 s TTL (a lower bound; the wait for the
@@ -103,22 +122,20 @@ TEST(idle_context_is_swept_and_its_memory_freed) {
     double t0 = ferry_now();
     do {
         sleep_ms(100);
-        CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+        CHECK_OK(ferry_cluster_stats(tr.cl, 0, &st));
     } while (st.contexts_live != 0 && ferry_now() - t0 < 60.0);
     CHECK(ferry_now() - t0 > 0.9);
     CHECK_EQ(st.contexts_live, 0);
     CHECK_EQ(st.context_bytes, 0);
     CHECK_EQ(st.contexts_swept, 1);
     /* Its trainer coming back gets a clear NOT_FOUND. */
-    CHECK(ferry_dist_ctx_id(dc) == id);
+    CHECK(ferry_dist_ctx_id(tr.dc) == id);
     static float dh[N * H];
-    CHECK_STATUS(ferry_remote_xent_backward(dec, dc, call, NULL, 1.0f, dh), FERRY_ERR_NOT_FOUND);
+    CHECK_STATUS(ferry_remote_xent_backward(tr.dec, tr.dc, call, NULL, 1.0f, dh),
+                 FERRY_ERR_NOT_FOUND);
     CHECK(strstr(ferry_error_last(), "swept") != NULL);
 
-    ferry_remote_destroy(dec);
-    ferry_dist_ctx_destroy(dc);
-    ferry_cluster_destroy(cl);
-    ferry_ps_server_destroy(s);
+    one_trainer_down(&tr);
 }
 
 typedef struct worker_arg {
@@ -323,28 +340,20 @@ static double server_stat(ferry_cluster *cl, const char *name) {
  * the Step sees the context gone from the count with its bytes still charged (a race
  * CI once lost). Many steps, each checked at once. */
 TEST(stepped_context_is_uncharged_before_its_reply) {
-    ferry_ps_server *s = server_up(60.0, NULL, NULL);
-    ferry_cluster *cl;
-    ferry_dist_ctx *dc;
-    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
-    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
-    ferry_remote *dec = make_decoder(cl, "sgd");
+    one_trainer tr = one_trainer_up(60.0);
     ferry_ps_stats st;
     enum { STEPS = 300 };
     for (int i = 0; i < STEPS; i++) {
-        (void)ferry_dist_ctx_begin(dc);
-        forward_backward(dec, dc, 0.001f * (float)i);
-        CHECK_OK(ferry_dist_ctx_step(dc, 0.01f, 0.0));
-        CHECK_OK(ferry_cluster_stats(cl, 0, &st));
+        (void)ferry_dist_ctx_begin(tr.dc);
+        forward_backward(tr.dec, tr.dc, 0.001f * (float)i);
+        CHECK_OK(ferry_dist_ctx_step(tr.dc, 0.01f, 0.0));
+        CHECK_OK(ferry_cluster_stats(tr.cl, 0, &st));
         CHECK_EQ(st.contexts_live, 0);
         CHECK_EQ(st.context_bytes, 0);
     }
     CHECK_EQ(st.contexts_stepped, STEPS);
-    CHECK(server_stat(cl, "backward_early_replies") >= 1); /* the late path ran */
-    ferry_remote_destroy(dec);
-    ferry_dist_ctx_destroy(dc);
-    ferry_cluster_destroy(cl);
-    ferry_ps_server_destroy(s);
+    CHECK(server_stat(tr.cl, "backward_early_replies") >= 1); /* the late path ran */
+    one_trainer_down(&tr);
 }
 
 /* One step of a pipeline's decoder calls: the Forwards of MB chunks, then their
@@ -436,36 +445,28 @@ static double memory_trims(ferry_cluster *cl) {
  * for the next step; once none has come for 2 s it hands free memory back (every 5 s
  * at most). The sweep runs every second here (ttl 60 s). */
 TEST(free_memory_goes_back_when_idle_not_between_steps) {
-    ferry_ps_server *s = server_up(60.0, NULL, NULL);
-    ferry_cluster *cl;
-    ferry_dist_ctx *dc;
-    CHECK_OK(ferry_ps_connect(ferry_ps_server_address(s), NULL, &cl));
-    CHECK_OK(ferry_dist_ctx_create(cl, &dc));
-    ferry_remote *dec = make_decoder(cl, "sgd");
+    one_trainer tr = one_trainer_up(60.0);
     double t0 = ferry_now(), before = -1;
     int steps = 0;
     while (ferry_now() - t0 < 8.5) { /* over a trim period, after a second's start */
         if (before < 0 && ferry_now() - t0 > 1.5)
-            before = memory_trims(cl);
-        (void)ferry_dist_ctx_begin(dc);
-        forward_backward(dec, dc, 0.0f);
-        CHECK_OK(ferry_dist_ctx_step(dc, 1.0f, 0.0));
+            before = memory_trims(tr.cl);
+        (void)ferry_dist_ctx_begin(tr.dc);
+        forward_backward(tr.dec, tr.dc, 0.0f);
+        CHECK_OK(ferry_dist_ctx_step(tr.dc, 1.0f, 0.0));
         steps++;
     }
-    double during = memory_trims(cl);
+    double during = memory_trims(tr.cl);
     CHECK(steps > 20);
     CHECK(during == before);
     double idle0 = ferry_now(), after = during;
     while (after == during && ferry_now() - idle0 < 15.0) {
         sleep_ms(250);
-        after = memory_trims(cl);
+        after = memory_trims(tr.cl);
     }
     CHECK(after > during);
     CHECK(ferry_now() - idle0 >= 1.9); /* not before 2 s without a context */
-    ferry_remote_destroy(dec);
-    ferry_dist_ctx_destroy(dc);
-    ferry_cluster_destroy(cl);
-    ferry_ps_server_destroy(s);
+    one_trainer_down(&tr);
 }
 
 TEST(shutdown_call_stops_the_server) {
